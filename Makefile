@@ -1,0 +1,66 @@
+# Two commands matter: `make demo` and `make test`. Everything else is a step of theirs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+STATE ?= .devcluster
+PYTEST_ARGS ?=
+
+.PHONY: all venv controlplane cdi-tool proto lint format typecheck unit test e2e \
+        cluster-up cluster-down demo clean
+
+all: test
+
+# The virtualenv is (re)built whenever pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dradriver needs Python >= 3.11")'
+	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	@echo "venv: installing dradriver and its development dependencies into $(VENV)"
+	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP)
+
+# Cached under ~/.cache/dradriver keyed by the module's sources; a no-op when built.
+controlplane:
+	@bash tools/controlplane/build.sh >/dev/null
+
+cdi-tool:
+	@bash tools/cdi/build.sh >/dev/null
+
+proto: venv
+	$(PY) tools/genproto.py
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test: venv controlplane cdi-tool lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+e2e: venv controlplane cdi-tool
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+cluster-up: venv controlplane
+	@$(PY) -m dradriver.cli dev cluster up --state-dir $(STATE) $(if $(filter 1 true yes,$(ALPHA)),--alpha)
+
+cluster-down: venv
+	@$(PY) -m dradriver.cli dev cluster down --state-dir $(STATE)
+
+demo: venv controlplane cdi-tool
+	@$(PY) -m dradriver.dev.demo $(if $(filter 1 true yes,$(KEEP)),--keep)
+
+clean: cluster-down
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,52 @@
+"""Short names for the generated kubelet gRPC protocol modules.
+
+The code itself lives in :mod:`dradriver.api.gen` and is generated from
+``api/kubelet/**/*.proto`` by ``tools/genproto.py`` (``make proto``).
+
+- ``registration`` / ``registration_grpc``: plugin registration
+  (``pluginregistration.Registration``), served on the socket in the
+  kubelet's plugin registry directory.
+- ``dra_v1`` / ``dra_v1_grpc`` and ``dra_v1beta1`` / ``dra_v1beta1_grpc``: the
+  DRA node service (``NodePrepareResources`` / ``NodeUnprepareResources``);
+  both versions carry the same messages and can be served side by side.
+- ``health_v1alpha1`` / ``health_v1alpha1_grpc``: the optional device health
+  stream (``NodeWatchResources``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from dradriver.api.gen.kubelet.dra.v1 import api_pb2 as dra_v1
+from dradriver.api.gen.kubelet.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2 as dra_v1beta1
+from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
+from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2 as registration
+from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+
+#: PluginInfo.type announced by a DRA driver to the kubelet's plugin watcher.
+DRA_PLUGIN_TYPE: Final = "DRAPlugin"
+
+#: PluginInfo.supported_versions entries naming the services the driver
+#: serves, spelled the way the kubelet expects them (version + service name,
+#: not the full proto package).
+DRA_V1: Final = "v1.DRAPlugin"
+DRA_V1BETA1: Final = "v1beta1.DRAPlugin"
+DRA_HEALTH_V1ALPHA1: Final = "v1alpha1.DRAResourceHealth"
+
+__all__ = [
+    "DRA_HEALTH_V1ALPHA1",
+    "DRA_PLUGIN_TYPE",
+    "DRA_V1",
+    "DRA_V1BETA1",
+    "dra_v1",
+    "dra_v1_grpc",
+    "dra_v1beta1",
+    "dra_v1beta1_grpc",
+    "health_v1alpha1",
+    "health_v1alpha1_grpc",
+    "registration",
+    "registration_grpc",
+]

@@ -1,0 +1,88 @@
+"""The `dradriver` command: one entry point, one subcommand per component."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dradriver import __version__
+
+
+def _dev_cluster(args: argparse.Namespace) -> int:
+    from dradriver.dev import cluster
+
+    state_dir = Path(args.state_dir)
+    if args.action == "up":
+        try:
+            st = cluster.up(state_dir, alpha=args.alpha)
+        except cluster.ClusterError as exc:
+            print(f"dev cluster: {exc}", file=sys.stderr)
+            return 1
+        gates = "alpha DRA gates on" if st.alpha else "GA defaults"
+        print(f"dev cluster: up at {st.server} ({gates})")
+        print(f"dev cluster: export KUBECONFIG={st.kubeconfig}")
+        print(f"dev cluster: kubectl is at {Path(st.bin_dir) / 'kubectl'}")
+        return 0
+    stopped = cluster.down(state_dir)
+    print("dev cluster: stopped and removed" if stopped else "dev cluster: nothing was running")
+    return 0
+
+
+def _dev_kubelet(args: argparse.Namespace) -> int:
+    from dradriver.dev.kubeletsim.main import run
+
+    return run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dradriver",
+        description="A Kubernetes Dynamic Resource Allocation driver for NVIDIA GPUs.",
+    )
+    parser.add_argument("--version", action="version", version=f"dradriver {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    dev = sub.add_parser(
+        "dev", help="tools for driver developers (local cluster, kubelet simulator)"
+    )
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="TOOL")
+
+    cl = dev_sub.add_parser("cluster", help="start or stop the local Kubernetes control plane")
+    cl.add_argument("action", choices=["up", "down"])
+    cl.add_argument(
+        "--state-dir",
+        default=".devcluster",
+        help="where the cluster keeps its data, logs and kubeconfig (default: %(default)s)",
+    )
+    cl.add_argument(
+        "--alpha",
+        action="store_true",
+        help="turn on the alpha DRA feature gates and resource.k8s.io/v1alpha3",
+    )
+    cl.set_defaults(func=_dev_cluster)
+
+    from dradriver.dev.kubeletsim.main import add_arguments
+
+    kl = dev_sub.add_parser(
+        "kubelet",
+        help="simulate one node's kubelet: registration, DRA prepare/unprepare, CDI",
+        description="A DRA kubelet simulator for one node. It keeps a Node object, registers "
+        "DRA plugins found in <root>/plugins_registry, prepares the claims of pods bound to the "
+        "node, resolves the returned CDI devices and records each container's edits under "
+        "<root>/pods/.",
+    )
+    add_arguments(kl)
+    kl.set_defaults(func=_dev_kubelet)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

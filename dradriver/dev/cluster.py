@@ -1,0 +1,396 @@
+"""A local Kubernetes control plane for development and end-to-end tests.
+
+Runs the real etcd, kube-apiserver, kube-scheduler and kube-controller-manager (built
+from their Go modules by tools/controlplane/build.sh) on loopback ports, with
+Node,RBAC authorization and working ServiceAccount tokens. There is no kubelet: the
+DRA kubelet simulator (`dradriver dev kubelet`) plays that part.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "tools" / "controlplane" / "build.sh"
+
+# The alpha DRA gates a later issue may need; always on all three components at once,
+# because a gate on the API server alone lets fields in that the scheduler ignores.
+ALPHA_GATES = (
+    "DRAPartitionableDevices",
+    "DRADeviceTaints",
+    "DRAConsumableCapacity",
+    "DRAExtendedResource",
+    "DRADeviceBindingConditions",
+)
+ALPHA_RUNTIME_CONFIG = "resource.k8s.io/v1alpha3=true"
+SERVICE_CIDR = "10.96.0.0/24"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class ClusterState:
+    """What `up` started, saved as <state_dir>/cluster.json for `down` and for tests."""
+
+    state_dir: str
+    bin_dir: str
+    kubeconfig: str
+    server: str
+    alpha: bool
+    ports: dict[str, int] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+
+    def save(self) -> None:
+        Path(self.state_dir, "cluster.json").write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, state_dir: Path) -> ClusterState | None:
+        try:
+            return cls(**json.loads((state_dir / "cluster.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def build_binaries() -> Path:
+    """Builds (or finds cached) control-plane binaries; progress goes to stderr."""
+    if not BUILD_SCRIPT.exists():
+        raise ClusterError(f"{BUILD_SCRIPT} is missing: run from a dradriver checkout")
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise ClusterError(f"building the control plane failed (exit {proc.returncode})")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def _free_ports(n: int) -> list[int]:
+    # Hold all sockets open until every port is chosen so no two picks collide.
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _openssl(*args: str) -> None:
+    proc = subprocess.run(["openssl", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ClusterError(f"openssl {args[0]} failed: {proc.stderr.strip()}")
+
+
+def _make_pki(pki: Path) -> None:
+    """A throwaway CA, an API server serving certificate for loopback, and the
+    ServiceAccount token signing key pair."""
+    pki.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_crt = pki / "ca.key", pki / "ca.crt"
+    _openssl("genrsa", "-out", str(ca_key), "2048")
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        str(ca_key),
+        "-days",
+        "30",
+        "-subj",
+        "/CN=dradriver-dev-ca",
+        "-out",
+        str(ca_crt),
+    )
+    srv_key, srv_csr, srv_crt = pki / "apiserver.key", pki / "apiserver.csr", pki / "apiserver.crt"
+    _openssl("genrsa", "-out", str(srv_key), "2048")
+    _openssl(
+        "req", "-new", "-key", str(srv_key), "-subj", "/CN=kube-apiserver", "-out", str(srv_csr)
+    )
+    ext = pki / "apiserver.ext"
+    ext.write_text(
+        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(srv_csr),
+        "-CA",
+        str(ca_crt),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-days",
+        "30",
+        "-extfile",
+        str(ext),
+        "-out",
+        str(srv_crt),
+    )
+    _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
+    _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+
+
+def _write_kubeconfig(path: Path, server: str, ca: Path, token: str) -> None:
+    import base64
+
+    ca_data = base64.b64encode(ca.read_bytes()).decode()
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters:\n- name: dradriver-dev\n  cluster:\n"
+        f"    server: {server}\n    certificate-authority-data: {ca_data}\n"
+        "users:\n- name: admin\n  user:\n"
+        f"    token: {token}\n"
+        "contexts:\n- name: dradriver-dev\n"
+        "  context:\n    cluster: dradriver-dev\n    user: admin\n"
+        "current-context: dradriver-dev\n"
+    )
+    path.chmod(0o600)
+
+
+def _start(name: str, argv: list[str], logs: Path) -> int:
+    log = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    log.close()
+    return proc.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of this process still "exists"; reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def _wait_http(
+    name: str,
+    url: str,
+    pid: int,
+    logs: Path,
+    deadline: float,
+    ctx: ssl.SSLContext | None = None,
+    token: str | None = None,
+) -> None:
+    last = ""
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            tail = (logs / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise ClusterError(f"{name} exited during start-up; last log lines:\n{tail}")
+        req = urllib.request.Request(url)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=2, context=ctx) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            last = str(exc)
+        time.sleep(0.2)
+    raise ClusterError(f"{name} not healthy at {url} in time ({last}); see {logs / name}.log")
+
+
+def up(
+    state_dir: Path, *, alpha: bool = False, bin_dir: Path | None = None, timeout: float = 120.0
+) -> ClusterState:
+    """Starts the control plane and returns once the API server is ready and the scheduler
+    and controller-manager report healthy."""
+    state_dir = state_dir.resolve()
+    existing = ClusterState.load(state_dir)
+    if existing and all(_alive(p) for p in existing.pids.values()):
+        if existing.alpha != alpha:
+            raise ClusterError(
+                f"a cluster with alpha={existing.alpha} is already running in "
+                f"{state_dir}; run `make cluster-down` first"
+            )
+        return existing
+    if existing:
+        down(state_dir)
+    bin_dir = bin_dir or build_binaries()
+    for b in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+        if not (bin_dir / b).exists():
+            raise ClusterError(f"{bin_dir / b} missing: run tools/controlplane/build.sh")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    logs, pki = state_dir / "logs", state_dir / "pki"
+    logs.mkdir(exist_ok=True)
+    _make_pki(pki)
+    token = secrets.token_hex(16)
+    (pki / "tokens.csv").write_text(f"{token},admin,admin-uid,system:masters\n")
+    etcd_port, peer_port, api_port, sched_port, cm_port = _free_ports(5)
+    server = f"https://127.0.0.1:{api_port}"
+    kubeconfig = state_dir / "kubeconfig"
+    _write_kubeconfig(kubeconfig, server, pki / "ca.crt", token)
+    st = ClusterState(
+        state_dir=str(state_dir),
+        bin_dir=str(bin_dir),
+        kubeconfig=str(kubeconfig),
+        server=server,
+        alpha=alpha,
+        ports={
+            "etcd": etcd_port,
+            "apiserver": api_port,
+            "scheduler": sched_port,
+            "controller-manager": cm_port,
+        },
+    )
+    gates = ",".join(f"{g}=true" for g in ALPHA_GATES) if alpha else ""
+    deadline = time.monotonic() + timeout
+    try:
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        st.pids["etcd"] = _start(
+            "etcd",
+            [
+                str(bin_dir / "etcd"),
+                "--name=dev",
+                f"--data-dir={state_dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=dev=http://127.0.0.1:{peer_port}",
+                # A throwaway cluster: durability buys nothing and costs seconds per test.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+            logs,
+        )
+        st.save()
+        _wait_http("etcd", f"{etcd_url}/health", st.pids["etcd"], logs, deadline)
+        api_args = [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--token-auth-file={pki / 'tokens.csv'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--api-audiences=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            "--profiling=false",
+        ]
+        if alpha:
+            api_args += [f"--feature-gates={gates}", f"--runtime-config={ALPHA_RUNTIME_CONFIG}"]
+        st.pids["kube-apiserver"] = _start("kube-apiserver", api_args, logs)
+        st.save()
+        ca_ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        _wait_http(
+            "kube-apiserver",
+            f"{server}/readyz",
+            st.pids["kube-apiserver"],
+            logs,
+            deadline,
+            ca_ctx,
+            token,
+        )
+        common = [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            "--profiling=false",
+        ]
+        if alpha:
+            common.append(f"--feature-gates={gates}")
+        st.pids["kube-scheduler"] = _start(
+            "kube-scheduler",
+            [str(bin_dir / "kube-scheduler"), *common, f"--secure-port={sched_port}"],
+            logs,
+        )
+        st.pids["kube-controller-manager"] = _start(
+            "kube-controller-manager",
+            [
+                str(bin_dir / "kube-controller-manager"),
+                *common,
+                f"--secure-port={cm_port}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--use-service-account-credentials=false",
+            ],
+            logs,
+        )
+        st.save()
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # they serve self-signed certs on loopback
+        _wait_http(
+            "kube-scheduler",
+            f"https://127.0.0.1:{sched_port}/healthz",
+            st.pids["kube-scheduler"],
+            logs,
+            deadline,
+            insecure,
+        )
+        _wait_http(
+            "kube-controller-manager",
+            f"https://127.0.0.1:{cm_port}/healthz",
+            st.pids["kube-controller-manager"],
+            logs,
+            deadline,
+            insecure,
+        )
+    except BaseException:
+        down(state_dir, remove=False)
+        raise
+    return st
+
+
+def down(state_dir: Path, *, remove: bool = True) -> bool:
+    """Stops everything `up` started in state_dir; True if anything was running."""
+    state_dir = state_dir.resolve()
+    st = ClusterState.load(state_dir)
+    stopped = False
+    if st:
+        # Reverse start order: clients before the API server, the API server before etcd.
+        for name in reversed(list(st.pids)):
+            pid = st.pids[name]
+            if not _alive(pid):
+                continue
+            stopped = True
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            end = time.monotonic() + 10
+            while _alive(pid) and time.monotonic() < end:
+                time.sleep(0.05)
+            if _alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+    if remove and state_dir.exists():
+        shutil.rmtree(state_dir, ignore_errors=True)
+    return stopped

@@ -1,0 +1,115 @@
+"""Fixtures for end-to-end tests against the real local control plane.
+
+The control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager built
+from their Go modules) is started once per test session; DRADRIVER_TEST_KUBECONFIG
+points the suite at an already running one instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dradriver.dev import cluster as devcluster
+from dradriver.k8s import Kube, KubeError, NotFound, path_for
+
+from .helpers import Cluster, KubeletSim, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def _start_cluster(alpha: bool) -> Iterator[Cluster]:
+    external = os.environ.get("DRADRIVER_TEST_KUBECONFIG")
+    if external:
+        yield Cluster(kubeconfig=external, bin_dir=None, alpha=alpha, state_dir=None)
+        return
+    state_dir = Path(tempfile.mkdtemp(prefix="dradriver-cluster-"))
+    st = devcluster.up(state_dir, alpha=alpha)
+    try:
+        yield Cluster(
+            kubeconfig=st.kubeconfig, bin_dir=Path(st.bin_dir), alpha=alpha, state_dir=state_dir
+        )
+    finally:
+        devcluster.down(state_dir)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The control plane with 1.34's default (GA and beta) DRA features."""
+    yield from _start_cluster(alpha=False)
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: Cluster) -> Iterator[Kube]:
+    k = Kube.from_kubeconfig(cluster.kubeconfig)
+    yield k
+    k.close()
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, ready for pods (its default ServiceAccount exists)."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
+    name = f"{base}-{secrets.token_hex(3)}"
+    kube.create(path_for("v1", "namespaces"), {"metadata": {"name": name}})
+    wait_for(
+        lambda: _exists(kube, path_for("v1", "serviceaccounts", name, "default")),
+        "the namespace's default ServiceAccount",
+        timeout=30,
+    )
+    yield name
+    kube.delete(path_for("v1", "namespaces", name=name), missing_ok=True)
+
+
+def _exists(kube: Kube, path: str) -> bool:
+    try:
+        kube.get(path)
+        return True
+    except NotFound:
+        return False
+
+
+@pytest.fixture
+def cleanup(kube: Kube) -> Iterator[Callable[[str], None]]:
+    """Registers cluster-scoped object paths (slices, classes, nodes) to delete after a test."""
+    paths: list[str] = []
+    yield paths.append
+    for p in reversed(paths):
+        with contextlib.suppress(KubeError):
+            kube.delete(p, missing_ok=True)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short temporary directory: Unix socket paths must stay under 108 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="drk-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet_sim(
+    cluster: Cluster, kube: Kube, short_tmp: Path, cleanup: Callable[[str], None]
+) -> Iterator[Callable[..., KubeletSim]]:
+    """Starts `dradriver dev kubelet` processes; each is stopped and its Node deleted after."""
+    sims: list[KubeletSim] = []
+
+    def start(node: str | None = None, **kwargs: object) -> KubeletSim:
+        node = node or f"sim-{secrets.token_hex(3)}"
+        sim = KubeletSim(cluster.kubeconfig, node, short_tmp / node, **kwargs)  # type: ignore[arg-type]
+        sims.append(sim)
+        cleanup(path_for("v1", "nodes", name=node))
+        sim.start()
+        sim.wait_node_ready(kube)
+        return sim
+
+    yield start
+    for s in sims:
+        s.stop()

@@ -1,0 +1,137 @@
+"""Helpers for end-to-end tests: waiting, and the kubelet simulator as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dradriver.k8s import Kube, NotFound, path_for
+
+T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Cluster:
+    kubeconfig: str
+    bin_dir: Path | None
+    alpha: bool
+    state_dir: Path | None
+
+
+def wait_for(fn: Callable[[], T], what: str, timeout: float = 30.0, interval: float = 0.1) -> T:
+    """Polls fn until it returns something truthy; fails naming `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def get_or_none(kube: Kube, path: str) -> dict[str, Any] | None:
+    try:
+        return kube.get(path)
+    except NotFound:
+        return None
+
+
+class KubeletSim:
+    """`dradriver dev kubelet` in its own process, as a developer runs it."""
+
+    def __init__(
+        self, kubeconfig: str, node: str, root: Path, *, extra_args: list[str] | None = None
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.node = node
+        self.root = root
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = root.parent / f"{node}.log"
+        self.cdi_dir = root / "cdi"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.root / "plugins"
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dradriver.cli",
+                "dev",
+                "kubelet",
+                "--node",
+                self.node,
+                "--root",
+                str(self.root),
+                "--kubeconfig",
+                self.kubeconfig,
+                "--log-level",
+                "debug",
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_node_ready(self, kube: Kube, timeout: float = 30) -> None:
+        def ready() -> bool:
+            assert self.alive(), f"simulator exited:\n{self.log()[-3000:]}"
+            node = get_or_none(kube, path_for("v1", "nodes", name=self.node))
+            conds = (node or {}).get("status", {}).get("conditions", [])
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+        wait_for(ready, f"node {self.node} Ready", timeout)
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.root / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def container(self, pod_uid: str, name: str) -> dict[str, Any] | None:
+        p = self.root / "pods" / pod_uid / "containers" / f"{name}.json"
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError):
+            return None

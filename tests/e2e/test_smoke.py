@@ -1,0 +1,176 @@
+"""End-to-end smoke test using only real components: the real controller-manager
+creates the claim from its template, the real scheduler allocates it and binds the pod,
+the kubelet simulator prepares it through a DRA plugin over real Unix sockets, the
+container gets the plugin's CDI edits, and deleting the pod unprepares the claim."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from dradriver.k8s import Kube, path_for
+
+from .helpers import KubeletSim, get_or_none, wait_for
+from tests.support.standin import StandinPlugin
+
+RES = "resource.k8s.io/v1"
+
+
+def publish_slice(
+    kube: Kube, node: str, driver: str, devices: list[str], cleanup: Callable[[str], None]
+) -> dict[str, Any]:
+    name = f"{node}-{driver.split('.')[0]}"
+    cleanup(path_for(RES, "resourceslices", name=name))
+    return kube.create(
+        path_for(RES, "resourceslices"),
+        {
+            "apiVersion": RES,
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": d, "attributes": {"model": {"string": "smoke"}}} for d in devices
+                ],
+            },
+        },
+    )
+
+
+def device_class(kube: Kube, driver: str, cleanup: Callable[[str], None]) -> str:
+    name = f"smoke-{secrets.token_hex(3)}"
+    cleanup(path_for(RES, "deviceclasses", name=name))
+    kube.create(
+        path_for(RES, "deviceclasses"),
+        {
+            "apiVersion": RES,
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+        },
+    )
+    return name
+
+
+def pod_with_template(
+    kube: Kube, ns: str, cls: str, node_selector: dict[str, str]
+) -> dict[str, Any]:
+    kube.create(
+        path_for(RES, "resourceclaimtemplates", ns),
+        {
+            "apiVersion": RES,
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-device"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "dev", "exactly": {"deviceClassName": cls, "count": 1}}
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    return kube.create(
+        path_for("v1", "pods", ns),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "smoke"},
+            "spec": {
+                "nodeSelector": node_selector,
+                "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": "one-device"}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "env": [{"name": "FROM_SPEC", "value": "1"}],
+                        "resources": {"claims": [{"name": "dev"}]},
+                    }
+                ],
+            },
+        },
+    )
+
+
+def test_pod_claim_is_allocated_by_the_scheduler_and_prepared_through_the_simulator(
+    kube: Kube,
+    namespace: str,
+    kubelet_sim: Callable[..., KubeletSim],
+    cleanup: Callable[[str], None],
+) -> None:
+    sim = kubelet_sim()
+    driver = "smoke.dradriver.io"
+    plugin = StandinPlugin(kube, driver, sim.registry_dir, sim.plugins_dir, sim.cdi_dir)
+    plugin.start()
+    try:
+        assert plugin.registered.wait(15), f"not registered; simulator log:\n{sim.log()[-2000:]}"
+        assert plugin.registrations == [(True, "")]
+        publish_slice(kube, sim.node, driver, ["dev-0", "dev-1"], cleanup)
+        cls = device_class(kube, driver, cleanup)
+        pod = pod_with_template(kube, namespace, cls, {"kubernetes.io/hostname": sim.node})
+        pod_path = path_for("v1", "pods", namespace, "smoke")
+
+        running = wait_for(
+            lambda: (
+                (p := get_or_none(kube, pod_path))
+                and p.get("status", {}).get("phase") == "Running"
+                and p
+            ),
+            "the pod to run",
+            timeout=60,
+        )
+        assert running["spec"]["nodeName"] == sim.node
+
+        # The controller-manager made the claim from the template, for this pod.
+        statuses = running["status"]["resourceClaimStatuses"]
+        assert [s["name"] for s in statuses] == ["dev"]
+        claim_name = statuses[0]["resourceClaimName"]
+        claim = kube.get(path_for(RES, "resourceclaims", namespace, claim_name))
+        assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+        # The scheduler, not the test, allocated it and reserved it for the pod.
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert len(results) == 1
+        assert results[0]["driver"] == driver and results[0]["pool"] == sim.node
+        assert results[0]["device"] in ("dev-0", "dev-1")
+        writers = {
+            m["manager"]
+            for m in claim["metadata"]["managedFields"]
+            if m.get("subresource") == "status"
+        }
+        assert "kube-scheduler" in writers, writers
+        assert claim["status"]["reservedFor"] == [
+            {"resource": "pods", "name": "smoke", "uid": pod["metadata"]["uid"]}
+        ]
+
+        # The plugin got exactly this claim, once, with the protocol's three fields.
+        prepares = plugin.calls_of("NodePrepareResources")
+        assert [(c.version, c.claims) for c in prepares] == [
+            ("v1", [(namespace, claim["metadata"]["uid"], claim_name)])
+        ]
+
+        # The container got the CDI edits the plugin returned, on top of its own env.
+        device = results[0]["device"]
+        rec = sim.container(pod["metadata"]["uid"], "main")
+        assert rec is not None
+        dev_env = f"STANDIN_DEVICE_{device.upper().replace('-', '_')}={device}"
+        assert rec["env"] == ["FROM_SPEC=1", dev_env, f"STANDIN_CLAIM={namespace}/{claim_name}"]
+        assert rec["cdiDevices"] == [
+            f"test.dradriver.io/standin={claim['metadata']['uid']}-{device}"
+        ]
+
+        # Deleting the pod unprepares the claim, then the pod object goes away.
+        kube.delete(pod_path)
+        wait_for(lambda: get_or_none(kube, pod_path) is None, "the pod to be deleted", 30)
+        unprepares = plugin.calls_of("NodeUnprepareResources")
+        assert [c.claims for c in unprepares] == [
+            [(namespace, claim["metadata"]["uid"], claim_name)]
+        ]
+        assert not list(sim.cdi_dir.glob("standin-*.json"))
+        assert not (sim.root / "pods" / pod["metadata"]["uid"]).exists()
+    finally:
+        plugin.stop()
