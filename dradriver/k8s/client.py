@@ -9,6 +9,7 @@ server itself does.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from typing import Any, cast
@@ -101,6 +102,15 @@ class Kube:
             except kconfig.ConfigException:
                 kconfig.load_kube_config(client_configuration=cfg)
         return cls(kclient.ApiClient(cfg))
+
+    def with_token(self, token: str) -> Kube:
+        """The same server and trust, authenticated as someone else (a ServiceAccount token)."""
+        cfg = copy.copy(self._api.configuration)
+        cfg.api_key = {"BearerToken": f"Bearer {token}"}
+        cfg.api_key_prefix = {}
+        cfg.refresh_api_key_hook = None  # it would put the kubeconfig's credentials back
+        cfg.cert_file = cfg.key_file = None
+        return Kube(kclient.ApiClient(cfg), self._timeout)
 
     @property
     def host(self) -> str:

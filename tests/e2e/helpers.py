@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 from dradriver.k8s import Kube, NotFound, path_for
 
 T = TypeVar("T")
+RES = "resource.k8s.io/v1"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -135,3 +137,41 @@ class KubeletSim:
             return json.loads(p.read_text())
         except (OSError, ValueError):
             return None
+
+
+def publish_slice(
+    kube: Kube, node: str, driver: str, devices: list[str], cleanup: Callable[[str], None]
+) -> dict[str, Any]:
+    name = f"{node}-{driver.split('.')[0]}"
+    cleanup(path_for(RES, "resourceslices", name=name))
+    return kube.create(
+        path_for(RES, "resourceslices"),
+        {
+            "apiVersion": RES,
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": d, "attributes": {"model": {"string": "smoke"}}} for d in devices
+                ],
+            },
+        },
+    )
+
+
+def device_class(kube: Kube, driver: str, cleanup: Callable[[str], None]) -> str:
+    name = f"smoke-{secrets.token_hex(3)}"
+    cleanup(path_for(RES, "deviceclasses", name=name))
+    kube.create(
+        path_for(RES, "deviceclasses"),
+        {
+            "apiVersion": RES,
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+        },
+    )
+    return name

@@ -5,54 +5,15 @@ container gets the plugin's CDI edits, and deleting the pod unprepares the claim
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from typing import Any
 
 from dradriver.k8s import Kube, path_for
-
-from .helpers import KubeletSim, get_or_none, wait_for
 from tests.support.standin import StandinPlugin
 
+from .helpers import KubeletSim, device_class, get_or_none, publish_slice, wait_for
+
 RES = "resource.k8s.io/v1"
-
-
-def publish_slice(
-    kube: Kube, node: str, driver: str, devices: list[str], cleanup: Callable[[str], None]
-) -> dict[str, Any]:
-    name = f"{node}-{driver.split('.')[0]}"
-    cleanup(path_for(RES, "resourceslices", name=name))
-    return kube.create(
-        path_for(RES, "resourceslices"),
-        {
-            "apiVersion": RES,
-            "kind": "ResourceSlice",
-            "metadata": {"name": name},
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                "devices": [
-                    {"name": d, "attributes": {"model": {"string": "smoke"}}} for d in devices
-                ],
-            },
-        },
-    )
-
-
-def device_class(kube: Kube, driver: str, cleanup: Callable[[str], None]) -> str:
-    name = f"smoke-{secrets.token_hex(3)}"
-    cleanup(path_for(RES, "deviceclasses", name=name))
-    kube.create(
-        path_for(RES, "deviceclasses"),
-        {
-            "apiVersion": RES,
-            "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-        },
-    )
-    return name
 
 
 def pod_with_template(

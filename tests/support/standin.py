@@ -42,6 +42,8 @@ class StandinPlugin:
     endpoint_override: str | None = None
     # Return this CDI ID instead of the one we write a spec for (to test bad IDs).
     bogus_cdi_id: str | None = None
+    # claim name -> per-claim error to answer instead of preparing it
+    fail_claims: dict[str, str] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     registrations: list[tuple[bool, str]] = field(default_factory=list)
     registered: threading.Event = field(default_factory=threading.Event)
@@ -75,6 +77,9 @@ class StandinPlugin:
             self.calls.append(Call("NodePrepareResources", version, claims))
         resp = msgs.NodePrepareResourcesResponse()
         for ns, uid, name in claims:
+            if name in self.fail_claims:
+                resp.claims[uid].error = self.fail_claims[name]
+                continue
             assert self.kube is not None, "a stand-in that prepares needs the API"
             claim = self.kube.get(path_for("resource.k8s.io/v1", "resourceclaims", ns, name))
             results = [

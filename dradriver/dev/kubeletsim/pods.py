@@ -21,7 +21,7 @@ import grpc
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver.logs import get_logger
 
-from .cdi import CDIError, ContainerEdits, Resolver
+from .cdi import CDIError, ContainerEdits, Resolver, merge_env
 from .events import EventRecorder
 from .node import now_rfc3339
 from .plugins import PluginError, PluginRegistry
@@ -280,7 +280,7 @@ class PodSyncer:
                 "container": ctr["name"],
                 "init": kind == "init",
                 "cdiDevices": ids,
-                "env": _merge_env(static_env, list(edits.env)),
+                "env": merge_env(static_env, list(edits.env)),
                 "deviceNodes": list(edits.device_nodes),
                 "mounts": list(edits.mounts),
                 "hooks": list(edits.hooks),
@@ -481,14 +481,3 @@ class PodSyncer:
             return False
         log.info("claim unprepared", claim=ref, claim_uid=claim.uid, driver=driver)
         return True
-
-
-def _merge_env(base: list[str], extra: list[str]) -> list[str]:
-    """Later definitions of a variable win, as they do when a runtime applies CDI edits
-    after the container's own environment."""
-    merged: dict[str, str] = {}
-    for kv in base + extra:
-        k, _, v = kv.partition("=")
-        merged.pop(k, None)
-        merged[k] = v
-    return [f"{k}={v}" for k, v in merged.items()]

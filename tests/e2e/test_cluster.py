@@ -1,0 +1,226 @@
+"""The local control plane is real Kubernetes 1.34: version, DRA API, authorization,
+ServiceAccount tokens bound to pods, and the alpha gates when asked for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dradriver.dev import cluster as devcluster
+from dradriver.k8s import Kube, KubeError, path_for
+
+from .helpers import Cluster
+
+
+def kubectl(c: Cluster, *args: str) -> str:
+    assert c.bin_dir is not None, "needs the locally built kubectl"
+    out = subprocess.run(
+        [str(c.bin_dir / "kubectl"), "--kubeconfig", c.kubeconfig, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_client_and_server_report_v1_34(cluster: Cluster) -> None:
+    if cluster.bin_dir is None:
+        pytest.skip("external cluster: no locally built kubectl")
+    v = json.loads(kubectl(cluster, "version", "-o", "json"))
+    assert v["clientVersion"]["gitVersion"].startswith("v1.34.")
+    assert v["serverVersion"]["gitVersion"].startswith("v1.34.")
+    assert v["serverVersion"]["gitVersion"] == v["clientVersion"]["gitVersion"]
+    assert (v["serverVersion"]["major"], v["serverVersion"]["minor"]) == ("1", "34")
+
+
+def test_resource_v1_is_served_and_alpha_is_not(kube: Kube, cluster: Cluster) -> None:
+    groups = kube.get("/apis/resource.k8s.io")
+    versions = {v["version"] for v in groups["versions"]}
+    assert "v1" in versions
+    assert "v1alpha3" not in versions  # GA defaults unless ALPHA=1
+    kinds = {r["kind"] for r in kube.get("/apis/resource.k8s.io/v1")["resources"]}
+    assert {"ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "DeviceClass"} <= kinds
+
+
+def test_serviceaccount_token_bound_to_pod_carries_node_and_rbac_applies(
+    kube: Kube, namespace: str, cleanup: object
+) -> None:
+    ns = namespace
+    node = f"authz-{ns[-6:]}"
+    kube.create(path_for("v1", "nodes"), {"metadata": {"name": node}})
+    try:
+        kube.create(path_for("v1", "serviceaccounts", ns), {"metadata": {"name": "plugin"}})
+        pod = kube.create(
+            path_for("v1", "pods", ns),
+            {
+                "metadata": {"name": "plugin"},
+                "spec": {
+                    "nodeName": node,
+                    "serviceAccountName": "plugin",
+                    "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        )
+        tr = kube.create(
+            path_for("v1", "serviceaccounts", ns, "plugin", "token"),
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {
+                    "expirationSeconds": 600,
+                    "boundObjectRef": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": "plugin",
+                        "uid": pod["metadata"]["uid"],
+                    },
+                },
+            },
+        )
+        as_plugin = kube.with_token(tr["status"]["token"])
+        review = as_plugin.create(
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+        )
+        user = review["status"]["userInfo"]
+        assert user["username"] == f"system:serviceaccount:{ns}:plugin"
+        # What a ValidatingAdmissionPolicy keys "own node only" on.
+        assert user["extra"]["authentication.kubernetes.io/node-name"] == [node]
+        assert user["extra"]["authentication.kubernetes.io/pod-uid"] == [pod["metadata"]["uid"]]
+
+        slices = path_for("resource.k8s.io/v1", "resourceslices")
+        with pytest.raises(KubeError) as denied:
+            as_plugin.list(slices)
+        assert denied.value.status == 403  # RBAC is enforced: no AlwaysAllow
+
+        role = f"{ns}-slices"
+        kube.create(
+            path_for("rbac.authorization.k8s.io/v1", "clusterroles"),
+            {
+                "metadata": {"name": role},
+                "rules": [
+                    {
+                        "apiGroups": ["resource.k8s.io"],
+                        "resources": ["resourceslices"],
+                        "verbs": ["list"],
+                    }
+                ],
+            },
+        )
+        kube.create(
+            path_for("rbac.authorization.k8s.io/v1", "clusterrolebindings"),
+            {
+                "metadata": {"name": role},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role,
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "plugin", "namespace": ns}],
+            },
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    assert "items" in as_plugin.list(slices)
+                    break
+                except KubeError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            kube.delete(path_for("rbac.authorization.k8s.io/v1", "clusterrolebindings", name=role))
+            kube.delete(path_for("rbac.authorization.k8s.io/v1", "clusterroles", name=role))
+        as_plugin.close()
+    finally:
+        kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def alpha_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    state = tmp_path_factory.mktemp("alpha")
+    st = devcluster.up(state, alpha=True)
+    try:
+        yield Cluster(st.kubeconfig, Path(st.bin_dir), True, state)
+    finally:
+        devcluster.down(state)
+
+
+def test_alpha_gates_on_every_component(alpha_cluster: Cluster) -> None:
+    kube = Kube.from_kubeconfig(alpha_cluster.kubeconfig)
+    versions = {v["version"] for v in kube.get("/apis/resource.k8s.io")["versions"]}
+    assert "v1alpha3" in versions
+    kinds = {r["kind"] for r in kube.get("/apis/resource.k8s.io/v1alpha3")["resources"]}
+    assert "DeviceTaintRule" in kinds
+    # The gates are really on in the API server: a slice with shared counters and a
+    # partition consuming them is kept, not silently stripped.
+    name = "alpha-counters"
+    kube.create(path_for("v1", "nodes"), {"metadata": {"name": "alpha-node"}})
+    try:
+        created = kube.create(
+            path_for("resource.k8s.io/v1", "resourceslices"),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "driver": "gpu.dradriver.io",
+                    "nodeName": "alpha-node",
+                    "pool": {"name": "alpha-node", "generation": 1, "resourceSliceCount": 1},
+                    "sharedCounters": [{"name": "gpu-0", "counters": {"slices": {"value": "8"}}}],
+                    "devices": [
+                        {
+                            "name": "gpu-0-part",
+                            "consumesCounters": [
+                                {"counterSet": "gpu-0", "counters": {"slices": {"value": "4"}}}
+                            ],
+                        }
+                    ],
+                },
+            },
+        )
+        assert created["spec"]["sharedCounters"][0]["name"] == "gpu-0"
+        assert created["spec"]["devices"][0]["consumesCounters"][0]["counterSet"] == "gpu-0"
+    finally:
+        kube.delete(path_for("resource.k8s.io/v1", "resourceslices", name=name), missing_ok=True)
+        kube.delete(path_for("v1", "nodes", name="alpha-node"), missing_ok=True)
+    st = devcluster.ClusterState.load(alpha_cluster.state_dir)  # type: ignore[arg-type]
+    assert st is not None
+    for component in ("kube-apiserver", "kube-scheduler", "kube-controller-manager"):
+        cmdline = Path(f"/proc/{st.pids[component]}/cmdline").read_bytes().split(b"\0")
+        gates = next(a for a in cmdline if a.startswith(b"--feature-gates="))
+        for g in devcluster.ALPHA_GATES:
+            assert f"{g}=true".encode() in gates, (component, g)
+    kube.close()
+
+
+def test_default_cluster_strips_alpha_fields(kube: Kube) -> None:
+    """The other side of the gate: without DRAPartitionableDevices, counters are dropped."""
+    kube.create(path_for("v1", "nodes"), {"metadata": {"name": "ga-node"}})
+    name = "ga-counters"
+    try:
+        created = kube.create(
+            path_for("resource.k8s.io/v1", "resourceslices"),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "driver": "gpu.dradriver.io",
+                    "nodeName": "ga-node",
+                    "pool": {"name": "ga-node", "generation": 1, "resourceSliceCount": 1},
+                    "sharedCounters": [{"name": "gpu-0", "counters": {"slices": {"value": "8"}}}],
+                    "devices": [{"name": "gpu-0"}],
+                },
+            },
+        )
+        assert "sharedCounters" not in created["spec"]
+    except KubeError as exc:
+        # Either dropping or refusing the field proves the gate is off.
+        assert exc.status in (400, 422), exc
+    finally:
+        kube.delete(path_for("resource.k8s.io/v1", "resourceslices", name=name), missing_ok=True)
+        kube.delete(path_for("v1", "nodes", name="ga-node"), missing_ok=True)
