@@ -23,7 +23,7 @@ def _dev_cluster(args: argparse.Namespace) -> int:
         gates = "alpha DRA gates on" if st.alpha else "GA defaults"
         print(f"dev cluster: up at {st.server} ({gates})")
         print(f"dev cluster: export KUBECONFIG={st.kubeconfig}")
-        print(f"dev cluster: kubectl is at {Path(st.bin_dir) / 'kubectl'}")
+        print(f"dev cluster: kubectl {state_dir / 'kubectl'} --kubeconfig {st.kubeconfig} get nodes")
         return 0
     stopped = cluster.down(state_dir)
     print("dev cluster: stopped and removed" if stopped else "dev cluster: nothing was running")

@@ -243,6 +243,8 @@ def up(
     etcd_port, peer_port, api_port, sched_port, cm_port = _free_ports(5)
     server = f"https://127.0.0.1:{api_port}"
     kubeconfig = state_dir / "kubeconfig"
+    (state_dir / "kubectl").unlink(missing_ok=True)
+    (state_dir / "kubectl").symlink_to(bin_dir / "kubectl")  # same release as the server
     _write_kubeconfig(kubeconfig, server, pki / "ca.crt", token)
     st = ClusterState(
         state_dir=str(state_dir),

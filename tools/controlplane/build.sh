@@ -43,5 +43,7 @@ if [ "$status" -ne 0 ]; then
 fi
 for b in "${bins[@]}"; do [ -x "$out/$b" ] || { echo "controlplane: $b missing after build" >&2; exit 1; }; done
 touch "$out/.complete"
+# Older builds are ~400 MB each and nothing refers to them any more.
+find "$cache/controlplane" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
 echo "controlplane: built in $(( $(date +%s) - start ))s into $out" >&2
 echo "$out"
