@@ -23,7 +23,9 @@ def _dev_cluster(args: argparse.Namespace) -> int:
         gates = "alpha DRA gates on" if st.alpha else "GA defaults"
         print(f"dev cluster: up at {st.server} ({gates})")
         print(f"dev cluster: export KUBECONFIG={st.kubeconfig}")
-        print(f"dev cluster: kubectl {state_dir / 'kubectl'} --kubeconfig {st.kubeconfig} get nodes")
+        print(
+            f"dev cluster: kubectl {state_dir / 'kubectl'} --kubeconfig {st.kubeconfig} get nodes"
+        )
         return 0
     stopped = cluster.down(state_dir)
     print("dev cluster: stopped and removed" if stopped else "dev cluster: nothing was running")
@@ -34,6 +36,12 @@ def _dev_kubelet(args: argparse.Namespace) -> int:
     from dradriver.dev.kubeletsim.main import run
 
     return run(args)
+
+
+def _devices(args: argparse.Namespace) -> int:
+    from dradriver.commands import devices
+
+    return devices.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

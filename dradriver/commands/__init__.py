@@ -1,0 +1,1 @@
+"""One module per `dradriver` subcommand; cli.py wires them."""

@@ -1,0 +1,118 @@
+"""`dradriver devices`: the inventory and the ResourceSlices this node would publish,
+offline. A newcomer's first look, and a debugging tool on a real node."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dradriver.commands import flags
+from dradriver.inventory.model import Gpu, Inventory
+from dradriver.nvml.errors import NvmlUnavailable
+from dradriver.nvml.library import DevicesSpecError, open_nvml
+from dradriver.slices.build import BuildResult, MigMode, build
+from dradriver.slices.publish import render
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    flags.add_node_flags(p)
+    p.add_argument("-o", "--output", default="table", choices=["table", "json", "yaml"])
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        nvml = open_nvml(
+            args.devices,
+            node=args.node_name,
+            state_dir=Path(args.state_dir)
+            if args.devices != "nvml" and Path(args.state_dir).is_dir()
+            else None,
+        )
+        found = nvml.discover()
+    except (NvmlUnavailable, DevicesSpecError) as exc:
+        print(f"dradriver devices: {exc}", file=sys.stderr)
+        return 1
+    result = build(found.inventory, MigMode(args.mig_mode))
+    slices = render(args.driver_name, args.node_name, result.slices)
+    if args.output == "table":
+        print(table(args, found.inventory, result, found.problems))
+        return 0
+    doc = {
+        "node": args.node_name,
+        "driver": args.driver_name,
+        "migMode": args.mig_mode,
+        "inventory": found.inventory.to_json(),
+        "problems": found.problems,
+        "skipped": [{"uuid": u, "reason": r} for u, r in result.skipped],
+        "resourceSlices": slices,
+    }
+    if args.output == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
+    return 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _mig(g: Gpu) -> str:
+    if not g.mig_capable:
+        return "-"
+    state = "on" if g.mig_enabled else "off"
+    devs = f", {len(g.mig_devices)} devices" if g.mig_devices else ""
+    return f"{state}{devs}"
+
+
+def table(
+    args: argparse.Namespace, inv: Inventory, result: BuildResult, problems: list[str]
+) -> str:
+    rows: list[list[Any]] = [["IDX", "PRODUCT", "MEMORY", "CC", "NUMA", "NVLINK", "MIG", "UUID"]]
+    for g in inv.gpus:
+        rows.append(
+            [
+                g.index,
+                g.product_name,
+                _gib(g.memory_bytes),
+                g.cuda_compute_capability,
+                "-" if g.numa_node is None else g.numa_node,
+                g.nvlink_domain or "-",
+                _mig(g),
+                g.uuid,
+            ]
+        )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out = [
+        f"node {args.node_name}: {len(inv.gpus)} GPUs, driver {inv.driver_version}, "
+        f"CUDA {inv.cuda_driver_version}",
+        "",
+    ]
+    out += [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    devices = sum(len(s.devices) for s in result.slices)
+    out += [
+        "",
+        f"ResourceSlices ({args.mig_mode} MIG mode, driver {args.driver_name}): "
+        f"{len(result.slices)} slices, {devices} devices",
+    ]
+    for s in result.slices:
+        kinds: dict[str, int] = {}
+        for d in s.devices:
+            t = d["attributes"]["type"]["string"]
+            kinds[t] = kinds.get(t, 0) + 1
+        what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        counters = sum(len(c["counters"]) for c in s.shared_counters)
+        extra = f", {counters} shared counters" if counters else ""
+        out.append(f"  {s.key}: {len(s.devices)} devices ({what}){extra}")
+    for uuid, reason in result.skipped:
+        out.append(f"  note: {uuid}: {reason}")
+    for p in problems:
+        out.append(f"  problem: {p}")
+    return "\n".join(out)

@@ -1,0 +1,56 @@
+"""Flags shared by the node-side commands. Every flag can also come from a DRADRIVER_*
+environment variable (the Helm chart sets those), named after the flag."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from typing import Any
+
+from dradriver import DEFAULT_DRIVER_NAME
+
+
+def env_name(flag: str) -> str:
+    return "DRADRIVER_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def add(
+    p: argparse.ArgumentParser, flag: str, default: Any = None, help: str = "", **kw: Any
+) -> None:
+    env = env_name(flag)
+    value = os.environ.get(env, default)
+    shown = f" (env {env}; default: %(default)s)" if default is not None else f" (env {env})"
+    p.add_argument(flag, default=value, help=help + shown, **kw)
+
+
+def add_node_flags(p: argparse.ArgumentParser) -> None:
+    add(
+        p,
+        "--node-name",
+        os.environ.get("NODE_NAME") or socket.gethostname(),
+        "the Kubernetes node this runs on; names the pool and the slices",
+    )
+    add(p, "--driver-name", DEFAULT_DRIVER_NAME, "DRA driver name, also the attribute domain")
+    add(
+        p,
+        "--devices",
+        "nvml",
+        "device backend: `nvml` for this node's GPUs, or `fake:<spec>` such as "
+        "fake:8xH100-80GB, fake:4xA100-80GB:nvlink=pairs+2xL4 or fake:@fleet.yaml",
+    )
+    add(
+        p,
+        "--mig-mode",
+        "none",
+        "MIG devices to publish: none (whole GPUs), static "
+        "(existing MIG devices) or dynamic (every profile x placement, carved on demand; "
+        "needs the DRAPartitionableDevices gate)",
+        choices=["none", "static", "dynamic"],
+    )
+    add(
+        p,
+        "--state-dir",
+        "/var/lib/dradriver",
+        "where the plugin keeps its checkpoint (and the fake backend its MIG state)",
+    )

@@ -1,0 +1,1 @@
+"""The NVML edge: the only place that touches the GPU driver."""

@@ -1,0 +1,1 @@
+"""Inventory -> ResourceSlices: what the node publishes, and keeping it published."""

@@ -1,0 +1,274 @@
+"""Keeps the node's ResourceSlices equal to the desired set, with the fewest writes.
+
+Pool bookkeeping follows the API's contract: consumers trust only the slices of the
+newest pool generation, and only once they have seen resourceSliceCount of them. A
+single update is atomic, so when at most one existing slice changes and none is added
+the generation stays; any other change bumps the generation on every slice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.k8s import Conflict, Kube, NotFound, path_for
+from dradriver.logs import get_logger
+from dradriver.slices.build import SliceContent
+
+log = get_logger("slices.publish")
+RES = "resource.k8s.io/v1"
+SLICES = path_for(RES, "resourceslices")
+FINGERPRINT = "fingerprint"
+
+
+class PublishError(RuntimeError):
+    pass
+
+
+@dataclass
+class SyncStats:
+    created: int = 0
+    updated: int = 0
+    deleted: int = 0
+    generation: int = 0
+    devices: int = 0
+
+    @property
+    def writes(self) -> int:
+        return self.created + self.updated + self.deleted
+
+
+def slice_name(node: str, driver: str, key: str) -> str:
+    name = f"{node}-{driver}-{key}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"{node[:200]}-{digest}-{key}"[:253]
+
+
+def slice_object(
+    driver: str,
+    node: str,
+    name: str,
+    c: SliceContent,
+    gen: int,
+    count: int,
+    owner: list[dict[str, Any]] | None = None,
+    manager: str = "dradriver",
+) -> dict[str, Any]:
+    """The ResourceSlice object for one piece of desired content (pure)."""
+    spec: dict[str, Any] = {
+        "driver": driver,
+        "nodeName": node,
+        "pool": {"name": node, "generation": gen, "resourceSliceCount": count},
+        "devices": list(c.devices),
+    }
+    if c.shared_counters:
+        spec["sharedCounters"] = list(c.shared_counters)
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": {"app.kubernetes.io/managed-by": manager},
+        "annotations": {f"{driver}/{FINGERPRINT}": c.fingerprint()},
+    }
+    if owner:
+        meta["ownerReferences"] = owner
+    return {"apiVersion": RES, "kind": "ResourceSlice", "metadata": meta, "spec": spec}
+
+
+def render(
+    driver: str, node: str, slices: Sequence[SliceContent], generation: int = 1
+) -> list[dict[str, Any]]:
+    """All of a node's slices as they would be published (for `dradriver devices`)."""
+    return [
+        slice_object(driver, node, slice_name(node, driver, c.key), c, generation, len(slices))
+        for c in slices
+    ]
+
+
+@dataclass
+class SlicePublisher:
+    kube: Kube
+    driver: str
+    node: str
+    field_manager: str = "dradriver"
+    _node_uid: str = field(default="", init=False)
+
+    @property
+    def annotation(self) -> str:
+        return f"{self.driver}/{FINGERPRINT}"
+
+    def _owner(self) -> list[dict[str, Any]]:
+        if not self._node_uid:
+            try:
+                self._node_uid = self.kube.get(path_for("v1", "nodes", name=self.node))["metadata"][
+                    "uid"
+                ]
+            except NotFound:
+                return []  # no Node object (yet): publish without garbage collection
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node,
+                "uid": self._node_uid,
+                "controller": True,
+            }
+        ]
+
+    def existing(self) -> list[dict[str, Any]]:
+        return list(
+            self.kube.list(
+                SLICES,
+                fieldSelector=f"spec.nodeName={self.node},spec.driver={self.driver}",
+            ).get("items", [])
+        )
+
+    def sync(self, desired: Sequence[SliceContent], attempts: int = 5) -> SyncStats:
+        for attempt in range(attempts):
+            try:
+                return self._sync_once(desired)
+            except Conflict as exc:
+                # Another writer (a second plugin instance during a rolling update) got
+                # there first: look again and redo the plan.
+                log.info(
+                    "slice write conflict; re-planning",
+                    node=self.node,
+                    attempt=attempt + 1,
+                    error=exc.message,
+                )
+        raise PublishError(
+            f"gave up publishing slices of {self.node} after {attempts} conflicting writes"
+        )
+
+    def _sync_once(self, desired: Sequence[SliceContent]) -> SyncStats:
+        current = self.existing()
+        gen = max((int(s["spec"]["pool"]["generation"]) for s in current), default=0)
+        want = {slice_name(self.node, self.driver, c.key): c for c in desired}
+        by_name = {s["metadata"]["name"]: s for s in current}
+        obsolete = [
+            s
+            for n, s in by_name.items()
+            if n not in want or int(s["spec"]["pool"]["generation"]) < gen
+        ]
+        matched = {n: by_name[n] for n in want if n in by_name and by_name[n] not in obsolete}
+        new = [n for n in want if n not in matched]
+        count = len(want)
+
+        def stale(s: dict[str, Any], c: SliceContent) -> bool:
+            pool = s["spec"]["pool"]
+            return (
+                s["metadata"].get("annotations", {}).get(self.annotation) != c.fingerprint()
+                or int(pool["resourceSliceCount"]) != count
+            )
+
+        changed = [n for n, s in matched.items() if stale(s, want[n])]
+        if gen == 0 or new or len(changed) > 1:
+            gen += 1
+            changed = list(matched)
+        stats = SyncStats(generation=gen, devices=sum(len(c.devices) for c in desired))
+        # Remove first: better to briefly offer fewer devices than devices that are gone.
+        for s in obsolete:
+            self.kube.delete(
+                f"{SLICES}/{s['metadata']['name']}", missing_ok=True, uid=s["metadata"]["uid"]
+            )
+            stats.deleted += 1
+        for n in changed:
+            body = self._object(n, want[n], gen, count)
+            body["metadata"]["resourceVersion"] = matched[n]["metadata"]["resourceVersion"]
+            self._check_kept(self.kube.replace(f"{SLICES}/{n}", body), want[n])
+            stats.updated += 1
+        for n in new:
+            self._check_kept(
+                self.kube.create(SLICES, self._object(n, want[n], gen, count)), want[n]
+            )
+            stats.created += 1
+        if stats.writes:
+            log.info(
+                "slices published",
+                node=self.node,
+                driver=self.driver,
+                generation=gen,
+                slices=count,
+                devices=stats.devices,
+                created=stats.created,
+                updated=stats.updated,
+                deleted=stats.deleted,
+            )
+        return stats
+
+    def _object(self, name: str, c: SliceContent, gen: int, count: int) -> dict[str, Any]:
+        return slice_object(
+            self.driver, self.node, name, c, gen, count, self._owner(), self.field_manager
+        )
+
+    def _check_kept(self, stored: dict[str, Any], c: SliceContent) -> None:
+        """An API server without DRAPartitionableDevices silently drops shared counters,
+        and partitions without counters would let the scheduler hand out overlapping MIG
+        slices. Refuse to leave such a slice behind."""
+        if c.shared_counters and not stored["spec"].get("sharedCounters"):
+            self.kube.delete(f"{SLICES}/{stored['metadata']['name']}", missing_ok=True)
+            raise PublishError(
+                "slices layer: the API server dropped the MIG partitions' shared counters. "
+                "Dynamic MIG mode needs the DRAPartitionableDevices feature gate on "
+                "kube-apiserver, kube-scheduler and kube-controller-manager; enable it or "
+                "run with --mig-mode static or none."
+            )
+
+    def delete_all(self) -> int:
+        n = 0
+        for s in self.existing():
+            self.kube.delete(f"{SLICES}/{s['metadata']['name']}", missing_ok=True)
+            n += 1
+        return n
+
+
+@dataclass
+class PublishLoop:
+    """Publishes what `desired()` returns, again every `period` seconds and whenever
+    `trigger()` is called (SIGHUP, re-registration), retrying with backoff while the API
+    server is unavailable. Nothing is published before `desired()` first succeeds."""
+
+    publisher: SlicePublisher
+    desired: Callable[[], Sequence[SliceContent]]
+    period: float = 300.0
+    backoff_max: float = 60.0
+    on_error: Callable[[Exception], None] | None = None
+    published: threading.Event = field(default_factory=threading.Event)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    last_stats: SyncStats | None = None
+    last_error: str = ""
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                content = self.desired()
+                self.last_stats = self.publisher.sync(content)
+                self.published.set()
+                self.last_error = ""
+                failures = 0
+                wait = self.period
+            except Exception as exc:  # a failed discovery lands here too: keep serving
+                failures += 1
+                wait = min(self.backoff_max, 0.5 * 2 ** min(failures, 8))
+                self.last_error = str(exc)
+                log.error(
+                    "publishing slices failed; will retry",
+                    node=self.publisher.node,
+                    error=str(exc),
+                    retry_in=f"{wait:.1f}s",
+                )
+                if self.on_error:
+                    self.on_error(exc)
+            deadline = time.monotonic() + wait
+            while not stop.is_set() and time.monotonic() < deadline:
+                if self._wake.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+                    self._wake.clear()
+                    break
