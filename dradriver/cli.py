@@ -44,6 +44,12 @@ def _devices(args: argparse.Namespace) -> int:
     return devices.run(args)
 
 
+def _kubelet_plugin(args: argparse.Namespace) -> int:
+    from dradriver.kubeletplugin.main import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dradriver",
@@ -51,6 +57,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dradriver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from dradriver.commands import devices
+    from dradriver.kubeletplugin.main import add_arguments as plugin_arguments
+
+    dv = sub.add_parser(
+        "devices",
+        help="show this node's GPUs and the ResourceSlices it would publish (offline)",
+        description="Discovers GPUs (through NVML, or a fake) and prints the inventory and "
+        "the ResourceSlices the kubelet plugin would publish. Talks to no API server.",
+    )
+    devices.add_arguments(dv)
+    dv.set_defaults(func=_devices)
+
+    kp = sub.add_parser(
+        "kubelet-plugin",
+        help="the node component: publish this node's GPUs and prepare claimed devices",
+        description="Discovers the node's GPUs, publishes them as ResourceSlices, registers "
+        "with the kubelet and serves the DRA gRPC API (v1 and v1beta1): prepares claimed "
+        "devices with one CDI spec per claim, and unprepares them. Every flag can also be "
+        "set through the DRADRIVER_* environment variable named after it.",
+    )
+    plugin_arguments(kp)
+    kp.set_defaults(func=_kubelet_plugin)
 
     dev = sub.add_parser(
         "dev", help="tools for driver developers (local cluster, kubelet simulator)"

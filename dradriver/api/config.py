@@ -1,0 +1,184 @@
+"""The opaque device configuration API, gpu.dradriver.io/v1alpha1.
+
+A claim (or a DeviceClass) carries these objects in `config[].opaque.parameters`.
+Decoding is strict: unknown fields are errors, every message names the field path and
+the allowed values, and nothing is shared unless a config says so.
+
+    apiVersion: gpu.dradriver.io/v1alpha1
+    kind: GpuConfig            # whole GPUs; MigDeviceConfig for MIG devices
+    sharing:                   # omitted: the device is exclusive to the claim
+      strategy: TimeSlicing    # or MPS
+      timeSlicingConfig:
+        interval: Default      # Default | Short | Medium | Long
+      mpsConfig:
+        defaultActiveThreadPercentage: 50            # 1..100
+        defaultPinnedDeviceMemoryLimit: 10Gi         # a quantity
+        defaultPerDevicePinnedMemoryLimit:           # by device UUID or index
+          "0": 5Gi
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+API_VERSION = "gpu.dradriver.io/v1alpha1"
+QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+def quantity_bytes(q: str) -> int:
+    m = QUANTITY.match(q)
+    if not m:
+        raise ValueError(f"{q!r} is not a quantity such as 512Mi or 10Gi")
+    return int(float(m.group(1)) * _UNITS[m.group(3) or ""])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+
+
+class TimeSlicingConfig(_Strict):
+    interval: Literal["Default", "Short", "Medium", "Long"] = "Default"
+
+
+Quantity = Annotated[str, Field(description="a quantity such as 512Mi or 10Gi")]
+
+
+class MpsConfig(_Strict):
+    defaultActiveThreadPercentage: Annotated[int, Field(ge=1, le=100)] | None = None
+    defaultPinnedDeviceMemoryLimit: Quantity | None = None
+    defaultPerDevicePinnedMemoryLimit: dict[str, Quantity] | None = None
+
+    @field_validator("defaultPinnedDeviceMemoryLimit")
+    @classmethod
+    def _q(cls, v: str | None) -> str | None:
+        if v is not None:
+            quantity_bytes(v)
+        return v
+
+    @field_validator("defaultPerDevicePinnedMemoryLimit")
+    @classmethod
+    def _per_device(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for key, q in (v or {}).items():
+            if not (key.isdigit() or key.startswith(("GPU-", "MIG-"))):
+                raise ValueError(f"key {key!r} must be a device index or a GPU-/MIG- UUID")
+            quantity_bytes(q)
+        return v
+
+
+class Sharing(_Strict):
+    strategy: Literal["TimeSlicing", "MPS"]
+    timeSlicingConfig: TimeSlicingConfig | None = None
+    mpsConfig: MpsConfig | None = None
+
+    @model_validator(mode="after")
+    def _matches_strategy(self) -> Sharing:
+        if self.strategy == "TimeSlicing" and self.mpsConfig is not None:
+            raise ValueError("mpsConfig is only allowed with strategy MPS")
+        if self.strategy == "MPS" and self.timeSlicingConfig is not None:
+            raise ValueError("timeSlicingConfig is only allowed with strategy TimeSlicing")
+        return self
+
+
+class GpuConfig(_Strict):
+    apiVersion: Literal["gpu.dradriver.io/v1alpha1"]
+    kind: Literal["GpuConfig"]
+    sharing: Sharing | None = None
+
+
+class MigDeviceConfig(_Strict):
+    apiVersion: Literal["gpu.dradriver.io/v1alpha1"]
+    kind: Literal["MigDeviceConfig"]
+    sharing: Sharing | None = None
+
+
+DeviceConfig = GpuConfig | MigDeviceConfig
+KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {
+    "GpuConfig": GpuConfig,
+    "MigDeviceConfig": MigDeviceConfig,
+}
+# Which config kind fits which device type attribute.
+KIND_FOR_TYPE = {"gpu": "GpuConfig", "mig": "MigDeviceConfig"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def decode(params: Any, where: str = "parameters") -> DeviceConfig:
+    """Decodes one opaque config, or raises ConfigError naming the field and what fits."""
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where}: must be an object with apiVersion and kind")
+    kind, version = params.get("kind"), params.get("apiVersion")
+    if version != API_VERSION:
+        raise ConfigError(f"{where}.apiVersion: {version!r} is not supported; use {API_VERSION}")
+    model = KINDS.get(str(kind))
+    if model is None:
+        raise ConfigError(
+            f"{where}.kind: {kind!r} is not a config kind; use one of {', '.join(KINDS)}"
+        )
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            msg = e["msg"].removeprefix("Value error, ")
+            if e["type"] == "extra_forbidden":
+                msg = "unknown field"
+            elif e["type"] == "literal_error":
+                msg = f"{msg} (got {e.get('input')!r})"
+            problems.append(f"{where}.{_path(e['loc'])}: {msg}")
+        raise ConfigError("; ".join(problems)) from None
+
+
+def effective(configs: list[dict[str, Any]], device_type: str, request: str) -> DeviceConfig | None:
+    """The config for one device: the last one of the kind that fits its type wins.
+    Configs exist but none fits -> an error, since silently ignoring them would run the
+    device with a policy nobody asked for."""
+    want = KIND_FOR_TYPE.get(device_type)
+    decoded = [decode(c, f"config for request {request!r}") for c in configs]
+    fitting = [c for c in decoded if c.kind == want]
+    if fitting:
+        return fitting[-1]
+    if decoded:
+        kinds = sorted({c.kind for c in decoded})
+        raise ConfigError(
+            f"config for request {request!r}: {', '.join(kinds)} does not fit a "
+            f"{device_type} device; use {want}"
+        )
+    return None
+
+
+def json_schema() -> dict[str, Any]:
+    """The API's JSON Schema (api/config/v1alpha1.schema.json is generated from this)."""
+    from pydantic.json_schema import models_json_schema
+
+    _, schema = models_json_schema(
+        [(GpuConfig, "validation"), (MigDeviceConfig, "validation")],
+        title="gpu.dradriver.io/v1alpha1 device configuration",
+    )
+    return schema

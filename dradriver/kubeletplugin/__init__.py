@@ -1,0 +1,1 @@
+"""The node component: registration, DRA gRPC, prepare/unprepare."""

@@ -1,0 +1,285 @@
+"""One CDI spec per prepared claim: what the container runtime injects for its devices.
+
+The spec's kind is `<driver>/claim` and each device is named `<device>-<claim uid>`, so
+specs of different claims never collide and a spec can be written or removed on its own.
+Names start with a letter and nothing needs a newer feature, so the specs are cdiVersion
+0.3.0, which every runtime that knows CDI accepts.
+
+Env merging in CDI replaces a variable by name (the device applied last wins), so a
+per-device list of UUIDs cannot be concatenated by the runtime. Each device therefore
+carries the UUIDs of its group (`CdiDevice.group`) up to and including itself, in spec
+order: the kubelet hands a container a request's (or the whole claim's) devices in the
+order the plugin answered, so the last one applied names them all. The per-device
+`DRADRIVER_DEVICE_<NAME>` variable is exact in every case, e.g. for a container using
+two claims.
+
+Specs live in /var/run/cdi, which a reboot wipes: startup and prepare must rewrite them
+for claims the checkpoint still holds.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from dradriver.kubeletplugin.checkpoint import atomic_write
+
+CLAIM_CLASS: Final = "claim"
+# Ascending; what cdi_version_for can return.
+CDI_VERSIONS: Final = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "1.1.0")
+# Every CUDA process opens these besides its GPUs' own nodes.
+CONTROL_DEVICE_NODES: Final = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+# A CDI vendor (the driver name) must start with a letter, end with a letter or digit and
+# hold only letters, digits, "-", "_" and "."; a DNS subdomain starting with a letter is
+# that and also what Kubernetes requires of a driver name.
+_DRIVER = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Kubernetes UIDs are UUIDs. Letters, digits and inner dashes keep a UID from escaping the
+# spec directory and keep `<device>-<uid>` a valid CDI device name (which must end in a
+# letter or digit).
+_UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,126}[A-Za-z0-9])?$")
+# The CDI library's device-name rule.
+_DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"[^A-Z0-9_]")
+
+
+def _check_driver(driver: str) -> None:
+    if len(driver) > 63 or not _DRIVER.match(driver):
+        raise ValueError(
+            f"CDI: driver name {driver!r} is not a DNS subdomain starting with a letter"
+        )
+
+
+def _check_uid(claim_uid: str) -> None:
+    if not _UID.match(claim_uid):
+        raise ValueError(
+            f"CDI: claim UID {claim_uid!r} is not a Kubernetes UID (letters, "
+            "digits and inner dashes only)"
+        )
+
+
+# -- pure part -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CdiDevice:
+    """One prepared device as the container should see it."""
+
+    name: str  # the DRA device name: gpu-0, gpu-0-mig-1g10gb-0
+    uuid: str  # GPU-... or MIG-...
+    # Minor number of the (parent) GPU: /dev/nvidia<minor>. Required on real hardware.
+    minor: int | None = None
+    # Further device nodes this device needs on real hardware (MIG /dev/nvidia-caps/...).
+    device_nodes: Sequence[str] = ()
+    # Further "KEY=VALUE" variables (sharing setup such as MPS pipe directories).
+    env: Sequence[str] = ()
+    # Devices handed to a container together (one request; "" = the whole claim) share a
+    # UUID list; see the module docstring.
+    group: str = ""
+
+
+def cdi_kind(driver: str) -> str:
+    return f"{driver}/{CLAIM_CLASS}"
+
+
+def cdi_device_name(device: str, claim_uid: str) -> str:
+    return f"{device}-{claim_uid}"
+
+
+def qualified_name(driver: str, device: str, claim_uid: str) -> str:
+    """The CDI device ID the kubelet passes to the runtime: gpu.dradriver.io/claim=gpu-0-<uid>."""
+    return f"{cdi_kind(driver)}={cdi_device_name(device, claim_uid)}"
+
+
+def device_env_name(device: str) -> str:
+    """DRADRIVER_DEVICE_GPU_0 for gpu-0: unique per device, as device names are DNS labels."""
+    return "DRADRIVER_DEVICE_" + _ENV_NAME.sub("_", device.upper())
+
+
+def claim_spec(
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[CdiDevice],
+    fake: bool,
+    *,
+    claim_name: str,
+) -> dict[str, Any]:
+    """The CDI spec for one claim. `claim_name` is "<namespace>/<name>". With `fake`, no
+    device nodes (they do not exist on a test machine): the devices are env only.
+
+    On real hardware NVIDIA_VISIBLE_DEVICES is set (it overrides an image's "all", which
+    a legacy nvidia runtime hook would honour) but CUDA_VISIBLE_DEVICES is not: the device
+    nodes already bound what CUDA sees, and the value of the last claim applied would hide
+    the other claims' GPUs from a container using two claims.
+
+    Raises ValueError for input that would make an invalid spec.
+    """
+    _check_driver(driver)
+    _check_uid(claim_uid)
+    if not devices:
+        raise ValueError(f"CDI: claim {claim_uid} has no devices (a spec needs at least one)")
+    seen: set[str] = set()
+    groups: dict[str, list[str]] = {}
+    entries: list[dict[str, Any]] = []
+    for dev in devices:
+        _check_device(dev, fake, seen)
+        uuids = groups.setdefault(dev.group, [])
+        uuids.append(dev.uuid)
+        visible = ",".join(uuids)
+        env = [f"NVIDIA_VISIBLE_DEVICES={visible}"]
+        if fake:
+            env.append(f"CUDA_VISIBLE_DEVICES={visible}")
+        env += [f"{device_env_name(dev.name)}={dev.uuid}", *dev.env]
+        edits: dict[str, Any] = {"env": env}
+        if not fake:
+            edits["deviceNodes"] = [
+                {"path": p} for p in (f"/dev/nvidia{dev.minor}", *dev.device_nodes)
+            ]
+        entries.append({"name": cdi_device_name(dev.name, claim_uid), "containerEdits": edits})
+    top: dict[str, Any] = {
+        "env": [f"DRADRIVER_CLAIM={claim_name}", f"DRADRIVER_CLAIM_UID={claim_uid}"]
+    }
+    if not fake:
+        top["deviceNodes"] = [{"path": p} for p in CONTROL_DEVICE_NODES]
+    spec: dict[str, Any] = {
+        "cdiVersion": CDI_VERSIONS[0],
+        "kind": cdi_kind(driver),
+        "devices": entries,
+        "containerEdits": top,
+    }
+    spec["cdiVersion"] = cdi_version_for(spec)
+    return spec
+
+
+def _check_device(dev: CdiDevice, fake: bool, seen: set[str]) -> None:
+    if not _DEVICE.match(dev.name):
+        raise ValueError(f"CDI: device name {dev.name!r} is not a valid CDI device name")
+    if dev.name in seen:
+        raise ValueError(f"CDI: device {dev.name} listed twice")
+    seen.add(dev.name)
+    # A UUID goes into comma-separated lists and env values.
+    if not dev.uuid or any(c in dev.uuid for c in ", \t\n="):
+        raise ValueError(f"CDI: device {dev.name} has no usable UUID ({dev.uuid!r})")
+    for kv in dev.env:
+        if kv.find("=") <= 0:
+            raise ValueError(f"CDI: device {dev.name}: env entry {kv!r} is not KEY=VALUE")
+    if not fake:
+        minor = dev.minor
+        if not isinstance(minor, int) or isinstance(minor, bool) or minor < 0:
+            raise ValueError(
+                f"CDI: device {dev.name} has no GPU minor number, so its "
+                "/dev/nvidia<minor> node cannot be named"
+            )
+        for path in dev.device_nodes:
+            if not path.startswith("/"):
+                raise ValueError(
+                    f"CDI: device {dev.name}: device node {path!r} is not an absolute path"
+                )
+
+
+def cdi_version_for(spec: Mapping[str, Any]) -> str:
+    """The lowest cdiVersion that can express `spec`, by the CDI library's rules: runtimes
+    reject a spec whose version is too low, and older runtimes one that is too high."""
+    devices: list[Mapping[str, Any]] = list(spec.get("devices") or [])
+    edits: list[Mapping[str, Any]] = [d.get("containerEdits") or {} for d in devices]
+    edits.append(spec.get("containerEdits") or {})
+
+    def rdt_110(rdt: Mapping[str, Any] | None) -> bool:
+        return rdt is not None and (
+            rdt.get("schemata") is not None or bool(rdt.get("enableMonitoring"))
+        )
+
+    if any(e.get("netDevices") or rdt_110(e.get("intelRdt")) for e in edits):
+        return "1.1.0"
+    if any(e.get("intelRdt") is not None or e.get("additionalGids") for e in edits):
+        return "0.7.0"
+    if spec.get("annotations") or any(d.get("annotations") for d in devices):
+        return "0.6.0"
+    if "." in str(spec.get("kind", "")).partition("/")[2]:
+        return "0.6.0"
+    if any(str(d.get("name", ""))[:1] in "0123456789" and d.get("name") for d in devices):
+        return "0.5.0"
+    if any(n and n.get("hostPath") for e in edits for n in e.get("deviceNodes") or []):
+        return "0.5.0"
+    if any(m and m.get("type") for e in edits for m in e.get("mounts") or []):
+        return "0.4.0"
+    return CDI_VERSIONS[0]
+
+
+# -- edge: the spec directory ----------------------------------------------------------------
+
+
+class CdiWriteError(OSError):
+    """A spec could not be written; the message names the CDI layer, claim and path."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class CdiWriter:
+    """Writes and removes this driver's claim specs in `cdi_dir` (/var/run/cdi)."""
+
+    def __init__(self, cdi_dir: Path, driver: str) -> None:
+        _check_driver(driver)
+        self.cdi_dir = Path(cdi_dir)
+        self.driver = driver
+        self._prefix = f"{driver}-{CLAIM_CLASS}-"
+
+    def spec_path(self, claim_uid: str) -> Path:
+        """<cdi_dir>/<driver>-claim-<uid>.json; ValueError for a UID that is not one."""
+        _check_uid(claim_uid)
+        path = self.cdi_dir / f"{self._prefix}{claim_uid}.json"
+        if path.parent != self.cdi_dir:  # unreachable with _UID; kept as the last guard
+            raise ValueError(f"CDI: claim UID {claim_uid!r} escapes {self.cdi_dir}")
+        return path
+
+    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
+        """Atomically writes the claim's spec (a runtime never reads half a file) and
+        returns its path. Raises CdiWriteError (an OSError) on failure, with no temp file
+        left behind."""
+        path = self.spec_path(claim_uid)
+        data = (json.dumps(spec, indent=2) + "\n").encode()
+        try:
+            self.cdi_dir.mkdir(parents=True, exist_ok=True)
+            # Runtimes read specs as root, but 0644 lets node tools inspect them too.
+            atomic_write(path, data, mode=0o644)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if exc.errno == errno.ENOSPC:
+                reason += f" (the filesystem holding {self.cdi_dir} is full)"
+            raise CdiWriteError(
+                exc.errno,
+                f"CDI layer: cannot write the spec of claim {claim_uid} to {path}: {reason}",
+            ) from exc
+        return path
+
+    def exists(self, claim_uid: str) -> bool:
+        return self.spec_path(claim_uid).is_file()
+
+    def remove(self, claim_uid: str) -> bool:
+        """Removes the claim's spec; False if there was none (unprepare repeats)."""
+        try:
+            self.spec_path(claim_uid).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list_claims(self) -> list[str]:
+        """UIDs of the claims this driver has a spec file for, to find orphans at startup."""
+        try:
+            names = os.listdir(self.cdi_dir)
+        except FileNotFoundError:
+            return []
+        uids = []
+        for name in names:
+            if name.startswith(self._prefix) and name.endswith(".json"):
+                uid = name[len(self._prefix) : -len(".json")]
+                if _UID.match(uid):
+                    uids.append(uid)
+        return sorted(uids)

@@ -1,0 +1,174 @@
+"""The two gRPC endpoints the kubelet talks to: the registration socket in its plugin
+registry and the DRA socket (v1 and v1beta1 on one server).
+
+Socket names carry an instance id so two plugin instances can run side by side during a
+rolling update; the kubelet prefers the newest. If our registration socket disappears
+(someone cleaned the registry), it is recreated within a second, so a kubelet restart
+never leaves the node without the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dradriver.api import kubelet as kapi
+from dradriver.kubeletplugin.claims import ClaimRef
+from dradriver.kubeletplugin.driver import Driver
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.grpc")
+
+
+def _refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
+
+
+def _dra_servicer(base: type, msgs: Any, driver: Driver) -> Any:
+    class Servicer(base):  # type: ignore[misc]
+        def NodePrepareResources(self, request: Any, context: Any) -> Any:
+            resp = msgs.NodePrepareResourcesResponse()
+            for uid, result in driver.prepare(_refs(request)).items():
+                entry = resp.claims[uid]
+                if result.error:
+                    entry.error = result.error
+                    continue
+                for d in result.devices:
+                    entry.devices.add(
+                        request_names=d.request_names,
+                        pool_name=d.pool,
+                        device_name=d.device,
+                        cdi_device_ids=d.cdi_device_ids,
+                    )
+            return resp
+
+        def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+            resp = msgs.NodeUnprepareResourcesResponse()
+            for uid, error in driver.unprepare(_refs(request)).items():
+                resp.claims[uid].error = error
+            return resp
+
+    return Servicer()
+
+
+class PluginServers:
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        driver_name: str,
+        kubelet_dir: Path,
+        instance: str,
+        on_registered: Callable[[bool, str], None],
+        workers: int = 16,
+    ) -> None:
+        self.driver_name = driver_name
+        self.registry_dir = kubelet_dir / "plugins_registry"
+        self.plugin_dir = kubelet_dir / "plugins" / driver_name
+        suffix = f"-{instance}" if instance else ""
+        self.reg_socket = self.registry_dir / f"{driver_name}{suffix}-reg.sock"
+        self.dra_socket = self.plugin_dir / f"dra{suffix}.sock"
+        self._on_registered = on_registered
+        self._workers = workers
+        self._driver = driver
+        self._dra: grpc.Server | None = None
+        self._reg: grpc.Server | None = None
+        self._reg_inode = 0
+        self._stop = threading.Event()
+        self._watch: threading.Thread | None = None
+
+    # -- registration service --------------------------------------------------------------
+    def GetInfo(self, request: Any, context: Any) -> Any:
+        return kapi.registration.PluginInfo(
+            type=kapi.DRA_PLUGIN_TYPE,
+            name=self.driver_name,
+            endpoint=str(self.dra_socket),
+            supported_versions=[kapi.DRA_V1, kapi.DRA_V1BETA1],
+        )
+
+    def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        if request.plugin_registered:
+            log.info(
+                "registered with the kubelet", driver=self.driver_name, socket=str(self.reg_socket)
+            )
+        else:
+            log.error(
+                "the kubelet refused the registration", driver=self.driver_name, error=request.error
+            )
+        self._on_registered(bool(request.plugin_registered), str(request.error))
+        return kapi.registration.RegistrationStatusResponse()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.dra_socket.unlink(missing_ok=True)
+        dra = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="dra")
+        )
+        kapi.dra_v1_grpc.add_DRAPluginServicer_to_server(
+            _dra_servicer(kapi.dra_v1_grpc.DRAPluginServicer, kapi.dra_v1, self._driver), dra
+        )
+        kapi.dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
+            _dra_servicer(kapi.dra_v1beta1_grpc.DRAPluginServicer, kapi.dra_v1beta1, self._driver),
+            dra,
+        )
+        dra.add_insecure_port(f"unix://{self.dra_socket}")
+        dra.start()
+        self._dra = dra
+        # Registration last: once its socket exists the kubelet may call at once.
+        self._start_registration()
+        self._watch = threading.Thread(
+            target=self._keep_registration, name="reg-watch", daemon=True
+        )
+        self._watch.start()
+
+    def _start_registration(self) -> None:
+        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        self.reg_socket.unlink(missing_ok=True)
+        outer = self
+
+        class Reg(kapi.registration_grpc.RegistrationServicer):
+            def GetInfo(self, request: Any, context: Any) -> Any:
+                return outer.GetInfo(request, context)
+
+            def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+                return outer.NotifyRegistrationStatus(request, context)
+
+        reg = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
+        kapi.registration_grpc.add_RegistrationServicer_to_server(Reg(), reg)
+        reg.add_insecure_port(f"unix://{self.reg_socket}")
+        reg.start()
+        self._reg = reg
+        self._reg_inode = os.stat(self.reg_socket).st_ino
+
+    def _keep_registration(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                alive = os.stat(self.reg_socket).st_ino == self._reg_inode
+            except FileNotFoundError:
+                alive = False
+            if not alive and not self._stop.is_set():
+                log.warning("registration socket gone; recreating it", socket=str(self.reg_socket))
+                if self._reg is not None:
+                    self._reg.stop(grace=None)
+                self._on_registered(False, "registration socket recreated")
+                try:
+                    self._start_registration()
+                except (OSError, RuntimeError) as exc:
+                    log.error("recreating the registration socket failed", error=str(exc))
+
+    def stop(self, grace: float = 30.0) -> None:
+        """Stop taking calls, let in-flight ones finish, remove our sockets."""
+        self._stop.set()
+        if self._reg is not None:
+            self._reg.stop(grace=None)
+            self.reg_socket.unlink(missing_ok=True)
+        if self._dra is not None:
+            self._dra.stop(grace=grace).wait(grace)
+            self.dra_socket.unlink(missing_ok=True)

@@ -1,0 +1,223 @@
+"""`dradriver kubelet-plugin`: wiring of discovery, publishing, the gRPC servers and the
+operator endpoints. Each piece lives in its own module; this one only connects them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import threading
+import time
+from pathlib import Path
+
+from dradriver import logs
+from dradriver.commands import flags
+from dradriver.k8s import Kube, KubeError
+from dradriver.kubeletplugin import cdi
+from dradriver.kubeletplugin.checkpoint import CheckpointStore, FileLock, current_boot_id
+from dradriver.kubeletplugin.devices import LocalDevice, index
+from dradriver.kubeletplugin.driver import Driver
+from dradriver.kubeletplugin.grpcserver import PluginServers
+from dradriver.kubeletplugin.metrics import Metrics
+from dradriver.kubeletplugin.ops import OpsServer
+from dradriver.kubeletplugin.status import StatusWriter
+from dradriver.nvml.library import DevicesSpecError, Nvml, open_nvml
+from dradriver.slices.build import MigMode, SliceContent, build
+from dradriver.slices.publish import PublishLoop, SlicePublisher
+
+log = logs.get_logger("kubeletplugin")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    flags.add_node_flags(p)
+    flags.add(
+        p,
+        "--kubeconfig",
+        os.environ.get("KUBECONFIG"),
+        "kubeconfig (default: the in-cluster config)",
+    )
+    flags.add(
+        p,
+        "--kubelet-dir",
+        "/var/lib/kubelet",
+        "kubelet root; sockets go to plugins_registry/ and plugins/<driver>/",
+    )
+    flags.add(p, "--cdi-dir", "/var/run/cdi", "where per-claim CDI specs are written")
+    flags.add(
+        p,
+        "--instance",
+        os.environ.get("POD_UID") or secrets.token_hex(4),
+        "unique name of this instance in socket names (rolling updates run two)",
+    )
+    flags.add(p, "--healthz-address", "0.0.0.0", "address of /healthz, /readyz, /metrics")
+    flags.add(p, "--healthz-port", "8081", "port of /healthz, /readyz, /metrics (0: any)", type=int)
+    flags.add(
+        p,
+        "--rediscover-period",
+        "300",
+        "seconds between device rediscoveries (also on SIGHUP)",
+        type=float,
+    )
+    flags.add(p, "--log-level", "info", "debug, info, warning or error")
+
+
+class DeviceView:
+    """The latest discovery and what it publishes, shared by publishing and prepare."""
+
+    def __init__(self, nvml: Nvml, mode: MigMode) -> None:
+        self.nvml, self.mode = nvml, mode
+        self._lock = threading.Lock()
+        self._slices: list[SliceContent] = []
+        self._index: dict[str, LocalDevice] = {}
+        self.discovered = threading.Event()
+        self.last_error = "not discovered yet"
+
+    def refresh(self) -> list[SliceContent]:
+        try:
+            found = self.nvml.discover()
+        except Exception as exc:
+            self.last_error = str(exc)
+            raise
+        for problem in found.problems:
+            log.error("GPU problem", detail=problem)
+        built = build(found.inventory, self.mode)
+        for uuid, reason in built.skipped:
+            log.warning("GPU not published as a whole", gpu=uuid, reason=reason)
+        with self._lock:
+            self._slices, self._index = built.slices, index(found.inventory, built)
+        self.last_error = ""
+        self.discovered.set()
+        return built.slices
+
+    def devices(self) -> dict[str, LocalDevice]:
+        with self._lock:
+            return dict(self._index)
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_level)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: stop.set())
+    state_dir = Path(args.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        nvml = open_nvml(args.devices, node=args.node_name, state_dir=state_dir)
+    except DevicesSpecError as exc:
+        log.error("bad --devices", error=str(exc))
+        return 2
+    kube = Kube.from_kubeconfig(args.kubeconfig)
+    metrics = Metrics()
+    view = DeviceView(nvml, MigMode(args.mig_mode))
+    registered = threading.Event()
+    api = _ApiProbe(kube)
+    publisher = SlicePublisher(kube, args.driver_name, args.node_name)
+    loop = PublishLoop(publisher, view.refresh, period=args.rediscover_period)
+    ops = OpsServer(
+        args.healthz_address,
+        args.healthz_port,
+        metrics,
+        live={"process": lambda: (True, "serving")},
+        ready={
+            "discovery": lambda: (view.discovered.is_set(), view.last_error or "ok"),
+            "registration": lambda: (
+                registered.is_set(),
+                "registered" if registered.is_set() else "waiting",
+            ),
+            "api": api.check,
+            "slices": lambda: (loop.published.is_set(), loop.last_error or "published"),
+        },
+    )
+    ops.start()
+    log.info(
+        "starting",
+        node=args.node_name,
+        driver=args.driver_name,
+        devices=args.devices,
+        mig_mode=args.mig_mode,
+        instance=args.instance,
+        healthz_port=ops.port,
+    )
+
+    # Nothing is published and nothing registers before the devices are known.
+    backoff = 1.0
+    while not stop.is_set():
+        try:
+            view.refresh()
+            break
+        except Exception as exc:
+            log.error(
+                "device discovery failed; retrying", error=str(exc), retry_in=f"{backoff:.0f}s"
+            )
+            stop.wait(backoff)
+            backoff = min(60.0, backoff * 2)
+    if stop.is_set():
+        ops.stop()
+        return 0
+
+    status = StatusWriter(kube, args.driver_name)
+    driver = Driver(
+        driver=args.driver_name,
+        node=args.node_name,
+        kube=kube,
+        store=CheckpointStore(state_dir / "checkpoint.json", current_boot_id()),
+        cdi_writer=cdi.CdiWriter(Path(args.cdi_dir), args.driver_name),
+        lock=FileLock(state_dir / "plugin.lock"),
+        devices=view.devices,
+        fake=nvml.fake is not None,
+        metrics=metrics,
+        status=status,
+    )
+    driver.reconcile()
+
+    def on_registered(ok: bool, error: str) -> None:
+        metrics.registered.set(1 if ok else 0)
+        if ok:
+            registered.set()
+            loop.trigger()  # the kubelet wipes a node's slices when it (re)starts
+        else:
+            registered.clear()
+
+    servers = PluginServers(
+        driver,
+        driver_name=args.driver_name,
+        kubelet_dir=Path(args.kubelet_dir),
+        instance=args.instance,
+        on_registered=on_registered,
+    )
+    publisher_thread = threading.Thread(target=loop.run, args=(stop,), name="publish", daemon=True)
+    publisher_thread.start()
+    signal.signal(signal.SIGHUP, lambda s, f: loop.trigger())
+    servers.start()
+    log.info(
+        "serving", dra_socket=str(servers.dra_socket), registration_socket=str(servers.reg_socket)
+    )
+    while not stop.wait(1.0):
+        if loop.last_stats is not None:
+            metrics.published_devices.set(loop.last_stats.devices)
+    log.info("stopping: no new calls, finishing in-flight ones")
+    servers.stop()
+    status.close()
+    ops.stop()
+    log.info("stopped")
+    return 0
+
+
+class _ApiProbe:
+    """API reachability for /readyz, cached so probes do not hammer the API server."""
+
+    def __init__(self, kube: Kube, ttl: float = 5.0) -> None:
+        self.kube, self.ttl = kube, ttl
+        self._at = 0.0
+        self._result = (False, "not checked yet")
+
+    def check(self) -> tuple[bool, str]:
+        if time.monotonic() - self._at > self.ttl:
+            try:
+                self.kube.get("/version")
+                self._result = (True, self.kube.host)
+            except KubeError as exc:
+                self._result = (False, f"API server unreachable: {exc.message}")
+            self._at = time.monotonic()
+        return self._result

@@ -1,0 +1,69 @@
+"""HTTP for operators: /healthz (the process serves), /readyz (registered with the
+kubelet, the API server reachable, slices published) and /metrics."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from dradriver.kubeletplugin.metrics import Metrics
+
+Check = Callable[[], tuple[bool, str]]
+
+
+class OpsServer:
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        metrics: Metrics,
+        live: dict[str, Check],
+        ready: dict[str, Check],
+    ) -> None:
+        outer = self
+        self.metrics, self.live, self.ready = metrics, live, ready
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    body = generate_latest(outer.metrics.registry)
+                    self._send(200, body, CONTENT_TYPE_LATEST)
+                elif self.path in ("/healthz", "/readyz"):
+                    checks = (
+                        outer.live if self.path == "/healthz" else {**outer.live, **outer.ready}
+                    )
+                    results = {name: check() for name, check in checks.items()}
+                    ok = all(r[0] for r in results.values())
+                    doc = {name: {"ok": r[0], "detail": r[1]} for name, r in results.items()}
+                    self._send(
+                        200 if ok else 503,
+                        json.dumps(doc, indent=1).encode() + b"\n",
+                        "application/json",
+                    )
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+            def _send(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # probes every few seconds would drown the real logs
+
+        self.httpd = ThreadingHTTPServer((address, port), Handler)
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="ops", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

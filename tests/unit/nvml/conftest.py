@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dradriver.nvml.fake import FakeNvml, load
+
+Start = Callable[..., FakeNvml]
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Start]:
+    """start(spec, node=..., state_dir=...) -> a fake node with nvmlInit() done."""
+    started: list[FakeNvml] = []
+
+    def _start(spec: str, *, node: str = "node-a", state_dir: Path | None = tmp_path) -> FakeNvml:
+        fake = load(spec, node=node, state_dir=state_dir)
+        fake.pynvml.nvmlInit()
+        started.append(fake)
+        return fake
+
+    yield _start
+    for fake in started:
+        while fake.library.initialized:
+            fake.pynvml.nvmlShutdown()

@@ -1,0 +1,154 @@
+"""inventory -> desired ResourceSlices: modes, attributes, names and the 1.34 limits."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from dradriver.inventory.model import Inventory
+from dradriver.nvml.library import open_nvml
+from dradriver.slices.build import LimitError, MigMode, SliceContent, build, check_limits
+
+from .conftest import inventory
+
+A = "gpu.dradriver.io"
+
+
+def devices(inv: Inventory, mode: MigMode) -> dict[str, dict]:  # type: ignore[type-arg]
+    return {d["name"]: d for s in build(inv, mode).slices for d in s.devices}
+
+
+def test_dynamic_h100_node_offers_every_profile_and_placement() -> None:
+    inv = inventory("8xH100-80GB")
+    result = build(inv, MigMode.DYNAMIC)
+    assert len(result.slices) == 8  # one per GPU: counters live in the device's own slice
+    for i, s in enumerate(result.slices):
+        names = {d["name"] for d in s.devices}
+        assert f"gpu-{i}" in names
+        expected = (
+            {f"gpu-{i}-mig-1g10gb-{p}" for p in range(7)}
+            | {f"gpu-{i}-mig-1g10gbme-{p}" for p in range(7)}
+            | {f"gpu-{i}-mig-1g20gb-{p}" for p in (0, 2, 4, 6)}
+            | {f"gpu-{i}-mig-2g20gb-{p}" for p in (0, 2, 4)}
+            | {f"gpu-{i}-mig-3g40gb-{p}" for p in (0, 4)}
+            | {f"gpu-{i}-mig-4g40gb-0", f"gpu-{i}-mig-7g80gb-0"}
+        )
+        assert names == expected | {f"gpu-{i}"}
+        assert [cs["name"] for cs in s.shared_counters] == [f"gpu-{i}"]
+        assert all(d["consumesCounters"][0]["counterSet"] == f"gpu-{i}" for d in s.devices)
+    part = devices(inv, MigMode.DYNAMIC)["gpu-3-mig-3g40gb-4"]
+    attrs = part["attributes"]
+    assert attrs["type"] == {"string": "mig"}
+    assert attrs["profile"] == {"string": "3g.40gb"}
+    assert attrs["placementStart"] == {"int": 4}
+    assert attrs["parentUUID"]["string"] == inv.gpus[3].uuid
+    assert "uuid" not in attrs  # it does not exist until prepare carves it
+    assert part["capacity"]["multiprocessors"] == {"value": "60"}
+    consumed = part["consumesCounters"][0]["counters"]
+    assert set(consumed) == {"memory-slice-4", "memory-slice-5", "memory-slice-6"}
+
+
+def test_gpu_attributes_tell_the_truth() -> None:
+    inv = inventory("4xA100-80GB:nvlink=pairs+2xL4", node="node-b")
+    devs = devices(inv, MigMode.NONE)
+    a0, a1, a2, l4 = (devs[f"gpu-{i}"]["attributes"] for i in (0, 1, 2, 4))
+    assert a0["productName"] == {"string": "NVIDIA A100-SXM4-80GB"}
+    assert a0["architecture"] == {"string": "Ampere"}
+    assert a0["cudaComputeCapability"] == {"version": "8.0.0"}
+    assert a0["driverVersion"] == {"version": "570.86.15"}
+    assert a0["cudaDriverVersion"] == {"version": "12.8.0"}
+    assert a0["migCapable"] == {"bool": True} and l4["migCapable"] == {"bool": False}
+    assert a0["nvlinkDomain"] == a1["nvlinkDomain"] != a2["nvlinkDomain"]
+    assert "nvlinkDomain" not in l4  # no NVLink, no domain: matchAttribute excludes it
+    bus = a0["resource.kubernetes.io/pciBusID"]["string"]
+    assert len(bus) == 12 and bus.count(":") == 2 and bus[4] == ":"
+    assert a0["resource.kubernetes.io/pcieRoot"]["string"].startswith("pci")
+    mem = devs["gpu-4"]["capacity"]["memory"]["value"]
+    assert int(mem) == 23034 * 2**20  # the L4's memory as NVML reports it, in bytes
+
+
+def test_mode_none_leaves_out_gpus_in_mig_mode_and_says_why() -> None:
+    inv = inventory("2xA100-80GB:mig=on+1xL4")
+    result = build(inv, MigMode.NONE)
+    names = [d["name"] for s in result.slices for d in s.devices]
+    assert names == ["gpu-2"]
+    assert len(result.skipped) == 2 and "MIG mode is enabled" in result.skipped[0][1]
+
+
+def test_static_mode_publishes_existing_mig_devices_instead_of_their_gpu(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "gpus:\n- product: A100-80GB\n  count: 1\n  nvlink: none\n  mig: on\n"
+        "  migDevices:\n  - {gpu: 0, profile: 3g.40gb, placement: 4}\n"
+        "  - {gpu: 0, profile: 1g.10gb, placement: 0}\n"
+        "- product: L4\n"
+    )
+    inv = open_nvml(f"fake:@{fleet}", node="n", state_dir=tmp_path).discover().inventory
+    devs = devices(inv, MigMode.STATIC)
+    assert set(devs) == {"gpu-0-mig-3g40gb-4", "gpu-0-mig-1g10gb-0", "gpu-1"}
+    mig = devs["gpu-0-mig-3g40gb-4"]["attributes"]
+    assert mig["uuid"]["string"].startswith("MIG-")
+    assert mig["parentUUID"]["string"] == inv.gpus[0].uuid
+    assert mig["productName"]["string"] == "NVIDIA A100-SXM4-80GB"  # the parent's facts
+    assert "consumesCounters" not in devs["gpu-0-mig-3g40gb-4"]
+
+    # Dynamic mode on the same node: the existing (foreign) devices stay as they are and
+    # no partition overlapping them is offered; Ampere in MIG mode is not offered whole.
+    dyn = devices(inv, MigMode.DYNAMIC)
+    assert "gpu-0" not in dyn
+    assert dyn["gpu-0-mig-3g40gb-4"]["attributes"]["uuid"] == mig["uuid"]
+    assert "gpu-0-mig-3g40gb-0" not in dyn  # overlaps the 1g at slice 0
+    assert "gpu-0-mig-1g10gb-5" not in dyn  # inside the 3g at 4..7
+    assert "gpu-0-mig-1g10gb-1" in dyn
+
+
+def test_ampere_with_mig_off_gets_no_partitions_in_dynamic_mode() -> None:
+    inv = inventory("1xA100-40GB")
+    result = build(inv, MigMode.DYNAMIC)
+    assert [d["name"] for s in result.slices for d in s.devices] == ["gpu-0"]
+    assert "cannot switch MIG mode" in result.skipped[0][1]
+
+
+def test_names_and_slices_are_deterministic_across_restarts(tmp_path: Path) -> None:
+    first = open_nvml("fake:8xH100-80GB", node="n1", state_dir=tmp_path).discover().inventory
+    again = open_nvml("fake:8xH100-80GB", node="n1", state_dir=tmp_path).discover().inventory
+    other = open_nvml("fake:8xH100-80GB", node="n2", state_dir=None).discover().inventory
+    a, b = build(first, MigMode.DYNAMIC), build(again, MigMode.DYNAMIC)
+    assert [s.fingerprint() for s in a.slices] == [s.fingerprint() for s in b.slices]
+    assert first.gpus[0].uuid != other.gpus[0].uuid  # UUIDs are per (node, index)
+
+
+def test_many_devices_are_packed_within_the_limit() -> None:
+    base = inventory("1xL4")
+    gpus = tuple(
+        dataclasses.replace(base.gpus[0], index=i, minor=i, uuid=f"GPU-{i:08d}") for i in range(300)
+    )
+    result = build(dataclasses.replace(base, gpus=gpus), MigMode.NONE)
+    assert [len(s.devices) for s in result.slices] == [128, 128, 44]
+    assert [s.key for s in result.slices] == ["devices-0", "devices-1", "devices-2"]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"name": "GPU_0", "attributes": {}}, "not a DNS label"),
+        ({"name": "gpu-0", "attributes": {f"a{i}": {"int": i} for i in range(33)}}, "> 32"),
+        ({"name": "gpu-0", "attributes": {"productName": {"string": "x" * 65}}}, "longer than 64"),
+        ({"name": "gpu-0", "attributes": {"bad-name": {"int": 1}}}, "bad attribute name"),
+    ],
+)
+def test_limit_violations_fail_loudly(bad: dict, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(LimitError, match=message):
+        check_limits([SliceContent(key="k", devices=(bad,))])
+
+
+def test_every_mode_and_fleet_stays_within_the_limits() -> None:
+    for spec in ("8xH100-80GB", "8xH200-141GB", "8xA100-40GB:mig=on", "4xA100-80GB+2xL4+2xT4"):
+        inv = inventory(spec)
+        for mode in MigMode:
+            check_limits(build(inv, mode).slices)  # raises on any violation
+            for s in build(inv, mode).slices:
+                for d in s.devices:
+                    assert len(d.get("attributes", {})) + len(d.get("capacity", {})) <= 32
