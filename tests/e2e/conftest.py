@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _start_cluster(alpha: bool) -> Iterator[Cluster]:
-    external = os.environ.get("DRADRIVER_TEST_KUBECONFIG")
+    external = None if alpha else os.environ.get("DRADRIVER_TEST_KUBECONFIG")
     if external:
         yield Cluster(kubeconfig=external, bin_dir=None, alpha=alpha, state_dir=None)
         return
@@ -49,6 +49,24 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture(scope="session")
 def kube(cluster: Cluster) -> Iterator[Kube]:
     k = Kube.from_kubeconfig(cluster.kubeconfig)
+    yield k
+    k.close()
+
+
+@pytest.fixture(scope="session")
+def alpha_cluster() -> Iterator[Cluster]:
+    """A second control plane with the alpha DRA gates (DRAPartitionableDevices, ...);
+    DRADRIVER_TEST_ALPHA_KUBECONFIG points at a running one instead."""
+    external = os.environ.get("DRADRIVER_TEST_ALPHA_KUBECONFIG")
+    if external:
+        yield Cluster(kubeconfig=external, bin_dir=None, alpha=True, state_dir=None)
+        return
+    yield from _start_cluster(alpha=True)
+
+
+@pytest.fixture(scope="session")
+def alpha_kube(alpha_cluster: Cluster) -> Iterator[Kube]:
+    k = Kube.from_kubeconfig(alpha_cluster.kubeconfig)
     yield k
     k.close()
 
@@ -96,20 +114,30 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.fixture
 def kubelet_sim(
-    cluster: Cluster, kube: Kube, short_tmp: Path, cleanup: Callable[[str], None]
+    cluster: Cluster, kube: Kube, short_tmp: Path
 ) -> Iterator[Callable[..., KubeletSim]]:
-    """Starts `dradriver dev kubelet` processes; each is stopped and its Node deleted after."""
-    sims: list[KubeletSim] = []
+    """Starts `dradriver dev kubelet` processes (on the GA cluster unless another
+    kubeconfig/kube pair is given); each is stopped and its Node deleted after the test."""
+    sims: list[tuple[KubeletSim, Kube]] = []
 
-    def start(node: str | None = None, **kwargs: object) -> KubeletSim:
+    def start(
+        node: str | None = None,
+        *,
+        kubeconfig: str | None = None,
+        api: Kube | None = None,
+        extra_args: list[str] | None = None,
+    ) -> KubeletSim:
         node = node or f"sim-{secrets.token_hex(3)}"
-        sim = KubeletSim(cluster.kubeconfig, node, short_tmp / node, **kwargs)  # type: ignore[arg-type]
-        sims.append(sim)
-        cleanup(path_for("v1", "nodes", name=node))
+        sim = KubeletSim(
+            kubeconfig or cluster.kubeconfig, node, short_tmp / node, extra_args=extra_args
+        )
+        sims.append((sim, api or kube))
         sim.start()
-        sim.wait_node_ready(kube)
+        sim.wait_node_ready(api or kube)
         return sim
 
     yield start
-    for s in sims:
-        s.stop()
+    for sim, api in sims:
+        sim.stop()
+        with contextlib.suppress(KubeError):
+            api.delete(path_for("v1", "nodes", name=sim.node), missing_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dradriver.k8s import Kube, NotFound, path_for
+import yaml
+
+from dradriver.k8s import Conflict, Kube, NotFound, path_for
 
 T = TypeVar("T")
 RES = "resource.k8s.io/v1"
@@ -175,3 +178,40 @@ def device_class(kube: Kube, driver: str, cleanup: Callable[[str], None]) -> str
         },
     )
     return name
+
+
+def load_yaml(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+PLURALS = {
+    "ResourceClaimTemplate": "resourceclaimtemplates",
+    "ResourceClaim": "resourceclaims",
+    "Pod": "pods",
+    "DeviceClass": "deviceclasses",
+    "ResourceSlice": "resourceslices",
+}
+
+
+def create_objects(
+    kube: Kube,
+    docs: list[dict[str, Any]],
+    namespace: str | None = None,
+    mutate: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Creates manifests as `kubectl create -f` would; cluster-scoped ones ignore `namespace`."""
+    out = []
+    for doc in docs:
+        doc = json.loads(json.dumps(doc))
+        if mutate:
+            mutate(doc)
+        plural = PLURALS[doc["kind"]]
+        ns = namespace if doc["kind"] not in ("DeviceClass", "ResourceSlice") else None
+        out.append(kube.create(path_for(doc["apiVersion"], plural, ns), doc))
+    return out
+
+
+def ensure_device_classes(kube: Kube) -> None:
+    for doc in load_yaml(REPO / "deploy" / "deviceclasses.yaml"):
+        with contextlib.suppress(Conflict):
+            kube.create(path_for(doc["apiVersion"], "deviceclasses"), doc)
