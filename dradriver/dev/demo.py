@@ -1,0 +1,308 @@
+"""`make demo`: the whole driver on one machine, no GPUs and no cluster needed.
+
+A local Kubernetes 1.34 control plane (alpha DRA gates on), two simulated nodes with
+fake GPUs, one kubelet plugin per node, every example claim applied, and a summary of
+what each pod received. `KEEP=1 make demo` leaves everything running for kubectl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dradriver.dev import cluster
+from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
+
+REPO = Path(__file__).resolve().parents[2]
+STATE = REPO / ".devcluster"
+NAMESPACE = "demo"
+RES = "resource.k8s.io/v1"
+NODES = {
+    # node name: (devices, MIG mode)
+    "h100-node": ("fake:8xH100-80GB", "dynamic"),
+    "mixed-node": ("fake:4xA100-80GB:nvlink=pairs+2xL4", "none"),
+}
+# Which node each example belongs on, so the summary shows both nodes at work.
+PLACEMENT = {"gpu-by-memory": "mixed-node", "prioritized-list": "mixed-node"}
+
+
+def say(msg: str) -> None:
+    print(f"demo: {msg}", flush=True)
+
+
+@dataclass
+class NodeProcs:
+    name: str
+    root: Path
+    state: Path
+    procs: list[subprocess.Popen[bytes]]
+
+
+def start_node(name: str, devices: str, mode: str, kubeconfig: str, logs: Path) -> NodeProcs:
+    root = STATE / "nodes" / name
+    state = STATE / "nodes" / f"{name}-state"
+    for d in (root, state):
+        d.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    common = [sys.executable, "-m", "dradriver.cli"]
+    sim = subprocess.Popen(
+        [
+            *common,
+            "dev",
+            "kubelet",
+            "--node",
+            name,
+            "--root",
+            str(root),
+            "--kubeconfig",
+            kubeconfig,
+        ],
+        stdout=open(logs / f"{name}-kubelet.log", "ab"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    time.sleep(1.0)  # the simulated kubelet deletes the node's slices when it starts
+    plugin = subprocess.Popen(
+        [
+            *common,
+            "kubelet-plugin",
+            "--node-name",
+            name,
+            "--devices",
+            devices,
+            "--mig-mode",
+            mode,
+            "--kubeconfig",
+            kubeconfig,
+            "--kubelet-dir",
+            str(root),
+            "--cdi-dir",
+            str(root / "cdi"),
+            "--state-dir",
+            str(state),
+            "--healthz-port",
+            "0",
+        ],
+        stdout=open(logs / f"{name}-plugin.log", "ab"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    return NodeProcs(name, root, state, [sim, plugin])
+
+
+def wait(what: str, fn: Any, timeout: float = 60.0) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            v = fn()
+        except KubeError:
+            v = None
+        if v:
+            return v
+        time.sleep(0.3)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def apply_examples(kube: Kube) -> list[str]:
+    pods = []
+    for f in sorted((REPO / "examples" / "claims").glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if not doc:
+                continue
+            if doc["kind"] == "Pod":
+                node = PLACEMENT.get(doc["metadata"]["name"])
+                if node:
+                    doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+                pods.append(doc["metadata"]["name"])
+            plural = {
+                "Pod": "pods",
+                "ResourceClaimTemplate": "resourceclaimtemplates",
+                "ResourceClaim": "resourceclaims",
+            }[doc["kind"]]
+            kube.create(path_for(doc["apiVersion"], plural, NAMESPACE), doc)
+    return pods
+
+
+def device_facts(kube: Kube, pool: str, device: str) -> dict[str, Any]:
+    for s in kube.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={pool}")[
+        "items"
+    ]:
+        for d in s["spec"]["devices"]:
+            if d["name"] == device:
+                return {k: next(iter(v.values())) for k, v in d["attributes"].items()}
+    return {}
+
+
+def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
+    out = []
+    for name in pods:
+        pod = kube.get(path_for("v1", "pods", NAMESPACE, name))
+        st = pod.get("status", {})
+        node = pod["spec"].get("nodeName", "-")
+        phase = st.get("phase", "?")
+        out.append(f"\npod {name}: {phase} on {node}")
+        waiting = [
+            c["state"]["waiting"]
+            for c in st.get("containerStatuses", [])
+            if "waiting" in c.get("state", {})
+        ]
+        for w in waiting:
+            out.append(f"  waiting: {w.get('reason')}: {w.get('message', '')}")
+        for cs in st.get("resourceClaimStatuses") or []:
+            claim = kube.get(path_for(RES, "resourceclaims", NAMESPACE, cs["resourceClaimName"]))
+            alloc = (claim.get("status") or {}).get("allocation")
+            if not alloc:
+                out.append(f"  claim {cs['resourceClaimName']}: not allocated")
+                continue
+            for r in alloc["devices"]["results"]:
+                f = device_facts(kube, r["pool"], r["device"])
+                what = f.get("productName", "?")
+                if f.get("type") == "mig":
+                    what += f", MIG {f.get('profile')} at placement {f.get('placementStart')}"
+                uuid = f.get("uuid") or f.get("parentUUID", "")
+                out.append(f"  {r['request']}: {r['device']} ({what}) {uuid}")
+        if node in nodes:
+            recs = sorted(
+                (nodes[node].root / "pods" / pod["metadata"]["uid"] / "containers").glob("*.json")
+            )
+            for rec in recs:
+                env = json.loads(rec.read_text())["env"]
+                shown = [
+                    e
+                    for e in env
+                    if e.split("=")[0] in ("NVIDIA_VISIBLE_DEVICES", "DRADRIVER_CLAIM")
+                ]
+                out.append(f"  container {rec.stem} env: " + "; ".join(shown))
+    return "\n".join(out)
+
+
+def mig_layout(nodes: dict[str, NodeProcs]) -> str:
+    from dradriver.nvml.fake import load
+
+    out = ["", "MIG layout (what NVML reports on each node now):"]
+    for name, (devices, mode) in NODES.items():
+        if mode != "dynamic":
+            continue
+        fake = load(devices.removeprefix("fake:"), node=name, state_dir=nodes[name].state)
+        for gpu in fake.machine.gpus:
+            gis = sorted(gpu.gpu_instances.values(), key=lambda g: g.start)
+            layout = ", ".join(f"{g.profile.name}@{g.start}" for g in gis) or "no MIG devices"
+            mode_s = "MIG on" if gpu.mig_enabled else "MIG off"
+            out.append(f"  {name} gpu-{gpu.index}: {mode_s}: {layout}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make demo")
+    p.add_argument("--keep", action="store_true", help="leave everything running")
+    args = p.parse_args(argv)
+    start = time.monotonic()
+    say("building (or finding) the Kubernetes 1.34 control plane")
+    bins = cluster.build_binaries()
+    cluster.down(STATE)
+    say(
+        "starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager "
+        "(alpha DRA gates on)"
+    )
+    st = cluster.up(STATE, alpha=True, bin_dir=bins)
+    kube = Kube.from_kubeconfig(st.kubeconfig)
+    logs = STATE / "logs"
+    nodes: dict[str, NodeProcs] = {}
+    try:
+        for doc in yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()):
+            with contextlib.suppress(Conflict):
+                kube.create(path_for(RES, "deviceclasses"), doc)
+        for name, (devices, mode) in NODES.items():
+            say(f"node {name}: kubelet simulator + kubelet plugin ({devices}, MIG mode {mode})")
+            nodes[name] = start_node(name, devices, mode, st.kubeconfig, logs)
+        for name in NODES:
+            wait(
+                f"slices of {name}",
+                lambda n=name: kube.list(
+                    path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={n}"
+                )["items"],
+            )
+        kube.create(path_for("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
+        wait(
+            "the demo namespace's ServiceAccount",
+            lambda: _exists(kube, path_for("v1", "serviceaccounts", NAMESPACE, "default")),
+        )
+        pods = apply_examples(kube)
+        say(f"applied {len(pods)} example pods from examples/claims; waiting for them")
+        try:
+            wait(
+                "the pods",
+                lambda: all(
+                    kube.get(path_for("v1", "pods", NAMESPACE, n)).get("status", {}).get("phase")
+                    == "Running"
+                    for n in pods
+                ),
+                timeout=45,
+            )
+        except TimeoutError:
+            say("not every pod runs; the summary says why")
+        print(summary(kube, pods, nodes))
+        print(mig_layout(nodes))
+        print()
+        say(f"done in {time.monotonic() - start:.0f}s; logs in {logs}")
+        if args.keep:
+            say(
+                f"left running: export KUBECONFIG={st.kubeconfig}; "
+                f"{STATE / 'kubectl'} get pods -n {NAMESPACE}; `make cluster-down` stops it "
+                "(the node processes too)"
+            )
+            _record_pids(nodes)
+            return 0
+    finally:
+        if not args.keep:
+            for n in nodes.values():
+                for proc in reversed(n.procs):
+                    _stop(proc)
+            cluster.down(STATE)
+    return 0
+
+
+def _exists(kube: Kube, path: str) -> bool:
+    try:
+        kube.get(path)
+        return True
+    except NotFound:
+        return False
+
+
+def _record_pids(nodes: dict[str, NodeProcs]) -> None:
+    """Lets `make cluster-down` stop the node processes too."""
+    state = cluster.ClusterState.load(STATE)
+    if state is None:
+        return
+    for n in nodes.values():
+        for i, proc in enumerate(n.procs):
+            state.pids[f"{n.name}-{i}-{secrets.token_hex(2)}"] = proc.pid
+    state.save()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
