@@ -215,3 +215,111 @@ def ensure_device_classes(kube: Kube) -> None:
     for doc in load_yaml(REPO / "deploy" / "deviceclasses.yaml"):
         with contextlib.suppress(Conflict):
             kube.create(path_for(doc["apiVersion"], "deviceclasses"), doc)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PluginProc:
+    """`dradriver kubelet-plugin` in its own process, pointed at a simulated node."""
+
+    def __init__(
+        self,
+        kubeconfig: str,
+        sim: KubeletSim,
+        devices: str,
+        mig_mode: str = "none",
+        *,
+        state_dir: Path | None = None,
+        instance: str = "a",
+    ) -> None:
+        self.kubeconfig, self.sim, self.devices, self.mig_mode = kubeconfig, sim, devices, mig_mode
+        self.state_dir = state_dir or sim.root.parent / f"{sim.node}-state"
+        self.instance = instance
+        self.port = free_port()
+        self.log_path = sim.root.parent / f"{sim.node}-plugin-{instance}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dradriver.cli",
+                "kubelet-plugin",
+                "--node-name",
+                self.sim.node,
+                "--devices",
+                self.devices,
+                "--mig-mode",
+                self.mig_mode,
+                "--kubeconfig",
+                self.kubeconfig,
+                "--kubelet-dir",
+                str(self.sim.root),
+                "--cdi-dir",
+                str(self.sim.cdi_dir),
+                "--state-dir",
+                str(self.state_dir),
+                "--instance",
+                self.instance,
+                "--healthz-address",
+                "127.0.0.1",
+                "--healthz-port",
+                str(self.port),
+                "--log-level",
+                "debug",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def http(self, path: str) -> tuple[int, str]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:
+            return 0, str(e)
+
+    def ready(self) -> bool:
+        assert self.alive(), f"plugin exited:\n{self.log()[-3000:]}"
+        return self.http("/readyz")[0] == 200
+
+    def metric(self, name: str, **labels: str) -> float:
+        _, text = self.http("/metrics")
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        prefix = name + "{" + want if want else name + " "
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0

@@ -1,0 +1,453 @@
+"""The kubelet plugin, run as a user runs it, against the real control plane and the
+kubelet simulator (P3)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from dradriver.api import kubelet as kapi
+from dradriver.k8s import Kube, path_for
+
+from .helpers import (
+    RES,
+    Cluster,
+    KubeletSim,
+    PluginProc,
+    ensure_device_classes,
+    get_or_none,
+    wait_for,
+)
+
+DRIVER = "gpu.dradriver.io"
+PAUSE = "registry.k8s.io/pause:3.10"
+
+
+@dataclass
+class GpuNode:
+    kube: Kube
+    ns: str
+    sim: KubeletSim
+    plugin: PluginProc
+    cluster: Cluster
+
+    def slices(self) -> list[dict[str, Any]]:
+        return list(
+            self.kube.list(
+                path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={self.sim.node}"
+            )["items"]
+        )
+
+    def uuid_of(self, device: str) -> str:
+        for s in self.slices():
+            for d in s["spec"]["devices"]:
+                if d["name"] == device:
+                    return str(d["attributes"]["uuid"]["string"])
+        raise AssertionError(f"{device} not published")
+
+    def claim(
+        self,
+        name: str,
+        count: int = 1,
+        cls: str = "gpu.dradriver.io",
+        selector: str | None = None,
+        constraint: bool = False,
+    ) -> dict[str, Any]:
+        exactly: dict[str, Any] = {"deviceClassName": cls, "count": count}
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+        devices: dict[str, Any] = {"requests": [{"name": "gpus", "exactly": exactly}]}
+        if constraint:
+            devices["constraints"] = [
+                {"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}
+            ]
+        return self.kube.create(
+            path_for(RES, "resourceclaims", self.ns),
+            {"metadata": {"name": name}, "spec": {"devices": devices}},
+        )
+
+    def pod(
+        self,
+        name: str,
+        claim: str | None = None,
+        template: str | None = None,
+        containers: tuple[str, ...] = ("main",),
+        init: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        def ctr(n: str) -> dict[str, Any]:
+            return {"name": n, "image": PAUSE, "resources": {"claims": [{"name": "gpus"}]}}
+
+        rc: dict[str, Any] = {"name": "gpus"}
+        if claim:
+            rc["resourceClaimName"] = claim
+        else:
+            rc["resourceClaimTemplateName"] = template
+        spec: dict[str, Any] = {
+            "nodeSelector": {"kubernetes.io/hostname": self.sim.node},
+            "resourceClaims": [rc],
+            "containers": [ctr(n) for n in containers],
+        }
+        if init:
+            spec["initContainers"] = [ctr(n) for n in init]
+        return self.kube.create(
+            path_for("v1", "pods", self.ns), {"metadata": {"name": name}, "spec": spec}
+        )
+
+    def running(self, name: str, timeout: float = 60) -> dict[str, Any]:
+        path = path_for("v1", "pods", self.ns, name)
+        return wait_for(
+            lambda: (
+                (p := get_or_none(self.kube, path))
+                and p.get("status", {}).get("phase") == "Running"
+                and p
+            ),
+            f"pod {name} running",
+            timeout,
+        )
+
+    def delete_pod(self, name: str, timeout: float = 30) -> None:
+        path = path_for("v1", "pods", self.ns, name)
+        self.kube.delete(path, missing_ok=True)
+        wait_for(lambda: get_or_none(self.kube, path) is None, f"pod {name} gone", timeout)
+
+    def checkpoint_claims(self) -> dict[str, Any]:
+        p = self.plugin.state_dir / "checkpoint.json"
+        return dict(json.loads(p.read_text())["payload"]["claims"]) if p.exists() else {}
+
+    def cdi_specs(self) -> list[str]:
+        return sorted(p.name for p in self.sim.cdi_dir.glob("*.json"))
+
+
+@pytest.fixture
+def gpu_node(
+    cluster: Cluster, kube: Kube, namespace: str, kubelet_sim: Callable[..., KubeletSim]
+) -> Iterator[GpuNode]:
+    ensure_device_classes(kube)
+    sim = kubelet_sim()
+    plugin = PluginProc(cluster.kubeconfig, sim, "fake:8xH100-80GB")
+    plugin.start()
+    node = GpuNode(kube, namespace, sim, plugin, cluster)
+    try:
+        wait_for(plugin.ready, "the plugin to be ready", 30)
+        yield node
+    finally:
+        plugin.stop()
+
+
+def env_of(node: GpuNode, pod: dict[str, Any], container: str = "main") -> dict[str, str]:
+    rec = node.sim.container(pod["metadata"]["uid"], container)
+    assert rec is not None, f"no record for {container}"
+    return dict(e.split("=", 1) for e in rec["env"])
+
+
+def allocated(node: GpuNode, claim: str) -> list[str]:
+    c = node.kube.get(path_for(RES, "resourceclaims", node.ns, claim))
+    return [r["device"] for r in c["status"]["allocation"]["devices"]["results"]]
+
+
+def test_one_gpu_pod_gets_its_gpu_by_uuid(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    n.claim("one")
+    pod = n.pod("one", claim="one")
+    n.running("one")
+    (dev,) = allocated(n, "one")
+    env = env_of(n, pod)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == n.uuid_of(dev)
+    assert env["DRADRIVER_CLAIM"] == f"{n.ns}/one"
+    # status.devices written for our device, with the UUID and the CDI ID.
+    c = wait_for(
+        lambda: (
+            (x := n.kube.get(path_for(RES, "resourceclaims", n.ns, "one")))
+            .get("status", {})
+            .get("devices")
+            and x
+        ),
+        "claim status.devices",
+        15,
+    )
+    (st,) = c["status"]["devices"]
+    assert (st["driver"], st["device"], st["pool"]) == (DRIVER, dev, n.sim.node)
+    assert st["data"]["uuid"] == n.uuid_of(dev)
+    assert st["conditions"][0]["type"] == "Ready"
+    n.delete_pod("one")
+    assert n.cdi_specs() == [] and n.checkpoint_claims() == {}
+
+
+def test_four_nvlinked_gpus_and_init_and_two_containers(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    n.claim("four", count=4, constraint=True)
+    pod = n.pod("four", claim="four", containers=("a", "b"), init=("setup",))
+    n.running("four")
+    devs = allocated(n, "four")
+    uuids = {n.uuid_of(d) for d in devs}
+    assert len(uuids) == 4
+    for ctr in ("setup", "a", "b"):
+        assert set(env_of(n, pod, ctr)["NVIDIA_VISIBLE_DEVICES"].split(",")) == uuids
+
+
+def test_claim_shared_by_two_pods_is_prepared_once(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    n.claim("shared")
+    n.pod("p1", claim="shared")
+    n.running("p1")
+    n.pod("p2", claim="shared")
+    n.running("p2")
+    assert n.plugin.metric("dradriver_prepare_duration_seconds_count", result="ok") == 1
+    assert len(n.cdi_specs()) == 1
+    n.delete_pod("p1")
+    assert len(n.cdi_specs()) == 1  # the other pod still uses it
+    n.delete_pod("p2")
+    wait_for(lambda: n.cdi_specs() == [], "the CDI spec to go", 10)
+    assert n.checkpoint_claims() == {}
+    assert n.plugin.metric("dradriver_unprepare_duration_seconds_count", result="ok") == 1
+
+
+def test_kubelet_restart_registers_again_and_republishes(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    assert len(n.slices()) == 1
+    n.sim.stop()
+    n.sim.start()  # a starting kubelet deletes the node's slices ...
+    wait_for(
+        lambda: n.plugin.log().count("registered with the kubelet") >= 2,
+        "a second registration",
+        20,
+    )
+    # ... and the plugin publishes them again after re-registering.
+    wait_for(lambda: len(n.slices()) == 1, "the slices to be republished", 20)
+
+
+def test_registration_socket_is_recreated_when_removed(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    (sock,) = list(n.sim.registry_dir.glob("*-reg.sock"))
+    sock.unlink()
+    wait_for(sock.exists, "the registration socket to come back", 3)
+    wait_for(
+        lambda: n.plugin.log().count("registered with the kubelet") >= 2,
+        "the kubelet to register it again",
+        10,
+    )
+
+
+def test_plugin_sigkill_and_restart_keeps_prepared_claims(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    n.claim("c")
+    pod = n.pod("p", claim="c")
+    n.running("p")
+    n.plugin.stop(signal.SIGKILL)
+    spec_before = n.cdi_specs()
+    (n.sim.cdi_dir / spec_before[0]).unlink()  # as a reboot would wipe /var/run/cdi
+    n.plugin.start()
+    wait_for(n.plugin.ready, "the restarted plugin", 30)
+    assert n.cdi_specs() == spec_before  # restored at startup from the checkpoint
+    assert env_of(n, pod)["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    n.delete_pod("p")
+    wait_for(lambda: n.cdi_specs() == [], "the CDI spec to go", 10)
+    assert n.checkpoint_claims() == {}
+
+
+def test_unprepare_works_after_the_claim_was_deleted(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    n.claim("gone")
+    n.pod("p", claim="gone")
+    n.running("p")
+    n.kube.delete(path_for(RES, "resourceclaims", n.ns, "gone"))
+    n.delete_pod("p")
+    wait_for(
+        lambda: get_or_none(n.kube, path_for(RES, "resourceclaims", n.ns, "gone")) is None,
+        "the claim to be deleted",
+        30,
+    )
+    wait_for(lambda: n.cdi_specs() == [], "the CDI spec to go", 10)
+    assert n.checkpoint_claims() == {}
+
+
+def test_hundred_pods_in_sequence_leave_nothing_behind(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    n.kube.create(
+        path_for(RES, "resourceclaimtemplates", n.ns),
+        {
+            "metadata": {"name": "one"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpus", "exactly": {"deviceClassName": "gpu.dradriver.io"}}
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    # Waves of 8 (the node has 8 GPUs), 100 pods in all.
+    for wave in range(0, 100, 8):
+        names = [f"p{i}" for i in range(wave, min(wave + 8, 100))]
+        for name in names:
+            n.pod(name, template="one")
+        for name in names:
+            n.running(name)
+        for name in names:
+            n.kube.delete(path_for("v1", "pods", n.ns, name))
+        for name in names:
+            n.delete_pod(name)
+    wait_for(
+        lambda: n.cdi_specs() == [] and n.checkpoint_claims() == {},
+        "no CDI file and no checkpoint entry left",
+        15,
+    )
+    assert n.plugin.metric("dradriver_prepare_duration_seconds_count", result="ok") == 100
+    assert n.plugin.metric("dradriver_unprepare_duration_seconds_count", result="ok") == 100
+
+
+def call(
+    node: GpuNode, method: str, claims: list[tuple[str, str, str]], version: str = "v1"
+) -> Any:
+    msgs = kapi.dra_v1 if version == "v1" else kapi.dra_v1beta1
+    grpc_mod = kapi.dra_v1_grpc if version == "v1" else kapi.dra_v1beta1_grpc
+    (sock,) = list((node.sim.plugins_dir / DRIVER).glob("dra*.sock"))
+    with grpc.insecure_channel(f"unix://{sock}") as ch:
+        stub = grpc_mod.DRAPluginStub(ch)
+        req_cls = (
+            msgs.NodePrepareResourcesRequest
+            if method == "prepare"
+            else msgs.NodeUnprepareResourcesRequest
+        )
+        req = req_cls(claims=[msgs.Claim(namespace=a, uid=b, name=c) for a, b, c in claims])
+        fn = stub.NodePrepareResources if method == "prepare" else stub.NodeUnprepareResources
+        return fn(req, timeout=10)
+
+
+def test_malformed_requests_get_clear_per_claim_errors(
+    gpu_node: GpuNode, tmp_path_factory: Any
+) -> None:
+    n = gpu_node
+    # A claim of another driver only.
+    n.kube.create(
+        path_for(RES, "deviceclasses"),
+        {
+            "metadata": {"name": f"other-{n.ns}"},
+            "spec": {
+                "selectors": [{"cel": {"expression": 'device.driver == "other.example.com"'}}]
+            },
+        },
+    )
+    try:
+        before = sorted(p.name for p in n.sim.root.parent.rglob("*"))
+        claims = [
+            (n.ns, "", "empty-uid"),
+            (n.ns, "0b5e8c3a-1111-2222-3333-444455556666", "no-such-claim"),
+            (n.ns, "0b5e8c3a-1111-2222-3333-444455556667", "../../etc/passwd"),
+            (n.ns, "../../../tmp/evil", "x"),
+            ("..", "0b5e8c3a-1111-2222-3333-444455556668", "dots"),
+        ]
+        resp = call(n, "prepare", claims)
+        errors = {uid: resp.claims[uid].error for _, uid, _ in claims}
+        assert "empty UID" in errors[""]
+        assert "not found" in errors["0b5e8c3a-1111-2222-3333-444455556666"]
+        assert "not a valid Kubernetes name" in errors["0b5e8c3a-1111-2222-3333-444455556667"]
+        assert "not a Kubernetes UID" in errors["../../../tmp/evil"]
+        assert "not a valid Kubernetes name" in errors["0b5e8c3a-1111-2222-3333-444455556668"]
+        assert all(not resp.claims[u].devices for u in errors)
+        # v1beta1 is served on the same socket, with the same answers.
+        beta = call(n, "prepare", claims[:1], version="v1beta1")
+        assert "empty UID" in beta.claims[""].error
+        # Unknown claims unprepare successfully (the kubelet may repeat itself).
+        un = call(n, "unprepare", claims[1:2])
+        assert un.claims[claims[1][1]].error == ""
+        after = sorted(p.name for p in n.sim.root.parent.rglob("*"))
+        assert [p for p in after if p not in before and not p.endswith(".log")] == []
+        assert n.cdi_specs() == [] and n.checkpoint_claims() == {}
+        assert n.plugin.alive()
+    finally:
+        n.kube.delete(path_for(RES, "deviceclasses", name=f"other-{n.ns}"), missing_ok=True)
+
+
+def test_device_is_never_prepared_for_two_claims(gpu_node: GpuNode) -> None:
+    """Even if something upstream hands one device to two claims (here: a claim we
+    allocate by hand, as a broken controller might), prepare refuses the second."""
+    n = gpu_node
+    n.claim("first")
+    n.pod("p", claim="first")
+    n.running("p")
+    (dev,) = allocated(n, "first")
+    c = n.kube.create(
+        path_for(RES, "resourceclaims", n.ns),
+        {
+            "metadata": {"name": "second"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpus", "exactly": {"deviceClassName": "gpu.dradriver.io"}}
+                    ]
+                }
+            },
+        },
+    )
+    c["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpus", "driver": DRIVER, "pool": n.sim.node, "device": dev}
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [n.sim.node]}
+                        ]
+                    }
+                ]
+            },
+        }
+    }
+    n.kube.replace(path_for(RES, "resourceclaims", n.ns, "second", "status"), c)
+    n.pod("p2", claim="second")  # the scheduler reserves it as allocated; the kubelet asks
+
+    def refused() -> list[dict[str, Any]]:
+        evs = n.kube.list(path_for("v1", "events", n.ns), fieldSelector="involvedObject.name=p2")[
+            "items"
+        ]
+        return [e for e in evs if "already prepared" in e["message"]]
+
+    (ev,) = wait_for(refused, "the prepare of the second claim to be refused", 30)
+    assert f"device {dev} is already prepared for claim {n.ns}/first" in ev["message"]
+    assert len(n.checkpoint_claims()) == 1
+    assert len(n.cdi_specs()) == 1
+
+
+def test_two_instances_run_side_by_side(gpu_node: GpuNode) -> None:
+    """A rolling update: a second instance with its own sockets and the same state."""
+    n = gpu_node
+    second = PluginProc(
+        n.cluster.kubeconfig, n.sim, "fake:8xH100-80GB", state_dir=n.plugin.state_dir, instance="b"
+    )
+    second.start()
+    try:
+        wait_for(second.ready, "the second instance", 30)
+        assert len(list(n.sim.registry_dir.glob("*-reg.sock"))) == 2
+        n.claim("c")
+        n.pod("p", claim="c")
+        n.running("p")
+        n.plugin.stop()  # the old instance goes away; the new one serves unprepare
+        n.delete_pod("p")
+        wait_for(lambda: n.cdi_specs() == [], "the CDI spec to go", 10)
+        assert n.checkpoint_claims() == {}
+        assert second.metric("dradriver_unprepare_duration_seconds_count", result="ok") == 1
+    finally:
+        second.stop()
+
+
+def test_sigterm_removes_sockets(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    n.plugin.stop(signal.SIGTERM)
+    assert n.plugin.proc is not None and n.plugin.proc.returncode == 0
+    assert list(n.sim.registry_dir.glob("*.sock")) == []
+    assert list((n.sim.plugins_dir / DRIVER).glob("*.sock")) == []
+    time.sleep(0.1)
