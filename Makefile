@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 STATE ?= .devcluster
 PYTEST_ARGS ?=
 
-.PHONY: all venv controlplane cdi-tool proto lint format typecheck unit test e2e \
+.PHONY: all venv controlplane cdi-tool proto schema lint format typecheck unit test e2e \
         cluster-up cluster-down demo clean
 
 all: test
@@ -29,6 +29,9 @@ controlplane:
 
 cdi-tool:
 	@bash tools/cdi/build.sh >/dev/null
+
+schema: venv
+	$(PY) -c "import json; from dradriver.api.config import json_schema; print(json.dumps(json_schema(), indent=2, sort_keys=True))" > api/config/v1alpha1.schema.json
 
 proto: venv
 	$(PY) tools/genproto.py

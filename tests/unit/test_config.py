@@ -1,0 +1,124 @@
+"""The config API: strict decoding with messages that name the field, and precedence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.api.config import (
+    ConfigError,
+    GpuConfig,
+    MigDeviceConfig,
+    decode,
+    effective,
+    json_schema,
+)
+
+V = "gpu.dradriver.io/v1alpha1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def gpu(**kw: Any) -> dict[str, Any]:
+    return {"apiVersion": V, "kind": "GpuConfig", **kw}
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ([], "must be an object"),
+        ({"kind": "GpuConfig"}, "apiVersion: None is not supported; use gpu.dradriver.io/v1alpha1"),
+        (
+            {"apiVersion": V, "kind": "Gpu"},
+            "kind: 'Gpu' is not a config kind; use one of GpuConfig",
+        ),
+        (gpu(sharng={}), "parameters.sharng: unknown field"),
+        (
+            gpu(sharing={"strategy": "Spatial"}),
+            "sharing.strategy: Input should be 'TimeSlicing' or 'MPS' (got 'Spatial')",
+        ),
+        (
+            gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Fast"}}),
+            "timeSlicingConfig.interval: Input should be 'Default', 'Short', 'Medium' or 'Long'",
+        ),
+        (
+            gpu(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}),
+            "defaultActiveThreadPercentage: Input should be greater than or equal to 1",
+        ),
+        (
+            gpu(
+                sharing={"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1 GB"}}
+            ),
+            "defaultPinnedDeviceMemoryLimit: '1 GB' is not a quantity",
+        ),
+        (
+            gpu(
+                sharing={
+                    "strategy": "MPS",
+                    "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"gpu0": "1Gi"}},
+                }
+            ),
+            "key 'gpu0' must be a device index or a GPU-/MIG- UUID",
+        ),
+        (
+            gpu(sharing={"strategy": "MPS", "timeSlicingConfig": {}}),
+            "timeSlicingConfig is only allowed with strategy TimeSlicing",
+        ),
+    ],
+)
+def test_bad_configs_name_the_field_and_what_fits(params: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        decode(params)
+    assert message in str(err.value)
+
+
+def test_good_configs_and_defaults() -> None:
+    c = decode(gpu(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {}}))
+    assert isinstance(c, GpuConfig) and c.sharing is not None
+    assert (
+        c.sharing.timeSlicingConfig is not None
+        and c.sharing.timeSlicingConfig.interval == "Default"
+    )
+    assert decode(gpu()).sharing is None  # no sharing unless asked for
+    m = decode(
+        {
+            "apiVersion": V,
+            "kind": "MigDeviceConfig",
+            "sharing": {
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultActiveThreadPercentage": 50,
+                    "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"},
+                },
+            },
+        }
+    )
+    assert isinstance(m, MigDeviceConfig)
+
+
+def test_precedence_later_wins_and_kind_must_fit() -> None:
+    ts = gpu(sharing={"strategy": "TimeSlicing"})
+    mps = gpu(sharing={"strategy": "MPS"})
+    mig = {"apiVersion": V, "kind": "MigDeviceConfig"}
+    assert effective([], "gpu", "r") is None
+    got = effective([ts, mps], "gpu", "r")
+    assert got is not None and got.sharing is not None and got.sharing.strategy == "MPS"
+    got = effective([mps, ts], "gpu", "r")
+    assert got is not None and got.sharing is not None and got.sharing.strategy == "TimeSlicing"
+    # A MIG config next to a GPU config: each device takes the one of its kind.
+    assert isinstance(effective([ts, mig], "mig", "r"), MigDeviceConfig)
+    assert isinstance(effective([ts, mig], "gpu", "r"), GpuConfig)
+    with pytest.raises(
+        ConfigError, match="GpuConfig does not fit a mig device; use MigDeviceConfig"
+    ):
+        effective([ts], "mig", "r")
+    with pytest.raises(ConfigError, match="config for request 'r'"):
+        effective([gpu(bogus=1)], "gpu", "r")
+
+
+def test_json_schema_is_generated_and_committed() -> None:
+    committed = REPO / "api" / "config" / "v1alpha1.schema.json"
+    assert committed.exists(), "run `make schema`"
+    assert json.loads(committed.read_text()) == json_schema(), "api/ drifted: run `make schema`"
