@@ -8,7 +8,7 @@ STATE ?= .devcluster
 PYTEST_ARGS ?=
 
 .PHONY: all venv controlplane cdi-tool proto schema lint format typecheck unit test e2e \
-        cluster-up cluster-down demo clean
+        cluster-up cluster-down demo bench clean
 
 all: test
 
@@ -64,6 +64,9 @@ cluster-down: venv
 
 demo: venv controlplane cdi-tool
 	@$(PY) -m dradriver.dev.demo $(if $(filter 1 true yes,$(KEEP)),--keep)
+
+bench: venv controlplane
+	$(PY) benchmarks/prepare.py
 
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -215,7 +215,12 @@ def _wait_http(
 
 
 def up(
-    state_dir: Path, *, alpha: bool = False, bin_dir: Path | None = None, timeout: float = 120.0
+    state_dir: Path,
+    *,
+    alpha: bool = False,
+    bin_dir: Path | None = None,
+    timeout: float = 120.0,
+    controllers: str = "*",
 ) -> ClusterState:
     """Starts the control plane and returns once the API server is ready and the scheduler
     and controller-manager report healthy."""
@@ -343,6 +348,7 @@ def up(
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--use-service-account-credentials=false",
+                f"--controllers={controllers}",
             ],
             logs,
         )
