@@ -41,7 +41,7 @@ GPUS = 64
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 def ms(x: float) -> str:
@@ -55,15 +55,31 @@ def make_claims(kube: Kube, ns: str, n: int, workers: int) -> list[tuple[str, st
     out = []
     for i in range(n):
         gpu = (i % workers) + workers * ((i // workers) % (GPUS // workers))
-        c = kube.create(path_for(RES, "resourceclaims", ns), {
-            "metadata": {"name": f"c{i}"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "gpu.dradriver.io"}}]}}})
+        c = kube.create(
+            path_for(RES, "resourceclaims", ns),
+            {
+                "metadata": {"name": f"c{i}"},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.io"}}
+                        ]
+                    }
+                },
+            },
+        )
         c["status"] = {
-            "allocation": {"devices": {"results": [{
-                "request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{gpu}"}]}},
-            "reservedFor": [{"resource": "pods", "name": f"p{i}",
-                             "uid": f"00000000-0000-0000-0000-{i:012d}"}]}
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{gpu}"}
+                    ]
+                }
+            },
+            "reservedFor": [
+                {"resource": "pods", "name": f"p{i}", "uid": f"00000000-0000-0000-0000-{i:012d}"}
+            ],
+        }
         kube.replace(path_for(RES, "resourceclaims", ns, f"c{i}", "status"), c)
         out.append((f"c{i}", c["metadata"]["uid"]))
     return out
@@ -82,8 +98,9 @@ def cycle(stub: Any, ns: str, name: str, uid: str) -> float:
     return time.perf_counter() - t
 
 
-def run_at(sock: str, ns: str, claims: list[tuple[str, str]], workers: int
-           ) -> tuple[list[float], float]:
+def run_at(
+    sock: str, ns: str, claims: list[tuple[str, str]], workers: int
+) -> tuple[list[float], float]:
     lat: list[float] = []
     lock = threading.Lock()
     chunks = [claims[w::workers] for w in range(workers)]
@@ -140,20 +157,55 @@ def main() -> int:
     root, state = work / "kubelet", work / "state"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        sim = subprocess.Popen([sys.executable, "-m", "dradriver.cli", "dev", "kubelet", "--node",
-                                NODE, "--root", str(root), "--kubeconfig", st.kubeconfig],
-                               stdout=open(work / "sim.log", "wb"), stderr=subprocess.STDOUT)
+        sim = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dradriver.cli",
+                "dev",
+                "kubelet",
+                "--node",
+                NODE,
+                "--root",
+                str(root),
+                "--kubeconfig",
+                st.kubeconfig,
+            ],
+            stdout=open(work / "sim.log", "wb"),  # noqa: SIM115 - the child keeps it
+            stderr=subprocess.STDOUT,
+        )
         procs.append(sim)
         time.sleep(2)
         port = 18000 + os.getpid() % 1000
         t0 = time.perf_counter()
         plugin = subprocess.Popen(
-            [sys.executable, "-m", "dradriver.cli", "kubelet-plugin", "--node-name", NODE,
-             "--devices", f"fake:{GPUS}xH100-80GB", "--kubeconfig", st.kubeconfig,
-             "--kubelet-dir", str(root), "--cdi-dir", str(root / "cdi"), "--state-dir",
-             str(state), "--healthz-address", "127.0.0.1", "--healthz-port", str(port),
-             "--log-level", "warning"],
-            stdout=open(work / "plugin.log", "wb"), stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "dradriver.cli",
+                "kubelet-plugin",
+                "--node-name",
+                NODE,
+                "--devices",
+                f"fake:{GPUS}xH100-80GB",
+                "--kubeconfig",
+                st.kubeconfig,
+                "--kubelet-dir",
+                str(root),
+                "--cdi-dir",
+                str(root / "cdi"),
+                "--state-dir",
+                str(state),
+                "--healthz-address",
+                "127.0.0.1",
+                "--healthz-port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            stdout=open(work / "plugin.log", "wb"),  # noqa: SIM115 - the child keeps it
+            stderr=subprocess.STDOUT,
+        )
         procs.append(plugin)
         while True:
             try:
@@ -179,13 +231,17 @@ def main() -> int:
         rss = rss_mib(plugin.pid)
         f50 = statistics.median(base)
         print()
-        print(f"floor (gRPC round trip + claim GET + fsync'd 1 KiB write): p50 {ms(f50)}, "
-              f"p99 {ms(pct(base, 99))}")
+        print(
+            f"floor (gRPC round trip + claim GET + fsync'd 1 KiB write): p50 {ms(f50)}, "
+            f"p99 {ms(pct(base, 99))}"
+        )
         print("prepare+unprepare per claim (one cycle = two gRPC calls):")
         for workers, lat, wall in rows:
             p50, p99 = statistics.median(lat), pct(lat, 99)
-            print(f"  concurrency {workers:2d}: p50 {ms(p50)}, p99 {ms(p99)}, "
-                  f"{len(lat) / wall:.0f} claims/s, p50/floor {p50 / f50:.1f}x")
+            print(
+                f"  concurrency {workers:2d}: p50 {ms(p50)}, p99 {ms(p99)}, "
+                f"{len(lat) / wall:.0f} claims/s, p50/floor {p50 / f50:.1f}x"
+            )
         print(f"startup to ready (registered, slices published): {startup:.2f} s")
         print(f"plugin RSS after {2 * args.claims} cycles: {rss:.0f} MiB")
     finally:

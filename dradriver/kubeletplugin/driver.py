@@ -1,9 +1,9 @@
 """Prepare and unprepare: the node component's main job.
 
-Each claim is independent (one bad claim fails alone) and every step is recorded before
-it is taken, so a crash at any point leaves a checkpoint from which startup can finish or
-undo the work. Two plugin instances (rolling update) serialize through a file lock and
-share the checkpoint on disk.
+Each claim is independent (one bad claim fails alone) and every step that changes the
+hardware is recorded before it is taken, so a crash at any point leaves a checkpoint
+from which startup can finish or undo the work. Two plugin instances (rolling update)
+serialize through a file lock and share the checkpoint on disk.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dradriver.api.config import ConfigError, effective
+from dradriver.faults import crashpoint
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver.kubeletplugin import cdi
 from dradriver.kubeletplugin.checkpoint import (
@@ -28,8 +30,10 @@ from dradriver.kubeletplugin.checkpoint import (
 from dradriver.kubeletplugin.claims import ClaimError, ClaimRef, check_ref, plan
 from dradriver.kubeletplugin.devices import LocalDevice
 from dradriver.kubeletplugin.metrics import Metrics
+from dradriver.kubeletplugin.migprep import Carve, MigPreparer, intent, is_partition
 from dradriver.kubeletplugin.status import StatusWriter
 from dradriver.logs import get_logger
+from dradriver.nvml.mig import MigError, caps_device_minors
 
 log = get_logger("kubeletplugin.driver")
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
@@ -41,11 +45,22 @@ class Prepared:
     error: str = ""
 
 
+def owned_partitions(cp: Checkpoint) -> set[tuple[str, int, int]]:
+    """(GPU UUID, profile ID, placement) of every partition our claims hold or intend."""
+    out = set()
+    for rec in cp.claims.values():
+        for d in rec.devices:
+            c = Carve.of(d)
+            if c is not None:
+                out.add((c.gpu_uuid, c.profile_id, c.placement_start))
+    return out
+
+
 @dataclass
 class Driver:
     driver: str
     node: str
-    kube: Kube
+    kube: Kube | None
     store: CheckpointStore
     cdi_writer: cdi.CdiWriter
     lock: FileLock
@@ -54,6 +69,10 @@ class Driver:
     fake: bool
     metrics: Metrics
     status: StatusWriter | None = None
+    mig: MigPreparer | None = None
+    # Reads a claim; the API server by default (tests hand claims in as plain values).
+    read_claim: Callable[[ClaimRef], dict[str, Any]] | None = None
+    proc_root: Path = Path("/proc")
     _mutex: threading.Lock = field(default_factory=threading.Lock)
 
     # -- prepare ---------------------------------------------------------------------------
@@ -75,23 +94,91 @@ class Driver:
         check_ref(ref)
         # A claim already prepared answers from the checkpoint, without the API server.
         with self._locked():
+            done = self._already_prepared(self.store.load(), ref)
+            if done is not None:
+                return done
+        wanted = self._wanted(ref, self._claim(ref))
+        with self._locked():
             cp = self.store.load()
-            rec = cp.claims.get(ref.uid)
-            if rec is not None and rec.state == COMPLETED:
-                if not self.cdi_writer.exists(ref.uid):
-                    # /var/run/cdi is wiped at reboot: a recorded result without its spec
-                    # would leave the container unable to start.
-                    try:
-                        self.cdi_writer.write(ref.uid, self._spec(rec))
-                    except (ValueError, OSError) as exc:
-                        raise ClaimError(f"claim {ref}: {exc}") from None
-                    log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
-                return rec.devices
-        claim = self._get_claim(ref)
-        p = plan(claim, ref, self.driver, self.node)
+            done = self._already_prepared(cp, ref)  # the other instance may have been faster
+            if done is not None:
+                return done
+            self._check_exclusive(cp, ref, [d for d, _ in wanted.values()])
+            rec = ClaimRecord(
+                uid=ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                state=STARTED,
+                devices=[self._record(ref, dev, names) for dev, names in wanted.values()],
+                updated_at=time.time(),
+            )
+            carving = [d for d in rec.devices if Carve.of(d) is not None]
+            cp.claims[ref.uid] = rec
+            if carving:
+                if self.mig is None:
+                    del cp.claims[ref.uid]
+                    raise ClaimError(f"claim {ref}: MIG partitions need --mig-mode dynamic")
+                self.store.save(cp)  # intent first: a crash from here on is recoverable
+                crashpoint("intent-recorded")
+            try:
+                for d in carving:
+                    assert self.mig is not None
+                    self.mig.carve(d)
+                    self.store.save(cp)  # the created instance, before anything else
+                    crashpoint("mig-recorded")
+                self.cdi_writer.write(ref.uid, self._spec(rec))
+                crashpoint("cdi-written")
+                rec.state = COMPLETED
+                rec.updated_at = time.time()
+                self.store.save(cp)
+            except Exception as exc:
+                self._rollback(cp, rec)
+                raise ClaimError(f"claim {ref}: {_describe(exc)}") from None
+            self.metrics.prepared_claims.set(len(cp.claims))
+        log.info(
+            "claim prepared",
+            claim=str(ref),
+            claim_uid=ref.uid,
+            devices=",".join(d.device for d in rec.devices),
+            uuids=",".join(d.uuid or "-" for d in rec.devices),
+        )
+        if self.status:
+            self.status.prepared(ref, rec.devices)
+        return rec.devices
+
+    def _already_prepared(self, cp: Checkpoint, ref: ClaimRef) -> list[PreparedDevice] | None:
+        rec = cp.claims.get(ref.uid)
+        if rec is None or rec.state != COMPLETED:
+            return None
+        if not self.cdi_writer.exists(ref.uid):
+            # /var/run/cdi is wiped at reboot: a recorded result without its spec would
+            # leave the container unable to start.
+            try:
+                self.cdi_writer.write(ref.uid, self._spec(rec))
+            except (ValueError, OSError) as exc:
+                raise ClaimError(f"claim {ref}: {exc}") from None
+            log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
+        return rec.devices
+
+    def _claim(self, ref: ClaimRef) -> dict[str, Any]:
+        if self.read_claim is not None:
+            return self.read_claim(ref)
+        assert self.kube is not None
+        try:
+            return self.kube.get(
+                path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name)
+            )
+        except NotFound:
+            raise ClaimError(f"claim {ref} not found in the API server") from None
+        except KubeError as exc:
+            raise ClaimError(f"API layer: reading claim {ref} failed: {exc.message}") from None
+
+    def _wanted(
+        self, ref: ClaimRef, claim: dict[str, Any]
+    ) -> dict[str, tuple[LocalDevice, list[str]]]:
         local = self.devices()
         wanted: dict[str, tuple[LocalDevice, list[str]]] = {}
-        for pd in p.devices:
+        for pd in plan(claim, ref, self.driver, self.node).devices:
             dev = local.get(pd.device)
             if dev is None:
                 raise ClaimError(
@@ -110,74 +197,36 @@ class Driver:
             names = wanted.setdefault(pd.device, (dev, []))[1]
             if pd.request_name not in names:
                 names.append(pd.request_name)
-        with self._locked():
-            cp = self.store.load()
-            rec = cp.claims.get(ref.uid)
-            if rec is not None and rec.state == COMPLETED:  # the other instance was faster
-                return rec.devices
-            self._check_exclusive(cp, ref, [d for d, _ in wanted.values()], local)
-            rec = ClaimRecord(
-                uid=ref.uid,
-                namespace=ref.namespace,
-                name=ref.name,
-                state=STARTED,
-                devices=[
-                    PreparedDevice(
-                        request_names=names,
-                        pool=self.node,
-                        device=dev.name,
-                        cdi_device_ids=[cdi.qualified_name(self.driver, dev.name, ref.uid)],
-                        uuid=dev.uuid,
-                        kind=dev.kind,
-                        extra={"minor": dev.gpu.minor},
-                    )
-                    for dev, names in wanted.values()
-                ],
-                updated_at=time.time(),
-            )
-            cp.claims[ref.uid] = rec
-            self.store.save(cp)
-            try:
-                self.cdi_writer.write(ref.uid, self._spec(rec))
-                rec.state = COMPLETED
-                rec.updated_at = time.time()
-                self.store.save(cp)
-            except Exception as exc:
-                self._rollback(cp, rec)
-                raise ClaimError(f"claim {ref}: {exc}") from None
-            self.metrics.prepared_claims.set(len(cp.claims))
-        log.info(
-            "claim prepared",
-            claim=str(ref),
-            claim_uid=ref.uid,
-            devices=",".join(d.device for d in rec.devices),
-            pods=",".join(p.pods),
+        return wanted
+
+    def _record(self, ref: ClaimRef, dev: LocalDevice, names: list[str]) -> PreparedDevice:
+        d = PreparedDevice(
+            request_names=names,
+            pool=self.node,
+            device=dev.name,
+            cdi_device_ids=[cdi.qualified_name(self.driver, dev.name, ref.uid)],
+            uuid=dev.uuid,
+            kind=dev.kind,
+            extra={"minor": dev.gpu.minor},
         )
-        if self.status:
-            self.status.prepared(ref, rec.devices)
-        return rec.devices
+        if is_partition(dev):
+            intent(dev).save(d)
+        elif dev.mig is not None:
+            d.extra["mig"] = {
+                "gpuInstanceId": dev.mig.gpu_instance_id,
+                "computeInstanceId": dev.mig.compute_instance_id,
+            }
+        return d
 
-    def _get_claim(self, ref: ClaimRef) -> dict[str, Any]:
-        try:
-            return self.kube.get(
-                path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name)
-            )
-        except NotFound:
-            raise ClaimError(f"claim {ref} not found in the API server") from None
-        except KubeError as exc:
-            raise ClaimError(f"API layer: reading claim {ref} failed: {exc.message}") from None
-
-    def _check_exclusive(
-        self, cp: Checkpoint, ref: ClaimRef, devs: list[LocalDevice], local: dict[str, LocalDevice]
-    ) -> None:
+    def _check_exclusive(self, cp: Checkpoint, ref: ClaimRef, devs: list[LocalDevice]) -> None:
+        local = self.devices()
         for other in cp.claims.values():
             if other.uid == ref.uid:
                 continue
             for od in other.devices:
                 theirs = local.get(od.device)
                 for dev in devs:
-                    clash = dev.name == od.device or (theirs is not None and dev.overlaps(theirs))
-                    if clash:
+                    if dev.name == od.device or (theirs is not None and dev.overlaps(theirs)):
                         raise ClaimError(
                             f"claim {ref}: device {dev.name} is already prepared for claim "
                             f"{other.namespace}/{other.name} ({other.uid}); a device serves "
@@ -194,6 +243,7 @@ class Driver:
                     uuid=d.uuid or "",
                     minor=d.extra.get("minor"),
                     group=",".join(d.request_names),
+                    device_nodes=tuple(self._caps_nodes(d)),
                 )
                 for d in rec.devices
             ],
@@ -201,13 +251,58 @@ class Driver:
             fake=self.fake,
         )
 
+    def _caps_nodes(self, d: PreparedDevice) -> list[str]:
+        """A MIG device needs the /dev/nvidia-caps nodes of its GPU and compute instance."""
+        if self.fake:
+            return []
+        c = Carve.of(d)
+        ids = (c.gpu_instance_id, c.compute_instance_id) if c else None
+        mig = d.extra.get("mig")
+        if ids is None and isinstance(mig, dict):
+            ids = (mig.get("gpuInstanceId"), mig.get("computeInstanceId"))
+        if ids is None or ids[0] is None or ids[1] is None:
+            return []
+        gi, ci = caps_device_minors(self.proc_root, int(d.extra["minor"]), int(ids[0]), int(ids[1]))
+        return [f"/dev/nvidia-caps/nvidia-cap{gi}", f"/dev/nvidia-caps/nvidia-cap{ci}"]
+
     def _rollback(self, cp: Checkpoint, rec: ClaimRecord) -> None:
+        """Immediate rollback: everything created for this claim goes before the error
+        returns. A step that cannot be undone stays recorded for startup to retry."""
+        keep = False
+        for d in rec.devices:
+            if Carve.of(d) is not None and self.mig is not None:
+                try:
+                    self.mig.uncarve(d)
+                except MigError as exc:
+                    keep = True
+                    log.error(
+                        "rollback could not destroy a MIG device",
+                        claim_uid=rec.uid,
+                        device=d.device,
+                        error=str(exc),
+                    )
         self.cdi_writer.remove(rec.uid)
-        cp.claims.pop(rec.uid, None)
+        if not keep:
+            cp.claims.pop(rec.uid, None)
+        self._restore_mig_modes(rec)
         try:
             self.store.save(cp)
         except OSError as exc:
             log.error("rollback could not save the checkpoint", claim_uid=rec.uid, error=str(exc))
+
+    def _restore_mig_modes(self, rec: ClaimRecord) -> None:
+        if self.mig is None:
+            return
+        gpus = {c.gpu_uuid for d in rec.devices if (c := Carve.of(d)) is not None}
+        if gpus:
+            self.mig.restore_modes(gpus, self._profiles())
+
+    def _profiles(self) -> dict[str, list[int]]:
+        return {
+            dev.gpu.uuid: [p.profile_id for p in dev.gpu.mig_profiles]
+            for dev in self.devices().values()
+            if dev.gpu.mig_profiles
+        }
 
     # -- unprepare -------------------------------------------------------------------------
     def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
@@ -232,6 +327,16 @@ class Driver:
             rec = cp.claims.get(ref.uid)
             if rec is None:
                 return  # unknown (or already unprepared): success, the kubelet may repeat
+            for d in rec.devices:
+                if Carve.of(d) is not None and self.mig is not None:
+                    try:
+                        self.mig.uncarve(d)
+                    except MigError as exc:
+                        hint = " (a process still uses it)" if exc.in_use else ""
+                        raise ClaimError(
+                            f"MIG layer: claim {ref}: device {d.device}: {exc}"
+                            f"{hint}; the kubelet retries"
+                        ) from None
             try:
                 self.cdi_writer.remove(ref.uid)
             except OSError as exc:
@@ -240,6 +345,7 @@ class Driver:
                 ) from None
             del cp.claims[ref.uid]
             self.store.save(cp)
+            self._restore_mig_modes(rec)
             self.metrics.prepared_claims.set(len(cp.claims))
         log.info(
             "claim unprepared",
@@ -252,18 +358,29 @@ class Driver:
 
     # -- startup ---------------------------------------------------------------------------
     def reconcile(self) -> None:
-        """Finishes what a crash or reboot left: interrupted prepares are undone, completed
-        claims get their CDI specs back, and spec files nobody owns are removed."""
+        """Finishes what a crash or reboot left: interrupted prepares are undone (MIG
+        instances included), completed claims get their devices and CDI specs back, and
+        spec files nobody owns are removed."""
         with self._locked():
-            cp = self.store.load()
-            boot = reconcile_boot(cp)
-            for rec in boot.dropped + boot.interrupted:
+            boot = reconcile_boot(self.store.load())
+            cp = boot.checkpoint
+            undo = boot.dropped + boot.interrupted
+            for rec in undo:
                 log.warning(
                     "undoing an interrupted prepare",
                     claim=f"{rec.namespace}/{rec.name}",
                     claim_uid=rec.uid,
                     state=rec.state,
                 )
+            if self.mig is not None:
+                completed = [
+                    r for r in cp.claims.values() if r.state == COMPLETED and r not in undo
+                ]
+                try:
+                    self.mig.reconcile(completed, undo, self._profiles())
+                except MigError as exc:
+                    log.error("MIG reconciliation incomplete", error=str(exc))
+            for rec in undo:
                 self.cdi_writer.remove(rec.uid)
                 cp.claims.pop(rec.uid, None)
             local = self.devices()
@@ -276,27 +393,24 @@ class Driver:
                         claim_uid=rec.uid,
                         devices=",".join(missing),
                     )
-                if not self.cdi_writer.exists(rec.uid):
-                    try:
-                        self.cdi_writer.write(rec.uid, self._spec(rec))
-                    except (ValueError, OSError) as exc:
-                        # One bad record must not stop the plugin from serving the rest;
-                        # the next prepare of this claim reports the problem to the pod.
-                        log.error(
-                            "CDI spec could not be restored",
-                            claim=f"{rec.namespace}/{rec.name}",
-                            claim_uid=rec.uid,
-                            error=str(exc),
-                        )
-                        continue
-                    log.info(
-                        "CDI spec restored", claim=f"{rec.namespace}/{rec.name}", claim_uid=rec.uid
+                try:
+                    # Always rewritten: a reboot wipes /var/run/cdi, and a partition carved
+                    # again has a new MIG UUID.
+                    self.cdi_writer.write(rec.uid, self._spec(rec))
+                except (ValueError, OSError) as exc:
+                    log.error(
+                        "CDI spec could not be restored",
+                        claim=f"{rec.namespace}/{rec.name}",
+                        claim_uid=rec.uid,
+                        error=str(exc),
                     )
             for uid in self.cdi_writer.list_claims():
                 if uid not in cp.claims:
                     log.warning("removing an orphaned CDI spec", claim_uid=uid)
                     self.cdi_writer.remove(uid)
             self.store.save(cp)
+            if self.mig is not None:
+                self.mig.restore_modes(set(self._profiles()), self._profiles())
             self.metrics.prepared_claims.set(len(cp.claims))
 
     def _locked(self) -> Any:
@@ -325,6 +439,12 @@ class _Both:
             self.mutex.release()
 
 
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, MigError):
+        return f"MIG layer: {exc}"
+    return str(exc)
+
+
 def _reason(exc: ClaimError) -> str:
     text = str(exc)
     for key, reason in (
@@ -334,6 +454,7 @@ def _reason(exc: ClaimError) -> str:
         ("not found", "not_found"),
         ("already prepared", "device_busy"),
         ("request layer", "bad_request"),
+        ("MIG layer", "mig"),
         ("API layer", "api"),
         ("CDI layer", "cdi"),
         ("config", "config"),

@@ -9,6 +9,7 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dradriver import logs
@@ -17,12 +18,14 @@ from dradriver.k8s import Kube, KubeError
 from dradriver.kubeletplugin import cdi
 from dradriver.kubeletplugin.checkpoint import CheckpointStore, FileLock, current_boot_id
 from dradriver.kubeletplugin.devices import LocalDevice, index
-from dradriver.kubeletplugin.driver import Driver
+from dradriver.kubeletplugin.driver import Driver, owned_partitions
 from dradriver.kubeletplugin.grpcserver import PluginServers
 from dradriver.kubeletplugin.metrics import Metrics
+from dradriver.kubeletplugin.migprep import MigModeLedger, MigPreparer
 from dradriver.kubeletplugin.ops import OpsServer
 from dradriver.kubeletplugin.status import StatusWriter
 from dradriver.nvml.library import DevicesSpecError, Nvml, open_nvml
+from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import MigMode, SliceContent, build
 from dradriver.slices.publish import PublishLoop, SlicePublisher
 
@@ -65,8 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class DeviceView:
     """The latest discovery and what it publishes, shared by publishing and prepare."""
 
-    def __init__(self, nvml: Nvml, mode: MigMode) -> None:
-        self.nvml, self.mode = nvml, mode
+    def __init__(
+        self, nvml: Nvml, mode: MigMode, owned: Callable[[], set[tuple[str, int, int]]] = set
+    ) -> None:
+        self.nvml, self.mode, self.owned = nvml, mode, owned
         self._lock = threading.Lock()
         self._slices: list[SliceContent] = []
         self._index: dict[str, LocalDevice] = {}
@@ -81,7 +86,7 @@ class DeviceView:
             raise
         for problem in found.problems:
             log.error("GPU problem", detail=problem)
-        built = build(found.inventory, self.mode)
+        built = build(found.inventory, self.mode, self.owned())
         for uuid, reason in built.skipped:
             log.warning("GPU not published as a whole", gpu=uuid, reason=reason)
         with self._lock:
@@ -109,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     kube = Kube.from_kubeconfig(args.kubeconfig)
     metrics = Metrics()
-    view = DeviceView(nvml, MigMode(args.mig_mode))
+    store = CheckpointStore(state_dir / "checkpoint.json", current_boot_id())
+    mode = MigMode(args.mig_mode)
+    # Published partitions must include the ones our claims hold (they exist as MIG
+    # devices now, but they are ours, not foreign).
+    view = DeviceView(nvml, mode, owned=lambda: owned_partitions(store.load()))
     registered = threading.Event()
     api = _ApiProbe(kube)
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
@@ -140,10 +149,12 @@ def run(args: argparse.Namespace) -> int:
         healthz_port=ops.port,
     )
 
-    # Nothing is published and nothing registers before the devices are known.
+    # Nothing is published and nothing registers before the devices are known. NVML stays
+    # initialised for the life of the process (MIG carving needs it; init is slow).
     backoff = 1.0
     while not stop.is_set():
         try:
+            nvml.init()
             view.refresh()
             break
         except Exception as exc:
@@ -157,11 +168,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     status = StatusWriter(kube, args.driver_name)
+    mig = None
+    if mode is MigMode.DYNAMIC:
+        mig = MigPreparer(MigCarver(nvml.module), MigModeLedger(state_dir / "mig-mode.json"))
     driver = Driver(
         driver=args.driver_name,
         node=args.node_name,
         kube=kube,
-        store=CheckpointStore(state_dir / "checkpoint.json", current_boot_id()),
+        store=store,
+        mig=mig,
         cdi_writer=cdi.CdiWriter(Path(args.cdi_dir), args.driver_name),
         lock=FileLock(state_dir / "plugin.lock"),
         devices=view.devices,

@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 from dradriver.nvml.discover import Discovery, discover, nvml_session, sysfs_pcie_root
+from dradriver.nvml.errors import explain_init_failure
 
 
 class DevicesSpecError(ValueError):
@@ -21,6 +22,17 @@ class Nvml:
     module: ModuleType  # pynvml, or the fake's private copy of it
     fake: Any | None  # dradriver.nvml.fake.FakeNvml in fake mode
     pcie_root_of: Callable[[str], str | None]
+
+    _initialised: bool = False
+
+    def init(self) -> None:
+        """Keeps NVML initialised until the process ends (NVML counts init/shutdown)."""
+        if not self._initialised:
+            try:
+                self.module.nvmlInit()
+            except self.module.NVMLError as err:
+                raise explain_init_failure(self.module, err) from None
+            self._initialised = True
 
     def discover(self) -> Discovery:
         with nvml_session(self.module):

@@ -1,0 +1,230 @@
+"""Carving MIG devices through NVML: create a GPU instance at a placement and its full
+compute instance, destroy them in the right order, switch MIG mode where the product
+allows it. Every call goes through the pynvml API, so the fake and a real GPU run the
+same code. Callers record intent before calling and handle rollback; this module only
+guarantees that a failing `create` leaves nothing of its own behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from dradriver.logs import get_logger
+
+log = get_logger("nvml.mig")
+
+# Compute-instance profile index (NVML_COMPUTE_INSTANCE_PROFILE_*) for a GPU instance
+# of this many compute slices: a MIG device is a GI with one CI that takes it whole.
+CI_PROFILE_FOR_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
+
+
+class MigError(Exception):
+    """An NVML failure while carving or destroying, with the step and the NVML error."""
+
+    def __init__(self, step: str, err: Exception, *, in_use: bool = False) -> None:
+        super().__init__(f"{step}: {type(err).__name__}: {err}")
+        self.step = step
+        self.in_use = in_use
+
+
+@dataclass(frozen=True)
+class Created:
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A GPU instance as NVML reports it now."""
+
+    gpu_uuid: str
+    gpu_instance_id: int
+    profile_id: int
+    placement_start: int
+    compute_instance_ids: tuple[int, ...]
+
+
+class MigCarver:
+    def __init__(self, nvml: ModuleType) -> None:
+        self.nvml = nvml
+
+    def _h(self, gpu_uuid: str) -> Any:
+        return self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+
+    def mig_enabled(self, gpu_uuid: str) -> bool:
+        current, _ = self.nvml.nvmlDeviceGetMigMode(self._h(gpu_uuid))
+        return bool(current == self.nvml.NVML_DEVICE_MIG_ENABLE)
+
+    def set_mig_mode(self, gpu_uuid: str, enable: bool) -> None:
+        nvml = self.nvml
+        mode = nvml.NVML_DEVICE_MIG_ENABLE if enable else nvml.NVML_DEVICE_MIG_DISABLE
+        step = f"{'enabling' if enable else 'disabling'} MIG mode on {gpu_uuid}"
+        try:
+            nvml.nvmlDeviceSetMigMode(self._h(gpu_uuid), mode)
+        except nvml.NVMLError as err:
+            raise MigError(step, err, in_use=isinstance(err, nvml.NVMLError_InUse)) from None
+        if self.mig_enabled(gpu_uuid) != enable:
+            # Ampere: the change waits for a GPU reset. Publishing never offers partitions
+            # of such GPUs, so getting here means the hardware changed under us.
+            raise MigError(step, RuntimeError("the new mode needs a GPU reset"))
+
+    def create(
+        self, gpu_uuid: str, profile_id: int, start: int, size: int, compute_slices: int
+    ) -> Created:
+        nvml = self.nvml
+        h = self._h(gpu_uuid)
+        where = f"GPU {gpu_uuid} profile {profile_id} placement {start}"
+        placement = nvml.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, size
+        try:
+            gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+                h, profile_id, ctypes.byref(placement)
+            )
+        except nvml.NVMLError as err:
+            raise MigError(f"creating the GPU instance ({where})", err) from None
+        try:
+            gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
+            ci_profile = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi,
+                CI_PROFILE_FOR_SLICES[compute_slices],
+                nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            )
+            ci = nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile.id)
+        except nvml.NVMLError as err:
+            # A GPU instance without a compute instance is no usable device: never leave one.
+            self._destroy_gi_quietly(gi, where)
+            raise MigError(f"creating the compute instance ({where})", err) from None
+        try:
+            ci_id = int(nvml.nvmlComputeInstanceGetInfo(ci).id)
+            uuid = self._mig_uuid(h, gi_id, ci_id)
+        except (nvml.NVMLError, LookupError) as err:
+            try:
+                nvml.nvmlComputeInstanceDestroy(ci)
+            except nvml.NVMLError as e2:
+                log.error(
+                    "rollback: destroying the compute instance failed", gpu=gpu_uuid, error=str(e2)
+                )
+            self._destroy_gi_quietly(gi, where)
+            raise MigError(f"reading the new MIG device ({where})", err) from None
+        return Created(gi_id, ci_id, uuid)
+
+    def _mig_uuid(self, h: Any, gi_id: int, ci_id: int) -> str:
+        nvml = self.nvml
+        for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                mh = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+            except nvml.NVMLError_NotFound:
+                continue
+            if (
+                nvml.nvmlDeviceGetGpuInstanceId(mh) == gi_id
+                and nvml.nvmlDeviceGetComputeInstanceId(mh) == ci_id
+            ):
+                return str(nvml.nvmlDeviceGetUUID(mh))
+        raise LookupError(f"no MIG device with GPU instance {gi_id} and compute instance {ci_id}")
+
+    def _destroy_gi_quietly(self, gi: Any, where: str) -> None:
+        try:
+            self.nvml.nvmlGpuInstanceDestroy(gi)
+        except self.nvml.NVMLError as err:
+            log.error("rollback: destroying the GPU instance failed", where=where, error=str(err))
+
+    def destroy(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int | None) -> None:
+        """Compute instance first, then the GPU instance. Already gone counts as done."""
+        nvml = self.nvml
+        h = self._h(gpu_uuid)
+        where = f"GPU {gpu_uuid} GPU instance {gpu_instance_id}"
+        try:
+            gi = nvml.nvmlDeviceGetGpuInstanceById(h, gpu_instance_id)
+        except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+            return
+        except nvml.NVMLError as err:
+            raise MigError(f"looking up {where}", err) from None
+        cis = [compute_instance_id] if compute_instance_id is not None else []
+        cis += [c for c in self._ci_ids(gi) if c not in cis]
+        for ci_id in cis:
+            try:
+                ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
+                nvml.nvmlComputeInstanceDestroy(ci)
+            except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
+                continue
+            except nvml.NVMLError as err:
+                raise MigError(
+                    f"destroying compute instance {ci_id} of {where}",
+                    err,
+                    in_use=isinstance(err, nvml.NVMLError_InUse),
+                ) from None
+        try:
+            nvml.nvmlGpuInstanceDestroy(gi)
+        except nvml.NVMLError_NotFound:
+            return
+        except nvml.NVMLError as err:
+            raise MigError(
+                f"destroying {where}", err, in_use=isinstance(err, nvml.NVMLError_InUse)
+            ) from None
+
+    def _ci_ids(self, gi: Any) -> list[int]:
+        nvml = self.nvml
+        out: list[int] = []
+        for index in CI_PROFILE_FOR_SLICES.values():
+            try:
+                prof = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, index, nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
+            except nvml.NVMLError:
+                continue
+            arr = (nvml.c_nvmlComputeInstance_t * 8)()
+            count = ctypes.c_uint(8)
+            try:
+                nvml.nvmlGpuInstanceGetComputeInstances(gi, prof.id, arr, ctypes.byref(count))
+            except nvml.NVMLError:
+                continue
+            out += [int(nvml.nvmlComputeInstanceGetInfo(arr[i]).id) for i in range(count.value)]
+        return out
+
+    def instances(self, gpu_uuid: str, profile_ids: list[int]) -> list[Instance]:
+        """Every GPU instance on the GPU (of the given profiles), with its compute instances."""
+        nvml = self.nvml
+        h = self._h(gpu_uuid)
+        out: list[Instance] = []
+        for pid in profile_ids:
+            arr = (nvml.c_nvmlGpuInstance_t * 8)()
+            count = ctypes.c_uint(8)
+            try:
+                nvml.nvmlDeviceGetGpuInstances(h, pid, arr, ctypes.byref(count))
+            except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+                continue
+            for i in range(count.value):
+                info = nvml.nvmlGpuInstanceGetInfo(arr[i])
+                out.append(
+                    Instance(
+                        gpu_uuid,
+                        int(info.id),
+                        int(info.profileId),
+                        int(info.placement.start),
+                        tuple(self._ci_ids(arr[i])),
+                    )
+                )
+        return sorted(out, key=lambda x: x.placement_start)
+
+
+def caps_device_minors(proc_root: Path, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
+    """The /dev/nvidia-caps/nvidia-cap<N> minors a container needs for one MIG device,
+    read from /proc/driver/nvidia/capabilities (lines like "DeviceFileMinor: 46")."""
+    base = proc_root / "driver" / "nvidia" / "capabilities" / f"gpu{gpu_minor}" / "mig"
+
+    def minor(path: Path) -> int:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "DeviceFileMinor":
+                return int(value.strip())
+        raise ValueError(f"{path}: no DeviceFileMinor line")
+
+    return (
+        minor(base / f"gi{gi_id}" / "access"),
+        minor(base / f"gi{gi_id}" / f"ci{ci_id}" / "access"),
+    )
