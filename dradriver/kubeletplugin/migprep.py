@@ -115,8 +115,10 @@ class MigPreparer:
         c = Carve.of(d)
         assert c is not None
         if not self.carver.mig_enabled(c.gpu_uuid):
-            self.carver.set_mig_mode(c.gpu_uuid, True)
+            # Recorded first, like every change we make: if switching fails half-way,
+            # rollback and startup still know the mode is ours to switch back.
             self.ledger.save(self.ledger.load() | {c.gpu_uuid})
+            self.carver.set_mig_mode(c.gpu_uuid, True)
             log.info("MIG mode enabled", gpu=c.gpu_uuid, device=d.device)
         crashpoint("mig-before-create")
         made = self.carver.create(

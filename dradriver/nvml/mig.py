@@ -54,10 +54,17 @@ class MigCarver:
         self.nvml = nvml
 
     def _h(self, gpu_uuid: str) -> Any:
-        return self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        try:
+            return self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        except self.nvml.NVMLError as err:
+            raise MigError(f"looking up GPU {gpu_uuid}", err) from None
 
     def mig_enabled(self, gpu_uuid: str) -> bool:
-        current, _ = self.nvml.nvmlDeviceGetMigMode(self._h(gpu_uuid))
+        h = self._h(gpu_uuid)
+        try:
+            current, _ = self.nvml.nvmlDeviceGetMigMode(h)
+        except self.nvml.NVMLError as err:
+            raise MigError(f"reading the MIG mode of {gpu_uuid}", err) from None
         return bool(current == self.nvml.NVML_DEVICE_MIG_ENABLE)
 
     def set_mig_mode(self, gpu_uuid: str, enable: bool) -> None:
@@ -188,6 +195,12 @@ class MigCarver:
 
     def instances(self, gpu_uuid: str, profile_ids: list[int]) -> list[Instance]:
         """Every GPU instance on the GPU (of the given profiles), with its compute instances."""
+        try:
+            return self._instances(gpu_uuid, profile_ids)
+        except self.nvml.NVMLError as err:
+            raise MigError(f"listing the MIG devices of {gpu_uuid}", err) from None
+
+    def _instances(self, gpu_uuid: str, profile_ids: list[int]) -> list[Instance]:
         nvml = self.nvml
         h = self._h(gpu_uuid)
         out: list[Instance] = []

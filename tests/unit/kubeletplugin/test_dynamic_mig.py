@@ -1,0 +1,317 @@
+"""Dynamic MIG through the driver over the fake NVML library: carving at the allocated
+placement, immediate rollback at every failing NVML step, recovery after a crash at every
+step between intent and checkpoint, and the hardware always equal to the checkpoint."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid as uuidlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver import faults
+from dradriver.kubeletplugin.cdi import CdiWriter
+from dradriver.kubeletplugin.checkpoint import CheckpointStore, FileLock
+from dradriver.kubeletplugin.claims import ClaimError, ClaimRef
+from dradriver.kubeletplugin.devices import LocalDevice, index
+from dradriver.kubeletplugin.driver import Driver, owned_partitions
+from dradriver.kubeletplugin.metrics import Metrics
+from dradriver.kubeletplugin.migprep import MigModeLedger, MigPreparer
+from dradriver.nvml.fake import FakeNvml, load
+from dradriver.nvml.library import Nvml, _fake_pcie_root
+from dradriver.nvml.mig import MigCarver
+from dradriver.slices.build import MigMode, build
+
+DRIVER, NODE = "gpu.dradriver.io", "node-a"
+SPEC = "4xH100-80GB"
+
+
+class Crash(BaseException):
+    """Stands for SIGKILL: nothing in the driver catches it, so no cleanup runs."""
+
+
+@dataclass
+class Node:
+    """One plugin process's worth of state over one fake machine (state on disk)."""
+
+    tmp: Path
+    fake: FakeNvml
+    driver: Driver
+    claims: dict[str, dict[str, Any]]
+
+    def instances(self) -> set[tuple[str, int, int]]:
+        return {
+            (g.uuid, gi.profile.id, gi.start)
+            for g in self.fake.machine.gpus
+            for gi in g.gpu_instances.values()
+        }
+
+    def ref(self, name: str) -> ClaimRef:
+        return ClaimRef("team", self.claims[name]["metadata"]["uid"], name)
+
+    def claim(self, name: str, *devices: str) -> ClaimRef:
+        self.claims[name] = {
+            "metadata": {"uid": str(uuidlib.uuid4()), "namespace": "team", "name": name},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": f"r{i}", "driver": DRIVER, "pool": NODE, "device": d}
+                            for i, d in enumerate(devices)
+                        ]
+                    }
+                },
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
+            },
+        }
+        return self.ref(name)
+
+    def prepare(self, ref: ClaimRef) -> list[Any]:
+        r = self.driver.prepare([ref])[ref.uid]
+        if r.error:
+            raise ClaimError(r.error)
+        return r.devices
+
+    def unprepare(self, ref: ClaimRef) -> None:
+        err = self.driver.unprepare([ref])[ref.uid]
+        if err:
+            raise ClaimError(err)
+
+    def checkpoint_owned(self) -> set[tuple[str, int, int]]:
+        return owned_partitions(self.driver.store.load())
+
+
+def start_node(
+    tmp: Path, claims: dict[str, dict[str, Any]] | None = None, boot_id: str = "boot-1"
+) -> Node:
+    fake = load(SPEC, node=NODE, state_dir=tmp)
+    fake.pynvml.nvmlInit()
+    nvml = Nvml(fake.pynvml, fake, _fake_pcie_root)
+    claims = {} if claims is None else claims
+    store = CheckpointStore(tmp / "checkpoint.json", boot_id)
+    carver = MigCarver(fake.pynvml)
+
+    # Discovered once, as the plugin does at start (and then on a period, never per call).
+    inv = nvml.discover().inventory
+    known = index(inv, build(inv, MigMode.DYNAMIC, owned_partitions(store.load())))
+
+    def devices() -> dict[str, LocalDevice]:
+        return known
+
+    driver = Driver(
+        driver=DRIVER,
+        node=NODE,
+        kube=None,
+        store=store,
+        cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
+        lock=FileLock(tmp / "lock"),
+        devices=devices,
+        fake=True,
+        metrics=Metrics(),
+        mig=MigPreparer(carver, MigModeLedger(tmp / "mig-mode.json")),
+        read_claim=lambda ref: claims[ref.name],
+    )
+    return Node(tmp, fake, driver, claims)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    yield start_node(tmp_path)
+    faults.hook = None
+
+
+def test_two_3g_claims_share_a_gpu_at_placements_0_and_4(node: Node) -> None:
+    a = node.claim("a", "gpu-0-mig-3g40gb-0")
+    b = node.claim("b", "gpu-0-mig-3g40gb-4")
+    (da,), (db,) = node.prepare(a), node.prepare(b)
+    gpu0 = node.fake.machine.gpus[0]
+    assert gpu0.mig_enabled  # switched on on demand (Hopper)
+    assert {(gi.profile.name, gi.start) for gi in gpu0.gpu_instances.values()} == {
+        ("3g.40gb", 0),
+        ("3g.40gb", 4),
+    }
+    assert da.uuid.startswith("MIG-") and da.uuid != db.uuid
+    spec = (node.tmp / "cdi" / f"{DRIVER}-claim-{a.uid}.json").read_text()
+    assert da.uuid in spec  # the container is told the MIG device, by UUID
+    assert node.instances() == node.checkpoint_owned()
+    node.unprepare(a)
+    assert gpu0.mig_enabled  # b still has a MIG device there
+    node.unprepare(b)
+    assert gpu0.gpu_instances == {} and not gpu0.mig_enabled  # back as we found it
+
+
+def test_whole_gpu_and_overlapping_partition_are_refused_while_carved(node: Node) -> None:
+    node.prepare(node.claim("a", "gpu-1-mig-4g40gb-0"))
+    with pytest.raises(ClaimError, match="already prepared for claim team/a"):
+        node.prepare(node.claim("whole", "gpu-1"))
+    with pytest.raises(ClaimError, match="already prepared"):
+        node.prepare(node.claim("overlap", "gpu-1-mig-1g10gb-3"))
+    node.prepare(node.claim("beside", "gpu-1-mig-2g20gb-4"))  # slices 4-5 are free
+    assert len(node.instances()) == 2
+
+
+CARVE_CALLS = [
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceSetMigMode",
+    "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceGetInfo",
+    "nvmlGpuInstanceGetComputeInstanceProfileInfoV",
+    "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlComputeInstanceGetInfo_v2",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetUUID",
+]
+
+
+@pytest.mark.parametrize("call", CARVE_CALLS)
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_a_failure_at_any_nvml_step_leaves_no_instance(tmp_path: Path, call: str, nth: int) -> None:
+    """The nth call of each NVML function in the carving path fails: with two devices
+    in the claim, that covers the first device, the second (after the first exists) and
+    calls past the end (then the prepare simply succeeds)."""
+    node = start_node(tmp_path)
+    ref = node.claim("two", "gpu-2-mig-1g10gb-0", "gpu-2-mig-2g20gb-4")
+    node.fake.faults.fail_nth(call, nth, node.fake.pynvml.NVML_ERROR_UNKNOWN)
+    try:
+        node.prepare(ref)
+        failed = False
+    except ClaimError as exc:
+        failed = True
+        assert "claim team/two" in str(exc) and "MIG layer" in str(exc), exc
+        assert "NVMLError_Unknown" in str(exc)
+    assert node.instances() == node.checkpoint_owned()
+    if failed:
+        assert node.instances() == set()
+        assert node.driver.store.load().claims == {}
+        assert not node.fake.machine.gpus[2].mig_enabled  # restored: we had turned it on
+        assert list((tmp_path / "cdi").glob("*.json")) == []
+        node.fake.faults.clear()
+        node.prepare(ref)  # nothing stands in the way of the kubelet's retry
+    assert len(node.instances()) == 2
+
+
+def test_failure_message_names_device_placement_and_nvml_error(node: Node) -> None:
+    nv = node.fake.pynvml
+    node.fake.faults.fail_nth(
+        "nvmlGpuInstanceCreateComputeInstance", 1, nv.NVML_ERROR_INSUFFICIENT_RESOURCES
+    )
+    with pytest.raises(ClaimError) as err:
+        node.prepare(node.claim("c", "gpu-3-mig-3g40gb-4"))
+    msg = str(err.value)
+    assert "placement 4" in msg and "InsufficientResources" in msg and "profile 9" in msg
+    assert node.instances() == set()
+
+
+def test_cdi_write_failure_rolls_back_the_carved_device(node: Node, monkeypatch: Any) -> None:
+    def full(*a: Any, **k: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(node.driver.cdi_writer, "write", full)
+    with pytest.raises(ClaimError, match="No space left"):
+        node.prepare(node.claim("c", "gpu-0-mig-1g10gb-3"))
+    assert node.instances() == set() and node.driver.store.load().claims == {}
+
+
+CRASHPOINTS = ["intent-recorded", "mig-before-create", "mig-created", "mig-recorded", "cdi-written"]
+
+
+@pytest.mark.parametrize("point", CRASHPOINTS)
+def test_a_crash_at_any_step_is_recovered_at_restart(tmp_path: Path, point: str) -> None:
+    node = start_node(tmp_path)
+    ref = node.claim("c", "gpu-0-mig-3g40gb-4")
+
+    def crash(name: str) -> None:
+        if name == point:
+            raise Crash(name)
+
+    faults.hook = crash
+    try:
+        with pytest.raises(Crash):
+            node.prepare(ref)
+    finally:
+        faults.hook = None
+    # A new process: NVML state is what the hardware kept, the checkpoint what was saved.
+    again = start_node(tmp_path, node.claims)
+    again.driver.reconcile()
+    assert again.instances() == set(), f"stray instance after a crash at {point}"
+    assert again.driver.store.load().claims == {}
+    assert list((tmp_path / "cdi").glob("*.json")) == []
+    assert not again.fake.machine.gpus[0].mig_enabled
+    (d,) = again.prepare(ref)  # and the claim can be prepared again
+    assert again.instances() == {(d.extra["carve"]["gpuUUID"], 9, 4)}
+
+
+def test_foreign_instances_are_left_alone_and_reported(node: Node) -> None:
+    carver = MigCarver(node.fake.pynvml)
+    gpu = node.fake.machine.gpus[3].uuid
+    carver.set_mig_mode(gpu, True)
+    carver.create(gpu, 9, 0, 4, 3)  # an admin's 3g at 0
+    restarted = start_node(node.tmp, node.claims)
+    restarted.driver.reconcile()
+    assert len(restarted.instances()) == 1  # still there
+    assert restarted.fake.machine.gpus[3].mig_enabled  # and its mode untouched
+    # Publishing offers it as it is, and nothing that overlaps it.
+    devs = restarted.driver.devices()
+    assert devs["gpu-3-mig-3g40gb-0"].mig is not None
+    assert "gpu-3-mig-1g10gb-1" not in devs and "gpu-3-mig-3g40gb-4" in devs
+
+
+def test_reboot_carves_prepared_partitions_again(tmp_path: Path) -> None:
+    node = start_node(tmp_path)
+    ref = node.claim("c", "gpu-1-mig-2g20gb-2")
+    (before,) = node.prepare(ref)
+    node.fake.machine.reboot()  # MIG instances do not survive it
+    (tmp_path / "cdi" / f"{DRIVER}-claim-{ref.uid}.json").unlink()  # nor does /var/run/cdi
+    after_boot = start_node(tmp_path, node.claims, boot_id="boot-2")
+    after_boot.driver.reconcile()
+    rec = after_boot.driver.store.load().claims[ref.uid]
+    assert after_boot.instances() == {(before.extra["carve"]["gpuUUID"], 14, 2)}
+    assert rec.devices[0].uuid != before.uuid  # a new MIG device, a new UUID
+    spec = (tmp_path / "cdi" / f"{DRIVER}-claim-{ref.uid}.json").read_text()
+    assert rec.devices[0].uuid in spec
+
+
+def test_concurrent_prepares_on_different_gpus(node: Node) -> None:
+    refs = [node.claim(f"c{i}", f"gpu-{i}-mig-7g80gb-0") for i in range(4)]
+    errors: list[str] = []
+
+    def go(ref: ClaimRef) -> None:
+        r = node.driver.prepare([ref])[ref.uid]
+        if r.error:
+            errors.append(r.error)
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in refs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(node.instances()) == 4 == len(node.checkpoint_owned())
+
+
+def test_random_cycles_keep_hardware_equal_to_checkpoint(node: Node) -> None:
+    rng = random.Random(7)
+    names = [d for d in node.driver.devices() if "-mig-" in d]
+    prepared: list[ClaimRef] = []
+    for i in range(200):
+        if prepared and rng.random() < 0.45:
+            node.unprepare(prepared.pop(rng.randrange(len(prepared))))
+        else:
+            ref = node.claim(f"c{i}", rng.choice(names))
+            try:
+                node.prepare(ref)
+                prepared.append(ref)
+            except ClaimError as exc:
+                # Refused by our exclusivity check, or by NVML's own rules (a second
+                # +me profile on a GPU): either way nothing may be left behind.
+                assert "already prepared" in str(exc) or "InsufficientResources" in str(exc), exc
+        assert node.instances() == node.checkpoint_owned(), f"diverged at step {i}"
+    for ref in prepared:
+        node.unprepare(ref)
+    assert node.instances() == set()
+    assert not any(g.mig_enabled for g in node.fake.machine.gpus)
