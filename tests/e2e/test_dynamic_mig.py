@@ -1,0 +1,179 @@
+"""Dynamic MIG end to end (P4): the real scheduler allocates partitions by the shared
+counters, the plugin carves them at prepare and destroys them at unprepare; MIG devices
+exist exactly while their claims are prepared, and a plugin killed mid-carve leaves none
+behind once restarted."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dradriver.k8s import Kube, path_for
+from dradriver.nvml.fake import load
+
+from .helpers import (
+    REPO,
+    RES,
+    Cluster,
+    KubeletSim,
+    PluginProc,
+    create_objects,
+    ensure_device_classes,
+    get_or_none,
+    load_yaml,
+    wait_for,
+)
+
+SPEC = "2xH100-80GB"
+EXAMPLES = REPO / "examples" / "claims"
+
+
+class MigNode:
+    def __init__(self, kube: Kube, ns: str, sim: KubeletSim, plugin: PluginProc) -> None:
+        self.kube, self.ns, self.sim, self.plugin = kube, ns, sim, plugin
+
+    def layout(self) -> set[tuple[int, str, int]]:
+        """What the (fake) hardware has now: (GPU index, profile, placement)."""
+        fake = load(SPEC, node=self.sim.node, state_dir=self.plugin.state_dir)
+        return {
+            (g.index, gi.profile.name, gi.start)
+            for g in fake.machine.gpus
+            for gi in g.gpu_instances.values()
+        }
+
+    def mig_modes(self) -> list[bool]:
+        fake = load(SPEC, node=self.sim.node, state_dir=self.plugin.state_dir)
+        return [g.mig_enabled for g in fake.machine.gpus]
+
+    def apply(self, example: str, suffix: str = "") -> str:
+        def pin(doc: dict[str, Any]) -> None:
+            if suffix:
+                doc["metadata"]["name"] += suffix
+                for rc in doc.get("spec", {}).get("resourceClaims", []):
+                    rc["resourceClaimTemplateName"] += suffix
+            if doc["kind"] == "Pod":
+                doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.sim.node}
+
+        docs = create_objects(self.kube, load_yaml(EXAMPLES / f"{example}.yaml"), self.ns, pin)
+        return str(next(d for d in docs if d["kind"] == "Pod")["metadata"]["name"])
+
+    def running(self, pod: str, timeout: float = 60) -> dict[str, Any]:
+        path = path_for("v1", "pods", self.ns, pod)
+        return wait_for(
+            lambda: (
+                (p := get_or_none(self.kube, path))
+                and p.get("status", {}).get("phase") == "Running"
+                and p
+            ),
+            f"pod {pod} running",
+            timeout,
+        )
+
+    def delete(self, pod: str) -> None:
+        path = path_for("v1", "pods", self.ns, pod)
+        self.kube.delete(path, missing_ok=True)
+        wait_for(lambda: get_or_none(self.kube, path) is None, f"pod {pod} gone", 30)
+
+    def env(self, pod: dict[str, Any]) -> dict[str, str]:
+        rec = self.sim.container(pod["metadata"]["uid"], "main")
+        assert rec is not None
+        return dict(e.split("=", 1) for e in rec["env"])
+
+    def allocated(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
+        name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        claim = self.kube.get(path_for(RES, "resourceclaims", self.ns, name))
+        return list(claim["status"]["allocation"]["devices"]["results"])
+
+
+@pytest.fixture
+def mig_node(
+    alpha_cluster: Cluster,
+    alpha_kube: Kube,
+    kubelet_sim: Callable[..., KubeletSim],
+    request: pytest.FixtureRequest,
+) -> Iterator[MigNode]:
+    k = alpha_kube
+    ensure_device_classes(k)
+    sim = kubelet_sim(kubeconfig=alpha_cluster.kubeconfig, api=k)
+    plugin = PluginProc(alpha_cluster.kubeconfig, sim, f"fake:{SPEC}", "dynamic")
+    plugin.start()
+    ns = f"mig-{sim.node}"
+    k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+    wait_for(
+        lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+        "the default ServiceAccount",
+        30,
+    )
+    try:
+        wait_for(plugin.ready, "the plugin", 30)
+        yield MigNode(k, ns, sim, plugin)
+    finally:
+        plugin.stop()
+        k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+def test_mig_devices_exist_exactly_while_their_claims_are_prepared(mig_node: MigNode) -> None:
+    n = mig_node
+    assert n.layout() == set() and n.mig_modes() == [False, False]
+    pods = [n.apply("mig-1g10gb"), n.apply("mig-3g40gb"), n.apply("gpu-by-product")]
+    running = {p: n.running(p) for p in pods}
+    layout = n.layout()
+    # Exactly the allocated partitions exist, where the scheduler placed them.
+    expected = set()
+    for p in pods[:2]:
+        (r,) = n.allocated(running[p])
+        m = re.fullmatch(r"gpu-(\d+)-mig-(\d)g(\d+)gb-(\d)", r["device"])
+        assert m, r["device"]
+        expected.add((int(m[1]), f"{m[2]}g.{m[3]}gb", int(m[4])))
+    assert layout == expected
+    for p in pods[:2]:
+        assert n.env(running[p])["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+    (whole,) = n.allocated(running[pods[2]])
+    whole_gpu = int(whole["device"].split("-")[1])
+    assert whole_gpu not in {g for g, _, _ in layout}  # never beside a partition
+    assert n.env(running[pods[2]])["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    for p in pods:
+        n.delete(p)
+    wait_for(lambda: n.layout() == set(), "every MIG device to be destroyed", 15)
+    assert n.mig_modes() == [False, False]  # switched back off: we had switched it on
+
+
+def test_two_3g_slices_land_on_placements_0_and_4(mig_node: MigNode) -> None:
+    n = mig_node
+    # Fill GPU 0 and 1 with two 3g each: four claims, and the counters force 0 and 4.
+    pods = [n.apply("mig-3g40gb", f"-{i}") for i in range(4)]
+    for p in pods:
+        n.running(p)
+    assert n.layout() == {(g, "3g.40gb", s) for g in (0, 1) for s in (0, 4)}
+    for p in pods:
+        n.delete(p)
+    wait_for(lambda: n.layout() == set(), "every MIG device to be destroyed", 15)
+
+
+@pytest.mark.parametrize("point", ["mig-created", "cdi-written"])
+def test_plugin_killed_mid_carve_leaves_no_stray_instance(
+    mig_node: MigNode, point: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = mig_node
+    n.plugin.stop()
+    monkeypatch.setenv("DRADRIVER_CRASHPOINT", point)
+    n.plugin.start()  # this instance SIGKILLs itself at the crash point
+    monkeypatch.delenv("DRADRIVER_CRASHPOINT")
+    wait_for(n.plugin.ready, "the plugin", 30)
+    pod = n.apply("mig-1g10gb")
+    wait_for(lambda: not n.plugin.alive(), f"the plugin to die at {point}", 30)
+    assert n.plugin.proc is not None and n.plugin.proc.returncode == -9
+    assert len(n.layout()) == 1  # the half-done carve is still on the hardware
+    assert "DRADRIVER_CRASHPOINT" not in os.environ
+    n.plugin.start()
+    running = n.running(pod, timeout=90)  # the kubelet's retry succeeds after restart
+    assert len(n.allocated(running)) == 1
+    assert len(n.layout()) == 1  # the stray was destroyed, the retry carved one
+    assert n.env(running)["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+    assert "undoing an interrupted prepare" in n.plugin.log()
+    n.delete(pod)
+    wait_for(lambda: n.layout() == set(), "the MIG device to be destroyed", 15)
