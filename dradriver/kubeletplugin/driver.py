@@ -27,7 +27,7 @@ from dradriver.kubeletplugin.checkpoint import (
     PreparedDevice,
     reconcile_boot,
 )
-from dradriver.kubeletplugin.claims import ClaimError, ClaimRef, check_ref, plan
+from dradriver.kubeletplugin.claims import ClaimError, ClaimRef, Plan, check_ref, plan
 from dradriver.kubeletplugin.devices import LocalDevice
 from dradriver.kubeletplugin.metrics import Metrics
 from dradriver.kubeletplugin.migprep import Carve, MigPreparer, intent, is_partition
@@ -97,7 +97,8 @@ class Driver:
             done = self._already_prepared(self.store.load(), ref)
             if done is not None:
                 return done
-        wanted = self._wanted(ref, self._claim(ref))
+        p = plan(self._claim(ref), ref, self.driver, self.node)
+        wanted = self._wanted(ref, p)
         with self._locked():
             cp = self.store.load()
             done = self._already_prepared(cp, ref)  # the other instance may have been faster
@@ -141,6 +142,7 @@ class Driver:
             claim_uid=ref.uid,
             devices=",".join(d.device for d in rec.devices),
             uuids=",".join(d.uuid or "-" for d in rec.devices),
+            pods=",".join(p.pods),
         )
         if self.status:
             self.status.prepared(ref, rec.devices)
@@ -173,12 +175,10 @@ class Driver:
         except KubeError as exc:
             raise ClaimError(f"API layer: reading claim {ref} failed: {exc.message}") from None
 
-    def _wanted(
-        self, ref: ClaimRef, claim: dict[str, Any]
-    ) -> dict[str, tuple[LocalDevice, list[str]]]:
+    def _wanted(self, ref: ClaimRef, p: Plan) -> dict[str, tuple[LocalDevice, list[str]]]:
         local = self.devices()
         wanted: dict[str, tuple[LocalDevice, list[str]]] = {}
-        for pd in plan(claim, ref, self.driver, self.node).devices:
+        for pd in p.devices:
             dev = local.get(pd.device)
             if dev is None:
                 raise ClaimError(

@@ -1,0 +1,130 @@
+"""The publisher keeps a node's slices equal to the desired set with the fewest writes
+and correct pool bookkeeping, and never publishes before discovery succeeded (P2)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dradriver.k8s import Kube, path_for
+from dradriver.nvml.fake import load
+from dradriver.nvml.library import open_nvml
+from dradriver.nvml.mig import MigCarver
+from dradriver.slices.build import MigMode, build
+from dradriver.slices.publish import PublishLoop, SlicePublisher
+
+from .helpers import RES, Cluster, KubeletSim, wait_for
+
+DRIVER = "gpu.dradriver.io"
+
+
+def slices(kube: Kube, node: str) -> list[dict]:  # type: ignore[type-arg]
+    return list(
+        kube.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={node}")["items"]
+    )
+
+
+def test_fewest_writes_and_generation(
+    alpha_cluster: Cluster, alpha_kube: Kube, kubelet_sim: Callable[..., KubeletSim], tmp_path: Path
+) -> None:
+    k = alpha_kube
+    sim = kubelet_sim(kubeconfig=alpha_cluster.kubeconfig, api=k)
+    pub = SlicePublisher(k, DRIVER, sim.node)
+    spec = "4xH100-80GB"
+
+    def desired() -> list:  # type: ignore[type-arg]
+        inv = open_nvml(f"fake:{spec}", node=sim.node, state_dir=tmp_path).discover().inventory
+        return build(inv, MigMode.DYNAMIC).slices
+
+    first = pub.sync(desired())
+    assert (first.created, first.updated, first.deleted, first.generation) == (4, 0, 0, 1)
+    again = pub.sync(desired())
+    assert again.writes == 0  # nothing changed: no write at all
+
+    # An admin carves a MIG device on GPU 2: only that GPU's slice changes, in one
+    # atomic update, so the generation stays.
+    fake = load(spec, node=sim.node, state_dir=tmp_path)
+    fake.pynvml.nvmlInit()
+    carver = MigCarver(fake.pynvml)
+    gpu2 = fake.machine.gpus[2].uuid
+    carver.set_mig_mode(gpu2, True)
+    carver.create(gpu2, 9, 0, 4, 3)
+    one = pub.sync(desired())
+    assert (one.created, one.updated, one.deleted, one.generation) == (0, 1, 0, 1)
+    stored = {s["metadata"]["name"]: s for s in slices(k, sim.node)}
+    gpu2_slice = next(s for n, s in stored.items() if n.endswith("-gpu-2"))
+    names = {d["name"] for d in gpu2_slice["spec"]["devices"]}
+    assert "gpu-2" not in names and "gpu-2-mig-3g40gb-4" in names
+    assert "gpu-2-mig-1g10gb-1" not in names  # overlaps the admin's device
+
+    # A GPU disappears: a slice goes away, the count changes, every slice moves to a
+    # new generation so consumers never mix the two views.
+    spec, tmp_path = "3xH100-80GB", tmp_path / "other-machine"
+    fewer = pub.sync(desired())
+    assert fewer.deleted == 1 and fewer.generation == 2
+    pools = [s["spec"]["pool"] for s in slices(k, sim.node)]
+    assert pools == [{"name": sim.node, "generation": 2, "resourceSliceCount": 3}] * 3
+
+
+def test_nothing_is_published_before_discovery_succeeds(
+    cluster: Cluster, kube: Kube, kubelet_sim: Callable[..., KubeletSim]
+) -> None:
+    sim = kubelet_sim()
+    pub = SlicePublisher(kube, DRIVER, sim.node)
+    attempts: list[float] = []
+    ready = threading.Event()
+
+    def desired() -> list:  # type: ignore[type-arg]
+        attempts.append(time.monotonic())
+        if not ready.is_set():
+            raise RuntimeError("NVML init failed: driver layer: the kernel driver is not loaded")
+        inv = open_nvml("fake:2xL4", node=sim.node, state_dir=None).discover().inventory
+        return build(inv, MigMode.NONE).slices
+
+    loop = PublishLoop(pub, desired, period=60, backoff_max=0.5)
+    stop = threading.Event()
+    t = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: len(attempts) >= 3, "a few retries", 10)
+        assert slices(kube, sim.node) == []  # never an empty or half-built pool
+        assert "kernel driver is not loaded" in loop.last_error
+        ready.set()
+        wait_for(loop.published.is_set, "the first publication", 10)
+        assert len(slices(kube, sim.node)) == 1
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def test_api_server_unavailable_is_retried(cluster: Cluster, tmp_path: Path) -> None:
+    import re
+
+    dead = tmp_path / "kubeconfig"
+    dead.write_text(
+        re.sub(
+            r"server: \S+",
+            "server: https://127.0.0.1:1",  # nothing listens
+            Path(cluster.kubeconfig).read_text(),
+        )
+    )
+    unreachable = Kube.from_kubeconfig(str(dead))
+    pub = SlicePublisher(unreachable, DRIVER, "nowhere")
+    inv = open_nvml("fake:1xL4", node="nowhere", state_dir=None).discover().inventory
+    loop = PublishLoop(pub, lambda: build(inv, MigMode.NONE).slices, backoff_max=0.2)
+    stop = threading.Event()
+    t = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        wait_for(
+            lambda: "Unreachable" in loop.last_error or "refused" in loop.last_error,
+            "the publisher to report the unreachable API server",
+            10,
+        )
+        assert not loop.published.is_set()
+    finally:
+        stop.set()
+        t.join(5)
+    assert not t.is_alive()  # it kept running (retrying) until told to stop

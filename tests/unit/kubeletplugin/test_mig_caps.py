@@ -1,0 +1,43 @@
+"""On real hardware a MIG device needs the /dev/nvidia-caps nodes of its GPU instance
+and compute instance, whose minors the driver publishes under /proc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dradriver.dev.kubeletsim.cdi import PythonResolver
+from dradriver.kubeletplugin import cdi
+from dradriver.nvml.mig import caps_device_minors
+
+
+def proc_tree(root: Path, minor: int, gi: int, ci: int, gi_minor: int, ci_minor: int) -> None:
+    base = root / "driver" / "nvidia" / "capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
+    (base / f"ci{ci}").mkdir(parents=True)
+    (base / "access").write_text(f"DeviceFileMinor: {gi_minor}\nDeviceFileMode: 292\n")
+    (base / f"ci{ci}" / "access").write_text(f"DeviceFileMinor: {ci_minor}\nDeviceFileMode: 292\n")
+
+
+def test_caps_minors_are_read_from_proc(tmp_path: Path) -> None:
+    proc_tree(tmp_path, minor=3, gi=2, ci=0, gi_minor=57, ci_minor=58)
+    assert caps_device_minors(tmp_path, 3, 2, 0) == (57, 58)
+    with pytest.raises(FileNotFoundError):
+        caps_device_minors(tmp_path, 3, 5, 0)
+
+
+def test_real_mode_spec_carries_caps_nodes_and_stays_valid(tmp_path: Path) -> None:
+    nodes = ("/dev/nvidia-caps/nvidia-cap57", "/dev/nvidia-caps/nvidia-cap58")
+    spec = cdi.claim_spec(
+        "gpu.dradriver.io",
+        "0b5e8c3a-1111-2222-3333-444455556666",
+        [cdi.CdiDevice(name="gpu-3-mig-1g10gb-0", uuid="MIG-a", minor=3, device_nodes=nodes)],
+        claim_name="team/c",
+        fake=False,
+    )
+    paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert paths == ["/dev/nvidia3", *nodes]
+    assert cdi.cdi_version_for(spec) == "0.3.0"
+    writer = cdi.CdiWriter(tmp_path, "gpu.dradriver.io")
+    writer.write("0b5e8c3a-1111-2222-3333-444455556666", spec)
+    assert PythonResolver().validate([tmp_path]) == []
