@@ -175,7 +175,12 @@ def test_plugin_failure_is_an_event_and_the_pod_starts_once_it_is_fixed(
         30,
     )
     assert f"DRA driver {DRIVER} is not registered" in ev[0]["message"]
-    pod = env.kube.get(env.pod_path("p"))
+    # The container status follows the event (the kubelet writes them separately).
+    pod = wait_for(
+        lambda: (p := env.kube.get(env.pod_path("p")))["status"].get("containerStatuses") and p,
+        "the container status",
+        10,
+    )
     assert pod["status"]["phase"] == "Pending"
     waiting = pod["status"]["containerStatuses"][0]["state"]["waiting"]
     assert waiting["reason"] == "ContainerCreating"

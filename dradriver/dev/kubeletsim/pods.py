@@ -84,15 +84,16 @@ class PodSyncer:
         except PrepareFailed as exc:
             msg = f"Failed to prepare dynamic resources: {exc}"
             log.error("prepare failed", pod=ref, error=str(exc))
-            self.events.pod_event(pod, "Warning", "FailedPrepareDynamicResources", msg)
+            # Status first, then the event: whoever reacts to the event sees the status.
             self._set_waiting(pod, "ContainerCreating", msg)
+            self.events.pod_event(pod, "Warning", "FailedPrepareDynamicResources", msg)
             return False
         try:
             records = self._container_records(pod, pod_claims)
         except ContainerFailed as exc:
             log.error("container creation failed", pod=ref, error=str(exc))
-            self.events.pod_event(pod, "Warning", "Failed", f"Error: {exc}")
             self._set_waiting(pod, "CreateContainerError", str(exc))
+            self.events.pod_event(pod, "Warning", "Failed", f"Error: {exc}")
             return False
         pdir = self.pod_dir(meta["uid"])
         (pdir / "containers").mkdir(parents=True, exist_ok=True)
