@@ -34,6 +34,12 @@ NODES = {
     "h100-node": ("fake:8xH100-80GB", "dynamic"),
     "mixed-node": ("fake:4xA100-80GB:nvlink=pairs+2xL4", "none"),
 }
+SHOWN_ENV = (
+    "NVIDIA_VISIBLE_DEVICES",
+    "DRADRIVER_CLAIM",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+)
 # Which node each example belongs on, so the summary shows both nodes at work.
 PLACEMENT = {"gpu-by-memory": "mixed-node", "prioritized-list": "mixed-node"}
 
@@ -162,11 +168,17 @@ def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
         ]
         for w in waiting:
             out.append(f"  waiting: {w.get('reason')}: {w.get('message', '')}")
-        for cs in st.get("resourceClaimStatuses") or []:
-            claim = kube.get(path_for(RES, "resourceclaims", NAMESPACE, cs["resourceClaimName"]))
+        generated = {
+            c["name"]: c.get("resourceClaimName") for c in st.get("resourceClaimStatuses") or []
+        }
+        for rc in pod["spec"].get("resourceClaims") or []:
+            claim_name = rc.get("resourceClaimName") or generated.get(rc["name"])
+            if not claim_name:
+                continue
+            claim = kube.get(path_for(RES, "resourceclaims", NAMESPACE, claim_name))
             alloc = (claim.get("status") or {}).get("allocation")
             if not alloc:
-                out.append(f"  claim {cs['resourceClaimName']}: not allocated")
+                out.append(f"  claim {claim_name}: not allocated")
                 continue
             for r in alloc["devices"]["results"]:
                 f = device_facts(kube, r["pool"], r["device"])
@@ -181,11 +193,7 @@ def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
             )
             for rec in recs:
                 env = json.loads(rec.read_text())["env"]
-                shown = [
-                    e
-                    for e in env
-                    if e.split("=")[0] in ("NVIDIA_VISIBLE_DEVICES", "DRADRIVER_CLAIM")
-                ]
+                shown = [e for e in env if e.split("=")[0] in SHOWN_ENV]
                 out.append(f"  container {rec.stem} env: " + "; ".join(shown))
     return "\n".join(out)
 
@@ -269,11 +277,26 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     finally:
         if not args.keep:
+            _release_claims(kube)
             for n in nodes.values():
                 for proc in reversed(n.procs):
                     _stop(proc)
             cluster.down(STATE)
     return 0
+
+
+def _release_claims(kube: Kube) -> None:
+    """Deletes the demo's pods while the plugins still run, so every claim is unprepared
+    (MIG devices destroyed, MPS daemons stopped) before the nodes go away."""
+    try:
+        kube.delete_collection(path_for("v1", "pods", NAMESPACE))
+        wait(
+            "the demo pods to be gone",
+            lambda: not kube.list(path_for("v1", "pods", NAMESPACE))["items"],
+            timeout=30,
+        )
+    except (KubeError, TimeoutError) as exc:
+        say(f"cleanup: {exc}")
 
 
 def _exists(kube: Kube, path: str) -> bool:

@@ -79,6 +79,8 @@ class CdiDevice:
     device_nodes: Sequence[str] = ()
     # Further "KEY=VALUE" variables (sharing setup such as MPS pipe directories).
     env: Sequence[str] = ()
+    # Host directories bind-mounted at the same path (the MPS pipe and log directories).
+    mounts: Sequence[str] = ()
     # Devices handed to a container together (one request; "" = the whole claim) share a
     # UUID list; see the module docstring.
     group: str = ""
@@ -137,6 +139,10 @@ def claim_spec(
             env.append(f"CUDA_VISIBLE_DEVICES={visible}")
         env += [f"{device_env_name(dev.name)}={dev.uuid}", *dev.env]
         edits: dict[str, Any] = {"env": env}
+        if dev.mounts:
+            edits["mounts"] = [
+                {"hostPath": m, "containerPath": m, "options": ["rw", "bind"]} for m in dev.mounts
+            ]
         if not fake:
             edits["deviceNodes"] = [
                 {"path": p} for p in (f"/dev/nvidia{dev.minor}", *dev.device_nodes)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dradriver.api.config import ConfigError, effective
+from dradriver.api.config import ConfigError, DeviceConfig, effective
 from dradriver.faults import crashpoint
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver.kubeletplugin import cdi
@@ -31,12 +31,21 @@ from dradriver.kubeletplugin.claims import ClaimError, ClaimRef, Plan, check_ref
 from dradriver.kubeletplugin.devices import LocalDevice
 from dradriver.kubeletplugin.metrics import Metrics
 from dradriver.kubeletplugin.migprep import Carve, MigPreparer, intent, is_partition
+from dradriver.kubeletplugin.sharing import SharingConfigError, SharingManager, plan_device
 from dradriver.kubeletplugin.status import StatusWriter
 from dradriver.logs import get_logger
 from dradriver.nvml.mig import MigError, caps_device_minors
+from dradriver.nvml.sharing import SharingError
 
 log = get_logger("kubeletplugin.driver")
 STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
+
+
+@dataclass
+class Wanted:
+    dev: LocalDevice
+    names: list[str]
+    cfg: DeviceConfig | None
 
 
 @dataclass
@@ -70,6 +79,7 @@ class Driver:
     metrics: Metrics
     status: StatusWriter | None = None
     mig: MigPreparer | None = None
+    sharing: SharingManager | None = None
     # Reads a claim; the API server by default (tests hand claims in as plain values).
     read_claim: Callable[[ClaimRef], dict[str, Any]] | None = None
     proc_root: Path = Path("/proc")
@@ -104,21 +114,23 @@ class Driver:
             done = self._already_prepared(cp, ref)  # the other instance may have been faster
             if done is not None:
                 return done
-            self._check_exclusive(cp, ref, [d for d, _ in wanted.values()])
+            self._check_exclusive(cp, ref, [w.dev for w in wanted.values()])
             rec = ClaimRecord(
                 uid=ref.uid,
                 namespace=ref.namespace,
                 name=ref.name,
                 state=STARTED,
-                devices=[self._record(ref, dev, names) for dev, names in wanted.values()],
+                devices=[self._record(ref, w) for w in wanted.values()],
                 updated_at=time.time(),
             )
             carving = [d for d in rec.devices if Carve.of(d) is not None]
+            shared = [d for d in rec.devices if "sharing" in d.extra]
+            if carving and self.mig is None:
+                raise ClaimError(f"claim {ref}: MIG partitions need --mig-mode dynamic")
+            if shared and self.sharing is None:
+                raise ClaimError(f"claim {ref}: sharing is not available on this node")
             cp.claims[ref.uid] = rec
-            if carving:
-                if self.mig is None:
-                    del cp.claims[ref.uid]
-                    raise ClaimError(f"claim {ref}: MIG partitions need --mig-mode dynamic")
+            if carving or shared:
                 self.store.save(cp)  # intent first: a crash from here on is recoverable
                 crashpoint("intent-recorded")
             try:
@@ -127,6 +139,10 @@ class Driver:
                     self.mig.carve(d)
                     self.store.save(cp)  # the created instance, before anything else
                     crashpoint("mig-recorded")
+                if shared:
+                    assert self.sharing is not None
+                    self.sharing.apply(rec, lambda: self.store.save(cp))
+                    crashpoint("sharing-applied")
                 self.cdi_writer.write(ref.uid, self._spec(rec))
                 crashpoint("cdi-written")
                 rec.state = COMPLETED
@@ -175,9 +191,9 @@ class Driver:
         except KubeError as exc:
             raise ClaimError(f"API layer: reading claim {ref} failed: {exc.message}") from None
 
-    def _wanted(self, ref: ClaimRef, p: Plan) -> dict[str, tuple[LocalDevice, list[str]]]:
+    def _wanted(self, ref: ClaimRef, p: Plan) -> dict[str, Wanted]:
         local = self.devices()
-        wanted: dict[str, tuple[LocalDevice, list[str]]] = {}
+        wanted: dict[str, Wanted] = {}
         for pd in p.devices:
             dev = local.get(pd.device)
             if dev is None:
@@ -189,17 +205,13 @@ class Driver:
                 cfg = effective(list(pd.configs), dev.kind, pd.request_name)
             except ConfigError as exc:
                 raise ClaimError(f"claim {ref}: {exc}") from None
-            if cfg is not None and cfg.sharing is not None:
-                raise ClaimError(
-                    f"claim {ref}: sharing strategy {cfg.sharing.strategy} for "
-                    f"device {pd.device} is not supported by this release yet"
-                )
-            names = wanted.setdefault(pd.device, (dev, []))[1]
-            if pd.request_name not in names:
-                names.append(pd.request_name)
+            w = wanted.setdefault(pd.device, Wanted(dev, [], cfg))
+            if pd.request_name not in w.names:
+                w.names.append(pd.request_name)
         return wanted
 
-    def _record(self, ref: ClaimRef, dev: LocalDevice, names: list[str]) -> PreparedDevice:
+    def _record(self, ref: ClaimRef, w: Wanted) -> PreparedDevice:
+        dev, names = w.dev, w.names
         d = PreparedDevice(
             request_names=names,
             pool=self.node,
@@ -216,6 +228,10 @@ class Driver:
                 "gpuInstanceId": dev.mig.gpu_instance_id,
                 "computeInstanceId": dev.mig.compute_instance_id,
             }
+        try:
+            plan_device(d, w.cfg)
+        except (SharingConfigError, ValueError) as exc:
+            raise ClaimError(f"claim {ref}: config for request {names[0]!r}: {exc}") from None
         return d
 
     def _check_exclusive(self, cp: Checkpoint, ref: ClaimRef, devs: list[LocalDevice]) -> None:
@@ -244,12 +260,17 @@ class Driver:
                     minor=d.extra.get("minor"),
                     group=",".join(d.request_names),
                     device_nodes=tuple(self._caps_nodes(d)),
+                    env=tuple(self._sharing_edits(d)[0]),
+                    mounts=tuple(self._sharing_edits(d)[1]),
                 )
                 for d in rec.devices
             ],
             claim_name=f"{rec.namespace}/{rec.name}",
             fake=self.fake,
         )
+
+    def _sharing_edits(self, d: PreparedDevice) -> tuple[list[str], list[str]]:
+        return self.sharing.edits(d) if self.sharing is not None else ([], [])
 
     def _caps_nodes(self, d: PreparedDevice) -> list[str]:
         """A MIG device needs the /dev/nvidia-caps nodes of its GPU and compute instance."""
@@ -269,6 +290,14 @@ class Driver:
         """Immediate rollback: everything created for this claim goes before the error
         returns. A step that cannot be undone stays recorded for startup to retry."""
         keep = False
+        if self.sharing is not None:
+            try:
+                self.sharing.undo(rec)
+            except SharingError as exc:
+                keep = True
+                log.error(
+                    "rollback could not undo the sharing setup", claim_uid=rec.uid, error=str(exc)
+                )
         for d in rec.devices:
             if Carve.of(d) is not None and self.mig is not None:
                 try:
@@ -327,6 +356,13 @@ class Driver:
             rec = cp.claims.get(ref.uid)
             if rec is None:
                 return  # unknown (or already unprepared): success, the kubelet may repeat
+            if self.sharing is not None:
+                try:
+                    self.sharing.undo(rec)
+                except SharingError as exc:
+                    raise ClaimError(
+                        f"sharing layer: claim {ref}: {exc}; the kubelet retries"
+                    ) from None
             for d in rec.devices:
                 if Carve.of(d) is not None and self.mig is not None:
                     try:
@@ -381,8 +417,25 @@ class Driver:
                 except MigError as exc:
                     log.error("MIG reconciliation incomplete", error=str(exc))
             for rec in undo:
+                if self.sharing is not None:
+                    try:
+                        self.sharing.undo(rec)
+                    except SharingError as exc:
+                        log.error(
+                            "could not undo an interrupted sharing setup",
+                            claim_uid=rec.uid,
+                            error=str(exc),
+                        )
                 self.cdi_writer.remove(rec.uid)
                 cp.claims.pop(rec.uid, None)
+            if self.sharing is not None:
+                for rec in cp.claims.values():
+                    try:
+                        self.sharing.recheck(rec, lambda: self.store.save(cp))
+                    except SharingError as exc:
+                        log.error(
+                            "could not restart an MPS daemon", claim_uid=rec.uid, error=str(exc)
+                        )
             local = self.devices()
             for rec in cp.claims.values():
                 missing = [d.device for d in rec.devices if d.device not in local]
@@ -455,6 +508,7 @@ def _reason(exc: ClaimError) -> str:
         ("already prepared", "device_busy"),
         ("request layer", "bad_request"),
         ("MIG layer", "mig"),
+        ("sharing", "sharing"),
         ("API layer", "api"),
         ("CDI layer", "cdi"),
         ("config", "config"),

@@ -23,9 +23,11 @@ from dradriver.kubeletplugin.grpcserver import PluginServers
 from dradriver.kubeletplugin.metrics import Metrics
 from dradriver.kubeletplugin.migprep import MigModeLedger, MigPreparer
 from dradriver.kubeletplugin.ops import OpsServer
+from dradriver.kubeletplugin.sharing import SharingManager
 from dradriver.kubeletplugin.status import StatusWriter
 from dradriver.nvml.library import DevicesSpecError, Nvml, open_nvml
 from dradriver.nvml.mig import MigCarver
+from dradriver.nvml.sharing import Sharing
 from dradriver.slices.build import MigMode, SliceContent, build
 from dradriver.slices.publish import PublishLoop, SlicePublisher
 
@@ -177,6 +179,15 @@ def run(args: argparse.Namespace) -> int:
         kube=kube,
         store=store,
         mig=mig,
+        sharing=SharingManager(
+            Sharing(
+                nvml.module,
+                state_dir / f"fake-sharing-{args.node_name}.json"
+                if nvml.fake is not None
+                else None,
+            ),
+            state_dir / "mps",
+        ),
         cdi_writer=cdi.CdiWriter(Path(args.cdi_dir), args.driver_name),
         lock=FileLock(state_dir / "plugin.lock"),
         devices=view.devices,

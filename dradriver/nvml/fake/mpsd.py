@@ -1,0 +1,43 @@
+"""A stand-in for nvidia-cuda-mps-control in fake mode: a real process with the daemon's
+observable lifecycle (pipe and log directories, a control file while it runs, a clean
+exit on quit), so tests can prove a daemon is started, survives the plugin, and stops."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="fake-mps-control")
+    p.add_argument("--pipe-dir", required=True)
+    p.add_argument("--log-dir", required=True)
+    p.add_argument("--devices", required=True)
+    args = p.parse_args(argv)
+    pipe, logs = Path(args.pipe_dir), Path(args.log_dir)
+    control = pipe / "control"
+    log = logs / "control.log"
+    running = True
+
+    def quit_(signum: int, frame: object) -> None:
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, quit_)
+    control.write_text(f"{os.getpid()}\n")
+    with open(log, "a") as f:
+        f.write(f"started pid={os.getpid()} devices={args.devices}\n")
+    while running:
+        time.sleep(0.1)
+    control.unlink(missing_ok=True)
+    with open(log, "a") as f:
+        f.write("quit\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
