@@ -1,0 +1,142 @@
+"""Keeps the ValidatingWebhookConfiguration trusting our CA and carrying our failure policy.
+
+Every webhook of the named configuration gets our CA in `clientConfig.caBundle` and the
+configured `failurePolicy`, by a JSON patch guarded by the resourceVersion it was
+computed from. The CAs already in a bundle are kept, ours first, up to MAX_CAS and none
+expired: during a rolling update the old pod, with its own CA, still answers until it
+stops, and replacing the bundle outright would make the API server reject it meanwhile.
+A dead pod's CA left in a bundle is harmless, its key died with the pod.
+
+The configuration is watched, so a `helm upgrade` that writes an empty caBundle back is
+repaired within a moment; until the object exists we retry.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from cryptography import x509
+
+from dradriver import logs
+from dradriver.k8s import Kube, KubeError, NotFound, path_for
+
+log = logs.get_logger("controller.cabundle")
+API = "admissionregistration.k8s.io/v1"
+PLURAL = "validatingwebhookconfigurations"
+MAX_CAS = 4
+
+
+def _certs(pem: bytes) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return []  # an unreadable bundle trusts nothing; ours replaces it
+
+
+def merged_bundle(existing_b64: str, ours_pem: bytes, now: dt.datetime) -> str | None:
+    """The base64 caBundle with our CA in it, or None when it already has it."""
+    try:
+        existing = base64.b64decode(existing_b64 or "", validate=True)
+    except (binascii.Error, ValueError):
+        existing = b""
+    ours = x509.load_pem_x509_certificate(ours_pem)
+    others = []
+    for cert in _certs(existing):
+        if cert == ours:
+            return None
+        if cert.not_valid_after_utc > now:
+            others.append(cert.public_bytes(x509.base.serialization.Encoding.PEM))
+    bundle = ours_pem + b"".join(others[: MAX_CAS - 1])
+    return base64.b64encode(bundle).decode()
+
+
+def patch_ops(
+    config: dict[str, Any], ours_pem: bytes, failure_policy: str | None, now: dt.datetime
+) -> list[dict[str, Any]]:
+    """The JSON patch that makes every webhook trust our CA and use `failure_policy`
+    (None leaves it alone); [] when nothing needs changing."""
+    ops: list[dict[str, Any]] = []
+    for i, wh in enumerate(config.get("webhooks") or []):
+        bundle = merged_bundle((wh.get("clientConfig") or {}).get("caBundle", ""), ours_pem, now)
+        if bundle is not None:
+            ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle})
+        if failure_policy is not None and wh.get("failurePolicy") != failure_policy:
+            ops.append({"op": "add", "path": f"/webhooks/{i}/failurePolicy", "value": failure_policy})
+        if ops and ops[0]["op"] != "test":
+            # A patch computed from this version applies to this version only: webhooks
+            # added, removed or reordered meanwhile would shift the indices.
+            rv = (config.get("metadata") or {}).get("resourceVersion", "")
+            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+    return ops
+
+
+class CaBundleSyncer:
+    def __init__(
+        self,
+        kube: Kube,
+        name: str,
+        ca_pem: Callable[[], bytes],
+        failure_policy: str | None,
+        clock: Callable[[], dt.datetime],
+    ) -> None:
+        self.kube, self.name, self.ca_pem = kube, name, ca_pem
+        self.failure_policy, self.clock = failure_policy, clock
+        self.path = path_for(API, PLURAL, name=name)
+        self.patched = threading.Event()
+        self.last_error = f"validatingwebhookconfiguration {name} not seen yet"
+
+    def sync(self, config: dict[str, Any]) -> None:
+        ops = patch_ops(config, self.ca_pem(), self.failure_policy, self.clock())
+        if ops:
+            self.kube.patch(self.path, ops, "json")
+            log.info(
+                "webhook configuration patched",
+                webhook_config=self.name,
+                webhooks=len(config.get("webhooks") or []),
+                failure_policy=self.failure_policy,
+            )
+        elif not config.get("webhooks"):
+            log.warning("webhook configuration has no webhooks", webhook_config=self.name)
+        if not self.patched.is_set():
+            log.info("webhook configuration trusts our CA", webhook_config=self.name)
+        self.patched.set()
+        self.last_error = ""
+
+    def run(self, stop: threading.Event) -> None:
+        backoff = 1.0
+        while not stop.is_set():
+            try:
+                config = self.kube.get(self.path)
+                self.sync(config)
+                backoff = 1.0
+                rv = (config.get("metadata") or {}).get("resourceVersion")
+                for event in self.kube.watch(
+                    path_for(API, PLURAL),
+                    resource_version=rv,
+                    timeout_seconds=300,
+                    fieldSelector=f"metadata.name={self.name}",
+                ):
+                    if stop.is_set():
+                        return
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        self.sync(event["object"])
+                continue  # the server ended the watch; read again and watch on
+            except NotFound:
+                self.last_error = f"validatingwebhookconfiguration {self.name} not found"
+                log.info("waiting for the webhook configuration", webhook_config=self.name)
+            except KubeError as exc:
+                # A failed resourceVersion test lands here too: read again and recompute.
+                self.last_error = f"{self.name}: {exc.message}"
+                log.warning(
+                    "patching the webhook configuration failed; retrying",
+                    webhook_config=self.name,
+                    error=exc.message,
+                    retry_in=f"{backoff:.0f}s",
+                )
+            stop.wait(backoff)
+            backoff = min(30.0, backoff * 2)

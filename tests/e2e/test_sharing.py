@@ -1,0 +1,187 @@
+"""The sharing examples end to end (P5): the real scheduler, the simulator, the plugin;
+each container gets what its claim's config says, and once every pod is gone no daemon,
+compute-mode change or CDI file remains."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dradriver.k8s import Kube, path_for
+from dradriver.nvml.fake import load
+from dradriver.nvml.sharing import mps_alive
+
+from .helpers import (
+    REPO,
+    Cluster,
+    KubeletSim,
+    PluginProc,
+    create_objects,
+    ensure_device_classes,
+    get_or_none,
+    load_yaml,
+    wait_for,
+)
+
+EXAMPLES = REPO / "examples" / "claims"
+
+
+class SharedNode:
+    def __init__(self, kube: Kube, ns: str, sim: KubeletSim, plugin: PluginProc, spec: str) -> None:
+        self.kube, self.ns, self.sim, self.plugin, self.spec = kube, ns, sim, plugin, spec
+
+    def apply(self, example: str) -> list[str]:
+        def pin(doc: dict[str, Any]) -> None:
+            if doc["kind"] == "Pod":
+                doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.sim.node}
+
+        docs = create_objects(self.kube, load_yaml(EXAMPLES / f"{example}.yaml"), self.ns, pin)
+        return [d["metadata"]["name"] for d in docs if d["kind"] == "Pod"]
+
+    def running(self, pod: str) -> dict[str, Any]:
+        path = path_for("v1", "pods", self.ns, pod)
+        return wait_for(
+            lambda: (
+                (p := get_or_none(self.kube, path))
+                and p.get("status", {}).get("phase") == "Running"
+                and p
+            ),
+            f"pod {pod} running",
+            60,
+        )
+
+    def record(self, pod: dict[str, Any], container: str = "main") -> dict[str, Any]:
+        rec = self.sim.container(pod["metadata"]["uid"], container)
+        assert rec is not None
+        return rec
+
+    def env(self, pod: dict[str, Any], container: str = "main") -> dict[str, str]:
+        return dict(e.split("=", 1) for e in self.record(pod, container)["env"])
+
+    def delete_all(self, pods: list[str]) -> None:
+        for p in pods:
+            self.kube.delete(path_for("v1", "pods", self.ns, p), missing_ok=True)
+        for p in pods:
+            wait_for(
+                lambda p=p: get_or_none(self.kube, path_for("v1", "pods", self.ns, p)) is None,
+                f"pod {p} gone",
+                30,
+            )
+
+    def machine(self) -> Any:
+        return load(self.spec, node=self.sim.node, state_dir=self.plugin.state_dir).machine
+
+    def daemons(self) -> list[int]:
+        return [int(p.read_text()) for p in (self.plugin.state_dir / "mps").glob("*/pipe/control")]
+
+    def leftovers(self) -> dict[str, Any]:
+        m = self.machine()
+        return {
+            "cdi": sorted(p.name for p in self.sim.cdi_dir.glob("*.json")),
+            "daemons": [p for p in self.daemons() if mps_alive(p)],
+            "compute modes": [g.compute_mode for g in m.gpus if g.compute_mode != 0],
+            "MIG devices": [gi.profile.name for g in m.gpus for gi in g.gpu_instances.values()],
+        }
+
+
+def shared_node(
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    kubelet_sim: Callable[..., KubeletSim],
+    spec: str,
+    mode: str,
+) -> Iterator[SharedNode]:
+    ensure_device_classes(kube)
+    sim = kubelet_sim(kubeconfig=cluster.kubeconfig, api=kube)
+    plugin = PluginProc(cluster.kubeconfig, sim, f"fake:{spec}", mode)
+    plugin.start()
+    node = SharedNode(kube, namespace, sim, plugin, spec)
+    try:
+        wait_for(plugin.ready, "the plugin", 30)
+        yield node
+    finally:
+        # Pods first, so the plugin unprepares (and stops its daemons) before it goes.
+        pods = [
+            p["metadata"]["name"] for p in kube.list(path_for("v1", "pods", namespace))["items"]
+        ]
+        node.delete_all(pods)
+        plugin.stop()
+
+
+@pytest.fixture
+def node(
+    cluster: Cluster, kube: Kube, namespace: str, kubelet_sim: Callable[..., KubeletSim]
+) -> Iterator[SharedNode]:
+    yield from shared_node(cluster, kube, namespace, kubelet_sim, "2xA100-80GB", "none")
+
+
+def test_one_gpu_time_sliced_between_two_pods(node: SharedNode) -> None:
+    pods = node.apply("time-sliced-gpu")
+    a, b = (node.running(p) for p in pods)
+    assert node.env(a)["NVIDIA_VISIBLE_DEVICES"] == node.env(b)["NVIDIA_VISIBLE_DEVICES"]
+    uuid = node.env(a)["NVIDIA_VISIBLE_DEVICES"]
+    sharing = json.loads((node.plugin.state_dir / f"fake-sharing-{node.sim.node}.json").read_text())
+    assert sharing[uuid] == {"timeslice": 3}  # interval Long
+    node.delete_all(pods)
+    sharing = json.loads((node.plugin.state_dir / f"fake-sharing-{node.sim.node}.json").read_text())
+    assert sharing[uuid] == {"timeslice": 0}
+    assert node.leftovers() == {"cdi": [], "daemons": [], "compute modes": [], "MIG devices": []}
+
+
+def test_mps_with_limits_shared_by_two_pods(node: SharedNode) -> None:
+    pods = node.apply("mps-gpu")
+    a, b = (node.running(p) for p in pods)
+    ea, eb = node.env(a), node.env(b)
+    assert ea["NVIDIA_VISIBLE_DEVICES"] == eb["NVIDIA_VISIBLE_DEVICES"]
+    assert ea["CUDA_MPS_PIPE_DIRECTORY"] == eb["CUDA_MPS_PIPE_DIRECTORY"]
+    assert ea["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert ea["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{ea['NVIDIA_VISIBLE_DEVICES']}=10240M"
+    mounts = {m["containerPath"] for m in node.record(a)["mounts"]}
+    assert ea["CUDA_MPS_PIPE_DIRECTORY"] in mounts and ea["CUDA_MPS_LOG_DIRECTORY"] in mounts
+    (pid,) = node.daemons()
+    assert mps_alive(pid)
+    assert 3 in [g.compute_mode for g in node.machine().gpus]  # EXCLUSIVE_PROCESS
+    # The daemon outlives a plugin restart.
+    node.plugin.stop()
+    assert mps_alive(pid)
+    node.plugin.start()
+    wait_for(node.plugin.ready, "the restarted plugin", 30)
+    assert node.daemons() == [pid]
+    node.delete_all(pods)
+    assert not mps_alive(pid)
+    assert node.leftovers() == {"cdi": [], "daemons": [], "compute modes": [], "MIG devices": []}
+
+
+def test_mig_device_shared_by_two_containers(
+    alpha_cluster: Cluster, alpha_kube: Kube, kubelet_sim: Callable[..., KubeletSim]
+) -> None:
+    ns = "shared-mig"
+    k = alpha_kube
+    k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+    wait_for(
+        lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+        "the default ServiceAccount",
+        30,
+    )
+    try:
+        for node in shared_node(alpha_cluster, k, ns, kubelet_sim, "1xH100-80GB", "dynamic"):
+            (pod,) = node.apply("mig-shared-by-containers")
+            p = node.running(pod)
+            t, e = node.env(p, "trainer"), node.env(p, "evaluator")
+            assert t["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+            assert t["NVIDIA_VISIBLE_DEVICES"] == e["NVIDIA_VISIBLE_DEVICES"]
+            assert t["CUDA_MPS_PIPE_DIRECTORY"] == e["CUDA_MPS_PIPE_DIRECTORY"]
+            assert len(node.daemons()) == 1
+            node.delete_all([pod])
+            assert node.leftovers() == {
+                "cdi": [],
+                "daemons": [],
+                "compute modes": [],
+                "MIG devices": [],
+            }
+    finally:
+        k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)

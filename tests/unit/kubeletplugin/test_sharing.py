@@ -1,0 +1,222 @@
+"""Sharing applied at prepare and undone at unprepare, over the fake NVML library and the
+stand-in MPS daemon: exactly applied, exactly undone, nothing left after a failure."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid as uuidlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.kubeletplugin.cdi import CdiWriter
+from dradriver.kubeletplugin.checkpoint import CheckpointStore, FileLock
+from dradriver.kubeletplugin.claims import ClaimError, ClaimRef
+from dradriver.kubeletplugin.devices import index
+from dradriver.kubeletplugin.driver import Driver, owned_partitions
+from dradriver.kubeletplugin.metrics import Metrics
+from dradriver.kubeletplugin.migprep import MigModeLedger, MigPreparer
+from dradriver.kubeletplugin.sharing import SharingManager
+from dradriver.nvml.fake import FakeNvml, load
+from dradriver.nvml.library import Nvml, _fake_pcie_root
+from dradriver.nvml.mig import MigCarver
+from dradriver.nvml.sharing import Sharing, mps_alive
+from dradriver.slices.build import MigMode, build
+
+DRIVER, NODE, V = "gpu.dradriver.io", "node-a", "gpu.dradriver.io/v1alpha1"
+
+
+class Node:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.fake: FakeNvml = load("2xH100-80GB", node=NODE, state_dir=tmp)
+        self.fake.pynvml.nvmlInit()
+        nvml = Nvml(self.fake.pynvml, self.fake, _fake_pcie_root)
+        store = CheckpointStore(tmp / "checkpoint.json", "boot")
+        inv = nvml.discover().inventory
+        known = index(inv, build(inv, MigMode.DYNAMIC, owned_partitions(store.load())))
+        self.sharing = Sharing(self.fake.pynvml, tmp / "fake-sharing.json")
+        self.claims: dict[str, dict[str, Any]] = {}
+        self.driver = Driver(
+            driver=DRIVER,
+            node=NODE,
+            kube=None,
+            store=store,
+            cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
+            lock=FileLock(tmp / "lock"),
+            devices=lambda: known,
+            fake=True,
+            metrics=Metrics(),
+            mig=MigPreparer(MigCarver(self.fake.pynvml), MigModeLedger(tmp / "mig.json")),
+            sharing=SharingManager(self.sharing, tmp / "mps"),
+            read_claim=lambda ref: self.claims[ref.name],
+        )
+
+    def claim(
+        self, name: str, device: str, sharing: dict[str, Any] | None, kind: str = "GpuConfig"
+    ) -> ClaimRef:
+        uid = str(uuidlib.uuid4())
+        config = []
+        if sharing is not None:
+            config = [
+                {
+                    "source": "FromClaim",
+                    "requests": ["r"],
+                    "opaque": {
+                        "driver": DRIVER,
+                        "parameters": {"apiVersion": V, "kind": kind, "sharing": sharing},
+                    },
+                }
+            ]
+        self.claims[name] = {
+            "metadata": {"uid": uid, "namespace": "team", "name": name},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "r", "driver": DRIVER, "pool": NODE, "device": device}
+                        ],
+                        "config": config,
+                    }
+                },
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
+            },
+        }
+        return ClaimRef("team", uid, name)
+
+    def prepare(self, ref: ClaimRef) -> Any:
+        r = self.driver.prepare([ref])[ref.uid]
+        if r.error:
+            raise ClaimError(r.error)
+        return r.devices
+
+    def spec_env(self, ref: ClaimRef) -> list[str]:
+        import json
+
+        spec = json.loads((self.tmp / "cdi" / f"{DRIVER}-claim-{ref.uid}.json").read_text())
+        return [e for d in spec["devices"] for e in d["containerEdits"]["env"]]
+
+    def mode(self, i: int) -> int:
+        return int(self.fake.machine.gpus[i].compute_mode)
+
+    def daemons(self) -> list[int]:
+        return [int(p.read_text()) for p in (self.tmp / "mps").glob("*/pipe/control")]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path)
+    yield n
+    for pid in n.daemons():  # never leave a daemon behind, even when a test fails
+        if mps_alive(pid):
+            os.kill(pid, 15)
+
+
+def test_no_config_means_exclusive_and_untouched(node: Node) -> None:
+    node.prepare(node.claim("c", "gpu-0", None))
+    assert node.sharing.recorded() == {} and node.daemons() == []
+    assert node.mode(0) == node.fake.pynvml.NVML_COMPUTEMODE_DEFAULT
+
+
+def test_time_slicing_is_applied_and_undone(node: Node) -> None:
+    ref = node.claim(
+        "c", "gpu-1", {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    )
+    node.prepare(ref)
+    uuid = node.fake.machine.gpus[1].uuid
+    assert node.sharing.recorded() == {uuid: {"timeslice": 3}}
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert node.sharing.recorded() == {uuid: {"timeslice": 0}}
+
+
+def test_mps_daemon_compute_mode_and_limits(node: Node) -> None:
+    nv = node.fake.pynvml
+    ref = node.claim(
+        "c",
+        "gpu-0",
+        {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 25,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+            },
+        },
+    )
+    (d,) = node.prepare(ref)
+    (pid,) = node.daemons()
+    assert mps_alive(pid)
+    assert node.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    env = node.spec_env(ref)
+    pipe = d.extra["sharing"]["pipeDir"]
+    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
+    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}=10240M" in env
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert not mps_alive(pid) and node.daemons() == []
+    assert node.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
+    assert not Path(pipe).exists()
+
+
+def test_a_failed_prepare_leaves_no_daemon_and_no_compute_mode(node: Node) -> None:
+    nv = node.fake.pynvml
+    ref = node.claim("c", "gpu-1", {"strategy": "MPS"})
+    node.fake.faults.fail_nth("nvmlDeviceSetComputeMode", 1, nv.NVML_ERROR_NO_PERMISSION)
+    with pytest.raises(ClaimError, match="compute mode"):
+        node.prepare(ref)
+    assert node.daemons() == [] and node.mode(1) == nv.NVML_COMPUTEMODE_DEFAULT
+    assert node.driver.store.load().claims == {}
+
+    def full(*a: Any, **k: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    original = node.driver.cdi_writer.write
+    node.driver.cdi_writer.write = full  # type: ignore[method-assign]
+    with pytest.raises(ClaimError, match="No space left"):
+        node.prepare(ref)  # the daemon was running by then: it must be gone again
+    node.driver.cdi_writer.write = original  # type: ignore[method-assign]
+    assert node.daemons() == [] and node.mode(1) == nv.NVML_COMPUTEMODE_DEFAULT
+
+
+def test_daemon_survives_a_plugin_restart_and_comes_back_after_a_reboot(node: Node) -> None:
+    ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
+    node.prepare(ref)
+    (pid,) = node.daemons()
+    restarted = Node(node.tmp)
+    restarted.claims = node.claims
+    restarted.driver.reconcile()
+    assert restarted.daemons() == [pid] and mps_alive(pid)  # same daemon, untouched
+    os.kill(pid, 15)  # as a reboot would end it
+    while mps_alive(pid):
+        time.sleep(0.01)
+    restarted.driver.reconcile()
+    (again,) = restarted.daemons()
+    assert again != pid and mps_alive(again)
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
+    assert restarted.daemons() == []
+
+
+def test_configs_that_do_not_fit(node: Node) -> None:
+    with pytest.raises(ClaimError, match="GpuConfig does not fit a mig device"):
+        node.prepare(node.claim("a", "gpu-0-mig-1g10gb-0", {"strategy": "MPS"}))
+    with pytest.raises(ClaimError, match="time-slice interval applies to whole GPUs"):
+        node.prepare(
+            node.claim(
+                "b",
+                "gpu-0-mig-1g10gb-0",
+                {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+                kind="MigDeviceConfig",
+            )
+        )
+    assert node.fake.machine.gpus[0].gpu_instances == {}  # nothing carved for them
+
+
+def test_mps_on_a_mig_device(node: Node) -> None:
+    ref = node.claim("c", "gpu-1-mig-3g40gb-4", {"strategy": "MPS"}, kind="MigDeviceConfig")
+    (d,) = node.prepare(ref)
+    assert d.uuid.startswith("MIG-") and len(node.daemons()) == 1
+    assert node.mode(1) == node.fake.pynvml.NVML_COMPUTEMODE_DEFAULT  # the GPU is shared out
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert node.daemons() == [] and node.fake.machine.gpus[1].gpu_instances == {}
