@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 STATE ?= .devcluster
 PYTEST_ARGS ?=
 
-.PHONY: all venv controlplane cdi-tool proto schema lint format typecheck unit test e2e \
+.PHONY: all venv controlplane cdi-tool helm proto schema lint format typecheck unit test e2e \
         cluster-up cluster-down demo bench clean
 
 all: test
@@ -30,6 +30,10 @@ controlplane:
 cdi-tool:
 	@bash tools/cdi/build.sh >/dev/null
 
+# The helm CLI the chart's tests and `make demo` render the chart with; cached the same way.
+helm:
+	@bash tools/helm/build.sh >/dev/null
+
 schema: venv
 	$(PY) -c "import json; from dradriver.api.config import json_schema; print(json.dumps(json_schema(), indent=2, sort_keys=True))" > api/config/v1alpha1.schema.json
 
@@ -50,10 +54,10 @@ typecheck: venv
 unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test: venv controlplane cdi-tool lint typecheck
+test: venv controlplane cdi-tool helm lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-e2e: venv controlplane cdi-tool
+e2e: venv controlplane cdi-tool helm
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 cluster-up: venv controlplane
@@ -62,7 +66,7 @@ cluster-up: venv controlplane
 cluster-down: venv
 	@$(PY) -m dradriver.cli dev cluster down --state-dir $(STATE)
 
-demo: venv controlplane cdi-tool
+demo: venv controlplane cdi-tool helm
 	@$(PY) -m dradriver.dev.demo $(if $(filter 1 true yes,$(KEEP)),--keep)
 
 bench: venv controlplane

@@ -50,6 +50,12 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _controller(args: argparse.Namespace) -> int:
+    from dradriver.controller.main import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dradriver",
@@ -80,6 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plugin_arguments(kp)
     kp.set_defaults(func=_kubelet_plugin)
+
+    from dradriver.controller.main import add_arguments as controller_arguments
+
+    ct = sub.add_parser(
+        "controller",
+        help="the cluster component: the admission webhook for claims and claim templates",
+        description="Serves a validating admission webhook over HTTPS that refuses "
+        "ResourceClaims and ResourceClaimTemplates whose configs for this driver do not "
+        "decode, or name requests the claim does not have. Makes its own CA and serving "
+        "certificate and patches the CA into the ValidatingWebhookConfiguration, unless "
+        "--tls-cert-file/--tls-key-file are given. Every flag can also be set through the "
+        "DRADRIVER_* environment variable named after it.",
+    )
+    controller_arguments(ct)
+    ct.set_defaults(func=_controller)
 
     dev = sub.add_parser(
         "dev", help="tools for driver developers (local cluster, kubelet simulator)"

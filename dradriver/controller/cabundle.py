@@ -21,9 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from dradriver import logs
-from dradriver.k8s import Kube, KubeError, NotFound, path_for
+from dradriver.k8s import Kube, KubeError, path_for
 
 log = logs.get_logger("controller.cabundle")
 API = "admissionregistration.k8s.io/v1"
@@ -50,7 +51,7 @@ def merged_bundle(existing_b64: str, ours_pem: bytes, now: dt.datetime) -> str |
         if cert == ours:
             return None
         if cert.not_valid_after_utc > now:
-            others.append(cert.public_bytes(x509.base.serialization.Encoding.PEM))
+            others.append(cert.public_bytes(Encoding.PEM))
     bundle = ours_pem + b"".join(others[: MAX_CAS - 1])
     return base64.b64encode(bundle).decode()
 
@@ -64,14 +65,18 @@ def patch_ops(
     for i, wh in enumerate(config.get("webhooks") or []):
         bundle = merged_bundle((wh.get("clientConfig") or {}).get("caBundle", ""), ours_pem, now)
         if bundle is not None:
-            ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle})
+            ops.append(
+                {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
+            )
         if failure_policy is not None and wh.get("failurePolicy") != failure_policy:
-            ops.append({"op": "add", "path": f"/webhooks/{i}/failurePolicy", "value": failure_policy})
-        if ops and ops[0]["op"] != "test":
-            # A patch computed from this version applies to this version only: webhooks
-            # added, removed or reordered meanwhile would shift the indices.
-            rv = (config.get("metadata") or {}).get("resourceVersion", "")
-            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+            ops.append(
+                {"op": "add", "path": f"/webhooks/{i}/failurePolicy", "value": failure_policy}
+            )
+    if ops:
+        # Computed from this version, the patch fits this version only: webhooks added,
+        # removed or reordered meanwhile would shift the indices.
+        rv = (config.get("metadata") or {}).get("resourceVersion", "")
+        ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
     return ops
 
 
@@ -108,29 +113,35 @@ class CaBundleSyncer:
         self.last_error = ""
 
     def run(self, stop: threading.Event) -> None:
+        """Lists the one object by name and watches it, so its creation is seen at once."""
         backoff = 1.0
+        selector = f"metadata.name={self.name}"
+        waiting_logged = False
         while not stop.is_set():
             try:
-                config = self.kube.get(self.path)
-                self.sync(config)
+                listed = self.kube.list(path_for(API, PLURAL), fieldSelector=selector)
+                for config in listed.get("items") or []:
+                    self.sync(config)
+                if not listed.get("items"):
+                    self.last_error = f"validatingwebhookconfiguration {self.name} not found"
+                    if not waiting_logged:
+                        log.info("waiting for the webhook configuration", webhook_config=self.name)
+                        waiting_logged = True
                 backoff = 1.0
-                rv = (config.get("metadata") or {}).get("resourceVersion")
+                rv = (listed.get("metadata") or {}).get("resourceVersion")
                 for event in self.kube.watch(
-                    path_for(API, PLURAL),
-                    resource_version=rv,
-                    timeout_seconds=300,
-                    fieldSelector=f"metadata.name={self.name}",
+                    path_for(API, PLURAL), resource_version=rv, fieldSelector=selector
                 ):
                     if stop.is_set():
                         return
                     if event.get("type") in ("ADDED", "MODIFIED"):
                         self.sync(event["object"])
-                continue  # the server ended the watch; read again and watch on
-            except NotFound:
-                self.last_error = f"validatingwebhookconfiguration {self.name} not found"
-                log.info("waiting for the webhook configuration", webhook_config=self.name)
+                # The server ended the watch: list again and watch on, after a pause in
+                # case it ends every watch at once.
+                stop.wait(1.0)
+                continue
             except KubeError as exc:
-                # A failed resourceVersion test lands here too: read again and recompute.
+                # A failed resourceVersion test lands here too: list again and recompute.
                 self.last_error = f"{self.name}: {exc.message}"
                 log.warning(
                     "patching the webhook configuration failed; retrying",
@@ -138,5 +149,9 @@ class CaBundleSyncer:
                     error=exc.message,
                     retry_in=f"{backoff:.0f}s",
                 )
+            except Exception as exc:
+                # Never let this thread die quietly: readiness would stay false for good.
+                self.last_error = f"{self.name}: {exc}"
+                log.error("webhook configuration sync failed; retrying", exc=True, error=str(exc))
             stop.wait(backoff)
             backoff = min(30.0, backoff * 2)

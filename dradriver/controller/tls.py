@@ -13,7 +13,6 @@ import os
 import shutil
 import ssl
 import tempfile
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,11 +75,12 @@ class CertificateAuthority:
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
         not_before = now - BACKDATE
         not_after = min(now + valid, self.cert.not_valid_after_utc)
-        cn = dns_names[0] if dns_names else "dradriver webhook"
         ski = self.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
         cert = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+            # Clients match SANs only; a CN holds at most 64 characters, a service name
+            # in a long namespace more.
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dradriver webhook")]))
             .issuer_name(self.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -101,9 +101,7 @@ class CertificateAuthority:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
-        return Issued(
-            cert.public_bytes(serialization.Encoding.PEM), key_pem, not_before, not_after
-        )
+        return Issued(cert.public_bytes(serialization.Encoding.PEM), key_pem, not_before, not_after)
 
 
 def _usage(cert_sign: bool) -> x509.KeyUsage:
@@ -157,8 +155,11 @@ class SelfSignedTLS:
         self.ca_pem: bytes | None = self.ca.pem
         # ssl loads keys only from files: a directory only we can read, removed on close.
         self._dir = Path(tempfile.mkdtemp(prefix="dradriver-webhook-"))
-        self._lock = threading.Lock()
-        self._issue()
+        try:
+            self._issue()
+        except BaseException:
+            self.close()
+            raise
 
     def _issue(self) -> None:
         self.issued = self.ca.issue(self.dns_names, self.ips, self.clock(), self.cert_valid)
@@ -176,8 +177,7 @@ class SelfSignedTLS:
         life = self.issued.not_after - self.issued.not_before
         if self.clock() < self.issued.not_before + life * 2 / 3:
             return False
-        with self._lock:
-            self._issue()
+        self._issue()
         return True
 
     def close(self) -> None:

@@ -214,6 +214,44 @@ def mig_layout(nodes: dict[str, NodeProcs]) -> str:
     return "\n".join(out)
 
 
+HELM_BUILD = REPO / "tools" / "helm" / "build.sh"
+CHART = REPO / "deploy" / "helm" / "dradriver"
+# What the demo takes from the chart. The rest (DaemonSet, RBAC, webhook) is for a real
+# cluster with the image; here the plugins run as processes beside the simulators.
+CHART_OBJECTS = {
+    "DeviceClass": "deviceclasses",
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+}
+
+
+def chart_objects() -> list[dict[str, Any]]:
+    """The chart's DeviceClasses and its own-node ResourceSlice policy, rendered by helm
+    (built, or found cached, by tools/helm/build.sh)."""
+    build = subprocess.Popen(
+        ["bash", str(HELM_BUILD)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert build.stdout is not None and build.stderr is not None
+    for line in build.stderr:
+        # A cold build's progress is worth seeing as it goes; a cache hit is not demo output.
+        if " cached in " not in line:
+            print(line, end="", file=sys.stderr, flush=True)
+    out = build.stdout.read()
+    if build.wait() != 0:
+        raise RuntimeError(f"building helm failed (exit {build.returncode})")
+    helm = Path(out.strip().splitlines()[-1]) / "helm"
+    only = ["templates/deviceclasses.yaml", "templates/resourceslice-policy.yaml"]
+    rendered = subprocess.run(
+        [str(helm), "template", "dradriver", str(CHART), "--namespace", "dradriver"]
+        + [a for t in only for a in ("--show-only", t)],
+        capture_output=True,
+        text=True,
+    )
+    if rendered.returncode != 0:
+        raise RuntimeError(f"helm template failed: {rendered.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(rendered.stdout) if d and d["kind"] in CHART_OBJECTS]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make demo")
     p.add_argument("--keep", action="store_true", help="leave everything running")
@@ -231,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     logs = STATE / "logs"
     nodes: dict[str, NodeProcs] = {}
     try:
-        for doc in yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()):
+        for doc in chart_objects():
             with contextlib.suppress(Conflict):
-                kube.create(path_for(RES, "deviceclasses"), doc)
+                kube.create(path_for(doc["apiVersion"], CHART_OBJECTS[doc["kind"]]), doc)
         for name, (devices, mode) in NODES.items():
             say(f"node {name}: kubelet simulator + kubelet plugin ({devices}, MIG mode {mode})")
             nodes[name] = start_node(name, devices, mode, st.kubeconfig, logs)

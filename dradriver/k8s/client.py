@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 from urllib.parse import quote
 
+import urllib3
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 from kubernetes.client.exceptions import ApiException
@@ -61,6 +62,12 @@ def path_for(
     if subresource is not None:
         parts.append(subresource)
     return "/".join(parts)
+
+
+def _error_from_response(status: int, reason: str, body: bytes) -> KubeError:
+    return _error_from(
+        ApiException(status=status, reason=reason, body=body.decode(errors="replace"))
+    )
 
 
 def _error_from(exc: ApiException) -> KubeError:
@@ -131,35 +138,36 @@ class Kube:
     ) -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        # Encoded here, compactly: the API server keeps opaque config parameters byte for
+        # byte, and a later PATCH (which re-encodes them compactly) must not look like a
+        # change to an immutable field.
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        t = timeout if timeout is not None else self._timeout
         try:
-            method, url, headers, body, _ = self._api.param_serialize(
+            method, url, headers, _, _ = self._api.param_serialize(
                 method=method,
                 resource_path=path,
                 query_params=params,
                 header_params=headers,
-                body=body,
                 auth_settings=["BearerToken"],
             )
-            resp = self._api.rest_client.request(
+            resp = self._api.rest_client.pool_manager.request(
                 method,
                 url,
+                body=data,
                 headers=headers,
-                body=body,
-                _request_timeout=timeout if timeout is not None else self._timeout,
+                preload_content=False,
+                timeout=urllib3.Timeout(connect=t[0], read=t[1])
+                if isinstance(t, tuple)
+                else urllib3.Timeout(total=t),
             )
-        except ApiException as exc:
-            raise _error_from(exc) from None
         except OSError as exc:
             raise KubeError(0, "Unreachable", str(exc)) from None
-        except Exception as exc:
-            # urllib3 wraps connection failures in its own exception tree.
-            if type(exc).__module__.startswith("urllib3"):
-                raise KubeError(0, "Unreachable", str(exc)) from None
-            raise
+        except urllib3.exceptions.HTTPError as exc:
+            raise KubeError(0, "Unreachable", str(exc)) from None
         if not 200 <= resp.status < 300:
-            resp.read()
-            raise _error_from(ApiException(http_resp=resp))
-        return resp.response
+            raise _error_from_response(resp.status, str(resp.reason or ""), resp.data)
+        return resp
 
     def request(self, method: str, path: str, **kwargs: Any) -> Obj:
         resp = self._call(method, path, **kwargs)

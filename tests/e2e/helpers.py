@@ -323,3 +323,59 @@ class PluginProc:
             if line.startswith(prefix):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
+
+
+def resource_path(kube: Kube, doc: dict[str, Any], namespace: str | None = None) -> str:
+    """The REST path of a manifest's object, found through discovery as kubectl does, so
+    any kind a chart renders can be applied and read back."""
+    api_version, kind, name = doc["apiVersion"], doc["kind"], doc["metadata"]["name"]
+    listing = kube.get("/api/v1" if api_version == "v1" else f"/apis/{api_version}")
+    for r in listing["resources"]:
+        if r["kind"] == kind and "/" not in r["name"]:
+            ns = (doc["metadata"].get("namespace") or namespace) if r["namespaced"] else None
+            return path_for(api_version, r["name"], ns, name)
+    raise AssertionError(f"{api_version} {kind} is not served")
+
+
+def apply_object(kube: Kube, doc: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+    """Server-side apply of one manifest, as `kubectl apply --server-side` does."""
+    return kube.apply(resource_path(kube, doc, namespace), doc, field_manager="dradriver-e2e")
+
+
+def request_token(kube: Kube, namespace: str, sa: str, pod: dict[str, Any] | None) -> str:
+    """A TokenRequest for a ServiceAccount, bound to `pod` (the token then carries the pod's
+    node name, as a kubelet-mounted token does) or unbound when pod is None."""
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if pod is not None:
+        spec["boundObjectRef"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod["metadata"]["name"],
+            "uid": pod["metadata"]["uid"],
+        }
+    tr = kube.create(
+        path_for("v1", "serviceaccounts", namespace, sa, "token"),
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
+    return str(tr["status"]["token"])
+
+
+def token_kubeconfig(admin_kubeconfig: str, token: str, dest: Path) -> str:
+    """A kubeconfig with the admin kubeconfig's server and CA and `token` as the user."""
+    cfg = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    ctx = next(c for c in cfg["contexts"] if c["name"] == cfg["current-context"])["context"]
+    cluster = next(c for c in cfg["clusters"] if c["name"] == ctx["cluster"])
+    dest.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": cluster["name"], "user": "sa"}}],
+                "current-context": "sa",
+            }
+        )
+    )
+    dest.chmod(0o600)
+    return str(dest)

@@ -1,0 +1,171 @@
+"""`dradriver controller`: the validating admission webhook for claims and claim templates,
+its TLS, and the caBundle of its webhook configuration. Wiring only; the pieces are
+imported in run() so that building the CLI's parser does not load X.509 and HTTP code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dradriver import DEFAULT_DRIVER_NAME, logs
+from dradriver.commands import flags
+
+if TYPE_CHECKING:
+    from dradriver.controller.tls import ServingTLS
+
+log = logs.get_logger("controller")
+REFRESH_PERIOD = 60.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    flags.add(
+        p,
+        "--driver-name",
+        DEFAULT_DRIVER_NAME,
+        "DRA driver name: configs whose opaque.driver is this are checked",
+    )
+    flags.add(p, "--webhook-address", "0.0.0.0", "address the HTTPS webhook listens on")
+    flags.add(p, "--webhook-port", "8443", "port of the HTTPS webhook (0: any)", type=int)
+    flags.add(
+        p,
+        "--webhook-config-name",
+        "dradriver-admission",
+        "ValidatingWebhookConfiguration whose webhooks get our caBundle and failure policy",
+    )
+    flags.add(
+        p,
+        "--namespace",
+        os.environ.get("POD_NAMESPACE") or "dradriver",
+        "namespace of the webhook's Service ($POD_NAMESPACE when set)",
+    )
+    flags.add(
+        p,
+        "--service-name",
+        "dradriver-controller",
+        "Service in front of the webhook; the serving certificate is for <service>.<namespace>.svc",
+    )
+    flags.add(
+        p,
+        "--tls-cert-file",
+        None,
+        "serving certificate (PEM, reloaded when it changes); with --tls-key-file, "
+        "nothing is generated and the webhook configuration is not patched",
+    )
+    flags.add(p, "--tls-key-file", None, "private key of --tls-cert-file (PEM)")
+    flags.add(
+        p,
+        "--failure-policy",
+        "Fail",
+        "failurePolicy patched into the webhooks with the caBundle: Fail refuses claims "
+        "while the webhook is down, Ignore admits them unchecked",
+        choices=["Fail", "Ignore"],
+    )
+    flags.add(
+        p, "--healthz-port", "8080", "plain HTTP port of /healthz and /readyz (0: any)", type=int
+    )
+    flags.add(
+        p,
+        "--kubeconfig",
+        os.environ.get("KUBECONFIG"),
+        "kubeconfig (default: the in-cluster config)",
+    )
+    flags.add(p, "--log-level", "info", "debug, info, warning or error")
+
+
+def _serving_tls(args: argparse.Namespace) -> ServingTLS:
+    from dradriver.controller import tls
+
+    if bool(args.tls_cert_file) != bool(args.tls_key_file):
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    if args.tls_cert_file:
+        return tls.FileTLS(Path(args.tls_cert_file), Path(args.tls_key_file))
+    return tls.SelfSignedTLS(tls.serving_names(args.service_name, args.namespace))
+
+
+def run(args: argparse.Namespace) -> int:
+    from dradriver.controller import server, tls
+    from dradriver.controller.cabundle import CaBundleSyncer
+    from dradriver.k8s import Kube
+
+    logs.setup(args.log_level)
+    try:
+        serving = _serving_tls(args)
+    except (ValueError, OSError) as exc:
+        log.error("cannot set up TLS", error=str(exc))
+        return 2
+
+    syncer: CaBundleSyncer | None = None
+    if serving.ca_pem is not None:
+        try:
+            kube = Kube.from_kubeconfig(args.kubeconfig)
+        except Exception as exc:  # the official library raises its own ConfigException
+            log.error("cannot load the kubeconfig", error=str(exc), kubeconfig=args.kubeconfig)
+            serving.close()
+            return 2
+        syncer = CaBundleSyncer(
+            kube,
+            args.webhook_config_name,
+            lambda: serving.ca_pem or b"",
+            args.failure_policy,
+            tls.utcnow,
+        )
+
+    def ca_check() -> tuple[bool, str]:
+        if syncer is None:
+            return True, "certificate provided; the webhook configuration is not patched"
+        return syncer.patched.is_set(), syncer.last_error or "patched"
+
+    checks: dict[str, server.Check] = {"process": lambda: (True, "serving")}
+    ready = {"tls": lambda: (True, serving.describe()), "caBundle": ca_check}
+    try:
+        webhook = server.Server(
+            args.webhook_address,
+            args.webhook_port,
+            checks=checks,
+            ready=ready,
+            validate=lambda body: server.review(body, args.driver_name),
+            tls=lambda: serving.context,
+            name="webhook",
+        )
+        probes = server.Server(
+            args.webhook_address, args.healthz_port, checks=checks, ready=ready, name="healthz"
+        )
+    except OSError as exc:
+        log.error("cannot listen", error=str(exc), address=args.webhook_address)
+        serving.close()
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: stop.set())
+    webhook.start()
+    probes.start()
+    if syncer is not None:
+        # Daemon: a watch blocks for a minute at a time and must not hold up the exit.
+        threading.Thread(target=syncer.run, args=(stop,), name="cabundle", daemon=True).start()
+    log.info(
+        "serving",
+        driver=args.driver_name,
+        webhook_port=webhook.port,
+        healthz_port=probes.port,
+        tls=serving.describe(),
+        webhook_config=args.webhook_config_name if syncer else None,
+        failure_policy=args.failure_policy if syncer else None,
+    )
+    while not stop.wait(REFRESH_PERIOD):
+        try:
+            if serving.refresh():
+                log.info("serving certificate reloaded", tls=serving.describe())
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "reloading the serving certificate failed; keeping the old one", error=str(exc)
+            )
+    log.info("stopping")
+    webhook.stop()
+    probes.stop()
+    serving.close()
+    log.info("stopped")
+    return 0

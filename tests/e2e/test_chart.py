@@ -1,0 +1,608 @@
+"""The Helm chart (P6): it lints and renders, the API server accepts what it renders, and
+the plugin and the controller work with nothing but the chart's RBAC, while the
+admission policy keeps the plugin to its own node's ResourceSlices.
+
+One release is rendered and applied for the whole module, in a namespace of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dradriver.k8s import Kube, KubeError, NotFound, path_for
+
+from .helpers import (
+    REPO,
+    RES,
+    Cluster,
+    KubeletSim,
+    PluginProc,
+    apply_object,
+    free_port,
+    get_or_none,
+    load_yaml,
+    request_token,
+    resource_path,
+    token_kubeconfig,
+    wait_for,
+)
+
+CHART = REPO / "deploy" / "helm" / "dradriver"
+RELEASE = "dradriver"
+KUBE_VERSION = "v1.34.4"
+DRIVER = "gpu.dradriver.io"
+PAUSE = "registry.k8s.io/pause:3.10"
+POLICY_SAYS = "may only create, update and delete ResourceSlices whose spec.nodeName is the node"
+# No kubelet runs the chart's pods here: keep the DaemonSet and the Deployment off the
+# simulated nodes, which should see only the pods the tests create.
+INERT = {"nodeSelector": {"dradriver.io/e2e": "never"}}
+TEST_VALUES: dict[str, Any] = {
+    "devices": "fake:2xH100-80GB",
+    "kubeletPlugin": INERT,
+    # The webhook's Service has no endpoints here; Ignore keeps claims in other tests
+    # of this module admissible whatever they carry.
+    "controller": {**INERT, "failurePolicy": "Ignore"},
+}
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    proc = subprocess.run(
+        ["bash", str(REPO / "tools" / "helm" / "build.sh")], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.returncode == 0, "tools/helm/build.sh failed (its output is above)"
+    return Path(proc.stdout.strip().splitlines()[-1]) / "helm"
+
+
+def run_helm(helm: Path, *args: str, values: dict[str, Any] | None = None) -> str:
+    cmd = [str(helm), *args]
+    if values is not None:
+        cmd += ["--values", "-"]
+    proc = subprocess.run(
+        cmd, input=yaml.safe_dump(values or {}), capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode != 0:
+        raise HelmError(proc.stderr.strip())
+    return proc.stdout
+
+
+class HelmError(Exception):
+    pass
+
+
+def render(
+    helm: Path,
+    values: dict[str, Any] | None = None,
+    namespace: str = "gpu-system",
+    release: str = RELEASE,
+    kube_version: str = KUBE_VERSION,
+) -> list[dict[str, Any]]:
+    out = run_helm(
+        helm,
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--kube-version",
+        kube_version,
+        values=values or {},
+    )
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str, component: str | None = None) -> dict[str, Any]:
+    found = [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and (
+            component is None
+            or d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+        )
+    ]
+    assert len(found) == 1, f"{len(found)} {kind} ({component}) rendered"
+    return found[0]
+
+
+def flags(container: dict[str, Any]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in container["command"] if a.startswith("--"))
+
+
+def check_references(docs: list[dict[str, Any]], ns: str) -> None:
+    """Every name one object uses to find another is the other's name: the peer driver's
+    policy named a ServiceAccount its DaemonSet did not run as, and so never applied."""
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for d in docs:
+        if d["kind"] in ("ServiceAccount", "DaemonSet", "Deployment", "Service"):
+            assert d["metadata"]["namespace"] == ns, d["metadata"]
+    ds = one(docs, "DaemonSet")
+    plugin_sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
+    assert ("ServiceAccount", plugin_sa) in names
+    assert ds["spec"]["selector"]["matchLabels"].items() <= (
+        ds["spec"]["template"]["metadata"]["labels"].items()
+    )
+    for component, sa in (("kubelet-plugin", plugin_sa), ("controller", None)):
+        crb = one(docs, "ClusterRoleBinding", component)
+        assert ("ClusterRole", crb["roleRef"]["name"]) in names
+        subject = crb["subjects"][0]
+        assert ("ServiceAccount", subject["name"]) in names and subject["namespace"] == ns
+        if sa:
+            assert subject["name"] == sa
+    vap = one(docs, "ValidatingAdmissionPolicy")
+    (cond,) = vap["spec"]["matchConditions"]
+    assert cond["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:{ns}:{plugin_sa}"'
+    )
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    dep = one(docs, "Deployment")
+    ctrl = dep["spec"]["template"]["spec"]
+    assert ("ServiceAccount", ctrl["serviceAccountName"]) in names
+    ctrl_crb = one(docs, "ClusterRoleBinding", "controller")
+    assert ctrl_crb["subjects"][0]["name"] == ctrl["serviceAccountName"]
+    f = flags(ctrl["containers"][0])
+    vwc = one(docs, "ValidatingWebhookConfiguration")
+    svc = one(docs, "Service")
+    assert f["webhook-config-name"] == vwc["metadata"]["name"]
+    (rule,) = one(docs, "ClusterRole", "controller")["rules"]
+    assert rule["resourceNames"] == [vwc["metadata"]["name"]]
+    assert f["service-name"] == svc["metadata"]["name"]
+    assert f["failure-policy"] == vwc["webhooks"][0]["failurePolicy"]
+    ref = vwc["webhooks"][0]["clientConfig"]["service"]
+    assert (ref["name"], ref["namespace"]) == (svc["metadata"]["name"], ns)
+    assert ref["path"] == "/validate"
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_chart_lints_and_renders_consistent_names(helm: Path) -> None:
+    run_helm(helm, "lint", "--strict", str(CHART))
+    # What deploy/kind/up.sh installs.
+    kind_values: dict[str, Any] = {
+        "devices": "fake:4xH100-80GB",
+        "migMode": "dynamic",
+        "featureGates": {"DRAPartitionableDevices": True},
+    }
+    run_helm(helm, "lint", "--strict", str(CHART), values=kind_values)
+    for release, ns, values in (
+        ("dradriver", "gpu-system", {}),
+        ("gpus", "kube-system", {}),
+        ("dradriver", "x", {"fullnameOverride": "acme"}),
+        ("dradriver", "x", kind_values),
+    ):
+        check_references(render(helm, values, ns, release), ns)
+    docs = render(helm)
+    # The defaults give the names the controller and the docs use.
+    assert one(docs, "DaemonSet")["metadata"]["name"] == "dradriver-kubelet-plugin"
+    assert one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"] == "dradriver-admission"
+    assert one(docs, "Service")["metadata"]["name"] == "dradriver-controller"
+    # deploy/deviceclasses.yaml (what ensure_device_classes applies) is the chart's.
+    rendered = {
+        d["metadata"]["name"]: " ".join(d["spec"]["selectors"][0]["cel"]["expression"].split())
+        for d in docs
+        if d["kind"] == "DeviceClass"
+    }
+    static = {
+        d["metadata"]["name"]: " ".join(d["spec"]["selectors"][0]["cel"]["expression"].split())
+        for d in load_yaml(REPO / "deploy" / "deviceclasses.yaml")
+    }
+    assert rendered == static
+    assert not [d for d in docs if d["kind"] == "DeviceClass" and "extendedResourceName" in d]
+    # The nvml flavour takes only libnvidia-ml.so.1 from the driver root.
+    plugin = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in plugin["env"]}
+    assert env["LD_LIBRARY_PATH"] == "/run/dradriver/lib"
+    assert plugin["securityContext"] == {"privileged": True, "runAsUser": 0}
+    ctrl = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert ctrl["securityContext"]["runAsNonRoot"] is True
+    assert ctrl["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    fake = one(render(helm, {"devices": "fake:2xL4"}), "DaemonSet")["spec"]["template"]["spec"]
+    assert fake["containers"][0]["command"] == ["dradriver", "kubelet-plugin"]
+    assert "driver-root" not in {v["name"] for v in fake["volumes"]}
+
+
+def test_chart_refuses_settings_the_api_server_would_silently_drop(helm: Path) -> None:
+    with pytest.raises(HelmError, match="DRAPartitionableDevices"):
+        render(helm, {"migMode": "dynamic"})
+    with pytest.raises(HelmError, match="DRAExtendedResource"):
+        render(helm, {"extendedResourceClass": {"enabled": True}})
+    with pytest.raises(HelmError, match="migMode"):
+        render(helm, {"migMode": "sometimes"})
+    with pytest.raises(HelmError, match="kubeVersion"):
+        render(helm, kube_version="v1.33.5")
+    ext = render(
+        helm,
+        {"extendedResourceClass": {"enabled": True}, "featureGates": {"DRAExtendedResource": True}},
+    )
+    (cls,) = [d for d in ext if d["kind"] == "DeviceClass" and "extendedResourceName" in d["spec"]]
+    assert cls["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    # Without --kube-version helm assumes the Kubernetes it was built against (>= 1.34).
+    run_helm(helm, "template", RELEASE, str(CHART))
+
+
+@dataclass
+class Release:
+    ns: str
+    docs: list[dict[str, Any]]
+
+    def named(self, kind: str, component: str | None = None) -> str:
+        return str(one(self.docs, kind, component)["metadata"]["name"])
+
+    @property
+    def plugin_sa(self) -> str:
+        return self.named("ServiceAccount", "kubelet-plugin")
+
+    @property
+    def controller_sa(self) -> str:
+        return self.named("ServiceAccount", "controller")
+
+
+@pytest.fixture(scope="module")
+def release(helm: Path, kube: Kube) -> Iterator[Release]:
+    ns = f"dradriver-{secrets.token_hex(3)}"
+    kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+    docs = render(helm, TEST_VALUES, ns)
+    try:
+        for doc in docs:
+            apply_object(kube, doc)
+        yield Release(ns, docs)
+    finally:
+        for doc in reversed(docs):
+            # The DeviceClasses are the same ones the other e2e tests use: leave them.
+            if doc["kind"] != "DeviceClass" and "namespace" not in doc["metadata"]:
+                with contextlib.suppress(KubeError):
+                    kube.delete(resource_path(kube, doc), missing_ok=True)
+        kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+def test_rendered_objects_are_accepted_by_the_api_server(kube: Kube, release: Release) -> None:
+    for doc in release.docs:
+        stored = kube.get(resource_path(kube, doc))
+        assert stored["metadata"]["name"] == doc["metadata"]["name"]
+    # The API server type-checks the policy's CEL against the ResourceSlice schema.
+    vap = path_for(
+        "admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+        name=release.named("ValidatingAdmissionPolicy"),
+    )
+    status = wait_for(
+        lambda: kube.get(vap).get("status", {}).get("observedGeneration") and kube.get(vap),
+        "the policy's type check",
+        15,
+    )["status"]
+    assert not status.get("typeChecking", {}).get("expressionWarnings"), status
+    assert not status.get("conditions") or all(c["status"] == "True" for c in status["conditions"])
+
+
+def plugin_rules(kube: Kube, release: Release) -> list[dict[str, Any]]:
+    role = kube.get(
+        path_for(
+            "rbac.authorization.k8s.io/v1",
+            "clusterroles",
+            name=release.named("ClusterRole", "kubelet-plugin"),
+        )
+    )
+    return [
+        {k: sorted(v) for k, v in r.items() if k in ("apiGroups", "resources", "verbs")}
+        for r in role["rules"]
+    ]
+
+
+def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> None:
+    """Any added verb must come with the code that needs it (and the report of why)."""
+    assert plugin_rules(kube, release) == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices"],
+            "verbs": ["create", "delete", "list", "update"],
+        },
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims/status"],
+            "verbs": ["patch"],
+        },
+    ]
+    ctrl = kube.get(
+        path_for(
+            "rbac.authorization.k8s.io/v1",
+            "clusterroles",
+            name=release.named("ClusterRole", "controller"),
+        )
+    )
+    assert ctrl["rules"] == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"],
+            "resourceNames": [release.named("ValidatingWebhookConfiguration")],
+            "verbs": ["list", "watch", "patch"],
+        }
+    ]
+
+
+def sa_pod(kube: Kube, ns: str, name: str, sa: str, node: str | None = None) -> dict[str, Any]:
+    """The pod a token is bound to, as the kubelet binds a mounted token to its pod."""
+    spec: dict[str, Any] = {
+        "serviceAccountName": sa,
+        "containers": [{"name": "c", "image": PAUSE}],
+    }
+    if node:
+        spec["nodeName"] = node
+    else:
+        spec["nodeSelector"] = INERT["nodeSelector"]
+    return kube.create(path_for("v1", "pods", ns), {"metadata": {"name": name}, "spec": spec})
+
+
+def status_of(fn: Callable[[], object]) -> int:
+    try:
+        fn()
+    except KubeError as exc:
+        return exc.status
+    return 200
+
+
+def test_plugin_works_with_only_the_chart_rbac(
+    cluster: Cluster,
+    kube: Kube,
+    release: Release,
+    namespace: str,
+    kubelet_sim: Callable[..., KubeletSim],
+) -> None:
+    sim = kubelet_sim()
+    wait_for(lambda: "kubelet simulator running" in sim.log(), "the simulator's slice cleanup")
+    pod = sa_pod(kube, release.ns, f"plugin-{sim.node}", release.plugin_sa, sim.node)
+    token = request_token(kube, release.ns, release.plugin_sa, pod)
+    kcfg = token_kubeconfig(cluster.kubeconfig, token, sim.root.parent / f"{sim.node}.kubeconfig")
+    # A slice an older plugin left behind: publishing must delete it.
+    stale = kube.create(path_for(RES, "resourceslices"), slice_body(f"{sim.node}-old", sim.node))
+    stale_path = path_for(RES, "resourceslices", name=stale["metadata"]["name"])
+    plugin = PluginProc(kcfg, sim, "fake:2xH100-80GB")
+    plugin.start()
+    try:
+        wait_for(plugin.ready, "the plugin to be ready as its ServiceAccount", 30)
+        assert get_or_none(kube, stale_path) is None
+        slices = path_for(RES, "resourceslices")
+        (s,) = kube.list(slices, fieldSelector=f"spec.nodeName={sim.node}")["items"]
+        # GET on its Node worked: the slice is garbage-collected with the Node.
+        assert s["metadata"]["ownerReferences"][0]["name"] == sim.node
+        # A slice that no longer matches what the plugin publishes is replaced (PUT).
+        mine = f"{slices}/{s['metadata']['name']}"
+        key = f"{DRIVER}/fingerprint"
+        fingerprint = s["metadata"]["annotations"][key]
+        kube.patch(mine, {"metadata": {"annotations": {key: "tampered"}}})
+        assert plugin.proc is not None
+        plugin.proc.send_signal(signal.SIGHUP)
+        wait_for(
+            lambda: kube.get(mine)["metadata"]["annotations"][key] == fingerprint,
+            "the plugin to rewrite its slice",
+            15,
+        )
+        request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+        kube.create(
+            path_for(RES, "resourceclaims", namespace),
+            {"metadata": {"name": "gpu"}, "spec": {"devices": {"requests": [request]}}},
+        )
+        work = kube.create(
+            path_for("v1", "pods", namespace),
+            {
+                "metadata": {"name": "work"},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": sim.node},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
+                    "containers": [
+                        {"name": "main", "image": PAUSE, "resources": {"claims": [{"name": "gpu"}]}}
+                    ],
+                },
+            },
+        )
+        pod_path = path_for("v1", "pods", namespace, "work")
+        wait_for(
+            lambda: (get_or_none(kube, pod_path) or {}).get("status", {}).get("phase") == "Running",
+            "the pod to run",
+            45,
+        )
+        rec = sim.container(work["metadata"]["uid"], "main")
+        assert rec is not None
+        env = dict(e.split("=", 1) for e in rec["env"])
+        assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+        # resourceclaims/status patch worked: status.devices carries the prepared device.
+        claim_path = path_for(RES, "resourceclaims", namespace, "gpu")
+        wait_for(
+            lambda: kube.get(claim_path).get("status", {}).get("devices"), "status.devices", 15
+        )
+        kube.delete(pod_path)
+        wait_for(lambda: get_or_none(kube, pod_path) is None, "the pod to be gone", 30)
+        wait_for(lambda: not list(sim.cdi_dir.glob("*.json")), "the claim unprepared", 15)
+        assert "forbidden" not in plugin.log().lower()
+    finally:
+        plugin.stop()
+
+    as_plugin = kube.with_token(token)
+    try:
+        refused = {
+            "list secrets": lambda: as_plugin.list(path_for("v1", "secrets")),
+            "list pods": lambda: as_plugin.list(path_for("v1", "pods", namespace)),
+            "delete its node": lambda: as_plugin.delete(path_for("v1", "nodes", name=sim.node)),
+            "watch slices": lambda: next(
+                as_plugin.watch(path_for(RES, "resourceslices"), timeout_seconds=1), None
+            ),
+            "create claims": lambda: as_plugin.create(
+                path_for(RES, "resourceclaims", namespace), {"metadata": {"name": "x"}}
+            ),
+            "update claim status": lambda: as_plugin.replace(
+                path_for(RES, "resourceclaims", namespace, "gpu", "status"), kube.get(claim_path)
+            ),
+        }
+        assert {what: status_of(fn) for what, fn in refused.items()} == dict.fromkeys(refused, 403)
+    finally:
+        as_plugin.close()
+
+
+def slice_body(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": RES,
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+def refusal(fn: Callable[[], object]) -> KubeError:
+    with pytest.raises(KubeError) as exc:
+        fn()
+    return exc.value
+
+
+def test_plugin_may_write_only_its_own_nodes_slices(kube: Kube, release: Release) -> None:
+    tag = secrets.token_hex(3)
+    node_a, node_b = f"own-a-{tag}", f"own-b-{tag}"
+    slices = path_for(RES, "resourceslices")
+    created: list[str] = []
+    for n in (node_a, node_b):
+        kube.create(path_for("v1", "nodes"), {"metadata": {"name": n}})
+    as_plugin = None
+    try:
+        pod = sa_pod(kube, release.ns, f"plugin-{node_a}", release.plugin_sa, node_a)
+        as_plugin = kube.with_token(request_token(kube, release.ns, release.plugin_sa, pod))
+        theirs = slice_body(f"{node_b}-theirs", node_b)
+
+        # RBAC and the policy both become active a moment after they are created.
+        def refused_for_b() -> KubeError | None:
+            assert as_plugin is not None
+            try:
+                as_plugin.create(slices, theirs)
+            except KubeError as exc:
+                return exc if POLICY_SAYS in exc.message else None
+            kube.delete(f"{slices}/{theirs['metadata']['name']}", missing_ok=True)
+            return None
+
+        err = wait_for(refused_for_b, "the policy to refuse node B's slice", 30, interval=0.3)
+        assert err is not None and err.status == 403
+        assert f"the node its pod runs on ({node_a}), not {node_b}" in err.message
+
+        ours = as_plugin.create(slices, slice_body(f"{node_a}-ours", node_a))
+        created.append(ours["metadata"]["name"])
+        stored = kube.create(slices, theirs)  # the admin may
+        created.append(stored["metadata"]["name"])
+        stored["spec"]["devices"].append({"name": "gpu-1"})
+        err = refusal(lambda: as_plugin.replace(f"{slices}/{theirs['metadata']['name']}", stored))
+        assert err.status == 403 and f"not {node_b}" in err.message
+        err = refusal(lambda: as_plugin.delete(f"{slices}/{theirs['metadata']['name']}"))
+        assert err.status == 403 and f"not {node_b}" in err.message
+        # Moving its own slice to another node is refused too (by validation or policy).
+        moved = dict(ours, spec={**ours["spec"], "nodeName": node_b})
+        refusal(lambda: as_plugin.replace(f"{slices}/{ours['metadata']['name']}", moved))
+        ours["spec"]["devices"].append({"name": "gpu-1"})
+        as_plugin.replace(f"{slices}/{ours['metadata']['name']}", ours)
+        as_plugin.delete(f"{slices}/{ours['metadata']['name']}")
+        with pytest.raises(NotFound):
+            kube.get(f"{slices}/{ours['metadata']['name']}")
+
+        # A token of the plugin's ServiceAccount that no pod holds names no node: nothing.
+        unbound = kube.with_token(request_token(kube, release.ns, release.plugin_sa, None))
+        try:
+            err = refusal(lambda: unbound.create(slices, slice_body(f"{node_a}-x", node_a)))
+            assert err.status == 403 and "its token names no node" in err.message
+        finally:
+            unbound.close()
+    finally:
+        if as_plugin is not None:
+            as_plugin.close()
+        for name in created:
+            kube.delete(f"{slices}/{name}", missing_ok=True)
+        for n in (node_a, node_b):
+            kube.delete(path_for("v1", "nodes", name=n), missing_ok=True)
+
+
+def controller_available() -> tuple[bool, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dradriver.cli", "controller", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    return proc.returncode == 0, (proc.stderr or proc.stdout).strip()[-300:]
+
+
+def test_controller_works_with_only_the_chart_rbac(
+    cluster: Cluster, kube: Kube, release: Release, tmp_path: Path
+) -> None:
+    ok, why = controller_available()
+    if not ok:
+        pytest.skip(f"`dradriver controller` is not available in this checkout yet: {why}")
+    pod = sa_pod(kube, release.ns, "controller", release.controller_sa)
+    token = request_token(kube, release.ns, release.controller_sa, pod)
+    kcfg = token_kubeconfig(cluster.kubeconfig, token, tmp_path / "controller.kubeconfig")
+    dep = one(release.docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    args = [a for a in dep["command"][2:] if not a.startswith(("--webhook-port", "--healthz-port"))]
+    healthz = free_port()
+    log_path = tmp_path / "controller.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dradriver.cli",
+                "controller",
+                *args,
+                f"--namespace={release.ns}",
+                f"--kubeconfig={kcfg}",
+                "--webhook-address=127.0.0.1",
+                "--webhook-port=0",
+                f"--healthz-port={healthz}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    try:
+
+        def ready() -> bool:
+            import urllib.error
+            import urllib.request
+
+            assert proc.poll() is None, f"controller exited:\n{log_path.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{healthz}/readyz", timeout=2) as r:
+                    return bool(r.status == 200)
+            except (urllib.error.URLError, OSError):
+                return False
+
+        wait_for(ready, "the controller's /readyz", 30, interval=0.3)
+        vwc = kube.get(
+            path_for(
+                "admissionregistration.k8s.io/v1",
+                "validatingwebhookconfigurations",
+                name=release.named("ValidatingWebhookConfiguration"),
+            )
+        )
+        assert vwc["webhooks"][0]["clientConfig"].get("caBundle")
+        assert vwc["webhooks"][0]["failurePolicy"] == "Ignore"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,156 @@
+"""AdmissionReview in, decision, AdmissionReview out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dradriver.controller import admission
+
+DRIVER = "gpu.dradriver.io"
+V = "gpu.dradriver.io/v1alpha1"
+
+
+def claim_obj(params: Any, name: str = "train") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.io"}}],
+                "config": [{"opaque": {"driver": DRIVER, "parameters": params}}],
+            }
+        },
+    }
+
+
+BAD = {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "Spatial"}}
+GOOD = {"apiVersion": V, "kind": "GpuConfig"}
+
+
+def review(
+    obj: dict[str, Any] | None,
+    *,
+    kind: str = "ResourceClaim",
+    group: str = "resource.k8s.io",
+    operation: str = "CREATE",
+    old: dict[str, Any] | None = None,
+    name: str = "train",
+) -> bytes:
+    req: dict[str, Any] = {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": {"group": group, "version": "v1", "kind": kind},
+        "resource": {"group": group, "version": "v1", "resource": kind.lower() + "s"},
+        "namespace": "team",
+        "name": name,
+        "operation": operation,
+        "object": obj,
+        "oldObject": old,
+    }
+    return json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+    ).encode()
+
+
+def answer(body: bytes) -> dict[str, Any]:
+    req = admission.parse(body)
+    return admission.response(req, admission.decide(req, DRIVER))
+
+
+def test_refusal_shape_same_uid_422_invalid_and_the_field() -> None:
+    out = answer(review(claim_obj(BAD)))
+    assert out["apiVersion"] == "admission.k8s.io/v1" and out["kind"] == "AdmissionReview"
+    resp = out["response"]
+    assert resp["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    assert resp["allowed"] is False
+    assert resp["status"] == {
+        "status": "Failure",
+        "code": 422,
+        "reason": "Invalid",
+        "message": 'ResourceClaim "train": spec.devices.config[0].opaque.parameters.sharing.'
+        "strategy: Input should be 'TimeSlicing' or 'MPS' (got 'Spatial')",
+    }
+
+
+def test_admitted_shape() -> None:
+    out = answer(review(claim_obj(GOOD)))
+    assert out["response"] == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+
+
+def test_generate_name_objects_are_named_by_their_prefix() -> None:
+    obj = claim_obj(BAD, name="")
+    obj["metadata"] = {"generateName": "pod-gpu-", "namespace": "team"}
+    msg = answer(review(obj, name=""))["response"]["status"]["message"]
+    assert msg.startswith('ResourceClaim with generateName "pod-gpu-": spec.devices.config[0]')
+
+
+def test_templates_are_checked() -> None:
+    tpl = {"metadata": {"name": "t"}, "spec": {"spec": claim_obj(BAD)["spec"]}}
+    resp = answer(review(tpl, kind="ResourceClaimTemplate", name="t"))["response"]
+    assert resp["allowed"] is False
+    assert resp["status"]["message"].startswith(
+        'ResourceClaimTemplate "t": spec.spec.devices.config[0].opaque.parameters.sharing'
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, reason",
+    [
+        ({"kind": "Pod", "group": ""}, "/Pod is not checked here"),
+        ({"group": "resource.example.com"}, "resource.example.com/ResourceClaim is not checked"),
+        ({"kind": "DeviceClass"}, "resource.k8s.io/DeviceClass is not checked here"),
+        ({"operation": "DELETE"}, "operation DELETE is not checked"),
+    ],
+)
+def test_what_is_not_ours_is_admitted_unchecked(kw: dict[str, Any], reason: str) -> None:
+    req = admission.parse(review(claim_obj(BAD), **kw))
+    decision = admission.decide(req, DRIVER)
+    assert decision.allowed and reason in decision.unchecked
+
+
+def test_update_checks_only_changed_devices() -> None:
+    # A claim admitted before the webhook existed can still lose its finalizer.
+    old = claim_obj(BAD)
+    new = claim_obj(BAD)
+    new["metadata"]["finalizers"] = []
+    decision = admission.decide(admission.parse(review(new, operation="UPDATE", old=old)), DRIVER)
+    assert decision.allowed and decision.unchecked == "devices unchanged"
+    changed = admission.decide(
+        admission.parse(review(claim_obj(BAD), operation="UPDATE", old=claim_obj(GOOD))), DRIVER
+    )
+    assert not changed.allowed
+    assert changed.problems[0].field == "spec.devices.config[0].opaque.parameters"
+
+
+def test_another_driver_name_is_configurable() -> None:
+    req = admission.parse(review(claim_obj(BAD)))
+    assert admission.decide(req, "gpu.example.com").allowed
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"", "body is not JSON"),
+        (b"\xff\xfe", "body is not JSON"),
+        (b"[]", "not a JSON object"),
+        (b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}', "v1beta1"),
+        (b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}', "request: missing"),
+        (
+            b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}',
+            "request.uid",
+        ),
+        (
+            b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",'
+            b' "request": {"uid": "u"}}',
+            "request.kind",
+        ),
+        (review(None), "request.object: missing or not an object on CREATE"),
+    ],
+)
+def test_malformed_reviews(body: bytes, message: str) -> None:
+    with pytest.raises(admission.BadReview) as err:
+        admission.parse(body)
+    assert message in str(err.value)

@@ -1,0 +1,178 @@
+"""Pure checks of claims and templates: our configs decode and name requests that exist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dradriver.controller.validate import (
+    devices_problems,
+    object_problems,
+    reference_problems,
+    request_names,
+)
+
+DRIVER = "gpu.dradriver.io"
+V = "gpu.dradriver.io/v1alpha1"
+GOOD = {"apiVersion": V, "kind": "GpuConfig"}
+SHARED = {
+    "apiVersion": V,
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+}
+PRIORITIZED = {
+    "name": "gpu",
+    "firstAvailable": [
+        {"name": "h100", "deviceClassName": "gpu.dradriver.io"},
+        {"name": "a100", "deviceClassName": "gpu.dradriver.io"},
+    ],
+}
+
+
+def config(params: Any, requests: list[str] | None = None, driver: str = DRIVER) -> dict[str, Any]:
+    c: dict[str, Any] = {"opaque": {"driver": driver, "parameters": params}}
+    if requests is not None:
+        c["requests"] = requests
+    return c
+
+
+def devices(*configs: dict[str, Any], requests: list[dict[str, Any]] | None = None) -> Any:
+    reqs = (
+        requests
+        if requests is not None
+        else [{"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.io"}}]
+    )
+    return {"requests": reqs, "config": list(configs)}
+
+
+def claim(*configs: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "c"}, "spec": {"devices": devices(*configs, **kw)}}
+
+
+def template(*configs: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "t"}, "spec": {"spec": {"devices": devices(*configs, **kw)}}}
+
+
+def messages(kind: str, obj: dict[str, Any]) -> list[str]:
+    return [p.message for p in object_problems(kind, obj, DRIVER)]
+
+
+def test_good_configs_are_admitted() -> None:
+    assert messages("ResourceClaim", claim(config(GOOD), config(SHARED, ["gpu"]))) == []
+    assert messages("ResourceClaimTemplate", template(config(GOOD, ["gpu"]))) == []
+    assert messages("ResourceClaim", claim()) == []
+
+
+@pytest.mark.parametrize(
+    "params, field, message",
+    [
+        (
+            {**GOOD, "sharing": {"strategy": "Spatial"}},
+            "spec.devices.config[0].opaque.parameters",
+            "spec.devices.config[0].opaque.parameters.sharing.strategy: "
+            "Input should be 'TimeSlicing' or 'MPS' (got 'Spatial')",
+        ),
+        (
+            {
+                **SHARED,
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": 1}},
+            },
+            "spec.devices.config[0].opaque.parameters",
+            "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval: "
+            "Input should be 'Default', 'Short', 'Medium' or 'Long' (got 1)",
+        ),
+        (
+            {**GOOD, "sharng": {}},
+            "spec.devices.config[0].opaque.parameters",
+            "spec.devices.config[0].opaque.parameters.sharng: unknown field",
+        ),
+        (
+            {"apiVersion": V, "kind": "TpuConfig"},
+            "spec.devices.config[0].opaque.parameters",
+            "spec.devices.config[0].opaque.parameters.kind: 'TpuConfig' is not a config kind; "
+            "use one of GpuConfig, MigDeviceConfig",
+        ),
+        (
+            {"apiVersion": "gpu.dradriver.io/v1", "kind": "GpuConfig"},
+            "spec.devices.config[0].opaque.parameters",
+            "spec.devices.config[0].opaque.parameters.apiVersion: 'gpu.dradriver.io/v1' is not "
+            "supported; use gpu.dradriver.io/v1alpha1",
+        ),
+        (
+            None,
+            "spec.devices.config[0].opaque.parameters",
+            "spec.devices.config[0].opaque.parameters: must be an object with apiVersion and kind",
+        ),
+    ],
+)
+def test_bad_field_names_the_path_and_what_fits(params: Any, field: str, message: str) -> None:
+    problems = object_problems("ResourceClaim", claim(config(params)), DRIVER)
+    assert [(p.field, p.message) for p in problems] == [(field, message)]
+
+
+def test_several_problems_are_all_reported_in_order() -> None:
+    bad = {
+        **GOOD,
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}},
+    }
+    got = messages("ResourceClaim", claim(config(GOOD), config(bad, ["gpu", "tpu"])))
+    assert got == [
+        "spec.devices.config[1].requests[1]: 'tpu' is not a request of this claim; use one of gpu",
+        "spec.devices.config[1].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage: "
+        "Input should be greater than or equal to 1",
+    ]
+
+
+def test_config_naming_a_missing_request() -> None:
+    got = messages("ResourceClaim", claim(config(GOOD, ["gpus"])))
+    assert got == [
+        "spec.devices.config[0].requests[0]: 'gpus' is not a request of this claim; use one of gpu"
+    ]
+
+
+def test_subrequest_references() -> None:
+    reqs = [PRIORITIZED, {"name": "mig", "exactly": {"deviceClassName": "mig.dradriver.io"}}]
+    ok = claim(config(GOOD, ["gpu/h100", "gpu", "mig"]), requests=reqs)
+    assert messages("ResourceClaim", ok) == []
+    bad = claim(config(GOOD, ["gpu/l4", "mig/small", "gpu/h100/x", "gpu/"]), requests=reqs)
+    allowed = "use one of gpu, gpu/h100, gpu/a100, mig"
+    assert messages("ResourceClaim", bad) == [
+        f"spec.devices.config[0].requests[{i}]: {ref!r} is not a request of this claim; {allowed}"
+        for i, ref in enumerate(["gpu/l4", "mig/small", "gpu/h100/x", "gpu/"])
+    ]
+
+
+def test_other_drivers_configs_are_ignored() -> None:
+    other = config({"anything": "goes"}, ["no-such-request"], driver="other.example.com")
+    assert messages("ResourceClaim", claim(other)) == []
+    # Our driver name must match exactly, not as a suffix or prefix.
+    assert messages("ResourceClaim", claim(config({}, driver="x.gpu.dradriver.io"))) == []
+    # A configurable driver name: ours is whatever the controller was started with.
+    assert devices_problems(devices(config(GOOD)), "gpu.example.com", "spec.devices") == []
+    assert devices_problems(devices(config({}, driver="gpu.example.com")), "gpu.example.com", "d")
+
+
+def test_templates_are_checked_under_spec_spec() -> None:
+    got = messages("ResourceClaimTemplate", template(config({**GOOD, "x": 1}, ["gpux"])))
+    assert got == [
+        "spec.spec.devices.config[0].requests[0]: 'gpux' is not a request of this claim; "
+        "use one of gpu",
+        "spec.spec.devices.config[0].opaque.parameters.x: unknown field",
+    ]
+
+
+def test_unknown_kinds_and_odd_shapes_have_no_problems() -> None:
+    assert messages("Pod", {"spec": {"devices": devices(config({}))}}) == []
+    assert messages("ResourceClaim", {}) == []
+    assert messages("ResourceClaim", {"spec": {"devices": {"config": "oops"}}}) == []
+    # A config without opaque is someone else's concern (the API server requires it).
+    assert messages("ResourceClaim", claim({"requests": ["gpu"]})) == []
+
+
+def test_request_names_and_references_for_callers_outside_admission() -> None:
+    d = devices(requests=[PRIORITIZED, {"name": "one"}])
+    assert request_names(d) == {"gpu": ["h100", "a100"], "one": []}
+    assert reference_problems(d, ["gpu/a100", "one"], "x") == []
+    assert [p.field for p in reference_problems(d, ["one/sub", 7], "x")] == ["x[0]", "x[1]"]
+    assert "the claim has no requests" in reference_problems({}, ["a"], "x")[0].message
