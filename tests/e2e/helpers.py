@@ -51,7 +51,39 @@ def get_or_none(kube: Kube, path: str) -> dict[str, Any] | None:
         return None
 
 
-class KubeletSim:
+class DradriverProcess:
+    """A `dradriver` command in its own process, logging to a file, as a user runs it."""
+
+    proc: subprocess.Popen[bytes] | None
+    log_path: Path
+
+    def _spawn(self, args: list[str]) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dradriver.cli", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class KubeletSim(DradriverProcess):
     """`dradriver dev kubelet` in its own process, as a developer runs it."""
 
     def __init__(
@@ -75,12 +107,8 @@ class KubeletSim:
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        self._spawn(
             [
-                sys.executable,
-                "-m",
-                "dradriver.cli",
                 "dev",
                 "kubelet",
                 "--node",
@@ -92,32 +120,12 @@ class KubeletSim:
                 "--log-level",
                 "debug",
                 *self.extra_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            ]
         )
-        log.close()
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
     def restart(self) -> None:
         self.stop()
         self.start()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def wait_node_ready(self, kube: Kube, timeout: float = 30) -> None:
         def ready() -> bool:
@@ -225,7 +233,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class PluginProc:
+class PluginProc(DradriverProcess):
     """`dradriver kubelet-plugin` in its own process, pointed at a simulated node."""
 
     def __init__(
@@ -247,12 +255,8 @@ class PluginProc:
 
     def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        self._spawn(
             [
-                sys.executable,
-                "-m",
-                "dradriver.cli",
                 "kubelet-plugin",
                 "--node-name",
                 self.sim.node,
@@ -276,28 +280,8 @@ class PluginProc:
                 str(self.port),
                 "--log-level",
                 "debug",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            ]
         )
-        log.close()
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def http(self, path: str) -> tuple[int, str]:
         import urllib.error
