@@ -363,3 +363,56 @@ def token_kubeconfig(admin_kubeconfig: str, token: str, dest: Path) -> str:
     )
     dest.chmod(0o600)
     return str(dest)
+
+
+class NodeUnderTest:
+    """A simulated node with a running plugin, and the few things tests do with it."""
+
+    def __init__(self, kube: Kube, ns: str, sim: KubeletSim, plugin: PluginProc) -> None:
+        self.kube, self.ns, self.sim, self.plugin = kube, ns, sim, plugin
+
+    def apply(self, example: str, suffix: str = "") -> list[str]:
+        """Creates examples/claims/<example>.yaml pinned to this node; returns its pods."""
+
+        def pin(doc: dict[str, Any]) -> None:
+            if suffix:
+                doc["metadata"]["name"] += suffix
+                for rc in doc.get("spec", {}).get("resourceClaims", []):
+                    if "resourceClaimTemplateName" in rc:
+                        rc["resourceClaimTemplateName"] += suffix
+            if doc["kind"] == "Pod":
+                doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.sim.node}
+
+        docs = create_objects(
+            self.kube, load_yaml(REPO / "examples" / "claims" / f"{example}.yaml"), self.ns, pin
+        )
+        return [str(d["metadata"]["name"]) for d in docs if d["kind"] == "Pod"]
+
+    def running(self, pod: str, timeout: float = 60) -> dict[str, Any]:
+        path = path_for("v1", "pods", self.ns, pod)
+        return wait_for(
+            lambda: (
+                (p := get_or_none(self.kube, path))
+                and p.get("status", {}).get("phase") == "Running"
+                and p
+            ),
+            f"pod {pod} running",
+            timeout,
+        )
+
+    def delete(self, *pods: str, timeout: float = 30) -> None:
+        for p in pods:
+            self.kube.delete(path_for("v1", "pods", self.ns, p), missing_ok=True)
+        for p in pods:
+            path = path_for("v1", "pods", self.ns, p)
+            wait_for(
+                lambda path=path: get_or_none(self.kube, path) is None, f"pod {p} gone", timeout
+            )
+
+    def record(self, pod: dict[str, Any], container: str = "main") -> dict[str, Any]:
+        rec = self.sim.container(pod["metadata"]["uid"], container)
+        assert rec is not None, f"no record for container {container}"
+        return rec
+
+    def env(self, pod: dict[str, Any], container: str = "main") -> dict[str, str]:
+        return dict(e.split("=", 1) for e in self.record(pod, container)["env"])

@@ -16,27 +16,21 @@ from dradriver.k8s import Kube, path_for
 from dradriver.nvml.fake import load
 
 from .helpers import (
-    REPO,
     RES,
     Cluster,
     KubeletSim,
+    NodeUnderTest,
     PluginProc,
-    create_objects,
     ensure_device_classes,
     get_or_none,
-    load_yaml,
     wait_for,
 )
 
 # Three GPUs: a 1g, a 3g and a whole GPU always fit, wherever the scheduler puts them.
 SPEC = "3xH100-80GB"
-EXAMPLES = REPO / "examples" / "claims"
 
 
-class MigNode:
-    def __init__(self, kube: Kube, ns: str, sim: KubeletSim, plugin: PluginProc) -> None:
-        self.kube, self.ns, self.sim, self.plugin = kube, ns, sim, plugin
-
+class MigNode(NodeUnderTest):
     def layout(self) -> set[tuple[int, str, int]]:
         """What the (fake) hardware has now: (GPU index, profile, placement)."""
         fake = load(SPEC, node=self.sim.node, state_dir=self.plugin.state_dir)
@@ -49,40 +43,6 @@ class MigNode:
     def mig_modes(self) -> list[bool]:
         fake = load(SPEC, node=self.sim.node, state_dir=self.plugin.state_dir)
         return [g.mig_enabled for g in fake.machine.gpus]
-
-    def apply(self, example: str, suffix: str = "") -> str:
-        def pin(doc: dict[str, Any]) -> None:
-            if suffix:
-                doc["metadata"]["name"] += suffix
-                for rc in doc.get("spec", {}).get("resourceClaims", []):
-                    rc["resourceClaimTemplateName"] += suffix
-            if doc["kind"] == "Pod":
-                doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.sim.node}
-
-        docs = create_objects(self.kube, load_yaml(EXAMPLES / f"{example}.yaml"), self.ns, pin)
-        return str(next(d for d in docs if d["kind"] == "Pod")["metadata"]["name"])
-
-    def running(self, pod: str, timeout: float = 60) -> dict[str, Any]:
-        path = path_for("v1", "pods", self.ns, pod)
-        return wait_for(
-            lambda: (
-                (p := get_or_none(self.kube, path))
-                and p.get("status", {}).get("phase") == "Running"
-                and p
-            ),
-            f"pod {pod} running",
-            timeout,
-        )
-
-    def delete(self, pod: str) -> None:
-        path = path_for("v1", "pods", self.ns, pod)
-        self.kube.delete(path, missing_ok=True)
-        wait_for(lambda: get_or_none(self.kube, path) is None, f"pod {pod} gone", 30)
-
-    def env(self, pod: dict[str, Any]) -> dict[str, str]:
-        rec = self.sim.container(pod["metadata"]["uid"], "main")
-        assert rec is not None
-        return dict(e.split("=", 1) for e in rec["env"])
 
     def allocated(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
         name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
@@ -120,7 +80,7 @@ def mig_node(
 def test_mig_devices_exist_exactly_while_their_claims_are_prepared(mig_node: MigNode) -> None:
     n = mig_node
     assert n.layout() == set() and n.mig_modes() == [False, False, False]
-    pods = [n.apply("mig-1g10gb"), n.apply("mig-3g40gb"), n.apply("gpu-by-product")]
+    pods = [*n.apply("mig-1g10gb"), *n.apply("mig-3g40gb"), *n.apply("gpu-by-product")]
     running = {p: n.running(p) for p in pods}
     layout = n.layout()
     # Exactly the allocated partitions exist, where the scheduler placed them.
@@ -146,7 +106,7 @@ def test_mig_devices_exist_exactly_while_their_claims_are_prepared(mig_node: Mig
 def test_two_3g_slices_land_on_placements_0_and_4(mig_node: MigNode) -> None:
     n = mig_node
     # Four 3g claims: wherever they land, the counters allow only placements 0 and 4.
-    pods = [n.apply("mig-3g40gb", f"-{i}") for i in range(4)]
+    pods = [p for i in range(4) for p in n.apply("mig-3g40gb", f"-{i}")]
     for p in pods:
         n.running(p)
     layout = n.layout()
@@ -167,7 +127,7 @@ def test_plugin_killed_mid_carve_leaves_no_stray_instance(
     n.plugin.start()  # this instance SIGKILLs itself at the crash point
     monkeypatch.delenv("DRADRIVER_CRASHPOINT")
     wait_for(n.plugin.ready, "the plugin", 30)
-    pod = n.apply("mig-1g10gb")
+    (pod,) = n.apply("mig-1g10gb")
     wait_for(lambda: not n.plugin.alive(), f"the plugin to die at {point}", 30)
     assert n.plugin.proc is not None and n.plugin.proc.returncode == -9
     assert len(n.layout()) == 1  # the half-done carve is still on the hardware

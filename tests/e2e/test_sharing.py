@@ -15,61 +15,20 @@ from dradriver.nvml.fake import load
 from dradriver.nvml.sharing import mps_alive
 
 from .helpers import (
-    REPO,
     Cluster,
     KubeletSim,
+    NodeUnderTest,
     PluginProc,
-    create_objects,
     ensure_device_classes,
     get_or_none,
-    load_yaml,
     wait_for,
 )
 
-EXAMPLES = REPO / "examples" / "claims"
 
-
-class SharedNode:
+class SharedNode(NodeUnderTest):
     def __init__(self, kube: Kube, ns: str, sim: KubeletSim, plugin: PluginProc, spec: str) -> None:
-        self.kube, self.ns, self.sim, self.plugin, self.spec = kube, ns, sim, plugin, spec
-
-    def apply(self, example: str) -> list[str]:
-        def pin(doc: dict[str, Any]) -> None:
-            if doc["kind"] == "Pod":
-                doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.sim.node}
-
-        docs = create_objects(self.kube, load_yaml(EXAMPLES / f"{example}.yaml"), self.ns, pin)
-        return [d["metadata"]["name"] for d in docs if d["kind"] == "Pod"]
-
-    def running(self, pod: str) -> dict[str, Any]:
-        path = path_for("v1", "pods", self.ns, pod)
-        return wait_for(
-            lambda: (
-                (p := get_or_none(self.kube, path))
-                and p.get("status", {}).get("phase") == "Running"
-                and p
-            ),
-            f"pod {pod} running",
-            60,
-        )
-
-    def record(self, pod: dict[str, Any], container: str = "main") -> dict[str, Any]:
-        rec = self.sim.container(pod["metadata"]["uid"], container)
-        assert rec is not None
-        return rec
-
-    def env(self, pod: dict[str, Any], container: str = "main") -> dict[str, str]:
-        return dict(e.split("=", 1) for e in self.record(pod, container)["env"])
-
-    def delete_all(self, pods: list[str]) -> None:
-        for p in pods:
-            self.kube.delete(path_for("v1", "pods", self.ns, p), missing_ok=True)
-        for p in pods:
-            wait_for(
-                lambda p=p: get_or_none(self.kube, path_for("v1", "pods", self.ns, p)) is None,
-                f"pod {p} gone",
-                30,
-            )
+        super().__init__(kube, ns, sim, plugin)
+        self.spec = spec
 
     def machine(self) -> Any:
         return load(self.spec, node=self.sim.node, state_dir=self.plugin.state_dir).machine
@@ -108,7 +67,7 @@ def shared_node(
         pods = [
             p["metadata"]["name"] for p in kube.list(path_for("v1", "pods", namespace))["items"]
         ]
-        node.delete_all(pods)
+        node.delete(*pods)
         plugin.stop()
 
 
@@ -126,7 +85,7 @@ def test_one_gpu_time_sliced_between_two_pods(node: SharedNode) -> None:
     uuid = node.env(a)["NVIDIA_VISIBLE_DEVICES"]
     sharing = json.loads((node.plugin.state_dir / f"fake-sharing-{node.sim.node}.json").read_text())
     assert sharing[uuid] == {"timeslice": 3}  # interval Long
-    node.delete_all(pods)
+    node.delete(*pods)
     sharing = json.loads((node.plugin.state_dir / f"fake-sharing-{node.sim.node}.json").read_text())
     assert sharing[uuid] == {"timeslice": 0}
     assert node.leftovers() == {"cdi": [], "daemons": [], "compute modes": [], "MIG devices": []}
@@ -151,7 +110,7 @@ def test_mps_with_limits_shared_by_two_pods(node: SharedNode) -> None:
     node.plugin.start()
     wait_for(node.plugin.ready, "the restarted plugin", 30)
     assert node.daemons() == [pid]
-    node.delete_all(pods)
+    node.delete(*pods)
     assert not mps_alive(pid)
     assert node.leftovers() == {"cdi": [], "daemons": [], "compute modes": [], "MIG devices": []}
 
@@ -176,7 +135,7 @@ def test_mig_device_shared_by_two_containers(
             assert t["NVIDIA_VISIBLE_DEVICES"] == e["NVIDIA_VISIBLE_DEVICES"]
             assert t["CUDA_MPS_PIPE_DIRECTORY"] == e["CUDA_MPS_PIPE_DIRECTORY"]
             assert len(node.daemons()) == 1
-            node.delete_all([pod])
+            node.delete(pod)
             assert node.leftovers() == {
                 "cdi": [],
                 "daemons": [],
