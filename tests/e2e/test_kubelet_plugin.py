@@ -7,7 +7,6 @@ import json
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -20,9 +19,11 @@ from .helpers import (
     RES,
     Cluster,
     KubeletSim,
+    NodeUnderTest,
     PluginProc,
     ensure_device_classes,
     get_or_none,
+    publish_slice,
     wait_for,
 )
 
@@ -30,13 +31,12 @@ DRIVER = "gpu.dradriver.io"
 PAUSE = "registry.k8s.io/pause:3.10"
 
 
-@dataclass
-class GpuNode:
-    kube: Kube
-    ns: str
-    sim: KubeletSim
-    plugin: PluginProc
-    cluster: Cluster
+class GpuNode(NodeUnderTest):
+    def __init__(
+        self, kube: Kube, ns: str, sim: KubeletSim, plugin: PluginProc, cluster: Cluster
+    ) -> None:
+        super().__init__(kube, ns, sim, plugin)
+        self.cluster = cluster
 
     def slices(self) -> list[dict[str, Any]]:
         return list(
@@ -100,23 +100,6 @@ class GpuNode:
             path_for("v1", "pods", self.ns), {"metadata": {"name": name}, "spec": spec}
         )
 
-    def running(self, name: str, timeout: float = 60) -> dict[str, Any]:
-        path = path_for("v1", "pods", self.ns, name)
-        return wait_for(
-            lambda: (
-                (p := get_or_none(self.kube, path))
-                and p.get("status", {}).get("phase") == "Running"
-                and p
-            ),
-            f"pod {name} running",
-            timeout,
-        )
-
-    def delete_pod(self, name: str, timeout: float = 30) -> None:
-        path = path_for("v1", "pods", self.ns, name)
-        self.kube.delete(path, missing_ok=True)
-        wait_for(lambda: get_or_none(self.kube, path) is None, f"pod {name} gone", timeout)
-
     def checkpoint_claims(self) -> dict[str, Any]:
         p = self.plugin.state_dir / "checkpoint.json"
         return dict(json.loads(p.read_text())["payload"]["claims"]) if p.exists() else {}
@@ -176,7 +159,7 @@ def test_one_gpu_pod_gets_its_gpu_by_uuid(gpu_node: GpuNode) -> None:
     assert (st["driver"], st["device"], st["pool"]) == (DRIVER, dev, n.sim.node)
     assert st["data"]["uuid"] == n.uuid_of(dev)
     assert st["conditions"][0]["type"] == "Ready"
-    n.delete_pod("one")
+    n.delete("one")
     assert n.cdi_specs() == [] and n.checkpoint_claims() == {}
 
 
@@ -201,9 +184,9 @@ def test_claim_shared_by_two_pods_is_prepared_once(gpu_node: GpuNode) -> None:
     n.running("p2")
     assert n.plugin.metric("dradriver_prepare_duration_seconds_count", result="ok") == 1
     assert len(n.cdi_specs()) == 1
-    n.delete_pod("p1")
+    n.delete("p1")
     assert len(n.cdi_specs()) == 1  # the other pod still uses it
-    n.delete_pod("p2")
+    n.delete("p2")
     wait_for(lambda: n.cdi_specs() == [], "the CDI spec to go", 10)
     assert n.checkpoint_claims() == {}
     assert n.plugin.metric("dradriver_unprepare_duration_seconds_count", result="ok") == 1
@@ -247,7 +230,7 @@ def test_plugin_sigkill_and_restart_keeps_prepared_claims(gpu_node: GpuNode) -> 
     wait_for(n.plugin.ready, "the restarted plugin", 30)
     assert n.cdi_specs() == spec_before  # restored at startup from the checkpoint
     assert env_of(n, pod)["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
-    n.delete_pod("p")
+    n.delete("p")
     wait_for(lambda: n.cdi_specs() == [], "the CDI spec to go", 10)
     assert n.checkpoint_claims() == {}
 
@@ -258,7 +241,7 @@ def test_unprepare_works_after_the_claim_was_deleted(gpu_node: GpuNode) -> None:
     n.pod("p", claim="gone")
     n.running("p")
     n.kube.delete(path_for(RES, "resourceclaims", n.ns, "gone"))
-    n.delete_pod("p")
+    n.delete("p")
     wait_for(
         lambda: get_or_none(n.kube, path_for(RES, "resourceclaims", n.ns, "gone")) is None,
         "the claim to be deleted",
@@ -295,7 +278,7 @@ def test_hundred_pods_in_sequence_leave_nothing_behind(gpu_node: GpuNode) -> Non
         for name in names:
             n.kube.delete(path_for("v1", "pods", n.ns, name))
         for name in names:
-            n.delete_pod(name)
+            n.delete(name)
     wait_for(
         lambda: n.cdi_specs() == [] and n.checkpoint_claims() == {},
         "no CDI file and no checkpoint entry left",
@@ -324,48 +307,68 @@ def call(
 
 
 def test_malformed_requests_get_clear_per_claim_errors(
-    gpu_node: GpuNode, tmp_path_factory: Any
+    gpu_node: GpuNode, cleanup: Callable[[str], None]
 ) -> None:
     n = gpu_node
-    # A claim of another driver only.
+    # A claim allocated a device of another driver only (its slice on the same node).
+    other = "other.example.com"
+    publish_slice(n.kube, n.sim.node, other, ["nic-0"], cleanup)
+    cleanup(path_for(RES, "deviceclasses", name=f"other-{n.ns}"))
     n.kube.create(
         path_for(RES, "deviceclasses"),
         {
             "metadata": {"name": f"other-{n.ns}"},
-            "spec": {
-                "selectors": [{"cel": {"expression": 'device.driver == "other.example.com"'}}]
-            },
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{other}"'}}]},
         },
     )
-    try:
-        before = sorted(p.name for p in n.sim.root.parent.rglob("*"))
-        claims = [
-            (n.ns, "", "empty-uid"),
-            (n.ns, "0b5e8c3a-1111-2222-3333-444455556666", "no-such-claim"),
-            (n.ns, "0b5e8c3a-1111-2222-3333-444455556667", "../../etc/passwd"),
-            (n.ns, "../../../tmp/evil", "x"),
-            ("..", "0b5e8c3a-1111-2222-3333-444455556668", "dots"),
-        ]
-        resp = call(n, "prepare", claims)
-        errors = {uid: resp.claims[uid].error for _, uid, _ in claims}
-        assert "empty UID" in errors[""]
-        assert "not found" in errors["0b5e8c3a-1111-2222-3333-444455556666"]
-        assert "not a valid Kubernetes name" in errors["0b5e8c3a-1111-2222-3333-444455556667"]
-        assert "not a Kubernetes UID" in errors["../../../tmp/evil"]
-        assert "not a valid Kubernetes name" in errors["0b5e8c3a-1111-2222-3333-444455556668"]
-        assert all(not resp.claims[u].devices for u in errors)
-        # v1beta1 is served on the same socket, with the same answers.
-        beta = call(n, "prepare", claims[:1], version="v1beta1")
-        assert "empty UID" in beta.claims[""].error
-        # Unknown claims unprepare successfully (the kubelet may repeat itself).
-        un = call(n, "unprepare", claims[1:2])
-        assert un.claims[claims[1][1]].error == ""
-        after = sorted(p.name for p in n.sim.root.parent.rglob("*"))
-        assert [p for p in after if p not in before and not p.endswith(".log")] == []
-        assert n.cdi_specs() == [] and n.checkpoint_claims() == {}
-        assert n.plugin.alive()
-    finally:
-        n.kube.delete(path_for(RES, "deviceclasses", name=f"other-{n.ns}"), missing_ok=True)
+    n.claim("foreign", cls=f"other-{n.ns}")
+    n.pod("foreign", claim="foreign")
+    foreign = wait_for(
+        lambda: (
+            (c := n.kube.get(path_for(RES, "resourceclaims", n.ns, "foreign")))
+            .get("status", {})
+            .get("reservedFor")
+            and c
+        ),
+        "the foreign claim",
+        30,
+    )
+    # And a good claim, prepared already: one call carries good and bad claims alike.
+    n.claim("good")
+    n.pod("good", claim="good")
+    n.running("good")
+    good = n.kube.get(path_for(RES, "resourceclaims", n.ns, "good"))
+    before = sorted(p.name for p in n.sim.root.parent.rglob("*"))
+    claims = [
+        (n.ns, good["metadata"]["uid"], "good"),
+        (n.ns, foreign["metadata"]["uid"], "foreign"),
+        (n.ns, "", "empty-uid"),
+        (n.ns, "0b5e8c3a-1111-2222-3333-444455556666", "no-such-claim"),
+        (n.ns, "0b5e8c3a-1111-2222-3333-444455556667", "../../etc/passwd"),
+        (n.ns, "../../../tmp/evil", "x"),
+        ("..", "0b5e8c3a-1111-2222-3333-444455556668", "dots"),
+    ]
+    resp = call(n, "prepare", claims)
+    errors = {uid: resp.claims[uid].error for _, uid, _ in claims}
+    assert errors[good["metadata"]["uid"]] == ""  # one bad claim fails alone
+    assert len(resp.claims[good["metadata"]["uid"]].devices) == 1
+    assert f"has no device of driver {DRIVER}" in errors[foreign["metadata"]["uid"]]
+    assert "empty UID" in errors[""]
+    assert "not found" in errors["0b5e8c3a-1111-2222-3333-444455556666"]
+    assert "not a valid Kubernetes name" in errors["0b5e8c3a-1111-2222-3333-444455556667"]
+    assert "not a Kubernetes UID" in errors["../../../tmp/evil"]
+    assert "not a valid Kubernetes name" in errors["0b5e8c3a-1111-2222-3333-444455556668"]
+    assert all(not resp.claims[u].devices for u in list(errors)[1:])
+    # v1beta1 is served on the same socket, with the same answers.
+    beta = call(n, "prepare", claims[2:3], version="v1beta1")
+    assert "empty UID" in beta.claims[""].error
+    # Unknown claims unprepare successfully (the kubelet may repeat itself).
+    un = call(n, "unprepare", claims[3:4])
+    assert un.claims[claims[3][1]].error == ""
+    after = sorted(p.name for p in n.sim.root.parent.rglob("*"))
+    assert [p for p in after if p not in before and not p.endswith(".log")] == []
+    assert len(n.cdi_specs()) == 1 and list(n.checkpoint_claims()) == [good["metadata"]["uid"]]
+    assert n.plugin.alive()
 
 
 def test_device_is_never_prepared_for_two_claims(gpu_node: GpuNode) -> None:
@@ -436,7 +439,7 @@ def test_two_instances_run_side_by_side(gpu_node: GpuNode) -> None:
         n.pod("p", claim="c")
         n.running("p")
         n.plugin.stop()  # the old instance goes away; the new one serves unprepare
-        n.delete_pod("p")
+        n.delete("p")
         wait_for(lambda: n.cdi_specs() == [], "the CDI spec to go", 10)
         assert n.checkpoint_claims() == {}
         assert second.metric("dradriver_unprepare_duration_seconds_count", result="ok") == 1
