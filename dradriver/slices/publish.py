@@ -241,6 +241,7 @@ class PublishLoop:
     _wake: threading.Event = field(default_factory=threading.Event)
     last_stats: SyncStats | None = None
     last_error: str = ""
+    rounds: int = 0
 
     def trigger(self) -> None:
         self._wake.set()
@@ -251,6 +252,13 @@ class PublishLoop:
             try:
                 content = self.desired()
                 self.last_stats = self.publisher.sync(content)
+                self.rounds += 1
+                log.debug(
+                    "devices rediscovered",
+                    node=self.publisher.node,
+                    round=self.rounds,
+                    writes=self.last_stats.writes,
+                )
                 self.published.set()
                 self.last_error = ""
                 failures = 0

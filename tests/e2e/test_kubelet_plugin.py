@@ -454,3 +454,19 @@ def test_sigterm_removes_sockets(gpu_node: GpuNode) -> None:
     assert list(n.sim.registry_dir.glob("*.sock")) == []
     assert list((n.sim.plugins_dir / DRIVER).glob("*.sock")) == []
     time.sleep(0.1)
+
+
+def test_sighup_triggers_a_rediscovery(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    assert n.plugin.proc is not None
+    before = n.plugin.log().count("devices rediscovered")
+    assert before >= 1  # the first publication; the next one is 300 s away
+    n.plugin.proc.send_signal(signal.SIGHUP)
+    wait_for(
+        lambda: n.plugin.log().count("devices rediscovered") > before,
+        "a rediscovery after SIGHUP",
+        10,
+    )
+    last = [line for line in n.plugin.log().splitlines() if "devices rediscovered" in line][-1]
+    assert "writes=0" in last  # nothing changed on the node: nothing written
+    assert n.plugin.alive()
