@@ -114,6 +114,16 @@ class Driver:
             done = self._already_prepared(cp, ref)  # the other instance may have been faster
             if done is not None:
                 return done
+            earlier = cp.claims.get(ref.uid)
+            if earlier is not None:
+                # An attempt whose rollback could not finish: release it before trying again,
+                # or its MIG device or daemon would lose its only record.
+                self._rollback(cp, earlier)
+                if ref.uid in cp.claims:
+                    raise ClaimError(
+                        f"claim {ref}: an earlier attempt left devices that could "
+                        "not be released yet; the kubelet retries"
+                    )
             self._check_exclusive(cp, ref, [w.dev for w in wanted.values()])
             rec = ClaimRecord(
                 uid=ref.uid,

@@ -315,3 +315,27 @@ def test_random_cycles_keep_hardware_equal_to_checkpoint(node: Node) -> None:
         node.unprepare(ref)
     assert node.instances() == set()
     assert not any(g.mig_enabled for g in node.fake.machine.gpus)
+
+
+def test_a_rollback_that_could_not_finish_is_finished_by_the_retry(
+    node: Node, monkeypatch: Any
+) -> None:
+    """If destroying fails during a rollback, the record stays; the next prepare of the
+    claim releases the leftovers first instead of losing track of them."""
+    nv = node.fake.pynvml
+    ref = node.claim("c", "gpu-0-mig-1g10gb-2")
+    write = node.driver.cdi_writer.write
+
+    def full(*a: Any, **k: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(node.driver.cdi_writer, "write", full)
+    node.fake.faults.fail_nth("nvmlComputeInstanceDestroy", 1, nv.NVML_ERROR_IN_USE)
+    with pytest.raises(ClaimError, match="No space left"):
+        node.prepare(ref)
+    assert len(node.instances()) == 1  # could not be destroyed (in use) ...
+    assert node.instances() == node.checkpoint_owned()  # ... so it stays recorded
+    monkeypatch.setattr(node.driver.cdi_writer, "write", write)
+    (d,) = node.prepare(ref)  # the kubelet's retry: releases the leftover, carves anew
+    assert node.instances() == node.checkpoint_owned()
+    assert len(node.instances()) == 1 and d.uuid.startswith("MIG-")
