@@ -208,10 +208,9 @@ class PluginRegistry:
         with self._lock:
             instances = list(self.instances.values())
         for inst in instances:
-            try:
-                grpc.channel_ready_future(inst.channel).result(timeout=0.5)
+            if _ready(inst.channel, 0.5):
                 inst.reachable = True
-            except grpc.FutureTimeoutError:
+            else:
                 if inst.reachable:
                     log.warning("plugin unreachable", driver=inst.driver, endpoint=inst.endpoint)
                 inst.reachable = False
@@ -268,12 +267,22 @@ def _connect(endpoint: str) -> tuple[grpc.Channel | None, str]:
     except OSError as exc:
         return None, f"endpoint {endpoint} does not exist ({exc.strerror})"
     channel = grpc.insecure_channel(f"unix://{endpoint}")
-    try:
-        grpc.channel_ready_future(channel).result(timeout=RPC_TIMEOUT)
-    except grpc.FutureTimeoutError:
+    if not _ready(channel, RPC_TIMEOUT):
         channel.close()
         return None, f"cannot connect to endpoint {endpoint}"
     return channel, ""
+
+
+def _ready(channel: grpc.Channel, timeout: float) -> bool:
+    """Waits for the channel to connect. A future left running after a timeout would keep
+    polling the channel from its own thread, and fail once the channel is closed."""
+    future = grpc.channel_ready_future(channel)
+    try:
+        future.result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        future.cancel()
+        return False
 
 
 def _rpc_error(exc: grpc.RpcError) -> str:
