@@ -399,6 +399,11 @@ def down(state_dir: Path, *, remove: bool = True) -> bool:
                 time.sleep(0.05)
             if _alive(pid):
                 os.killpg(pid, signal.SIGKILL)
+    if state_dir.exists():
+        # `KEEP=1 make demo` leaves MPS daemons of prepared claims (fake ones) running.
+        from dradriver.nvml.sharing import stop_fake_daemons
+
+        stopped = stop_fake_daemons(state_dir) > 0 or stopped
     if remove and state_dir.exists():
         shutil.rmtree(state_dir, ignore_errors=True)
     return stopped

@@ -154,3 +154,18 @@ def mps_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def stop_fake_daemons(root: Path) -> int:
+    """Stops every stand-in MPS daemon whose pipe directory lies under `root` (they run in
+    their own sessions by design, so tearing down a dev cluster must find them)."""
+    stopped = 0
+    for control in root.glob("**/pipe/control"):
+        try:
+            pid = int(control.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if mps_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            stopped += 1
+    return stopped
