@@ -16,6 +16,7 @@ from typing import Any
 
 from dradriver import logs
 from dradriver.controller import admission
+from dradriver.httpreply import reply
 
 log = logs.get_logger("controller")
 
@@ -151,11 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, out, ctype)
 
     def _send(self, code: int, body: bytes, ctype: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, code, body, ctype)
 
     def log_message(self, format: str, *args: object) -> None:
         pass  # probes every few seconds would drown the admission log

@@ -108,7 +108,8 @@ class Driver:
             if done is not None:
                 return done
         p = plan(self._claim(ref), ref, self.driver, self.node)
-        wanted = self._wanted(ref, p)
+        local = self.devices()  # one view of the node for this whole prepare
+        wanted = self._wanted(ref, p, local)
         with self._locked():
             cp = self.store.load()
             done = self._already_prepared(cp, ref)  # the other instance may have been faster
@@ -124,7 +125,7 @@ class Driver:
                         f"claim {ref}: an earlier attempt left devices that could "
                         "not be released yet; the kubelet retries"
                     )
-            self._check_exclusive(cp, ref, [w.dev for w in wanted.values()])
+            self._check_exclusive(cp, ref, [w.dev for w in wanted.values()], local)
             rec = ClaimRecord(
                 uid=ref.uid,
                 namespace=ref.namespace,
@@ -201,8 +202,7 @@ class Driver:
         except KubeError as exc:
             raise ClaimError(f"API layer: reading claim {ref} failed: {exc.message}") from None
 
-    def _wanted(self, ref: ClaimRef, p: Plan) -> dict[str, Wanted]:
-        local = self.devices()
+    def _wanted(self, ref: ClaimRef, p: Plan, local: dict[str, LocalDevice]) -> dict[str, Wanted]:
         wanted: dict[str, Wanted] = {}
         for pd in p.devices:
             dev = local.get(pd.device)
@@ -244,8 +244,13 @@ class Driver:
             raise ClaimError(f"claim {ref}: config for request {names[0]!r}: {exc}") from None
         return d
 
-    def _check_exclusive(self, cp: Checkpoint, ref: ClaimRef, devs: list[LocalDevice]) -> None:
-        local = self.devices()
+    def _check_exclusive(
+        self,
+        cp: Checkpoint,
+        ref: ClaimRef,
+        devs: list[LocalDevice],
+        local: dict[str, LocalDevice],
+    ) -> None:
         for other in cp.claims.values():
             if other.uid == ref.uid:
                 continue
@@ -260,27 +265,27 @@ class Driver:
                         )
 
     def _spec(self, rec: ClaimRecord) -> dict[str, Any]:
-        return cdi.claim_spec(
-            self.driver,
-            rec.uid,
-            [
+        devices = []
+        for d in rec.devices:
+            env, mounts = self.sharing.edits(d) if self.sharing is not None else ([], [])
+            devices.append(
                 cdi.CdiDevice(
                     name=d.device,
                     uuid=d.uuid or "",
                     minor=d.extra.get("minor"),
                     group=",".join(d.request_names),
                     device_nodes=tuple(self._caps_nodes(d)),
-                    env=tuple(self._sharing_edits(d)[0]),
-                    mounts=tuple(self._sharing_edits(d)[1]),
+                    env=tuple(env),
+                    mounts=tuple(mounts),
                 )
-                for d in rec.devices
-            ],
+            )
+        return cdi.claim_spec(
+            self.driver,
+            rec.uid,
+            devices,
             claim_name=f"{rec.namespace}/{rec.name}",
             fake=self.fake,
         )
-
-    def _sharing_edits(self, d: PreparedDevice) -> tuple[list[str], list[str]]:
-        return self.sharing.edits(d) if self.sharing is not None else ([], [])
 
     def _caps_nodes(self, d: PreparedDevice) -> list[str]:
         """A MIG device needs the /dev/nvidia-caps nodes of its GPU and compute instance."""

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from dradriver.httpreply import reply
 from dradriver.kubeletplugin.metrics import Metrics
 
 Check = Callable[[], tuple[bool, str]]
@@ -48,11 +49,7 @@ class OpsServer:
                     self._send(404, b"not found\n", "text/plain")
 
             def _send(self, code: int, body: bytes, ctype: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                reply(self, code, body, ctype)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the real logs

@@ -7,6 +7,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,6 +143,25 @@ def test_serviceaccount_token_bound_to_pod_carries_node_and_rbac_applies(
         kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
 
 
+def counter_slice(name: str, node: str, consumes: bool) -> dict[str, Any]:
+    """A slice with one shared counter set; its device consumes from it if `consumes`."""
+    device: dict[str, Any] = {"name": "gpu-0-part" if consumes else "gpu-0"}
+    if consumes:
+        device["consumesCounters"] = [
+            {"counterSet": "gpu-0", "counters": {"slices": {"value": "4"}}}
+        ]
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "driver": "gpu.dradriver.io",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "sharedCounters": [{"name": "gpu-0", "counters": {"slices": {"value": "8"}}}],
+            "devices": [device],
+        },
+    }
+
+
 def test_alpha_gates_on_every_component(alpha_cluster: Cluster) -> None:
     kube = Kube.from_kubeconfig(alpha_cluster.kubeconfig)
     versions = {v["version"] for v in kube.get("/apis/resource.k8s.io")["versions"]}
@@ -155,23 +175,7 @@ def test_alpha_gates_on_every_component(alpha_cluster: Cluster) -> None:
     try:
         created = kube.create(
             path_for("resource.k8s.io/v1", "resourceslices"),
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "driver": "gpu.dradriver.io",
-                    "nodeName": "alpha-node",
-                    "pool": {"name": "alpha-node", "generation": 1, "resourceSliceCount": 1},
-                    "sharedCounters": [{"name": "gpu-0", "counters": {"slices": {"value": "8"}}}],
-                    "devices": [
-                        {
-                            "name": "gpu-0-part",
-                            "consumesCounters": [
-                                {"counterSet": "gpu-0", "counters": {"slices": {"value": "4"}}}
-                            ],
-                        }
-                    ],
-                },
-            },
+            counter_slice(name, "alpha-node", consumes=True),
         )
         assert created["spec"]["sharedCounters"][0]["name"] == "gpu-0"
         assert created["spec"]["devices"][0]["consumesCounters"][0]["counterSet"] == "gpu-0"
@@ -197,16 +201,7 @@ def test_default_cluster_strips_alpha_fields(kube: Kube) -> None:
     try:
         created = kube.create(
             path_for("resource.k8s.io/v1", "resourceslices"),
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "driver": "gpu.dradriver.io",
-                    "nodeName": "ga-node",
-                    "pool": {"name": "ga-node", "generation": 1, "resourceSliceCount": 1},
-                    "sharedCounters": [{"name": "gpu-0", "counters": {"slices": {"value": "8"}}}],
-                    "devices": [{"name": "gpu-0"}],
-                },
-            },
+            counter_slice(name, "ga-node", consumes=False),
         )
         assert "sharedCounters" not in created["spec"]
     except KubeError as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -453,7 +452,6 @@ def test_sigterm_removes_sockets(gpu_node: GpuNode) -> None:
     assert n.plugin.proc is not None and n.plugin.proc.returncode == 0
     assert list(n.sim.registry_dir.glob("*.sock")) == []
     assert list((n.sim.plugins_dir / DRIVER).glob("*.sock")) == []
-    time.sleep(0.1)
 
 
 def test_sighup_triggers_a_rediscovery(gpu_node: GpuNode) -> None:
