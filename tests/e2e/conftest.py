@@ -139,5 +139,7 @@ def kubelet_sim(
     yield start
     for sim, api in sims:
         sim.stop()
+        # Shown by pytest only when the test failed: what the simulated kubelet saw.
+        print(f"--- kubelet simulator {sim.node}, last lines ---\n{sim.log()[-4000:]}")
         with contextlib.suppress(KubeError):
             api.delete(path_for("v1", "nodes", name=sim.node), missing_ok=True)

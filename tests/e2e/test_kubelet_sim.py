@@ -172,7 +172,7 @@ def test_plugin_failure_is_an_event_and_the_pod_starts_once_it_is_fixed(
     ev = wait_for(
         lambda: [e for e in env.events("p") if e["reason"] == "FailedPrepareDynamicResources"],
         "an event",
-        30,
+        60,
     )
     assert f"DRA driver {DRIVER} is not registered" in ev[0]["message"]
     # The container status follows the event (the kubelet writes them separately).
