@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 STATE ?= .devcluster
 PYTEST_ARGS ?=
 
-.PHONY: all venv controlplane cdi-tool helm proto schema lint format typecheck unit test e2e \
-        cluster-up cluster-down demo bench clean
+.PHONY: all venv controlplane hollow-node cdi-tool helm proto schema lint format typecheck unit \
+        test e2e cluster-up cluster-down demo bench clean
 
 all: test
 
@@ -26,6 +26,10 @@ venv: $(STAMP)
 # Cached under ~/.cache/dradriver keyed by the module's sources; a no-op when built.
 controlplane:
 	@bash tools/controlplane/build.sh >/dev/null
+
+# The kubelet's own code as a node (`dradriver dev kubelet`), from the same Go modules.
+hollow-node:
+	@bash tools/controlplane/build.sh node >/dev/null
 
 cdi-tool:
 	@bash tools/cdi/build.sh >/dev/null
@@ -54,10 +58,10 @@ typecheck: venv
 unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test: venv controlplane cdi-tool helm lint typecheck
+test: venv controlplane hollow-node cdi-tool helm lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-e2e: venv controlplane cdi-tool helm
+e2e: venv controlplane hollow-node cdi-tool helm
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 cluster-up: venv controlplane
@@ -66,10 +70,10 @@ cluster-up: venv controlplane
 cluster-down: venv
 	@$(PY) -m dradriver.cli dev cluster down --state-dir $(STATE)
 
-demo: venv controlplane cdi-tool helm
+demo: venv controlplane hollow-node helm
 	@$(PY) -m dradriver.dev.demo $(if $(filter 1 true yes,$(KEEP)),--keep)
 
-bench: venv controlplane
+bench: venv controlplane hollow-node
 	$(PY) benchmarks/prepare.py
 
 clean: cluster-down

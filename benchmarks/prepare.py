@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from dradriver.api import kubelet as kapi  # noqa: E402
 from dradriver.dev import cluster  # noqa: E402
-from dradriver.k8s import Kube, path_for  # noqa: E402
+from dradriver.k8s import Kube, NotFound, path_for  # noqa: E402
 
 RES = "resource.k8s.io/v1"
 DRIVER = "gpu.dradriver.io"
@@ -139,6 +139,25 @@ def floor(sock: str, kube: Kube, ns: str, name: str, state: Path, n: int = 200) 
     return out
 
 
+def wait_node_ready(kube: Kube, kubelet: subprocess.Popen[bytes], work: Path) -> None:
+    """A starting kubelet deletes its node's slices: the plugin starts after it is up."""
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        if kubelet.poll() is not None:
+            raise RuntimeError(f"the kubelet exited; see {work / 'kubelet.log'}")
+        try:
+            node = kube.get(path_for("v1", "nodes", name=NODE))
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in node.get("status", {}).get("conditions", [])
+            ):
+                return
+        except NotFound:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"node {NODE} not Ready in 120s; see {work / 'kubelet.log'}")
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -157,7 +176,8 @@ def main() -> int:
     root, state = work / "kubelet", work / "state"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        sim = subprocess.Popen(
+        # The real kubelet (a hollow node) registers the plugin, as on a node.
+        kubelet = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -171,11 +191,11 @@ def main() -> int:
                 "--kubeconfig",
                 st.kubeconfig,
             ],
-            stdout=open(work / "sim.log", "wb"),  # noqa: SIM115 - the child keeps it
+            stdout=open(work / "kubelet.log", "wb"),  # noqa: SIM115 - the child keeps it
             stderr=subprocess.STDOUT,
         )
-        procs.append(sim)
-        time.sleep(2)
+        procs.append(kubelet)
+        wait_node_ready(kube, kubelet, work)
         port = 18000 + os.getpid() % 1000
         t0 = time.perf_counter()
         plugin = subprocess.Popen(

@@ -33,7 +33,7 @@ def _dev_cluster(args: argparse.Namespace) -> int:
 
 
 def _dev_kubelet(args: argparse.Namespace) -> int:
-    from dradriver.dev.kubeletsim.main import run
+    from dradriver.dev.kubelet import run
 
     return run(args)
 
@@ -102,9 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     controller_arguments(ct)
     ct.set_defaults(func=_controller)
 
-    dev = sub.add_parser(
-        "dev", help="tools for driver developers (local cluster, kubelet simulator)"
-    )
+    dev = sub.add_parser("dev", help="tools for driver developers (local cluster, hollow nodes)")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="TOOL")
 
     cl = dev_sub.add_parser("cluster", help="start or stop the local Kubernetes control plane")
@@ -121,15 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cl.set_defaults(func=_dev_cluster)
 
-    from dradriver.dev.kubeletsim.main import add_arguments
+    from dradriver.dev.kubelet import add_arguments
 
     kl = dev_sub.add_parser(
         "kubelet",
-        help="simulate one node's kubelet: registration, DRA prepare/unprepare, CDI",
-        description="A DRA kubelet simulator for one node. It keeps a Node object, registers "
-        "DRA plugins found in <root>/plugins_registry, prepares the claims of pods bound to the "
-        "node, resolves the returned CDI devices and records each container's edits under "
-        "<root>/pods/.",
+        help="run one hollow GPU node: the v1.34 kubelet's own code, a CRI that resolves CDI",
+        description="Runs the kubelet's own code (k8s.io/kubernetes, the control plane's "
+        "version) as a node without containers: kubemark's hollow kubelet with the real DRA "
+        "manager, and a CRI runtime that resolves each container's CDI devices against the "
+        "node's CDI directories as containerd does, recording what each container got under "
+        "<root>/cri/pods/. Built from tools/controlplane on first use (needs Go).",
     )
     add_arguments(kl)
     kl.set_defaults(func=_dev_kubelet)

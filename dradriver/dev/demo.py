@@ -1,8 +1,9 @@
 """`make demo`: the whole driver on one machine, no GPUs and no cluster needed.
 
-A local Kubernetes 1.34 control plane (alpha DRA gates on), two simulated nodes with
-fake GPUs, one kubelet plugin per node, every example claim applied, and a summary of
-what each pod received. `KEEP=1 make demo` leaves everything running for kubectl.
+A local Kubernetes 1.34 control plane (alpha DRA gates on), two hollow nodes (the
+kubelet's own code, with a runtime that resolves CDI) with fake GPUs, one kubelet plugin
+per node, every example claim applied, and a summary of what each pod received.
+`KEEP=1 make demo` leaves everything running for kubectl.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import yaml
 
 from dradriver.dev import cluster
+from dradriver.dev import kubelet as hollow
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,14 +58,16 @@ class NodeProcs:
     procs: list[subprocess.Popen[bytes]]
 
 
-def start_node(name: str, devices: str, mode: str, kubeconfig: str, logs: Path) -> NodeProcs:
+def start_node(
+    kube: Kube, name: str, devices: str, mode: str, kubeconfig: str, logs: Path
+) -> NodeProcs:
     root = STATE / "nodes" / name
     state = STATE / "nodes" / f"{name}-state"
     for d in (root, state):
         d.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     common = [sys.executable, "-m", "dradriver.cli"]
-    sim = subprocess.Popen(
+    kubelet = subprocess.Popen(
         [
             *common,
             "dev",
@@ -74,13 +78,15 @@ def start_node(name: str, devices: str, mode: str, kubeconfig: str, logs: Path) 
             str(root),
             "--kubeconfig",
             kubeconfig,
+            "--alpha",
         ],
         stdout=open(logs / f"{name}-kubelet.log", "ab"),  # noqa: SIM115
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
     )
-    time.sleep(1.0)  # the simulated kubelet deletes the node's slices when it starts
+    # A starting kubelet deletes its node's slices: let it, before the plugin publishes.
+    wait(f"node {name} Ready", lambda: _node_ready(kube, name, kubelet))
     plugin = subprocess.Popen(
         [
             *common,
@@ -107,7 +113,17 @@ def start_node(name: str, devices: str, mode: str, kubeconfig: str, logs: Path) 
         env=env,
         start_new_session=True,
     )
-    return NodeProcs(name, root, state, [sim, plugin])
+    return NodeProcs(name, root, state, [kubelet, plugin])
+
+
+def _node_ready(kube: Kube, name: str, kubelet: subprocess.Popen[bytes]) -> bool:
+    if kubelet.poll() is not None:
+        raise RuntimeError(f"the kubelet of {name} exited; see .devcluster/logs/{name}-kubelet.log")
+    try:
+        conds = kube.get(path_for("v1", "nodes", name=name)).get("status", {}).get("conditions")
+    except NotFound:
+        return False
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds or [])
 
 
 def wait(what: str, fn: Any, timeout: float = 60.0) -> Any:
@@ -188,8 +204,9 @@ def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
                 uuid = f.get("uuid") or f.get("parentUUID", "")
                 out.append(f"  {r['request']}: {r['device']} ({what}) {uuid}")
         if node in nodes:
+            # What the node's runtime gave each container, CDI edits applied.
             recs = sorted(
-                (nodes[node].root / "pods" / pod["metadata"]["uid"] / "containers").glob("*.json")
+                (nodes[node].root / "cri" / "pods" / pod["metadata"]["uid"]).glob("*.json")
             )
             for rec in recs:
                 env = json.loads(rec.read_text())["env"]
@@ -217,7 +234,7 @@ def mig_layout(nodes: dict[str, NodeProcs]) -> str:
 HELM_BUILD = REPO / "tools" / "helm" / "build.sh"
 CHART = REPO / "deploy" / "helm" / "dradriver"
 # What the demo takes from the chart. The rest (DaemonSet, RBAC, webhook) is for a real
-# cluster with the image; here the plugins run as processes beside the simulators.
+# cluster with the image; here the plugins run as processes beside the hollow nodes.
 CHART_OBJECTS = {
     "DeviceClass": "deviceclasses",
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
@@ -259,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     say("building (or finding) the Kubernetes 1.34 control plane")
     bins = cluster.build_binaries()
+    say("building (or finding) the hollow node: the v1.34 kubelet with a CDI-resolving runtime")
+    hollow.build()
     cluster.down(STATE)
     say(
         "starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager "
@@ -273,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(Conflict):
                 kube.create(path_for(doc["apiVersion"], CHART_OBJECTS[doc["kind"]]), doc)
         for name, (devices, mode) in NODES.items():
-            say(f"node {name}: kubelet simulator + kubelet plugin ({devices}, MIG mode {mode})")
-            nodes[name] = start_node(name, devices, mode, st.kubeconfig, logs)
+            say(f"node {name}: kubelet (hollow node) + kubelet plugin ({devices}, MIG mode {mode})")
+            nodes[name] = start_node(kube, name, devices, mode, st.kubeconfig, logs)
         for name in NODES:
             wait(
                 f"slices of {name}",

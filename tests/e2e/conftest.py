@@ -20,7 +20,7 @@ import pytest
 from dradriver.dev import cluster as devcluster
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 
-from .helpers import Cluster, KubeletSim, wait_for
+from .helpers import Cluster, HollowNode, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -113,12 +113,13 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-def kubelet_sim(
+def hollow_node(
     cluster: Cluster, kube: Kube, short_tmp: Path
-) -> Iterator[Callable[..., KubeletSim]]:
-    """Starts `dradriver dev kubelet` processes (on the GA cluster unless another
-    kubeconfig/kube pair is given); each is stopped and its Node deleted after the test."""
-    sims: list[tuple[KubeletSim, Kube]] = []
+) -> Iterator[Callable[..., HollowNode]]:
+    """Starts hollow nodes (`dradriver dev kubelet`: the real kubelet's code) on the GA
+    cluster unless another kubeconfig/kube pair is given; each is stopped and its Node
+    deleted after the test."""
+    kubelets: list[tuple[HollowNode, Kube]] = []
 
     def start(
         node: str | None = None,
@@ -126,20 +127,20 @@ def kubelet_sim(
         kubeconfig: str | None = None,
         api: Kube | None = None,
         extra_args: list[str] | None = None,
-    ) -> KubeletSim:
-        node = node or f"sim-{secrets.token_hex(3)}"
-        sim = KubeletSim(
+    ) -> HollowNode:
+        node = node or f"node-{secrets.token_hex(3)}"
+        kubelet = HollowNode(
             kubeconfig or cluster.kubeconfig, node, short_tmp / node, extra_args=extra_args
         )
-        sims.append((sim, api or kube))
-        sim.start()
-        sim.wait_node_ready(api or kube)
-        return sim
+        kubelets.append((kubelet, api or kube))
+        kubelet.start()
+        kubelet.wait_node_ready(api or kube)
+        return kubelet
 
     yield start
-    for sim, api in sims:
-        sim.stop()
-        # Shown by pytest only when the test failed: what the simulated kubelet saw.
-        print(f"--- kubelet simulator {sim.node}, last lines ---\n{sim.log()[-4000:]}")
+    for kubelet, api in kubelets:
+        kubelet.stop()
+        # Shown by pytest only when the test failed: what the kubelet saw.
+        print(f"--- kubelet of {kubelet.node}, last lines ---\n{kubelet.log()[-6000:]}")
         with contextlib.suppress(KubeError):
-            api.delete(path_for("v1", "nodes", name=sim.node), missing_ok=True)
+            api.delete(path_for("v1", "nodes", name=kubelet.node), missing_ok=True)

@@ -1,4 +1,5 @@
-"""Helpers for end-to-end tests: waiting, and the kubelet simulator as a real process."""
+"""Helpers for end-to-end tests: waiting, and hollow nodes (the real kubelet) and the
+plugin as real processes."""
 
 from __future__ import annotations
 
@@ -83,8 +84,13 @@ class DradriverProcess:
         return self.log_path.read_text(errors="replace")
 
 
-class KubeletSim(DradriverProcess):
-    """`dradriver dev kubelet` in its own process, as a developer runs it."""
+# The kubelet's log line (at -v=3) once its start-up wipe of the node's slices is done.
+STARTUP_WIPE = '"Deleted ResourceSlices" logger="DRA registration handler.startup"'
+
+
+class HollowNode(DradriverProcess):
+    """`dradriver dev kubelet`: the v1.34 kubelet's own code as a node, in its own process,
+    as a developer runs it (see dradriver/dev/kubelet.py for what its root holds)."""
 
     def __init__(
         self, kubeconfig: str, node: str, root: Path, *, extra_args: list[str] | None = None
@@ -123,31 +129,41 @@ class KubeletSim(DradriverProcess):
             ]
         )
 
-    def restart(self) -> None:
-        self.stop()
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        self.stop(sig)
         self.start()
 
-    def wait_node_ready(self, kube: Kube, timeout: float = 30) -> None:
+    def wait_node_ready(self, kube: Kube, timeout: float = 60) -> None:
+        """Until the Node is Ready and the kubelet has wiped the node's slices, which it
+        does once at start, in the background, as soon as it sees its own Node."""
+        wipes = self.log().count(STARTUP_WIPE)
+
         def ready() -> bool:
-            assert self.alive(), f"simulator exited:\n{self.log()[-3000:]}"
+            assert self.alive(), f"hollow node exited:\n{self.log()[-3000:]}"
             node = get_or_none(kube, path_for("v1", "nodes", name=self.node))
             conds = (node or {}).get("status", {}).get("conditions", [])
-            return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+            return ready and self.log().count(STARTUP_WIPE) > wipes
 
-        wait_for(ready, f"node {self.node} Ready", timeout)
-
-    def status(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.root / "status.json").read_text())
-        except (OSError, ValueError):
-            return {}
+        wait_for(ready, f"node {self.node} Ready, its slices wiped", timeout)
 
     def container(self, pod_uid: str, name: str) -> dict[str, Any] | None:
-        p = self.root / "pods" / pod_uid / "containers" / f"{name}.json"
+        """What the runtime gave a running container (env, device nodes, mounts, hooks,
+        CDI IDs), or None where it has not created it (or the pod is gone)."""
+        p = self.root / "cri" / "pods" / pod_uid / f"{name}.json"
         try:
             return json.loads(p.read_text())
         except (OSError, ValueError):
             return None
+
+    def claim_infos(self) -> list[dict[str, Any]]:
+        """The kubelet's own DRA checkpoint (<root>/dra_manager_state): one entry per
+        claim it holds, with the pods using it and the devices the driver returned."""
+        try:
+            outer = json.loads((self.root / "dra_manager_state").read_text())
+        except (OSError, ValueError):
+            return []
+        return list(json.loads(outer["Data"]).get("ClaimInfoStateList") or [])
 
 
 def publish_slice(
@@ -234,23 +250,24 @@ def free_port() -> int:
 
 
 class PluginProc(DradriverProcess):
-    """`dradriver kubelet-plugin` in its own process, pointed at a simulated node."""
+    """`dradriver kubelet-plugin` in its own process, pointed at a hollow node's kubelet."""
 
     def __init__(
         self,
         kubeconfig: str,
-        sim: KubeletSim,
+        kubelet: HollowNode,
         devices: str,
         mig_mode: str = "none",
         *,
         state_dir: Path | None = None,
         instance: str = "a",
     ) -> None:
-        self.kubeconfig, self.sim, self.devices, self.mig_mode = kubeconfig, sim, devices, mig_mode
-        self.state_dir = state_dir or sim.root.parent / f"{sim.node}-state"
+        self.kubeconfig, self.kubelet = kubeconfig, kubelet
+        self.devices, self.mig_mode = devices, mig_mode
+        self.state_dir = state_dir or kubelet.root.parent / f"{kubelet.node}-state"
         self.instance = instance
         self.port = free_port()
-        self.log_path = sim.root.parent / f"{sim.node}-plugin-{instance}.log"
+        self.log_path = kubelet.root.parent / f"{kubelet.node}-plugin-{instance}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -259,7 +276,7 @@ class PluginProc(DradriverProcess):
             [
                 "kubelet-plugin",
                 "--node-name",
-                self.sim.node,
+                self.kubelet.node,
                 "--devices",
                 self.devices,
                 "--mig-mode",
@@ -267,9 +284,9 @@ class PluginProc(DradriverProcess):
                 "--kubeconfig",
                 self.kubeconfig,
                 "--kubelet-dir",
-                str(self.sim.root),
+                str(self.kubelet.root),
                 "--cdi-dir",
-                str(self.sim.cdi_dir),
+                str(self.kubelet.cdi_dir),
                 "--state-dir",
                 str(self.state_dir),
                 "--instance",
@@ -366,10 +383,10 @@ def token_kubeconfig(admin_kubeconfig: str, token: str, dest: Path) -> str:
 
 
 class NodeUnderTest:
-    """A simulated node with a running plugin, and the few things tests do with it."""
+    """A hollow node with a running plugin, and the few things tests do with it."""
 
-    def __init__(self, kube: Kube, ns: str, sim: KubeletSim, plugin: PluginProc) -> None:
-        self.kube, self.ns, self.sim, self.plugin = kube, ns, sim, plugin
+    def __init__(self, kube: Kube, ns: str, kubelet: HollowNode, plugin: PluginProc) -> None:
+        self.kube, self.ns, self.kubelet, self.plugin = kube, ns, kubelet, plugin
 
     def apply(self, example: str, suffix: str = "") -> list[str]:
         """Creates examples/claims/<example>.yaml pinned to this node; returns its pods."""
@@ -381,7 +398,7 @@ class NodeUnderTest:
                     if "resourceClaimTemplateName" in rc:
                         rc["resourceClaimTemplateName"] += suffix
             if doc["kind"] == "Pod":
-                doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.sim.node}
+                doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.kubelet.node}
 
         docs = create_objects(
             self.kube, load_yaml(REPO / "examples" / "claims" / f"{example}.yaml"), self.ns, pin
@@ -410,7 +427,7 @@ class NodeUnderTest:
             )
 
     def record(self, pod: dict[str, Any], container: str = "main") -> dict[str, Any]:
-        rec = self.sim.container(pod["metadata"]["uid"], container)
+        rec = self.kubelet.container(pod["metadata"]["uid"], container)
         assert rec is not None, f"no record for container {container}"
         return rec
 

@@ -26,7 +26,7 @@ from .helpers import (
     REPO,
     RES,
     Cluster,
-    KubeletSim,
+    HollowNode,
     PluginProc,
     apply_object,
     free_port,
@@ -45,7 +45,7 @@ DRIVER = "gpu.dradriver.io"
 PAUSE = "registry.k8s.io/pause:3.10"
 POLICY_SAYS = "may only create, update and delete ResourceSlices whose spec.nodeName is the node"
 # No kubelet runs the chart's pods here: keep the DaemonSet and the Deployment off the
-# simulated nodes, which should see only the pods the tests create.
+# hollow nodes, which should see only the pods the tests create.
 INERT = {"nodeSelector": {"dradriver.io/e2e": "never"}}
 TEST_VALUES: dict[str, Any] = {
     "devices": "fake:2xH100-80GB",
@@ -362,25 +362,28 @@ def test_plugin_works_with_only_the_chart_rbac(
     kube: Kube,
     release: Release,
     namespace: str,
-    kubelet_sim: Callable[..., KubeletSim],
+    hollow_node: Callable[..., HollowNode],
 ) -> None:
-    sim = kubelet_sim()
-    wait_for(lambda: "kubelet simulator running" in sim.log(), "the simulator's slice cleanup")
-    pod = sa_pod(kube, release.ns, f"plugin-{sim.node}", release.plugin_sa, sim.node)
+    kubelet = hollow_node()
+    pod = sa_pod(kube, release.ns, f"plugin-{kubelet.node}", release.plugin_sa, kubelet.node)
     token = request_token(kube, release.ns, release.plugin_sa, pod)
-    kcfg = token_kubeconfig(cluster.kubeconfig, token, sim.root.parent / f"{sim.node}.kubeconfig")
+    kcfg = token_kubeconfig(
+        cluster.kubeconfig, token, kubelet.root.parent / f"{kubelet.node}.kubeconfig"
+    )
     # A slice an older plugin left behind: publishing must delete it.
-    stale = kube.create(path_for(RES, "resourceslices"), slice_body(f"{sim.node}-old", sim.node))
+    stale = kube.create(
+        path_for(RES, "resourceslices"), slice_body(f"{kubelet.node}-old", kubelet.node)
+    )
     stale_path = path_for(RES, "resourceslices", name=stale["metadata"]["name"])
-    plugin = PluginProc(kcfg, sim, "fake:2xH100-80GB")
+    plugin = PluginProc(kcfg, kubelet, "fake:2xH100-80GB")
     plugin.start()
     try:
         wait_for(plugin.ready, "the plugin to be ready as its ServiceAccount", 30)
         assert get_or_none(kube, stale_path) is None
         slices = path_for(RES, "resourceslices")
-        (s,) = kube.list(slices, fieldSelector=f"spec.nodeName={sim.node}")["items"]
+        (s,) = kube.list(slices, fieldSelector=f"spec.nodeName={kubelet.node}")["items"]
         # GET on its Node worked: the slice is garbage-collected with the Node.
-        assert s["metadata"]["ownerReferences"][0]["name"] == sim.node
+        assert s["metadata"]["ownerReferences"][0]["name"] == kubelet.node
         # A slice that no longer matches what the plugin publishes is replaced (PUT).
         mine = f"{slices}/{s['metadata']['name']}"
         key = f"{DRIVER}/fingerprint"
@@ -403,7 +406,7 @@ def test_plugin_works_with_only_the_chart_rbac(
             {
                 "metadata": {"name": "work"},
                 "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": sim.node},
+                    "nodeSelector": {"kubernetes.io/hostname": kubelet.node},
                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
                     "containers": [
                         {"name": "main", "image": PAUSE, "resources": {"claims": [{"name": "gpu"}]}}
@@ -417,7 +420,7 @@ def test_plugin_works_with_only_the_chart_rbac(
             "the pod to run",
             45,
         )
-        rec = sim.container(work["metadata"]["uid"], "main")
+        rec = kubelet.container(work["metadata"]["uid"], "main")
         assert rec is not None
         env = dict(e.split("=", 1) for e in rec["env"])
         assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
@@ -428,7 +431,7 @@ def test_plugin_works_with_only_the_chart_rbac(
         )
         kube.delete(pod_path)
         wait_for(lambda: get_or_none(kube, pod_path) is None, "the pod to be gone", 30)
-        wait_for(lambda: not list(sim.cdi_dir.glob("*.json")), "the claim unprepared", 15)
+        wait_for(lambda: not list(kubelet.cdi_dir.glob("*.json")), "the claim unprepared", 15)
         assert "forbidden" not in plugin.log().lower()
     finally:
         plugin.stop()
@@ -438,7 +441,7 @@ def test_plugin_works_with_only_the_chart_rbac(
         refused = {
             "list secrets": lambda: as_plugin.list(path_for("v1", "secrets")),
             "list pods": lambda: as_plugin.list(path_for("v1", "pods", namespace)),
-            "delete its node": lambda: as_plugin.delete(path_for("v1", "nodes", name=sim.node)),
+            "delete its node": lambda: as_plugin.delete(path_for("v1", "nodes", name=kubelet.node)),
             "watch slices": lambda: next(
                 as_plugin.watch(path_for(RES, "resourceslices"), timeout_seconds=1), None
             ),

@@ -18,7 +18,7 @@ from dradriver.nvml.fake import load
 from .helpers import (
     RES,
     Cluster,
-    KubeletSim,
+    HollowNode,
     NodeUnderTest,
     PluginProc,
     ensure_device_classes,
@@ -33,7 +33,7 @@ SPEC = "3xH100-80GB"
 class MigNode(NodeUnderTest):
     def layout(self) -> set[tuple[int, str, int]]:
         """What the (fake) hardware has now: (GPU index, profile, placement)."""
-        fake = load(SPEC, node=self.sim.node, state_dir=self.plugin.state_dir)
+        fake = load(SPEC, node=self.kubelet.node, state_dir=self.plugin.state_dir)
         return {
             (g.index, gi.profile.name, gi.start)
             for g in fake.machine.gpus
@@ -41,7 +41,7 @@ class MigNode(NodeUnderTest):
         }
 
     def mig_modes(self) -> list[bool]:
-        fake = load(SPEC, node=self.sim.node, state_dir=self.plugin.state_dir)
+        fake = load(SPEC, node=self.kubelet.node, state_dir=self.plugin.state_dir)
         return [g.mig_enabled for g in fake.machine.gpus]
 
     def allocated(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -54,15 +54,15 @@ class MigNode(NodeUnderTest):
 def mig_node(
     alpha_cluster: Cluster,
     alpha_kube: Kube,
-    kubelet_sim: Callable[..., KubeletSim],
+    hollow_node: Callable[..., HollowNode],
     request: pytest.FixtureRequest,
 ) -> Iterator[MigNode]:
     k = alpha_kube
     ensure_device_classes(k)
-    sim = kubelet_sim(kubeconfig=alpha_cluster.kubeconfig, api=k)
-    plugin = PluginProc(alpha_cluster.kubeconfig, sim, f"fake:{SPEC}", "dynamic")
+    kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
+    plugin = PluginProc(alpha_cluster.kubeconfig, kubelet, f"fake:{SPEC}", "dynamic")
     plugin.start()
-    ns = f"mig-{sim.node}"
+    ns = f"mig-{kubelet.node}"
     k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
     wait_for(
         lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
@@ -71,7 +71,7 @@ def mig_node(
     )
     try:
         wait_for(plugin.ready, "the plugin", 30)
-        yield MigNode(k, ns, sim, plugin)
+        yield MigNode(k, ns, kubelet, plugin)
     finally:
         plugin.stop()
         k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)

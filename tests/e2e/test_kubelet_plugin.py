@@ -1,5 +1,5 @@
 """The kubelet plugin, run as a user runs it, against the real control plane and the
-kubelet simulator (P3)."""
+real kubelet (a hollow node) (P3)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dradriver.k8s import Kube, path_for
 from .helpers import (
     RES,
     Cluster,
-    KubeletSim,
+    HollowNode,
     NodeUnderTest,
     PluginProc,
     ensure_device_classes,
@@ -32,15 +32,15 @@ PAUSE = "registry.k8s.io/pause:3.10"
 
 class GpuNode(NodeUnderTest):
     def __init__(
-        self, kube: Kube, ns: str, sim: KubeletSim, plugin: PluginProc, cluster: Cluster
+        self, kube: Kube, ns: str, kubelet: HollowNode, plugin: PluginProc, cluster: Cluster
     ) -> None:
-        super().__init__(kube, ns, sim, plugin)
+        super().__init__(kube, ns, kubelet, plugin)
         self.cluster = cluster
 
     def slices(self) -> list[dict[str, Any]]:
         return list(
             self.kube.list(
-                path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={self.sim.node}"
+                path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={self.kubelet.node}"
             )["items"]
         )
 
@@ -80,8 +80,9 @@ class GpuNode(NodeUnderTest):
         containers: tuple[str, ...] = ("main",),
         init: tuple[str, ...] = (),
     ) -> dict[str, Any]:
-        def ctr(n: str) -> dict[str, Any]:
-            return {"name": n, "image": PAUSE, "resources": {"claims": [{"name": "gpus"}]}}
+        def ctr(n: str, command: list[str] | None = None) -> dict[str, Any]:
+            c = {"name": n, "image": PAUSE, "resources": {"claims": [{"name": "gpus"}]}}
+            return {**c, "command": command} if command else c
 
         rc: dict[str, Any] = {"name": "gpus"}
         if claim:
@@ -89,12 +90,13 @@ class GpuNode(NodeUnderTest):
         else:
             rc["resourceClaimTemplateName"] = template
         spec: dict[str, Any] = {
-            "nodeSelector": {"kubernetes.io/hostname": self.sim.node},
+            "nodeSelector": {"kubernetes.io/hostname": self.kubelet.node},
             "resourceClaims": [rc],
             "containers": [ctr(n) for n in containers],
         }
         if init:
-            spec["initContainers"] = [ctr(n) for n in init]
+            # `true` completes at once in the hollow node's runtime, as an init container must.
+            spec["initContainers"] = [ctr(n, ["true"]) for n in init]
         return self.kube.create(
             path_for("v1", "pods", self.ns), {"metadata": {"name": name}, "spec": spec}
         )
@@ -104,18 +106,18 @@ class GpuNode(NodeUnderTest):
         return dict(json.loads(p.read_text())["payload"]["claims"]) if p.exists() else {}
 
     def cdi_specs(self) -> list[str]:
-        return sorted(p.name for p in self.sim.cdi_dir.glob("*.json"))
+        return sorted(p.name for p in self.kubelet.cdi_dir.glob("*.json"))
 
 
 @pytest.fixture
 def gpu_node(
-    cluster: Cluster, kube: Kube, namespace: str, kubelet_sim: Callable[..., KubeletSim]
+    cluster: Cluster, kube: Kube, namespace: str, hollow_node: Callable[..., HollowNode]
 ) -> Iterator[GpuNode]:
     ensure_device_classes(kube)
-    sim = kubelet_sim()
-    plugin = PluginProc(cluster.kubeconfig, sim, "fake:8xH100-80GB")
+    kubelet = hollow_node()
+    plugin = PluginProc(cluster.kubeconfig, kubelet, "fake:8xH100-80GB")
     plugin.start()
-    node = GpuNode(kube, namespace, sim, plugin, cluster)
+    node = GpuNode(kube, namespace, kubelet, plugin, cluster)
     try:
         wait_for(plugin.ready, "the plugin to be ready", 30)
         yield node
@@ -124,7 +126,7 @@ def gpu_node(
 
 
 def env_of(node: GpuNode, pod: dict[str, Any], container: str = "main") -> dict[str, str]:
-    rec = node.sim.container(pod["metadata"]["uid"], container)
+    rec = node.kubelet.container(pod["metadata"]["uid"], container)
     assert rec is not None, f"no record for {container}"
     return dict(e.split("=", 1) for e in rec["env"])
 
@@ -155,7 +157,7 @@ def test_one_gpu_pod_gets_its_gpu_by_uuid(gpu_node: GpuNode) -> None:
         15,
     )
     (st,) = c["status"]["devices"]
-    assert (st["driver"], st["device"], st["pool"]) == (DRIVER, dev, n.sim.node)
+    assert (st["driver"], st["device"], st["pool"]) == (DRIVER, dev, n.kubelet.node)
     assert st["data"]["uuid"] == n.uuid_of(dev)
     assert st["conditions"][0]["type"] == "Ready"
     n.delete("one")
@@ -191,11 +193,30 @@ def test_claim_shared_by_two_pods_is_prepared_once(gpu_node: GpuNode) -> None:
     assert n.plugin.metric("dradriver_unprepare_duration_seconds_count", result="ok") == 1
 
 
+def test_two_pods_created_together_share_one_preparation(gpu_node: GpuNode) -> None:
+    """The kubelet prepares each pod in its own worker, without a lock across the call:
+    two new pods of one claim ask for it at the same time, and both must get the same."""
+    n = gpu_node
+    n.claim("shared")
+    pods = [n.pod(name, claim="shared") for name in ("p1", "p2")]
+    for name in ("p1", "p2"):
+        n.running(name)
+    assert (
+        env_of(n, pods[0])["NVIDIA_VISIBLE_DEVICES"] == env_of(n, pods[1])["NVIDIA_VISIBLE_DEVICES"]
+    )
+    assert len(n.cdi_specs()) == 1 and len(n.checkpoint_claims()) == 1
+    (info,) = n.kubelet.claim_infos()
+    assert len(info["PodUIDs"]) == 2
+    n.delete("p1", "p2")
+    wait_for(lambda: n.cdi_specs() == [], "the CDI spec to go", 10)
+    assert n.checkpoint_claims() == {} and n.kubelet.claim_infos() == []
+
+
 def test_kubelet_restart_registers_again_and_republishes(gpu_node: GpuNode) -> None:
     n = gpu_node
     assert len(n.slices()) == 1
-    n.sim.stop()
-    n.sim.start()  # a starting kubelet deletes the node's slices ...
+    n.kubelet.stop()
+    n.kubelet.start()  # a starting kubelet deletes the node's slices ...
     wait_for(
         lambda: n.plugin.log().count("registered with the kubelet") >= 2,
         "a second registration",
@@ -207,7 +228,7 @@ def test_kubelet_restart_registers_again_and_republishes(gpu_node: GpuNode) -> N
 
 def test_registration_socket_is_recreated_when_removed(gpu_node: GpuNode) -> None:
     n = gpu_node
-    (sock,) = list(n.sim.registry_dir.glob("*-reg.sock"))
+    (sock,) = list(n.kubelet.registry_dir.glob("*-reg.sock"))
     sock.unlink()
     wait_for(sock.exists, "the registration socket to come back", 3)
     wait_for(
@@ -224,7 +245,7 @@ def test_plugin_sigkill_and_restart_keeps_prepared_claims(gpu_node: GpuNode) -> 
     n.running("p")
     n.plugin.stop(signal.SIGKILL)
     spec_before = n.cdi_specs()
-    (n.sim.cdi_dir / spec_before[0]).unlink()  # as a reboot would wipe /var/run/cdi
+    (n.kubelet.cdi_dir / spec_before[0]).unlink()  # as a reboot would wipe /var/run/cdi
     n.plugin.start()
     wait_for(n.plugin.ready, "the restarted plugin", 30)
     assert n.cdi_specs() == spec_before  # restored at startup from the checkpoint
@@ -283,6 +304,9 @@ def test_hundred_pods_in_sequence_leave_nothing_behind(gpu_node: GpuNode) -> Non
         "no CDI file and no checkpoint entry left",
         15,
     )
+    # Nor on the kubelet's side: its checkpoint and the runtime's records are empty too.
+    assert n.kubelet.claim_infos() == []
+    assert list((n.kubelet.root / "cri" / "pods").iterdir()) == []
     assert n.plugin.metric("dradriver_prepare_duration_seconds_count", result="ok") == 100
     assert n.plugin.metric("dradriver_unprepare_duration_seconds_count", result="ok") == 100
 
@@ -292,7 +316,7 @@ def call(
 ) -> Any:
     msgs = kapi.dra_v1 if version == "v1" else kapi.dra_v1beta1
     grpc_mod = kapi.dra_v1_grpc if version == "v1" else kapi.dra_v1beta1_grpc
-    (sock,) = list((node.sim.plugins_dir / DRIVER).glob("dra*.sock"))
+    (sock,) = list((node.kubelet.plugins_dir / DRIVER).glob("dra*.sock"))
     with grpc.insecure_channel(f"unix://{sock}") as ch:
         stub = grpc_mod.DRAPluginStub(ch)
         req_cls = (
@@ -311,7 +335,7 @@ def test_malformed_requests_get_clear_per_claim_errors(
     n = gpu_node
     # A claim allocated a device of another driver only (its slice on the same node).
     other = "other.example.com"
-    publish_slice(n.kube, n.sim.node, other, ["nic-0"], cleanup)
+    publish_slice(n.kube, n.kubelet.node, other, ["nic-0"], cleanup)
     cleanup(path_for(RES, "deviceclasses", name=f"other-{n.ns}"))
     n.kube.create(
         path_for(RES, "deviceclasses"),
@@ -337,7 +361,7 @@ def test_malformed_requests_get_clear_per_claim_errors(
     n.pod("good", claim="good")
     n.running("good")
     good = n.kube.get(path_for(RES, "resourceclaims", n.ns, "good"))
-    before = sorted(p.name for p in n.sim.root.parent.rglob("*"))
+    before = sorted(p.name for p in n.kubelet.root.parent.rglob("*"))
     claims = [
         (n.ns, good["metadata"]["uid"], "good"),
         (n.ns, foreign["metadata"]["uid"], "foreign"),
@@ -364,7 +388,7 @@ def test_malformed_requests_get_clear_per_claim_errors(
     # Unknown claims unprepare successfully (the kubelet may repeat itself).
     un = call(n, "unprepare", claims[3:4])
     assert un.claims[claims[3][1]].error == ""
-    after = sorted(p.name for p in n.sim.root.parent.rglob("*"))
+    after = sorted(p.name for p in n.kubelet.root.parent.rglob("*"))
     assert [p for p in after if p not in before and not p.endswith(".log")] == []
     assert len(n.cdi_specs()) == 1 and list(n.checkpoint_claims()) == [good["metadata"]["uid"]]
     assert n.plugin.alive()
@@ -395,14 +419,14 @@ def test_device_is_never_prepared_for_two_claims(gpu_node: GpuNode) -> None:
         "allocation": {
             "devices": {
                 "results": [
-                    {"request": "gpus", "driver": DRIVER, "pool": n.sim.node, "device": dev}
+                    {"request": "gpus", "driver": DRIVER, "pool": n.kubelet.node, "device": dev}
                 ]
             },
             "nodeSelector": {
                 "nodeSelectorTerms": [
                     {
                         "matchFields": [
-                            {"key": "metadata.name", "operator": "In", "values": [n.sim.node]}
+                            {"key": "metadata.name", "operator": "In", "values": [n.kubelet.node]}
                         ]
                     }
                 ]
@@ -422,18 +446,33 @@ def test_device_is_never_prepared_for_two_claims(gpu_node: GpuNode) -> None:
     assert f"device {dev} is already prepared for claim {n.ns}/first" in ev["message"]
     assert len(n.checkpoint_claims()) == 1
     assert len(n.cdi_specs()) == 1
+    # The kubelet records a claim before asking the plugin to prepare it, so deleting the
+    # refused pod unprepares a claim the plugin never prepared: that must not free the
+    # device of the claim that holds it.
+    unprepared = n.plugin.metric("dradriver_unprepare_duration_seconds_count", result="ok")
+    n.delete("p2")
+    assert n.plugin.metric("dradriver_unprepare_duration_seconds_count", result="ok") == (
+        unprepared + 1
+    )
+    (held,) = n.checkpoint_claims().values()
+    assert held["name"] == "first" and len(n.cdi_specs()) == 1
+    assert n.kube.get(path_for("v1", "pods", n.ns, "p"))["status"]["phase"] == "Running"
 
 
 def test_two_instances_run_side_by_side(gpu_node: GpuNode) -> None:
     """A rolling update: a second instance with its own sockets and the same state."""
     n = gpu_node
     second = PluginProc(
-        n.cluster.kubeconfig, n.sim, "fake:8xH100-80GB", state_dir=n.plugin.state_dir, instance="b"
+        n.cluster.kubeconfig,
+        n.kubelet,
+        "fake:8xH100-80GB",
+        state_dir=n.plugin.state_dir,
+        instance="b",
     )
     second.start()
     try:
         wait_for(second.ready, "the second instance", 30)
-        assert len(list(n.sim.registry_dir.glob("*-reg.sock"))) == 2
+        assert len(list(n.kubelet.registry_dir.glob("*-reg.sock"))) == 2
         n.claim("c")
         n.pod("p", claim="c")
         n.running("p")
@@ -450,8 +489,8 @@ def test_sigterm_removes_sockets(gpu_node: GpuNode) -> None:
     n = gpu_node
     n.plugin.stop(signal.SIGTERM)
     assert n.plugin.proc is not None and n.plugin.proc.returncode == 0
-    assert list(n.sim.registry_dir.glob("*.sock")) == []
-    assert list((n.sim.plugins_dir / DRIVER).glob("*.sock")) == []
+    assert list(n.kubelet.registry_dir.glob("*.sock")) == []
+    assert list((n.kubelet.plugins_dir / DRIVER).glob("*.sock")) == []
 
 
 def test_sighup_triggers_a_rediscovery(gpu_node: GpuNode) -> None:

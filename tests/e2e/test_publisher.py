@@ -15,7 +15,7 @@ from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import MigMode, build
 from dradriver.slices.publish import PublishLoop, SlicePublisher
 
-from .helpers import RES, Cluster, KubeletSim, wait_for
+from .helpers import RES, Cluster, HollowNode, wait_for
 
 DRIVER = "gpu.dradriver.io"
 
@@ -27,15 +27,15 @@ def slices(kube: Kube, node: str) -> list[dict]:  # type: ignore[type-arg]
 
 
 def test_fewest_writes_and_generation(
-    alpha_cluster: Cluster, alpha_kube: Kube, kubelet_sim: Callable[..., KubeletSim], tmp_path: Path
+    alpha_cluster: Cluster, alpha_kube: Kube, hollow_node: Callable[..., HollowNode], tmp_path: Path
 ) -> None:
     k = alpha_kube
-    sim = kubelet_sim(kubeconfig=alpha_cluster.kubeconfig, api=k)
-    pub = SlicePublisher(k, DRIVER, sim.node)
+    kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
+    pub = SlicePublisher(k, DRIVER, kubelet.node)
     spec = "4xH100-80GB"
 
     def desired() -> list:  # type: ignore[type-arg]
-        inv = open_nvml(f"fake:{spec}", node=sim.node, state_dir=tmp_path).discover().inventory
+        inv = open_nvml(f"fake:{spec}", node=kubelet.node, state_dir=tmp_path).discover().inventory
         return build(inv, MigMode.DYNAMIC).slices
 
     first = pub.sync(desired())
@@ -45,7 +45,7 @@ def test_fewest_writes_and_generation(
 
     # An admin carves a MIG device on GPU 2: only that GPU's slice changes, in one
     # atomic update, so the generation stays.
-    fake = load(spec, node=sim.node, state_dir=tmp_path)
+    fake = load(spec, node=kubelet.node, state_dir=tmp_path)
     fake.pynvml.nvmlInit()
     carver = MigCarver(fake.pynvml)
     gpu2 = fake.machine.gpus[2].uuid
@@ -53,7 +53,7 @@ def test_fewest_writes_and_generation(
     carver.create(gpu2, 9, 0, 4, 3)
     one = pub.sync(desired())
     assert (one.created, one.updated, one.deleted, one.generation) == (0, 1, 0, 1)
-    stored = {s["metadata"]["name"]: s for s in slices(k, sim.node)}
+    stored = {s["metadata"]["name"]: s for s in slices(k, kubelet.node)}
     gpu2_slice = next(s for n, s in stored.items() if n.endswith("-gpu-2"))
     names = {d["name"] for d in gpu2_slice["spec"]["devices"]}
     assert "gpu-2" not in names and "gpu-2-mig-3g40gb-4" in names
@@ -64,15 +64,15 @@ def test_fewest_writes_and_generation(
     spec, tmp_path = "3xH100-80GB", tmp_path / "other-machine"
     fewer = pub.sync(desired())
     assert fewer.deleted == 1 and fewer.generation == 2
-    pools = [s["spec"]["pool"] for s in slices(k, sim.node)]
-    assert pools == [{"name": sim.node, "generation": 2, "resourceSliceCount": 3}] * 3
+    pools = [s["spec"]["pool"] for s in slices(k, kubelet.node)]
+    assert pools == [{"name": kubelet.node, "generation": 2, "resourceSliceCount": 3}] * 3
 
 
 def test_nothing_is_published_before_discovery_succeeds(
-    cluster: Cluster, kube: Kube, kubelet_sim: Callable[..., KubeletSim]
+    cluster: Cluster, kube: Kube, hollow_node: Callable[..., HollowNode]
 ) -> None:
-    sim = kubelet_sim()
-    pub = SlicePublisher(kube, DRIVER, sim.node)
+    kubelet = hollow_node()
+    pub = SlicePublisher(kube, DRIVER, kubelet.node)
     attempts: list[float] = []
     ready = threading.Event()
 
@@ -80,7 +80,7 @@ def test_nothing_is_published_before_discovery_succeeds(
         attempts.append(time.monotonic())
         if not ready.is_set():
             raise RuntimeError("NVML init failed: driver layer: the kernel driver is not loaded")
-        inv = open_nvml("fake:2xL4", node=sim.node, state_dir=None).discover().inventory
+        inv = open_nvml("fake:2xL4", node=kubelet.node, state_dir=None).discover().inventory
         return build(inv, MigMode.NONE).slices
 
     loop = PublishLoop(pub, desired, period=60, backoff_max=0.5)
@@ -89,11 +89,11 @@ def test_nothing_is_published_before_discovery_succeeds(
     t.start()
     try:
         wait_for(lambda: len(attempts) >= 3, "a few retries", 10)
-        assert slices(kube, sim.node) == []  # never an empty or half-built pool
+        assert slices(kube, kubelet.node) == []  # never an empty or half-built pool
         assert "kernel driver is not loaded" in loop.last_error
         ready.set()
         wait_for(loop.published.is_set, "the first publication", 10)
-        assert len(slices(kube, sim.node)) == 1
+        assert len(slices(kube, kubelet.node)) == 1
     finally:
         stop.set()
         t.join(5)

@@ -16,7 +16,7 @@ from dradriver.nvml.sharing import mps_alive
 
 from .helpers import (
     Cluster,
-    KubeletSim,
+    HollowNode,
     NodeUnderTest,
     PluginProc,
     ensure_device_classes,
@@ -26,12 +26,14 @@ from .helpers import (
 
 
 class SharedNode(NodeUnderTest):
-    def __init__(self, kube: Kube, ns: str, sim: KubeletSim, plugin: PluginProc, spec: str) -> None:
-        super().__init__(kube, ns, sim, plugin)
+    def __init__(
+        self, kube: Kube, ns: str, kubelet: HollowNode, plugin: PluginProc, spec: str
+    ) -> None:
+        super().__init__(kube, ns, kubelet, plugin)
         self.spec = spec
 
     def machine(self) -> Any:
-        return load(self.spec, node=self.sim.node, state_dir=self.plugin.state_dir).machine
+        return load(self.spec, node=self.kubelet.node, state_dir=self.plugin.state_dir).machine
 
     def daemons(self) -> list[int]:
         return [int(p.read_text()) for p in (self.plugin.state_dir / "mps").glob("*/pipe/control")]
@@ -39,7 +41,7 @@ class SharedNode(NodeUnderTest):
     def leftovers(self) -> dict[str, Any]:
         m = self.machine()
         return {
-            "cdi": sorted(p.name for p in self.sim.cdi_dir.glob("*.json")),
+            "cdi": sorted(p.name for p in self.kubelet.cdi_dir.glob("*.json")),
             "daemons": [p for p in self.daemons() if mps_alive(p)],
             "compute modes": [g.compute_mode for g in m.gpus if g.compute_mode != 0],
             "MIG devices": [gi.profile.name for g in m.gpus for gi in g.gpu_instances.values()],
@@ -50,15 +52,15 @@ def shared_node(
     cluster: Cluster,
     kube: Kube,
     namespace: str,
-    kubelet_sim: Callable[..., KubeletSim],
+    hollow_node: Callable[..., HollowNode],
     spec: str,
     mode: str,
 ) -> Iterator[SharedNode]:
     ensure_device_classes(kube)
-    sim = kubelet_sim(kubeconfig=cluster.kubeconfig, api=kube)
-    plugin = PluginProc(cluster.kubeconfig, sim, f"fake:{spec}", mode)
+    kubelet = hollow_node(kubeconfig=cluster.kubeconfig, api=kube)
+    plugin = PluginProc(cluster.kubeconfig, kubelet, f"fake:{spec}", mode)
     plugin.start()
-    node = SharedNode(kube, namespace, sim, plugin, spec)
+    node = SharedNode(kube, namespace, kubelet, plugin, spec)
     try:
         wait_for(plugin.ready, "the plugin", 30)
         yield node
@@ -73,9 +75,9 @@ def shared_node(
 
 @pytest.fixture
 def node(
-    cluster: Cluster, kube: Kube, namespace: str, kubelet_sim: Callable[..., KubeletSim]
+    cluster: Cluster, kube: Kube, namespace: str, hollow_node: Callable[..., HollowNode]
 ) -> Iterator[SharedNode]:
-    yield from shared_node(cluster, kube, namespace, kubelet_sim, "2xA100-80GB", "none")
+    yield from shared_node(cluster, kube, namespace, hollow_node, "2xA100-80GB", "none")
 
 
 def test_one_gpu_time_sliced_between_two_pods(node: SharedNode) -> None:
@@ -83,10 +85,14 @@ def test_one_gpu_time_sliced_between_two_pods(node: SharedNode) -> None:
     a, b = (node.running(p) for p in pods)
     assert node.env(a)["NVIDIA_VISIBLE_DEVICES"] == node.env(b)["NVIDIA_VISIBLE_DEVICES"]
     uuid = node.env(a)["NVIDIA_VISIBLE_DEVICES"]
-    sharing = json.loads((node.plugin.state_dir / f"fake-sharing-{node.sim.node}.json").read_text())
+    sharing = json.loads(
+        (node.plugin.state_dir / f"fake-sharing-{node.kubelet.node}.json").read_text()
+    )
     assert sharing[uuid] == {"timeslice": 3}  # interval Long
     node.delete(*pods)
-    sharing = json.loads((node.plugin.state_dir / f"fake-sharing-{node.sim.node}.json").read_text())
+    sharing = json.loads(
+        (node.plugin.state_dir / f"fake-sharing-{node.kubelet.node}.json").read_text()
+    )
     assert sharing[uuid] == {"timeslice": 0}
     assert node.leftovers() == {"cdi": [], "daemons": [], "compute modes": [], "MIG devices": []}
 
@@ -116,7 +122,7 @@ def test_mps_with_limits_shared_by_two_pods(node: SharedNode) -> None:
 
 
 def test_mig_device_shared_by_two_containers(
-    alpha_cluster: Cluster, alpha_kube: Kube, kubelet_sim: Callable[..., KubeletSim]
+    alpha_cluster: Cluster, alpha_kube: Kube, hollow_node: Callable[..., HollowNode]
 ) -> None:
     ns = "shared-mig"
     k = alpha_kube
@@ -127,7 +133,7 @@ def test_mig_device_shared_by_two_containers(
         30,
     )
     try:
-        for node in shared_node(alpha_cluster, k, ns, kubelet_sim, "1xH100-80GB", "dynamic"):
+        for node in shared_node(alpha_cluster, k, ns, hollow_node, "1xH100-80GB", "dynamic"):
             (pod,) = node.apply("mig-shared-by-containers")
             p = node.running(pod)
             t, e = node.env(p, "trainer"), node.env(p, "evaluator")

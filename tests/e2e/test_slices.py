@@ -19,7 +19,7 @@ from .helpers import (
     REPO,
     RES,
     Cluster,
-    KubeletSim,
+    HollowNode,
     create_objects,
     ensure_device_classes,
     get_or_none,
@@ -34,7 +34,7 @@ EXAMPLES = REPO / "examples" / "claims"
 @dataclass
 class Fleet:
     kube: Kube
-    nodes: dict[str, KubeletSim]  # role -> simulated node
+    nodes: dict[str, HollowNode]  # role -> simulated node
     publishers: dict[str, SlicePublisher]
 
     def device(self, result: dict[str, Any]) -> dict[str, Any]:
@@ -46,18 +46,18 @@ class Fleet:
         )
 
 
-def publish(kube: Kube, sim: KubeletSim, spec: str, mode: MigMode) -> SlicePublisher:
-    inv = open_nvml(f"fake:{spec}", node=sim.node, state_dir=None).discover().inventory
-    pub = SlicePublisher(kube, DRIVER, sim.node)
+def publish(kube: Kube, kubelet: HollowNode, spec: str, mode: MigMode) -> SlicePublisher:
+    inv = open_nvml(f"fake:{spec}", node=kubelet.node, state_dir=None).discover().inventory
+    pub = SlicePublisher(kube, DRIVER, kubelet.node)
     stats = pub.sync(build(inv, mode).slices)
     assert stats.created >= 1 and stats.generation == 1
     return pub
 
 
 @pytest.fixture
-def fleet(kube: Kube, kubelet_sim: Callable[..., KubeletSim]) -> Iterator[Fleet]:
+def fleet(kube: Kube, hollow_node: Callable[..., HollowNode]) -> Iterator[Fleet]:
     ensure_device_classes(kube)
-    h100, mixed = kubelet_sim(), kubelet_sim()
+    h100, mixed = hollow_node(), hollow_node()
     pubs = {
         "h100": publish(kube, h100, "8xH100-80GB", MigMode.NONE),
         "mixed": publish(kube, mixed, "4xA100-80GB:nvlink=pairs+2xL4", MigMode.NONE),
@@ -105,15 +105,15 @@ def attr(dev: dict[str, Any], name: str) -> Any:
 
 
 def test_slices_are_accepted_with_pool_bookkeeping_and_owner(fleet: Fleet) -> None:
-    for role, sim in fleet.nodes.items():
+    for role, kubelet in fleet.nodes.items():
         slices = fleet.kube.list(
-            path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={sim.node}"
+            path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={kubelet.node}"
         )["items"]
         assert len(slices) == 1, role
         s = slices[0]
-        assert s["spec"]["pool"] == {"name": sim.node, "generation": 1, "resourceSliceCount": 1}
+        assert s["spec"]["pool"] == {"name": kubelet.node, "generation": 1, "resourceSliceCount": 1}
         owner = s["metadata"]["ownerReferences"][0]
-        assert (owner["kind"], owner["name"], owner["controller"]) == ("Node", sim.node, True)
+        assert (owner["kind"], owner["name"], owner["controller"]) == ("Node", kubelet.node, True)
     # Nothing changed: no write at all.
     assert (
         fleet.publishers["h100"]
@@ -212,17 +212,17 @@ def _two(suffix: str) -> Callable[[dict[str, Any]], None]:
 
 # -- dynamic MIG on the alpha cluster -------------------------------------------------------
 def test_dynamic_mig_partitions_never_overlap(
-    alpha_cluster: Cluster, alpha_kube: Kube, kubelet_sim: Callable[..., KubeletSim]
+    alpha_cluster: Cluster, alpha_kube: Kube, hollow_node: Callable[..., HollowNode]
 ) -> None:
     k = alpha_kube
     ensure_device_classes(k)
-    sim = kubelet_sim(kubeconfig=alpha_cluster.kubeconfig, api=k)
-    publish(k, sim, "1xH100-80GB", MigMode.DYNAMIC)
-    stored = k.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={sim.node}")[
+    kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
+    publish(k, kubelet, "1xH100-80GB", MigMode.DYNAMIC)
+    stored = k.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={kubelet.node}")[
         "items"
     ]
     assert stored[0]["spec"]["sharedCounters"][0]["name"] == "gpu-0"  # the gate kept them
-    ns = f"mig-{sim.node}"
+    ns = f"mig-{kubelet.node}"
     k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
     wait_for(
         lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
@@ -242,7 +242,7 @@ def test_dynamic_mig_partitions_never_overlap(
 
             return mutate
 
-        pods = [example(k, ns, "mig-1g10gb", node=sim.node, mutate=three_g(i)) for i in (0, 1)]
+        pods = [example(k, ns, "mig-1g10gb", node=kubelet.node, mutate=three_g(i)) for i in (0, 1)]
         placed = sorted(
             int(attr(_dev(k, r), "placementStart"))
             for p in pods
@@ -251,14 +251,14 @@ def test_dynamic_mig_partitions_never_overlap(
         assert placed == [0, 4]  # the only two 3g placements that do not overlap
 
         # A third 3g and a whole GPU cannot fit beside them: the counters say no.
-        third = example(k, ns, "mig-1g10gb", node=sim.node, mutate=three_g(2))
-        whole = example(k, ns, "gpu-by-product", node=sim.node, mutate=_rename("whole"))
+        third = example(k, ns, "mig-1g10gb", node=kubelet.node, mutate=three_g(2))
+        whole = example(k, ns, "gpu-by-product", node=kubelet.node, mutate=_rename("whole"))
         time.sleep(3)
         for p in (third, whole):
             pod = k.get(path_for("v1", "pods", ns, p))
             assert not pod["spec"].get("nodeName"), p
         # A 1g still fits? No: 3g@0 and 3g@4 cover all 8 memory slices.
-        small = example(k, ns, "mig-1g10gb", node=sim.node, mutate=_rename("small"))
+        small = example(k, ns, "mig-1g10gb", node=kubelet.node, mutate=_rename("small"))
         time.sleep(2)
         assert not k.get(path_for("v1", "pods", ns, small))["spec"].get("nodeName")
     finally:

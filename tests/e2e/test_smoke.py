@@ -1,7 +1,8 @@
 """End-to-end smoke test using only real components: the real controller-manager
 creates the claim from its template, the real scheduler allocates it and binds the pod,
-the kubelet simulator prepares it through a DRA plugin over real Unix sockets, the
-container gets the plugin's CDI edits, and deleting the pod unprepares the claim."""
+the real kubelet (a hollow node) prepares it through a DRA plugin over real Unix
+sockets, the runtime resolves the plugin's CDI device into the container, and deleting
+the pod unprepares the claim."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from dradriver.k8s import Kube, path_for
 from tests.support.standin import StandinPlugin
 
-from .helpers import KubeletSim, device_class, get_or_none, publish_slice, wait_for
+from .helpers import HollowNode, device_class, get_or_none, publish_slice, wait_for
 
 RES = "resource.k8s.io/v1"
 
@@ -58,22 +59,22 @@ def pod_with_template(
     )
 
 
-def test_pod_claim_is_allocated_by_the_scheduler_and_prepared_through_the_simulator(
+def test_pod_claim_is_allocated_by_the_scheduler_and_prepared_by_the_kubelet(
     kube: Kube,
     namespace: str,
-    kubelet_sim: Callable[..., KubeletSim],
+    hollow_node: Callable[..., HollowNode],
     cleanup: Callable[[str], None],
 ) -> None:
-    sim = kubelet_sim()
+    kubelet = hollow_node()
     driver = "smoke.dradriver.io"
-    plugin = StandinPlugin(kube, driver, sim.registry_dir, sim.plugins_dir, sim.cdi_dir)
+    plugin = StandinPlugin(kube, driver, kubelet.registry_dir, kubelet.plugins_dir, kubelet.cdi_dir)
     plugin.start()
     try:
-        assert plugin.registered.wait(15), f"not registered; simulator log:\n{sim.log()[-2000:]}"
+        assert plugin.registered.wait(15), f"not registered; kubelet log:\n{kubelet.log()[-2000:]}"
         assert plugin.registrations == [(True, "")]
-        publish_slice(kube, sim.node, driver, ["dev-0", "dev-1"], cleanup)
+        publish_slice(kube, kubelet.node, driver, ["dev-0", "dev-1"], cleanup)
         cls = device_class(kube, driver, cleanup)
-        pod = pod_with_template(kube, namespace, cls, {"kubernetes.io/hostname": sim.node})
+        pod = pod_with_template(kube, namespace, cls, {"kubernetes.io/hostname": kubelet.node})
         pod_path = path_for("v1", "pods", namespace, "smoke")
 
         running = wait_for(
@@ -85,7 +86,7 @@ def test_pod_claim_is_allocated_by_the_scheduler_and_prepared_through_the_simula
             "the pod to run",
             timeout=60,
         )
-        assert running["spec"]["nodeName"] == sim.node
+        assert running["spec"]["nodeName"] == kubelet.node
 
         # The controller-manager made the claim from the template, for this pod.
         statuses = running["status"]["resourceClaimStatuses"]
@@ -96,7 +97,7 @@ def test_pod_claim_is_allocated_by_the_scheduler_and_prepared_through_the_simula
         # The scheduler, not the test, allocated it and reserved it for the pod.
         results = claim["status"]["allocation"]["devices"]["results"]
         assert len(results) == 1
-        assert results[0]["driver"] == driver and results[0]["pool"] == sim.node
+        assert results[0]["driver"] == driver and results[0]["pool"] == kubelet.node
         assert results[0]["device"] in ("dev-0", "dev-1")
         writers = {
             m["manager"]
@@ -116,10 +117,14 @@ def test_pod_claim_is_allocated_by_the_scheduler_and_prepared_through_the_simula
 
         # The container got the CDI edits the plugin returned, on top of its own env.
         device = results[0]["device"]
-        rec = sim.container(pod["metadata"]["uid"], "main")
+        rec = kubelet.container(pod["metadata"]["uid"], "main")
         assert rec is not None
         dev_env = f"STANDIN_DEVICE_{device.upper().replace('-', '_')}={device}"
-        assert rec["env"] == ["FROM_SPEC=1", dev_env, f"STANDIN_CLAIM={namespace}/{claim_name}"]
+        # The CDI edits come after the container's own env (the pod's, then the kubelet's
+        # service variables), as the OCI spec a runtime writes would hold them.
+        assert rec["env"][-2:] == [dev_env, f"STANDIN_CLAIM={namespace}/{claim_name}"]
+        assert rec["env"][0] == "FROM_SPEC=1"
+        assert "KUBERNETES_SERVICE_HOST=10.96.0.1" in rec["env"]
         assert rec["cdiDevices"] == [
             f"test.dradriver.io/standin={claim['metadata']['uid']}-{device}"
         ]
@@ -131,7 +136,8 @@ def test_pod_claim_is_allocated_by_the_scheduler_and_prepared_through_the_simula
         assert [c.claims for c in unprepares] == [
             [(namespace, claim["metadata"]["uid"], claim_name)]
         ]
-        assert not list(sim.cdi_dir.glob("standin-*.json"))
-        assert not (sim.root / "pods" / pod["metadata"]["uid"]).exists()
+        assert not list(kubelet.cdi_dir.glob("standin-*.json"))
+        assert kubelet.container(pod["metadata"]["uid"], "main") is None
+        assert kubelet.claim_infos() == []  # the kubelet's own checkpoint lets it go
     finally:
         plugin.stop()

@@ -1,5 +1,5 @@
-"""A minimal in-test DRA plugin: the stand-in for the real kubelet plugin in the
-simulator's own tests. It speaks the real protocol over real Unix sockets, records
+"""A minimal in-test DRA plugin: the stand-in for the real kubelet plugin in the hollow
+node's own tests. It speaks the real protocol over real Unix sockets, records
 every call exactly as received, and writes one CDI spec per prepared claim."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-claim CDI specs: their content, the lowest cdiVersion they need, and proof that a
-container runtime accepts and resolves them (the CDI library's rules, via the kubelet
-simulator's resolvers); then the spec directory: atomic writes, traversal, full disks."""
+container runtime accepts and resolves them (the CDI reference library containerd and
+CRI-O use, through tools/cdi); then the spec directory: atomic writes, traversal, full disks."""
 
 from __future__ import annotations
 
@@ -14,13 +14,6 @@ from typing import Any
 
 import pytest
 
-from dradriver.dev.kubeletsim.cdi import (
-    CDIError,
-    PythonResolver,
-    ReferenceResolver,
-    Resolver,
-    find_cached_tool,
-)
 from dradriver.kubeletplugin.cdi import (
     CDI_VERSIONS,
     CdiDevice,
@@ -30,6 +23,7 @@ from dradriver.kubeletplugin.cdi import (
     claim_spec,
     qualified_name,
 )
+from tests.support.cdi_reference import CDIError, ReferenceResolver, reference_resolver
 
 DRIVER = "gpu.dradriver.io"
 UID = "0f3c9a52-7b1d-4c8e-9a6f-2d4b8c1e5f70"
@@ -40,14 +34,9 @@ MIG = "MIG-33333333-3333-3333-3333-333333333333"
 CAPS = ("/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")
 
 
-@pytest.fixture(params=["python", "reference"])
-def resolver(request: pytest.FixtureRequest) -> Resolver:
-    if request.param == "python":
-        return PythonResolver()
-    tool = find_cached_tool()
-    if tool is None:
-        pytest.skip("the CDI reference resolver is not built (tools/cdi/build.sh)")
-    return ReferenceResolver(tool)
+@pytest.fixture
+def resolver() -> ReferenceResolver:
+    return reference_resolver()
 
 
 @pytest.fixture
@@ -175,7 +164,7 @@ def test_invalid_input_is_refused(kwargs: dict[str, Any], match: str) -> None:
 # -- what a runtime makes of them ------------------------------------------------------------
 
 
-def test_fake_spec_resolves_with_all_uuids(resolver: Resolver, cdi_dir: Path) -> None:
+def test_fake_spec_resolves_with_all_uuids(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     writer = CdiWriter(cdi_dir, DRIVER)
     writer.write(UID, spec_for(two_gpus(), fake=True))
     assert resolver.validate([cdi_dir]) == []
@@ -195,7 +184,7 @@ def test_fake_spec_resolves_with_all_uuids(resolver: Resolver, cdi_dir: Path) ->
     assert "DRADRIVER_DEVICE_GPU_1" not in one
 
 
-def test_groups_keep_requests_apart(resolver: Resolver, cdi_dir: Path) -> None:
+def test_groups_keep_requests_apart(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     # Two requests of one claim, each handed to its own container.
     devices = [
         CdiDevice("gpu-0", GPU0, group="trainer"),
@@ -215,7 +204,7 @@ def test_groups_keep_requests_apart(resolver: Resolver, cdi_dir: Path) -> None:
     assert env_of(evaluator.env)["CUDA_VISIBLE_DEVICES"] == f"{GPU1},{MIG}"
 
 
-def test_specs_of_many_claims_coexist(resolver: Resolver, cdi_dir: Path) -> None:
+def test_specs_of_many_claims_coexist(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     writer = CdiWriter(cdi_dir, DRIVER)
     writer.write(UID, spec_for([CdiDevice("gpu-0", GPU0)], fake=True, uid=UID))
     writer.write(UID2, spec_for([CdiDevice("gpu-1", GPU1)], fake=True, uid=UID2))
@@ -229,7 +218,7 @@ def test_specs_of_many_claims_coexist(resolver: Resolver, cdi_dir: Path) -> None
     assert env["DRADRIVER_CLAIM_UID"] == UID2
 
 
-def test_real_spec_is_valid(resolver: Resolver, cdi_dir: Path) -> None:
+def test_real_spec_is_valid(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     devices = [
         CdiDevice("gpu-3", GPU0, minor=3),
         CdiDevice("gpu-0-mig-1g10gb-0", MIG, minor=0, device_nodes=CAPS),
@@ -238,13 +227,13 @@ def test_real_spec_is_valid(resolver: Resolver, cdi_dir: Path) -> None:
     assert resolver.validate([cdi_dir]) == []
 
 
-def test_real_spec_resolves_to_its_device_nodes(cdi_dir: Path) -> None:
+def test_real_spec_resolves_to_its_device_nodes(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     # No GPU here, so the runtime fails exactly on the host device it cannot stat.
     CdiWriter(cdi_dir, DRIVER).write(UID, spec_for([CdiDevice("gpu-5", GPU0, 5)], fake=False))
     if os.path.exists("/dev/nvidia5"):
         pytest.skip("this machine has /dev/nvidia5")
     with pytest.raises(CDIError, match="/dev/nvidia"):
-        PythonResolver().resolve([cdi_dir], [qualified_name(DRIVER, "gpu-5", UID)])
+        resolver.resolve([cdi_dir], [qualified_name(DRIVER, "gpu-5", UID)])
 
 
 # -- versions --------------------------------------------------------------------------------
@@ -303,7 +292,7 @@ FEATURES = {
 
 @pytest.mark.parametrize(("feature", "expected"), FEATURES.items(), ids=FEATURES.keys())
 def test_version_is_the_lowest_the_library_accepts(
-    resolver: Resolver, tmp_path: Path, feature: str, expected: str
+    resolver: ReferenceResolver, tmp_path: Path, feature: str, expected: str
 ) -> None:
     spec = _bump(spec_for(two_gpus(), fake=True), feature)
     assert cdi_version_for(spec) == expected

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.dev.kubeletsim.cdi import PythonResolver
 from dradriver.kubeletplugin import cdi
 from dradriver.nvml.mig import caps_device_minors
+from tests.support.cdi_reference import reference_resolver
 
 
 def proc_tree(root: Path, minor: int, gi: int, ci: int, gi_minor: int, ci_minor: int) -> None:
@@ -40,4 +40,4 @@ def test_real_mode_spec_carries_caps_nodes_and_stays_valid(tmp_path: Path) -> No
     assert cdi.cdi_version_for(spec) == "0.3.0"
     writer = cdi.CdiWriter(tmp_path, "gpu.dradriver.io")
     writer.write("0b5e8c3a-1111-2222-3333-444455556666", spec)
-    assert PythonResolver().validate([tmp_path]) == []
+    assert reference_resolver().validate([tmp_path]) == []

@@ -1,0 +1,147 @@
+"""`dradriver dev kubelet`: one hollow GPU node running the kubelet's own code.
+
+The node is tools/controlplane/cmd/hollow-node, built from the same Kubernetes Go
+modules as the control plane: kubemark's hollow kubelet with the kubelet's real DRA
+manager wired in, and a CRI runtime that resolves CDI devices with the CDI reference
+library as containerd does. This module only builds (or finds) that binary and hands
+the process over to it, so signals and exit codes are the kubelet's own.
+
+What a test or the demo can read from a node's root directory:
+  plugins_registry/, plugins/     the kubelet's plugin sockets (the plugin's --kubelet-dir)
+  cdi/                            the CDI spec directory the runtime resolves from
+  cri/pods/<pod-uid>/<ctr>.json   what each running container received (env, device
+                                  nodes, mounts, hooks, CDI IDs), gone with the pod
+  dra_manager_state               the kubelet's own DRA checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dradriver.dev import cluster
+
+BUILD_SCRIPT = cluster.REPO_ROOT / "tools" / "controlplane" / "build.sh"
+BINARY = "hollow-node"
+
+# Gates the kubelet reads when the control plane runs the alpha DRA gates: the health
+# service (KEP-4680) and the alpha DRA features whose kubelet half exists in 1.34.
+KUBELET_ALPHA_GATES = ("ResourceHealthStatus", *cluster.ALPHA_GATES)
+
+# klog verbosity: 3 is where the DRA manager logs its slice wipes and plugin changes.
+LOG_VERBOSITY = {"debug": 3, "info": 2, "warning": 0, "error": 0}
+
+
+class HollowNodeError(RuntimeError):
+    pass
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", required=True, help="the node's name")
+    p.add_argument(
+        "--root",
+        required=True,
+        help="kubelet root directory: plugins_registry/, plugins/, pods/, the DRA "
+        "checkpoint; the kubelet plugin's --kubelet-dir",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="credentials allowed to create and approve the node's client certificate "
+        "request (the dev cluster's admin kubeconfig); the node itself then acts as "
+        "system:node:<name> (default: $KUBECONFIG)",
+    )
+    p.add_argument(
+        "--cdi-dir",
+        action="append",
+        default=None,
+        help="CDI spec directory the runtime resolves devices from; repeatable, later ones "
+        "take priority (default: <root>/cdi)",
+    )
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Node label; repeatable",
+    )
+    p.add_argument(
+        "--alpha",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="give the kubelet the alpha DRA gates (ResourceHealthStatus, ...); default: "
+        "on when the API server serves resource.k8s.io/v1alpha3, as `make cluster-up "
+        "ALPHA=1` does",
+    )
+    p.add_argument(
+        "--feature-gates",
+        default="",
+        help="more kubelet feature gates, e.g. SomeGate=true (added after --alpha's)",
+    )
+    p.add_argument("--log-level", default="info", choices=sorted(LOG_VERBOSITY))
+
+
+def build() -> Path:
+    """Builds (or finds cached) the hollow node binary; progress goes to stderr."""
+    if not BUILD_SCRIPT.exists():
+        raise HollowNodeError(f"{BUILD_SCRIPT} is missing: run from a dradriver checkout")
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "node"], stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise HollowNodeError(f"building the hollow node failed (exit {proc.returncode})")
+    return Path(proc.stdout.strip().splitlines()[-1]) / BINARY
+
+
+def _alpha_served(kubeconfig: str) -> bool:
+    from kubernetes.config import ConfigException
+
+    from dradriver.k8s import Kube, KubeError
+
+    try:
+        kube = Kube.from_kubeconfig(kubeconfig)
+    except (ConfigException, OSError, ValueError):
+        return False
+    try:
+        kube.get("/apis/resource.k8s.io/v1alpha3")
+        return True
+    except KubeError:
+        return False
+    finally:
+        kube.close()
+
+
+def argv(args: argparse.Namespace, binary: Path) -> list[str]:
+    """The hollow node's command line for these arguments."""
+    alpha = args.alpha if args.alpha is not None else _alpha_served(args.kubeconfig)
+    gates = [f"{g}=true" for g in KUBELET_ALPHA_GATES] if alpha else []
+    gates += [g for g in args.feature_gates.split(",") if g]
+    out = [
+        str(binary),
+        f"--node={args.node}",
+        f"--root={Path(args.root).resolve()}",
+        f"--kubeconfig={Path(args.kubeconfig).resolve()}",
+        f"--v={LOG_VERBOSITY[args.log_level]}",
+    ]
+    out += [f"--cdi-dir={Path(d).resolve()}" for d in args.cdi_dir or []]
+    out += [f"--label={kv}" for kv in args.label]
+    if gates:
+        out.append(f"--feature-gates={','.join(gates)}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.kubeconfig:
+        print("dev kubelet: no kubeconfig: pass --kubeconfig or set $KUBECONFIG", file=sys.stderr)
+        return 2
+    try:
+        binary = build()
+    except HollowNodeError as exc:
+        print(f"dev kubelet: {exc}", file=sys.stderr)
+        return 1
+    cmd = argv(args, binary)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The process becomes the kubelet: a test's SIGKILL kills the kubelet, not a wrapper.
+    os.execv(cmd[0], cmd)
