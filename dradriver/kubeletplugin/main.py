@@ -30,6 +30,7 @@ from dradriver.nvml.mig import MigCarver
 from dradriver.nvml.sharing import Sharing
 from dradriver.slices.build import MigMode, SliceContent, build
 from dradriver.slices.publish import PublishLoop, SlicePublisher
+from dradriver.slices.watch import SliceWatch
 
 log = logs.get_logger("kubeletplugin")
 
@@ -125,6 +126,18 @@ def run(args: argparse.Namespace) -> int:
     api = _ApiProbe(kube)
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
     loop = PublishLoop(publisher, view.refresh, period=args.rediscover_period)
+    watch = SliceWatch(kube, args.driver_name, args.node_name, lambda why: loop.trigger())
+    publisher.on_written, publisher.on_deleted = watch.wrote, watch.deleted
+
+    def slices_ready() -> tuple[bool, str]:
+        # What the API server holds, not what was last written.
+        if not loop.published.is_set():
+            return False, loop.last_error or "not published yet"
+        wanted = loop.last_stats.devices if loop.last_stats else 0
+        if watch.synced.is_set() and wanted and not watch.devices_held():
+            return False, "the API server holds none of this node's slices; republishing"
+        return True, loop.last_error or "published"
+
     ops = OpsServer(
         args.healthz_address,
         args.healthz_port,
@@ -137,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                 "registered" if registered.is_set() else "waiting",
             ),
             "api": api.check,
-            "slices": lambda: (loop.published.is_set(), loop.last_error or "published"),
+            "slices": slices_ready,
         },
     )
     ops.start()
@@ -214,14 +227,15 @@ def run(args: argparse.Namespace) -> int:
     )
     publisher_thread = threading.Thread(target=loop.run, args=(stop,), name="publish", daemon=True)
     publisher_thread.start()
+    threading.Thread(target=watch.run, args=(stop,), name="slice-watch", daemon=True).start()
     signal.signal(signal.SIGHUP, lambda s, f: loop.trigger())
     servers.start()
     log.info(
         "serving", dra_socket=str(servers.dra_socket), registration_socket=str(servers.reg_socket)
     )
     while not stop.wait(1.0):
-        if loop.last_stats is not None:
-            metrics.published_devices.set(loop.last_stats.devices)
+        if watch.synced.is_set():
+            metrics.published_devices.set(watch.devices_held())
     log.info("stopping: no new calls, finishing in-flight ones")
     servers.stop()
     status.close()

@@ -95,6 +95,10 @@ class SlicePublisher:
     driver: str
     node: str
     field_manager: str = "dradriver"
+    # Told of every slice this publisher writes or deletes (the slice watch, so it can
+    # tell our own changes from someone else's).
+    on_written: Callable[[dict[str, Any]], None] | None = None
+    on_deleted: Callable[[str], None] | None = None
     _node_uid: str = field(default="", init=False)
 
     @property
@@ -172,6 +176,7 @@ class SlicePublisher:
         stats = SyncStats(generation=gen, devices=sum(len(c.devices) for c in desired))
         # Remove first: better to briefly offer fewer devices than devices that are gone.
         for s in obsolete:
+            self._deleting(s["metadata"]["name"])
             self.kube.delete(
                 f"{SLICES}/{s['metadata']['name']}", missing_ok=True, uid=s["metadata"]["uid"]
             )
@@ -179,12 +184,11 @@ class SlicePublisher:
         for n in changed:
             body = self._object(n, want[n], gen, count)
             body["metadata"]["resourceVersion"] = matched[n]["metadata"]["resourceVersion"]
-            self._check_kept(self.kube.replace(f"{SLICES}/{n}", body), want[n])
+            self._check_kept(self._written(self.kube.replace(f"{SLICES}/{n}", body)), want[n])
             stats.updated += 1
         for n in new:
-            self._check_kept(
-                self.kube.create(SLICES, self._object(n, want[n], gen, count)), want[n]
-            )
+            stored = self.kube.create(SLICES, self._object(n, want[n], gen, count))
+            self._check_kept(self._written(stored), want[n])
             stats.created += 1
         if stats.writes:
             log.info(
@@ -200,6 +204,15 @@ class SlicePublisher:
             )
         return stats
 
+    def _written(self, stored: dict[str, Any]) -> dict[str, Any]:
+        if self.on_written:
+            self.on_written(stored)
+        return stored
+
+    def _deleting(self, name: str) -> None:
+        if self.on_deleted:
+            self.on_deleted(name)
+
     def _object(self, name: str, c: SliceContent, gen: int, count: int) -> dict[str, Any]:
         return slice_object(
             self.driver, self.node, name, c, gen, count, self._owner(), self.field_manager
@@ -210,6 +223,7 @@ class SlicePublisher:
         and partitions without counters would let the scheduler hand out overlapping MIG
         slices. Refuse to leave such a slice behind."""
         if c.shared_counters and not stored["spec"].get("sharedCounters"):
+            self._deleting(stored["metadata"]["name"])
             self.kube.delete(f"{SLICES}/{stored['metadata']['name']}", missing_ok=True)
             raise PublishError(
                 "slices layer: the API server dropped the MIG partitions' shared counters. "
@@ -221,6 +235,7 @@ class SlicePublisher:
     def delete_all(self) -> int:
         n = 0
         for s in self.existing():
+            self._deleting(s["metadata"]["name"])
             self.kube.delete(f"{SLICES}/{s['metadata']['name']}", missing_ok=True)
             n += 1
         return n

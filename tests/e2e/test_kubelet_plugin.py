@@ -215,15 +215,41 @@ def test_two_pods_created_together_share_one_preparation(gpu_node: GpuNode) -> N
 def test_kubelet_restart_registers_again_and_republishes(gpu_node: GpuNode) -> None:
     n = gpu_node
     assert len(n.slices()) == 1
-    n.kubelet.stop()
-    n.kubelet.start()  # a starting kubelet deletes the node's slices ...
+    for _ in range(3):
+        registrations = n.plugin.log().count("registered with the kubelet")
+        n.kubelet.restart()
+        # The real kubelet wipes the node's slices in the background once it sees its
+        # Node, and that often lands just after the plugin re-registered and republished:
+        # the plugin must notice (it watches its slices) and publish again.
+        n.kubelet.wait_node_ready(n.kube)
+        wait_for(
+            lambda r=registrations: n.plugin.log().count("registered with the kubelet") > r,
+            "the plugin to register again",
+            30,
+        )
+        wait_for(lambda: len(n.slices()) == 1, "the slices to be republished", 10)
+    wait_for(lambda: n.plugin.ready(), "/readyz", 10)
+
+
+def test_slices_deleted_by_someone_else_are_republished_at_once(gpu_node: GpuNode) -> None:
+    n = gpu_node
+    (before,) = n.slices()
+    devices = len(before["spec"]["devices"])
+    wait_for(lambda: n.plugin.metric("dradriver_published_devices") == devices, "the metric", 5)
+    n.kube.delete(path_for(RES, "resourceslices", name=before["metadata"]["name"]))
+    (after,) = wait_for(n.slices, "the slice to be published again", 10)
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert "slice changed by someone else" in n.plugin.log()
+    # A change by hand is put right the same way.
+    path = path_for(RES, "resourceslices", name=after["metadata"]["name"])
+    key = f"{DRIVER}/fingerprint"
+    n.kube.patch(path, {"metadata": {"annotations": {key: "tampered"}}})
     wait_for(
-        lambda: n.plugin.log().count("registered with the kubelet") >= 2,
-        "a second registration",
-        20,
+        lambda: n.kube.get(path)["metadata"]["annotations"][key] != "tampered",
+        "the slice to be rewritten",
+        10,
     )
-    # ... and the plugin publishes them again after re-registering.
-    wait_for(lambda: len(n.slices()) == 1, "the slices to be republished", 20)
+    wait_for(lambda: n.plugin.metric("dradriver_published_devices") == devices, "the metric", 5)
 
 
 def test_registration_socket_is_recreated_when_removed(gpu_node: GpuNode) -> None:

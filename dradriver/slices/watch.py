@@ -1,0 +1,126 @@
+"""Watches the node's own ResourceSlices, so what the API server holds is known and any
+change made by someone else is repaired within seconds.
+
+Someone else does change them: the kubelet deletes a node's slices when it starts, in
+the background and retried until it sees its own Node, which with the real v1.34
+kubelet often lands just after the plugin has re-registered and republished; an
+operator may delete them by hand. Waiting for the next rediscovery would leave the node
+publishing nothing for minutes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.k8s import Kube, KubeError
+from dradriver.logs import get_logger
+from dradriver.slices.publish import SLICES
+
+log = get_logger("slices.watch")
+
+
+@dataclass
+class SliceWatch:
+    kube: Kube
+    driver: str
+    node: str
+    on_change: Callable[[str], None]
+    watch_timeout: int = 60
+    backoff_max: float = 30.0
+    # resourceVersions our own writes produced, and names of slices we deleted: their
+    # events need no repair.
+    _ours: deque[str] = field(default_factory=lambda: deque(maxlen=512))
+    _deleted: deque[str] = field(default_factory=lambda: deque(maxlen=512))
+    _held: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    synced: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def selector(self) -> str:
+        return f"spec.nodeName={self.node},spec.driver={self.driver}"
+
+    def wrote(self, obj: dict[str, Any]) -> None:
+        """Tells the watch about a slice this process has just written."""
+        rv = obj.get("metadata", {}).get("resourceVersion")
+        if rv:
+            with self._lock:
+                self._ours.append(str(rv))
+
+    def deleted(self, name: str) -> None:
+        """Tells the watch about a slice this process has just deleted."""
+        with self._lock:
+            self._deleted.append(name)
+
+    def held(self) -> list[dict[str, Any]]:
+        """The node's slices of this driver as the API server last told us."""
+        with self._lock:
+            return list(self._held.values())
+
+    def devices_held(self) -> int:
+        return sum(len(s.get("spec", {}).get("devices") or []) for s in self.held())
+
+    def run(self, stop: threading.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                listing = self.kube.list(SLICES, fieldSelector=self.selector)
+                now = {s["metadata"]["name"]: s for s in listing.get("items", [])}
+                with self._lock:
+                    before = {n: o["metadata"]["resourceVersion"] for n, o in self._held.items()}
+                    self._held = now
+                first = not self.synced.is_set()
+                self.synced.set()
+                # Whatever happened while we were not watching is looked at once.
+                if first or before != {n: o["metadata"]["resourceVersion"] for n, o in now.items()}:
+                    self.on_change("relisted")
+                failures = 0
+                rv = listing.get("metadata", {}).get("resourceVersion")
+                for ev in self.kube.watch(
+                    SLICES,
+                    resource_version=rv,
+                    timeout_seconds=self.watch_timeout,
+                    fieldSelector=self.selector,
+                ):
+                    if stop.is_set():
+                        return
+                    self._event(ev)
+            except KubeError as exc:
+                failures += 1
+                wait = min(self.backoff_max, 0.5 * 2 ** min(failures, 8))
+                log.warning(
+                    "slice watch failed; re-listing",
+                    node=self.node,
+                    error=exc.message or str(exc),
+                    retry_in=f"{wait:.1f}s",
+                )
+                stop.wait(wait)
+
+    def _event(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("type")
+        obj = ev.get("object") or {}
+        meta = obj.get("metadata") or {}
+        name, rv = meta.get("name", ""), str(meta.get("resourceVersion", ""))
+        if kind == "BOOKMARK" or not name:
+            return
+        with self._lock:
+            if kind == "DELETED":
+                self._held.pop(name, None)
+                ours = name in self._deleted
+                if ours:
+                    self._deleted.remove(name)
+            else:
+                self._held[name] = obj
+                ours = rv in self._ours
+        if ours:
+            return
+        log.info(
+            "slice changed by someone else; republishing",
+            node=self.node,
+            slice=name,
+            event=str(kind).lower(),
+        )
+        self.on_change(f"{str(kind).lower()} {name}")
