@@ -310,7 +310,7 @@ def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> No
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
-            "verbs": ["create", "delete", "list", "update"],
+            "verbs": ["create", "delete", "list", "update", "watch"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {
@@ -442,8 +442,8 @@ def test_plugin_works_with_only_the_chart_rbac(
             "list secrets": lambda: as_plugin.list(path_for("v1", "secrets")),
             "list pods": lambda: as_plugin.list(path_for("v1", "pods", namespace)),
             "delete its node": lambda: as_plugin.delete(path_for("v1", "nodes", name=kubelet.node)),
-            "watch slices": lambda: next(
-                as_plugin.watch(path_for(RES, "resourceslices"), timeout_seconds=1), None
+            "watch secrets": lambda: next(
+                as_plugin.watch(path_for("v1", "secrets"), timeout_seconds=1), None
             ),
             "create claims": lambda: as_plugin.create(
                 path_for(RES, "resourceclaims", namespace), {"metadata": {"name": "x"}}
