@@ -60,6 +60,8 @@ def mig_node(
     k = alpha_kube
     ensure_device_classes(k)
     kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
+    # On the alpha control plane the kubelet gets the alpha gates too, unasked.
+    assert "ResourceHealthStatus=true" in kubelet.log()
     plugin = PluginProc(alpha_cluster.kubeconfig, kubelet, f"fake:{SPEC}", "dynamic")
     plugin.start()
     ns = f"mig-{kubelet.node}"
