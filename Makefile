@@ -12,13 +12,15 @@ PYTEST_ARGS ?=
 
 all: test
 
-# The virtualenv is (re)built whenever pyproject.toml changes.
-$(STAMP): pyproject.toml
+# The virtualenv is (re)built whenever either pyproject.toml changes: the product
+# (dradriver, what `pip install .` and the image carry) and the checkout's developer
+# tools (devtools/: local control plane, hollow nodes, demo), both editable.
+$(STAMP): pyproject.toml devtools/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dradriver needs Python >= 3.11")'
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	@echo "venv: installing dradriver and its development dependencies into $(VENV)"
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]' -e ./devtools
 	@touch $@
 
 venv: $(STAMP)
@@ -71,7 +73,7 @@ cluster-down: venv
 	@$(PY) -m dradriver.cli dev cluster down --state-dir $(STATE)
 
 demo: venv controlplane hollow-node helm
-	@$(PY) -m dradriver.dev.demo $(if $(filter 1 true yes,$(KEEP)),--keep)
+	@$(PY) -m dradriver_dev.demo $(if $(filter 1 true yes,$(KEEP)),--keep)
 
 bench: venv controlplane hollow-node
 	$(PY) benchmarks/prepare.py

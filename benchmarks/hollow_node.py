@@ -21,8 +21,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dradriver.dev import cluster  # noqa: E402
 from dradriver.k8s import Conflict, Kube, NotFound, path_for  # noqa: E402
+from dradriver_dev import cluster  # noqa: E402
 
 RES = "resource.k8s.io/v1"
 NODES = {"bench-a": "fake:8xH100-80GB", "bench-b": "fake:4xA100-80GB:nvlink=pairs+2xL4"}

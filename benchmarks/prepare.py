@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dradriver.api import kubelet as kapi  # noqa: E402
-from dradriver.dev import cluster  # noqa: E402
 from dradriver.k8s import Kube, NotFound, path_for  # noqa: E402
+from dradriver_dev import cluster  # noqa: E402
 
 RES = "resource.k8s.io/v1"
 DRIVER = "gpu.dradriver.io"

@@ -5,37 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from dradriver import __version__
 
 
-def _dev_cluster(args: argparse.Namespace) -> int:
-    from dradriver.dev import cluster
-
-    state_dir = Path(args.state_dir)
-    if args.action == "up":
-        try:
-            st = cluster.up(state_dir, alpha=args.alpha)
-        except cluster.ClusterError as exc:
-            print(f"dev cluster: {exc}", file=sys.stderr)
-            return 1
-        gates = "alpha DRA gates on" if st.alpha else "GA defaults"
-        print(f"dev cluster: up at {st.server} ({gates})")
-        print(f"dev cluster: export KUBECONFIG={st.kubeconfig}")
-        print(
-            f"dev cluster: kubectl {state_dir / 'kubectl'} --kubeconfig {st.kubeconfig} get nodes"
-        )
-        return 0
-    stopped = cluster.down(state_dir)
-    print("dev cluster: stopped and removed" if stopped else "dev cluster: nothing was running")
-    return 0
-
-
-def _dev_kubelet(args: argparse.Namespace) -> int:
-    from dradriver.dev.kubelet import run
-
-    return run(args)
+def _no_devtools(args: argparse.Namespace) -> int:
+    print(
+        "dradriver dev: the developer tools (package dradriver_dev) are not installed. They "
+        "come with a dradriver checkout: run `make venv` there, or `pip install -e ./devtools`.",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _devices(args: argparse.Namespace) -> int:
@@ -102,36 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
     controller_arguments(ct)
     ct.set_defaults(func=_controller)
 
-    dev = sub.add_parser("dev", help="tools for driver developers (local cluster, hollow nodes)")
-    dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="TOOL")
-
-    cl = dev_sub.add_parser("cluster", help="start or stop the local Kubernetes control plane")
-    cl.add_argument("action", choices=["up", "down"])
-    cl.add_argument(
-        "--state-dir",
-        default=".devcluster",
-        help="where the cluster keeps its data, logs and kubeconfig (default: %(default)s)",
+    dev = sub.add_parser(
+        "dev",
+        help="tools for driver developers, in a checkout (local cluster, hollow nodes)",
+        description="Developer tools: they come with a dradriver checkout (`make venv`), "
+        "not with the product.",
     )
-    cl.add_argument(
-        "--alpha",
-        action="store_true",
-        help="turn on the alpha DRA feature gates and resource.k8s.io/v1alpha3",
-    )
-    cl.set_defaults(func=_dev_cluster)
-
-    from dradriver.dev.kubelet import add_arguments
-
-    kl = dev_sub.add_parser(
-        "kubelet",
-        help="run one hollow GPU node: the v1.34 kubelet's own code, a CRI that resolves CDI",
-        description="Runs the kubelet's own code (k8s.io/kubernetes, the control plane's "
-        "version) as a node without containers: kubemark's hollow kubelet with the real DRA "
-        "manager, and a CRI runtime that resolves each container's CDI devices against the "
-        "node's CDI directories as containerd does, recording what each container got under "
-        "<root>/cri/pods/. Built from tools/controlplane on first use (needs Go).",
-    )
-    add_arguments(kl)
-    kl.set_defaults(func=_dev_kubelet)
+    try:
+        from dradriver_dev.cli import add_subcommands
+    except ImportError:
+        dev.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        dev.set_defaults(func=_no_devtools)
+    else:
+        add_subcommands(dev)
     return parser
 
 

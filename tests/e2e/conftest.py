@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.dev import cluster as devcluster
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
+from dradriver_dev import cluster as devcluster
 
 from .helpers import Cluster, HollowNode, wait_for
 

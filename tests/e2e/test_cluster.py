@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.dev import cluster as devcluster
 from dradriver.k8s import Kube, KubeError, path_for
+from dradriver_dev import cluster as devcluster
 
 from .helpers import Cluster
 

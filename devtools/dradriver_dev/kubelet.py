@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dradriver.dev import cluster
+from dradriver_dev import cluster
 
 BUILD_SCRIPT = cluster.REPO_ROOT / "tools" / "controlplane" / "build.sh"
 BINARY = "hollow-node"

@@ -2,8 +2,8 @@
 
 Runs the real etcd, kube-apiserver, kube-scheduler and kube-controller-manager (built
 from their Go modules by tools/controlplane/build.sh) on loopback ports, with
-Node,RBAC authorization and working ServiceAccount tokens. There is no kubelet: the
-DRA kubelet simulator (`dradriver dev kubelet`) plays that part.
+Node,RBAC authorization and working ServiceAccount tokens. Nodes are added with
+`dradriver dev kubelet` (hollow nodes running the real kubelet, kubelet.py).
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from dradriver.dev import cluster
-from dradriver.dev import kubelet as hollow
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
+from dradriver_dev import cluster
+from dradriver_dev import kubelet as hollow
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = REPO / ".devcluster"

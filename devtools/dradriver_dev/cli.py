@@ -1,0 +1,67 @@
+"""The `dradriver dev` subcommands: `cluster up|down` and `kubelet`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from dradriver_dev import cluster
+
+    state_dir = Path(args.state_dir)
+    if args.action == "up":
+        try:
+            st = cluster.up(state_dir, alpha=args.alpha)
+        except cluster.ClusterError as exc:
+            print(f"dev cluster: {exc}", file=sys.stderr)
+            return 1
+        gates = "alpha DRA gates on" if st.alpha else "GA defaults"
+        print(f"dev cluster: up at {st.server} ({gates})")
+        print(f"dev cluster: export KUBECONFIG={st.kubeconfig}")
+        print(
+            f"dev cluster: kubectl {state_dir / 'kubectl'} --kubeconfig {st.kubeconfig} get nodes"
+        )
+        return 0
+    stopped = cluster.down(state_dir)
+    print("dev cluster: stopped and removed" if stopped else "dev cluster: nothing was running")
+    return 0
+
+
+def _kubelet(args: argparse.Namespace) -> int:
+    from dradriver_dev.kubelet import run
+
+    return run(args)
+
+
+def add_subcommands(dev: argparse.ArgumentParser) -> None:
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="TOOL")
+
+    cl = dev_sub.add_parser("cluster", help="start or stop the local Kubernetes control plane")
+    cl.add_argument("action", choices=["up", "down"])
+    cl.add_argument(
+        "--state-dir",
+        default=".devcluster",
+        help="where the cluster keeps its data, logs and kubeconfig (default: %(default)s)",
+    )
+    cl.add_argument(
+        "--alpha",
+        action="store_true",
+        help="turn on the alpha DRA feature gates and resource.k8s.io/v1alpha3",
+    )
+    cl.set_defaults(func=_cluster)
+
+    from dradriver_dev.kubelet import add_arguments
+
+    kl = dev_sub.add_parser(
+        "kubelet",
+        help="run one hollow GPU node: the v1.34 kubelet's own code, a CRI that resolves CDI",
+        description="Runs the kubelet's own code (k8s.io/kubernetes, the control plane's "
+        "version) as a node without containers: kubemark's hollow kubelet with the real DRA "
+        "manager, and a CRI runtime that resolves each container's CDI devices against the "
+        "node's CDI directories as containerd does, recording what each container got under "
+        "<root>/cri/pods/. Built from tools/controlplane on first use (needs Go).",
+    )
+    add_arguments(kl)
+    kl.set_defaults(func=_kubelet)
