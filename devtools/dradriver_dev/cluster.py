@@ -401,7 +401,7 @@ def down(state_dir: Path, *, remove: bool = True) -> bool:
                 os.killpg(pid, signal.SIGKILL)
     if state_dir.exists():
         # `KEEP=1 make demo` leaves MPS daemons of prepared claims (fake ones) running.
-        from dradriver.nvml.sharing import stop_fake_daemons
+        from fakenvml.host import stop_fake_daemons
 
         stopped = stop_fake_daemons(state_dir) > 0 or stopped
     if remove and state_dir.exists():

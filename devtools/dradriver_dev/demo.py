@@ -216,7 +216,7 @@ def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
 
 
 def mig_layout(nodes: dict[str, NodeProcs]) -> str:
-    from dradriver.nvml.fake import load
+    from fakenvml import load
 
     out = ["", "MIG layout (what NVML reports on each node now):"]
     for name, (devices, mode) in NODES.items():

@@ -24,6 +24,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dradriver.errors import ConfigError
+
+__all__ = ["API_VERSION", "ConfigError", "DeviceConfig", "GpuConfig", "MigDeviceConfig", "decode"]
+
 API_VERSION = "gpu.dradriver.io/v1alpha1"
 QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _UNITS = {
@@ -108,6 +112,19 @@ class MigDeviceConfig(_Strict):
     kind: Literal["MigDeviceConfig"]
     sharing: Sharing | None = None
 
+    @model_validator(mode="after")
+    def _no_interval(self) -> MigDeviceConfig:
+        # A time-slice interval is a whole GPU's setting; refused here, so that
+        # `kubectl apply` refuses it too, not only prepare.
+        ts = self.sharing.timeSlicingConfig if self.sharing else None
+        if ts is not None and ts.interval != "Default":
+            raise ValueError(
+                "sharing.timeSlicingConfig.interval: a time-slice interval applies to whole "
+                "GPUs; MIG devices are time-sliced by the driver without one (use interval "
+                "Default, or MPS)"
+            )
+        return self
+
 
 DeviceConfig = GpuConfig | MigDeviceConfig
 KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {
@@ -116,10 +133,6 @@ KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {
 }
 # Which config kind fits which device type attribute.
 KIND_FOR_TYPE = {"gpu": "GpuConfig", "mig": "MigDeviceConfig"}
-
-
-class ConfigError(ValueError):
-    pass
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -151,8 +164,8 @@ def decode(params: Any, where: str = "parameters") -> DeviceConfig:
                 msg = "unknown field"
             elif e["type"] == "literal_error":
                 msg = f"{msg} (got {e.get('input')!r})"
-            problems.append(f"{where}.{_path(e['loc'])}: {msg}")
-        raise ConfigError("; ".join(problems)) from None
+            problems.append(f"{where}.{_path(e['loc'])}: {msg}" if e["loc"] else f"{where}: {msg}")
+        raise ConfigError("; ".join(problems), reason="config") from exc
 
 
 def effective(configs: list[dict[str, Any]], device_type: str, request: str) -> DeviceConfig | None:

@@ -162,9 +162,9 @@ class Kube:
                 else urllib3.Timeout(total=t),
             )
         except OSError as exc:
-            raise KubeError(0, "Unreachable", str(exc)) from None
+            raise KubeError(0, "Unreachable", str(exc)) from exc
         except urllib3.exceptions.HTTPError as exc:
-            raise KubeError(0, "Unreachable", str(exc)) from None
+            raise KubeError(0, "Unreachable", str(exc)) from exc
         if not 200 <= resp.status < 300:
             raise _error_from_response(resp.status, str(resp.reason or ""), resp.data)
         return resp

@@ -28,13 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from dradriver.kubeletplugin.checkpoint import atomic_write
+from dradriver.errors import CdiError
+from dradriver.kubeletplugin.files import atomic_write
 
 CLAIM_CLASS: Final = "claim"
 # Ascending; what cdi_version_for can return.
 CDI_VERSIONS: Final = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "1.1.0")
-# Every CUDA process opens these besides its GPUs' own nodes.
-CONTROL_DEVICE_NODES: Final = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 # A CDI vendor (the driver name) must start with a letter, end with a letter or digit and
 # hold only letters, digits, "-", "_" and "."; a DNS subdomain starting with a letter is
@@ -73,9 +72,8 @@ class CdiDevice:
 
     name: str  # the DRA device name: gpu-0, gpu-0-mig-1g10gb-0
     uuid: str  # GPU-... or MIG-...
-    # Minor number of the (parent) GPU: /dev/nvidia<minor>. Required on real hardware.
-    minor: int | None = None
-    # Further device nodes this device needs on real hardware (MIG /dev/nvidia-caps/...).
+    # The /dev nodes of this device (/dev/nvidia<minor>, MIG /dev/nvidia-caps/...), as the
+    # node's GpuHost names them; none where no such nodes exist (fake GPUs).
     device_nodes: Sequence[str] = ()
     # Further "KEY=VALUE" variables (sharing setup such as MPS pipe directories).
     env: Sequence[str] = ()
@@ -108,17 +106,17 @@ def claim_spec(
     driver: str,
     claim_uid: str,
     devices: Sequence[CdiDevice],
-    fake: bool,
     *,
     claim_name: str,
+    control_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The CDI spec for one claim. `claim_name` is "<namespace>/<name>". With `fake`, no
-    device nodes (they do not exist on a test machine): the devices are env only.
+    """The CDI spec for one claim. `claim_name` is "<namespace>/<name>"; `control_nodes`
+    are the /dev nodes every GPU container needs (nvidiactl, uvm).
 
-    On real hardware NVIDIA_VISIBLE_DEVICES is set (it overrides an image's "all", which
-    a legacy nvidia runtime hook would honour) but CUDA_VISIBLE_DEVICES is not: the device
-    nodes already bound what CUDA sees, and the value of the last claim applied would hide
-    the other claims' GPUs from a container using two claims.
+    NVIDIA_VISIBLE_DEVICES is always set (it overrides an image's "all", which a legacy
+    nvidia runtime hook would honour). CUDA_VISIBLE_DEVICES is set only for a device
+    without device nodes: nodes already bound what CUDA sees, and the value of the last
+    claim applied would hide the other claims' GPUs from a container using two claims.
 
     Raises ValueError for input that would make an invalid spec.
     """
@@ -130,12 +128,12 @@ def claim_spec(
     groups: dict[str, list[str]] = {}
     entries: list[dict[str, Any]] = []
     for dev in devices:
-        _check_device(dev, fake, seen)
+        _check_device(dev, seen)
         uuids = groups.setdefault(dev.group, [])
         uuids.append(dev.uuid)
         visible = ",".join(uuids)
         env = [f"NVIDIA_VISIBLE_DEVICES={visible}"]
-        if fake:
+        if not dev.device_nodes:
             env.append(f"CUDA_VISIBLE_DEVICES={visible}")
         env += [f"{device_env_name(dev.name)}={dev.uuid}", *dev.env]
         edits: dict[str, Any] = {"env": env}
@@ -143,16 +141,14 @@ def claim_spec(
             edits["mounts"] = [
                 {"hostPath": m, "containerPath": m, "options": ["rw", "bind"]} for m in dev.mounts
             ]
-        if not fake:
-            edits["deviceNodes"] = [
-                {"path": p} for p in (f"/dev/nvidia{dev.minor}", *dev.device_nodes)
-            ]
+        if dev.device_nodes:
+            edits["deviceNodes"] = [{"path": p} for p in dev.device_nodes]
         entries.append({"name": cdi_device_name(dev.name, claim_uid), "containerEdits": edits})
     top: dict[str, Any] = {
         "env": [f"DRADRIVER_CLAIM={claim_name}", f"DRADRIVER_CLAIM_UID={claim_uid}"]
     }
-    if not fake:
-        top["deviceNodes"] = [{"path": p} for p in CONTROL_DEVICE_NODES]
+    if control_nodes:
+        top["deviceNodes"] = [{"path": p} for p in control_nodes]
     spec: dict[str, Any] = {
         "cdiVersion": CDI_VERSIONS[0],
         "kind": cdi_kind(driver),
@@ -163,7 +159,7 @@ def claim_spec(
     return spec
 
 
-def _check_device(dev: CdiDevice, fake: bool, seen: set[str]) -> None:
+def _check_device(dev: CdiDevice, seen: set[str]) -> None:
     if not _DEVICE.match(dev.name):
         raise ValueError(f"CDI: device name {dev.name!r} is not a valid CDI device name")
     if dev.name in seen:
@@ -175,18 +171,11 @@ def _check_device(dev: CdiDevice, fake: bool, seen: set[str]) -> None:
     for kv in dev.env:
         if kv.find("=") <= 0:
             raise ValueError(f"CDI: device {dev.name}: env entry {kv!r} is not KEY=VALUE")
-    if not fake:
-        minor = dev.minor
-        if not isinstance(minor, int) or isinstance(minor, bool) or minor < 0:
+    for path in dev.device_nodes:
+        if not path.startswith("/"):
             raise ValueError(
-                f"CDI: device {dev.name} has no GPU minor number, so its "
-                "/dev/nvidia<minor> node cannot be named"
+                f"CDI: device {dev.name}: device node {path!r} is not an absolute path"
             )
-        for path in dev.device_nodes:
-            if not path.startswith("/"):
-                raise ValueError(
-                    f"CDI: device {dev.name}: device node {path!r} is not an absolute path"
-                )
 
 
 def cdi_version_for(spec: Mapping[str, Any]) -> str:
@@ -221,11 +210,12 @@ def cdi_version_for(spec: Mapping[str, Any]) -> str:
 # -- edge: the spec directory ----------------------------------------------------------------
 
 
-class CdiWriteError(OSError):
+class CdiWriteError(CdiError):
     """A spec could not be written; the message names the CDI layer, claim and path."""
 
-    def __str__(self) -> str:
-        return str(self.strerror)
+    def __init__(self, errno: int | None, message: str) -> None:
+        super().__init__(message, reason="cdi")
+        self.errno = errno
 
 
 class CdiWriter:

@@ -19,8 +19,8 @@ from typing import Any
 import grpc
 
 from dradriver.api import kubelet as kapi
-from dradriver.kubeletplugin.claims import ClaimRef
-from dradriver.kubeletplugin.driver import Driver
+from dradriver.kubeletplugin.plan import ClaimRef
+from dradriver.kubeletplugin.prepare import Preparer
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.grpc")
@@ -30,7 +30,7 @@ def _refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
 
 
-def _dra_servicer(base: type, msgs: Any, driver: Driver) -> Any:
+def _dra_servicer(base: type, msgs: Any, driver: Preparer) -> Any:
     class Servicer(base):  # type: ignore[misc]
         def NodePrepareResources(self, request: Any, context: Any) -> Any:
             resp = msgs.NodePrepareResourcesResponse()
@@ -60,7 +60,7 @@ def _dra_servicer(base: type, msgs: Any, driver: Driver) -> Any:
 class PluginServers:
     def __init__(
         self,
-        driver: Driver,
+        driver: Preparer,
         *,
         driver_name: str,
         kubelet_dir: Path,

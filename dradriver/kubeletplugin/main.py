@@ -14,21 +14,23 @@ from pathlib import Path
 
 from dradriver import logs
 from dradriver.commands import flags
+from dradriver.inventory.node_devices import MigMode, NodeDevice
 from dradriver.k8s import Kube, KubeError
 from dradriver.kubeletplugin import cdi
-from dradriver.kubeletplugin.checkpoint import CheckpointStore, FileLock, current_boot_id
-from dradriver.kubeletplugin.devices import LocalDevice, index
-from dradriver.kubeletplugin.driver import Driver, owned_partitions
+from dradriver.kubeletplugin.checkpoint import CheckpointStore, current_boot_id
+from dradriver.kubeletplugin.claim_status import StatusWriter
+from dradriver.kubeletplugin.execute import Executor
+from dradriver.kubeletplugin.files import FileLock, NodeLock
 from dradriver.kubeletplugin.grpcserver import PluginServers
 from dradriver.kubeletplugin.metrics import Metrics
-from dradriver.kubeletplugin.migprep import MigModeLedger, MigPreparer
+from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer
 from dradriver.kubeletplugin.ops import OpsServer
-from dradriver.kubeletplugin.sharing import SharingManager
-from dradriver.kubeletplugin.status import StatusWriter
+from dradriver.kubeletplugin.prepare import Preparer
+from dradriver.kubeletplugin.records import owned_partitions
+from dradriver.kubeletplugin.sharing_steps import SharingSteps
 from dradriver.nvml.library import DevicesSpecError, Nvml, open_nvml
 from dradriver.nvml.mig import MigCarver
-from dradriver.nvml.sharing import Sharing
-from dradriver.slices.build import MigMode, SliceContent, build
+from dradriver.slices.build import SliceContent, build
 from dradriver.slices.publish import PublishLoop, SlicePublisher
 from dradriver.slices.watch import SliceWatch
 
@@ -77,7 +79,7 @@ class DeviceView:
         self.nvml, self.mode, self.owned = nvml, mode, owned
         self._lock = threading.Lock()
         self._slices: list[SliceContent] = []
-        self._index: dict[str, LocalDevice] = {}
+        self._index: dict[str, NodeDevice] = {}
         self.discovered = threading.Event()
         self.last_error = "not discovered yet"
 
@@ -93,14 +95,22 @@ class DeviceView:
         for uuid, reason in built.skipped:
             log.warning("GPU not published as a whole", gpu=uuid, reason=reason)
         with self._lock:
-            self._slices, self._index = built.slices, index(found.inventory, built)
+            self._slices, self._index = built.slices, built.offer.devices()
         self.last_error = ""
         self.discovered.set()
         return built.slices
 
-    def devices(self) -> dict[str, LocalDevice]:
+    def devices(self) -> dict[str, NodeDevice]:
         with self._lock:
             return dict(self._index)
+
+    def profiles(self) -> dict[str, list[int]]:
+        """GPU UUID -> its MIG profile IDs, for finding MIG instances."""
+        return {
+            d.gpu.uuid: [p.profile_id for p in d.gpu.mig_profiles]
+            for d in self.devices().values()
+            if d.gpu.mig_profiles
+        }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -186,25 +196,23 @@ def run(args: argparse.Namespace) -> int:
     mig = None
     if mode is MigMode.DYNAMIC:
         mig = MigPreparer(MigCarver(nvml.module), MigModeLedger(state_dir / "mig-mode.json"))
-    driver = Driver(
+    executor = Executor(
+        driver=args.driver_name,
+        store=store,
+        cdi_writer=cdi.CdiWriter(Path(args.cdi_dir), args.driver_name),
+        host=nvml.host,
+        profiles=view.profiles,
+        mig=mig,
+        sharing=SharingSteps(nvml.module, nvml.host, state_dir / "mps"),
+    )
+    driver = Preparer(
         driver=args.driver_name,
         node=args.node_name,
         kube=kube,
         store=store,
-        mig=mig,
-        sharing=SharingManager(
-            Sharing(
-                nvml.module,
-                state_dir / f"fake-sharing-{args.node_name}.json"
-                if nvml.fake is not None
-                else None,
-            ),
-            state_dir / "mps",
-        ),
-        cdi_writer=cdi.CdiWriter(Path(args.cdi_dir), args.driver_name),
-        lock=FileLock(state_dir / "plugin.lock"),
+        executor=executor,
+        lock=NodeLock(FileLock(state_dir / "plugin.lock")),
         devices=view.devices,
-        fake=nvml.fake is not None,
         metrics=metrics,
         status=status,
     )

@@ -49,7 +49,7 @@ def nvml_session(nvml: ModuleType) -> Iterator[None]:
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as err:
-        raise explain_init_failure(nvml, err) from None
+        raise explain_init_failure(nvml, err) from err
     try:
         yield
     finally:

@@ -1,16 +1,18 @@
 """Chooses the NVML library behind the `--devices` flag: the real one (`nvml`), or the
-fake C library (`fake:<spec>`) under a private copy of the real pynvml module."""
+fake C library (`fake:<spec>`, package fakenvml) under a private copy of the real pynvml
+module. This is the only place that knows the fake exists: everything else gets an
+`Nvml` with a module to call and a GpuHost for what lies outside NVML."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dradriver.nvml.discover import Discovery, discover, nvml_session, sysfs_pcie_root
+from dradriver.nvml.discover import Discovery, discover, nvml_session
 from dradriver.nvml.errors import explain_init_failure
+from dradriver.nvml.host import GpuHost, RealHost
 
 
 class DevicesSpecError(ValueError):
@@ -20,8 +22,10 @@ class DevicesSpecError(ValueError):
 @dataclass
 class Nvml:
     module: ModuleType  # pynvml, or the fake's private copy of it
-    fake: Any | None  # dradriver.nvml.fake.FakeNvml in fake mode
-    pcie_root_of: Callable[[str], str | None]
+    host: GpuHost
+    # The fake node behind `fake:` (fakenvml.FakeNvml), for tests that inject faults;
+    # None with real GPUs. The driver itself never looks at it.
+    backend: Any = None
 
     _initialised: bool = False
 
@@ -31,38 +35,32 @@ class Nvml:
             try:
                 self.module.nvmlInit()
             except self.module.NVMLError as err:
-                raise explain_init_failure(self.module, err) from None
+                raise explain_init_failure(self.module, err) from err
             self._initialised = True
 
     def discover(self) -> Discovery:
         with nvml_session(self.module):
-            return discover(self.module, self.pcie_root_of)
-
-
-def _fake_pcie_root(bus_id: str) -> str | None:
-    # Fake GPUs live in no sysfs; give each PCI bus its own root complex, as the
-    # switches of an HGX board do for pairs of GPUs.
-    try:
-        bus = int(bus_id.split(":")[1], 16)
-    except (IndexError, ValueError):
-        return None
-    return f"pci0000:{bus & 0xC0:02x}"
+            return discover(self.module, self.host.pcie_root)
 
 
 def open_nvml(devices: str, *, node: str, state_dir: Path | None) -> Nvml:
-    """`devices` is `nvml` or `fake:<spec>` (see dradriver.nvml.fake.spec)."""
+    """`devices` is `nvml` or `fake:<spec>` (see fakenvml.spec)."""
     if devices == "nvml":
         import pynvml
 
-        return Nvml(pynvml, None, sysfs_pcie_root)
+        return Nvml(pynvml, RealHost())
     if devices.startswith("fake:"):
-        from dradriver.nvml import fake
-
         try:
-            f = fake.load(devices.removeprefix("fake:"), node=node, state_dir=state_dir)
+            import fakenvml
+        except ImportError as exc:
+            raise DevicesSpecError(
+                f"--devices {devices!r}: the fake NVML backend (package fakenvml) is not "
+                "installed; it comes with `pip install dradriver` and the image"
+            ) from exc
+        try:
+            return fakenvml.open_backend(devices.removeprefix("fake:"), node, state_dir)
         except ValueError as exc:
-            raise DevicesSpecError(f"--devices {devices!r}: {exc}") from None
-        return Nvml(f.pynvml, f, _fake_pcie_root)
+            raise DevicesSpecError(f"--devices {devices!r}: {exc}") from exc
     raise DevicesSpecError(
         f"--devices {devices!r}: expected `nvml` (the GPUs of this node) or `fake:<spec>`, "
         "for example fake:8xH100-80GB or fake:4xA100-80GB+2xL4"

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from dradriver import errors
 from dradriver.logs import get_logger
 
 log = get_logger("nvml.mig")
@@ -22,13 +23,12 @@ log = get_logger("nvml.mig")
 CI_PROFILE_FOR_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
 
 
-class MigError(Exception):
+class MigError(errors.MigError):
     """An NVML failure while carving or destroying, with the step and the NVML error."""
 
     def __init__(self, step: str, err: Exception, *, in_use: bool = False) -> None:
-        super().__init__(f"{step}: {type(err).__name__}: {err}")
+        super().__init__(f"{step}: {type(err).__name__}: {err}", in_use=in_use)
         self.step = step
-        self.in_use = in_use
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,14 @@ class MigCarver:
         try:
             return self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
         except self.nvml.NVMLError as err:
-            raise MigError(f"looking up GPU {gpu_uuid}", err) from None
+            raise MigError(f"looking up GPU {gpu_uuid}", err) from err
 
     def mig_enabled(self, gpu_uuid: str) -> bool:
         h = self._h(gpu_uuid)
         try:
             current, _ = self.nvml.nvmlDeviceGetMigMode(h)
         except self.nvml.NVMLError as err:
-            raise MigError(f"reading the MIG mode of {gpu_uuid}", err) from None
+            raise MigError(f"reading the MIG mode of {gpu_uuid}", err) from err
         return bool(current == self.nvml.NVML_DEVICE_MIG_ENABLE)
 
     def set_mig_mode(self, gpu_uuid: str, enable: bool) -> None:
@@ -74,7 +74,7 @@ class MigCarver:
         try:
             nvml.nvmlDeviceSetMigMode(self._h(gpu_uuid), mode)
         except nvml.NVMLError as err:
-            raise MigError(step, err, in_use=isinstance(err, nvml.NVMLError_InUse)) from None
+            raise MigError(step, err, in_use=isinstance(err, nvml.NVMLError_InUse)) from err
         if self.mig_enabled(gpu_uuid) != enable:
             # Ampere: the change waits for a GPU reset. Publishing never offers partitions
             # of such GPUs, so getting here means the hardware changed under us.
@@ -93,7 +93,7 @@ class MigCarver:
                 h, profile_id, ctypes.byref(placement)
             )
         except nvml.NVMLError as err:
-            raise MigError(f"creating the GPU instance ({where})", err) from None
+            raise MigError(f"creating the GPU instance ({where})", err) from err
         try:
             gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
             ci_profile = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -105,7 +105,7 @@ class MigCarver:
         except nvml.NVMLError as err:
             # A GPU instance without a compute instance is no usable device: never leave one.
             self._destroy_gi_quietly(gi, where)
-            raise MigError(f"creating the compute instance ({where})", err) from None
+            raise MigError(f"creating the compute instance ({where})", err) from err
         try:
             ci_id = int(nvml.nvmlComputeInstanceGetInfo(ci).id)
             uuid = self._mig_uuid(h, gi_id, ci_id)
@@ -117,7 +117,7 @@ class MigCarver:
                     "rollback: destroying the compute instance failed", gpu=gpu_uuid, error=str(e2)
                 )
             self._destroy_gi_quietly(gi, where)
-            raise MigError(f"reading the new MIG device ({where})", err) from None
+            raise MigError(f"reading the new MIG device ({where})", err) from err
         return Created(gi_id, ci_id, uuid)
 
     def _mig_uuid(self, h: Any, gi_id: int, ci_id: int) -> str:
@@ -150,7 +150,7 @@ class MigCarver:
         except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
             return
         except nvml.NVMLError as err:
-            raise MigError(f"looking up {where}", err) from None
+            raise MigError(f"looking up {where}", err) from err
         cis = [compute_instance_id] if compute_instance_id is not None else []
         cis += [c for c in self._ci_ids(gi) if c not in cis]
         for ci_id in cis:
@@ -164,7 +164,7 @@ class MigCarver:
                     f"destroying compute instance {ci_id} of {where}",
                     err,
                     in_use=isinstance(err, nvml.NVMLError_InUse),
-                ) from None
+                ) from err
         try:
             nvml.nvmlGpuInstanceDestroy(gi)
         except nvml.NVMLError_NotFound:
@@ -172,7 +172,7 @@ class MigCarver:
         except nvml.NVMLError as err:
             raise MigError(
                 f"destroying {where}", err, in_use=isinstance(err, nvml.NVMLError_InUse)
-            ) from None
+            ) from err
 
     def _ci_ids(self, gi: Any) -> list[int]:
         nvml = self.nvml
@@ -198,7 +198,7 @@ class MigCarver:
         try:
             return self._instances(gpu_uuid, profile_ids)
         except self.nvml.NVMLError as err:
-            raise MigError(f"listing the MIG devices of {gpu_uuid}", err) from None
+            raise MigError(f"listing the MIG devices of {gpu_uuid}", err) from err
 
     def _instances(self, gpu_uuid: str, profile_ids: list[int]) -> list[Instance]:
         nvml = self.nvml

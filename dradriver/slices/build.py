@@ -1,17 +1,15 @@
-"""The pure function at the heart of publishing: inventory -> desired ResourceSlices.
+"""The pure function at the heart of publishing: the node's offer -> ResourceSlices.
 
-One pool per node, named after the node. Three MIG modes:
-- none: whole GPUs only (a GPU in MIG mode cannot be used whole, so it is left out);
-- static: whole GPUs, and the existing MIG devices of GPUs in MIG mode instead of them;
-- dynamic: every GPU whole and every MIG profile x placement as a partition, all consuming
-  the GPU's counter set (see counters.py); one slice per such GPU, because in 1.34 a
-  device can only consume counter sets declared in its own slice.
-Devices without counters are packed into as few slices as the 128-device limit allows.
+One pool per node, named after the node. Which devices exist in each MIG mode is decided
+by dradriver.inventory.node_devices (the device model prepare uses too); this module only
+renders them: attributes and capacities per device, and in dynamic mode the GPU's counter
+set (see counters.py) in a slice of its own, because in 1.34 a device can only consume
+counter sets declared in its own slice. Devices without counters are packed into as few
+slices as the 128-device limit allows.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import re
@@ -19,8 +17,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.inventory.model import Gpu, Inventory, MigDevice, MigProfile
+from dradriver.inventory.model import Gpu, Inventory, MigProfile
+from dradriver.inventory.node_devices import (
+    DeviceKind,
+    GpuOffer,
+    MigMode,
+    NodeDevice,
+    NodeOffer,
+    Partition,
+    gpu_device_name,
+    offer,
+)
 from dradriver.slices import counters as ctr
+
+__all__ = ["BuildResult", "MigMode", "SliceContent", "build", "render"]
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_DEVICES = 128
@@ -31,12 +41,6 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_VALUE_LENGTH = 64
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 ATTRIBUTE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
-
-
-class MigMode(enum.StrEnum):
-    NONE = "none"
-    STATIC = "static"
-    DYNAMIC = "dynamic"
 
 
 @dataclass(frozen=True)
@@ -55,22 +59,10 @@ class SliceContent:
 @dataclass
 class BuildResult:
     slices: list[SliceContent]
-    # GPUs left out, with the reason, so the CLI and logs can tell a user why a GPU
-    # is missing instead of publishing it wrong.
+    # GPUs left out or offered in part, with the reason (from the offer).
     skipped: list[tuple[str, str]] = field(default_factory=list)
-
-
-def profile_token(profile: str) -> str:
-    """ "1g.10gb+me" -> "1g10gbme": a device-name-safe form of a profile name."""
-    return re.sub(r"[^a-z0-9]", "", profile.lower())
-
-
-def gpu_device_name(gpu: Gpu) -> str:
-    return f"gpu-{gpu.index}"
-
-
-def mig_device_name(gpu: Gpu, profile: str, start: int) -> str:
-    return f"gpu-{gpu.index}-mig-{profile_token(profile)}-{start}"
+    # The typed devices the slices render, by name: what prepare looks names up in.
+    offer: NodeOffer = field(default_factory=NodeOffer)
 
 
 def _s(v: str) -> dict[str, Any]:
@@ -97,21 +89,6 @@ def _common(inv: Inventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
     return a
 
 
-def gpu_device(inv: Inventory, gpu: Gpu) -> dict[str, Any]:
-    attrs = {
-        "type": _s("gpu"),
-        "uuid": _s(gpu.uuid),
-        "index": {"int": gpu.index},
-        "minor": {"int": gpu.minor},
-        "migCapable": {"bool": gpu.mig_capable},
-        **_common(inv, gpu),
-    }
-    capacity = {"memory": {"value": str(gpu.memory_bytes)}}
-    if gpu.multiprocessors is not None:
-        capacity["multiprocessors"] = {"value": str(gpu.multiprocessors)}
-    return {"name": gpu_device_name(gpu), "attributes": attrs, "capacity": capacity}
-
-
 def _mig_capacity(memory_bytes: int, profile: MigProfile | None, sms: int) -> dict[str, Any]:
     cap: dict[str, Any] = {
         "memory": {"value": str(memory_bytes)},
@@ -130,40 +107,41 @@ def _mig_capacity(memory_bytes: int, profile: MigProfile | None, sms: int) -> di
     return cap
 
 
-def mig_device(inv: Inventory, gpu: Gpu, dev: MigDevice) -> dict[str, Any]:
-    """An existing MIG device (static mode, or foreign in dynamic mode)."""
-    attrs = {
-        "type": _s("mig"),
-        "uuid": _s(dev.uuid),
-        "parentUUID": _s(gpu.uuid),
-        "parentIndex": {"int": gpu.index},
-        "profile": _s(dev.profile),
-        "placementStart": {"int": dev.placement_start},
-        **_common(inv, gpu),
-    }
-    return {
-        "name": mig_device_name(gpu, dev.profile, dev.placement_start),
-        "attributes": attrs,
-        "capacity": _mig_capacity(dev.memory_bytes, gpu.profile(dev.profile), dev.multiprocessors),
-    }
-
-
-def partition_device(inv: Inventory, gpu: Gpu, part: ctr.Partition) -> dict[str, Any]:
-    """A MIG device that does not exist yet: carved at prepare if allocated."""
-    p = part.profile
-    attrs = {
-        "type": _s("mig"),
-        "parentUUID": _s(gpu.uuid),
-        "parentIndex": {"int": gpu.index},
-        "profile": _s(p.name),
-        "placementStart": {"int": part.start},
-        **_common(inv, gpu),
-    }
-    return {
-        "name": mig_device_name(gpu, p.name, part.start),
-        "attributes": attrs,
-        "capacity": _mig_capacity(p.memory_bytes, p, p.multiprocessors),
-    }
+def render(inv: Inventory, dev: NodeDevice) -> dict[str, Any]:
+    """One device of a ResourceSlice, without counters (pure)."""
+    gpu = dev.gpu
+    if dev.kind is DeviceKind.GPU:
+        attrs = {
+            "type": _s("gpu"),
+            "uuid": _s(gpu.uuid),
+            "index": {"int": gpu.index},
+            "minor": {"int": gpu.minor},
+            "migCapable": {"bool": gpu.mig_capable},
+            **_common(inv, gpu),
+        }
+        capacity = {"memory": {"value": str(gpu.memory_bytes)}}
+        if gpu.multiprocessors is not None:
+            capacity["multiprocessors"] = {"value": str(gpu.multiprocessors)}
+        return {"name": dev.name, "attributes": attrs, "capacity": capacity}
+    attrs = {"type": _s("mig")}
+    if dev.mig is not None:  # it exists: it has a UUID of its own
+        attrs["uuid"] = _s(dev.mig.uuid)
+    attrs.update(
+        {
+            "parentUUID": _s(gpu.uuid),
+            "parentIndex": {"int": gpu.index},
+            "profile": _s(str(dev.profile_name)),
+            "placementStart": {"int": int(dev.placement_start or 0)},
+            **_common(inv, gpu),
+        }
+    )
+    if dev.mig is not None:
+        cap = _mig_capacity(dev.mig.memory_bytes, dev.profile, dev.mig.multiprocessors)
+    else:
+        assert dev.partition is not None
+        p = dev.partition.profile
+        cap = _mig_capacity(p.memory_bytes, p, p.multiprocessors)
+    return {"name": dev.name, "attributes": attrs, "capacity": cap}
 
 
 def _consumes(counter_set: str, counters: dict[str, int]) -> list[dict[str, Any]]:
@@ -172,58 +150,28 @@ def _consumes(counter_set: str, counters: dict[str, int]) -> list[dict[str, Any]
     ]
 
 
-def _dynamic_gpu(
-    inv: Inventory, gpu: Gpu, owned: frozenset[tuple[str, int, int]], skipped: list[tuple[str, str]]
-) -> tuple[list[dict[str, Any]], SliceContent | None]:
-    """Devices of one GPU in dynamic mode: (devices without counters, or its own slice)."""
-    can_carve = gpu.mig_capable and gpu.mig_profiles and (gpu.mig_enabled or gpu.mig_switchable)
-    if not can_carve:
-        if gpu.mig_capable and not gpu.mig_enabled and not gpu.mig_switchable:
-            skipped.append(
-                (
-                    gpu.uuid,
-                    "MIG partitions not offered: this GPU cannot switch MIG "
-                    "mode on demand; enable MIG mode (and reset) to carve it",
-                )
-            )
-        if gpu.mig_enabled:
-            return [mig_device(inv, gpu, d) for d in gpu.mig_devices], None
-        return [gpu_device(inv, gpu)], None
-    design = ctr.design(tuple(gpu.mig_profiles))
-    counter_set = gpu_device_name(gpu)
-    # MIG devices this driver did not create occupy their memory slices for good: offer
-    # them as they are, and no partition that overlaps them.
-    foreign = [
-        d for d in gpu.mig_devices if (gpu.uuid, d.profile_id, d.placement_start) not in owned
-    ]
-    busy = {
-        i for d in foreign for i in range(d.placement_start, d.placement_start + d.placement_size)
-    }
+def _counted(inv: Inventory, g: GpuOffer) -> SliceContent:
+    """A GPU's own slice: its counter set, and what each device consumes of it."""
+    design = ctr.design(tuple(g.gpu.mig_profiles))
+    counter_set = gpu_device_name(g.gpu)
     devices: list[dict[str, Any]] = []
-    if not foreign and (gpu.mig_switchable or not gpu.mig_enabled):
-        whole = gpu_device(inv, gpu)
-        whole["consumesCounters"] = _consumes(counter_set, design.whole_gpu())
-        devices.append(whole)
-    for part, consumption in design.consumption.items():
-        if busy & set(part.profile.memory_range(part.start)):
-            continue
-        dev = partition_device(inv, gpu, part)
-        dev["consumesCounters"] = _consumes(counter_set, consumption)
-        devices.append(dev)
-    for d in foreign:
-        dev = mig_device(inv, gpu, d)
-        profile = gpu.profile(d.profile)
-        taken = ctr.Partition(profile, d.placement_start) if profile else None
-        if taken is not None and taken in design.consumption:
-            dev["consumesCounters"] = _consumes(counter_set, design.consumption[taken])
-        devices.append(dev)
+    for d in g.devices:
+        out = render(inv, d)
+        if d.kind is DeviceKind.GPU:
+            out["consumesCounters"] = _consumes(counter_set, design.whole_gpu())
+        else:
+            profile, start = d.profile, d.placement_start
+            taken = Partition(profile, start) if profile and start is not None else None
+            if taken is not None and taken in design.consumption:
+                out["consumesCounters"] = _consumes(counter_set, design.consumption[taken])
+        devices.append(out)
     shared = (
         {
             "name": counter_set,
             "counters": {c: {"value": str(v)} for c, v in design.capacities.items()},
         },
     )
-    return [], SliceContent(key=f"gpu-{gpu.index}", devices=tuple(devices), shared_counters=shared)
+    return SliceContent(key=f"gpu-{g.gpu.index}", devices=tuple(devices), shared_counters=shared)
 
 
 def _pack(devices: Sequence[dict[str, Any]]) -> list[SliceContent]:
@@ -236,37 +184,13 @@ def _pack(devices: Sequence[dict[str, Any]]) -> list[SliceContent]:
 def build(
     inv: Inventory, mode: MigMode, owned_mig: Iterable[tuple[str, int, int]] = ()
 ) -> BuildResult:
-    """`owned_mig`: (parent UUID, profile ID, placement start) of MIG devices this driver
-    created for prepared claims; they stay published as partitions in dynamic mode."""
-    owned = frozenset(owned_mig)
-    skipped: list[tuple[str, str]] = []
-    loose: list[dict[str, Any]] = []
-    own_slices: list[SliceContent] = []
-    for gpu in sorted(inv.gpus, key=lambda g: g.index):
-        if mode is MigMode.NONE:
-            if gpu.mig_enabled:
-                skipped.append(
-                    (
-                        gpu.uuid,
-                        "MIG mode is enabled, so the GPU cannot be used whole; "
-                        "use --mig-mode static or dynamic, or disable MIG",
-                    )
-                )
-                continue
-            loose.append(gpu_device(inv, gpu))
-        elif mode is MigMode.STATIC:
-            if gpu.mig_enabled:
-                if not gpu.mig_devices:
-                    skipped.append((gpu.uuid, "MIG mode is enabled but no MIG device exists"))
-                loose += [mig_device(inv, gpu, d) for d in gpu.mig_devices]
-            else:
-                loose.append(gpu_device(inv, gpu))
-        else:
-            devs, own = _dynamic_gpu(inv, gpu, owned, skipped)
-            loose += devs
-            if own:
-                own_slices.append(own)
-    result = BuildResult(slices=own_slices + _pack(loose), skipped=skipped)
+    """The node's slices. `owned_mig`: (parent UUID, profile ID, placement start) of MIG
+    devices this driver created for prepared claims; they stay published as partitions
+    in dynamic mode."""
+    node = offer(inv, mode, owned_mig)
+    own = [_counted(inv, g) for g in node.gpus if g.counters]
+    loose = [render(inv, d) for g in node.gpus if not g.counters for d in g.devices]
+    result = BuildResult(slices=own + _pack(loose), skipped=list(node.skipped), offer=node)
     check_limits(result.slices)
     return result
 

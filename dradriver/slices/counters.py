@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dradriver.inventory.model import MigProfile
+from dradriver.inventory.node_devices import Partition, partitions
+
+__all__ = ["COMPUTE", "MEDIA_EXTENSIONS", "CounterDesign", "Partition", "design", "partitions"]
 
 COMPUTE_CAPACITY = 7
 MEDIA_EXTENSIONS = "media-extensions"
@@ -33,18 +36,13 @@ def memory_counter(i: int) -> str:
     return f"memory-slice-{i}"
 
 
-@dataclass(frozen=True)
-class Partition:
-    profile: MigProfile
-    start: int
-
-    def demand(self) -> dict[str, int]:
-        """What this partition would consume of every candidate counter."""
-        d = {memory_counter(i): 1 for i in self.profile.memory_range(self.start)}
-        if self.profile.media_extensions:
-            d[MEDIA_EXTENSIONS] = 1
-        d[COMPUTE] = self.profile.compute_slices
-        return d
+def demand(p: Partition) -> dict[str, int]:
+    """What a partition would consume of every candidate counter."""
+    d = {memory_counter(i): 1 for i in p.profile.memory_range(p.start)}
+    if p.profile.media_extensions:
+        d[MEDIA_EXTENSIONS] = 1
+    d[COMPUTE] = p.profile.compute_slices
+    return d
 
 
 @dataclass(frozen=True)
@@ -55,10 +53,6 @@ class CounterDesign:
     def whole_gpu(self) -> dict[str, int]:
         """The whole GPU takes every counter entirely: nothing else fits beside it."""
         return dict(self.capacities)
-
-
-def partitions(profiles: Sequence[MigProfile]) -> list[Partition]:
-    return [Partition(p, s) for p in profiles for s in p.placements]
 
 
 def fits(used: dict[str, int], demand: dict[str, int], capacities: dict[str, int]) -> bool:
@@ -96,7 +90,7 @@ def design(profiles: tuple[MigProfile, ...]) -> CounterDesign:
     parts = partitions(profiles)
     if not parts:
         return CounterDesign({}, {})
-    demands = {p: p.demand() for p in parts}
+    demands = {p: demand(p) for p in parts}
     unit = sorted(
         {c for d in demands.values() for c in d if c != COMPUTE},
         key=lambda c: (

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dradriver.k8s import Kube, path_for
-from dradriver.nvml.fake import load
+from fakenvml import load
 
 from .helpers import (
     RES,

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dradriver.k8s import Kube, path_for
-from dradriver.nvml.fake import load
 from dradriver.nvml.library import open_nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import MigMode, build
 from dradriver.slices.publish import PublishLoop, SlicePublisher
+from fakenvml import load
 
 from .helpers import RES, Cluster, HollowNode, wait_for
 

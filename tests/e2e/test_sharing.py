@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from dradriver.k8s import Kube, path_for
-from dradriver.nvml.fake import load
-from dradriver.nvml.sharing import mps_alive
+from dradriver.nvml.host import mps_alive
+from fakenvml import load
 
 from .helpers import (
     Cluster,

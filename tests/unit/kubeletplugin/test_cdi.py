@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dradriver.errors import CdiError
 from dradriver.kubeletplugin.cdi import (
     CDI_VERSIONS,
     CdiDevice,
@@ -23,6 +24,7 @@ from dradriver.kubeletplugin.cdi import (
     claim_spec,
     qualified_name,
 )
+from dradriver.nvml.host import RealHost
 from tests.support.cdi_reference import CDIError, ReferenceResolver, reference_resolver
 
 DRIVER = "gpu.dradriver.io"
@@ -45,11 +47,21 @@ def cdi_dir(tmp_path: Path) -> Path:
 
 
 def two_gpus(**kw: Any) -> list[CdiDevice]:
-    return [CdiDevice("gpu-0", GPU0, minor=0, **kw), CdiDevice("gpu-1", GPU1, minor=1, **kw)]
+    """Two GPUs as the fake host offers them: no device nodes."""
+    return [CdiDevice("gpu-0", GPU0, **kw), CdiDevice("gpu-1", GPU1, **kw)]
 
 
-def spec_for(devices: list[CdiDevice], fake: bool, uid: str = UID) -> dict[str, Any]:
-    return claim_spec(DRIVER, uid, devices, fake, claim_name="team-a/train")
+def nodes(
+    minor: int, mig: tuple[int, int] | None = None, proc: Path | None = None
+) -> tuple[str, ...]:
+    """A real node's device nodes for a GPU (or a MIG device of it), as RealHost names them."""
+    return tuple(RealHost(proc or Path("/nonexistent")).device_nodes(minor, mig))
+
+
+def spec_for(devices: list[CdiDevice], uid: str = UID) -> dict[str, Any]:
+    """With device nodes, as on a real node: the control nodes come too."""
+    control = RealHost().control_device_nodes() if any(d.device_nodes for d in devices) else []
+    return claim_spec(DRIVER, uid, devices, claim_name="team-a/train", control_nodes=control)
 
 
 def env_of(edits_env: tuple[str, ...]) -> dict[str, str]:
@@ -59,8 +71,8 @@ def env_of(edits_env: tuple[str, ...]) -> dict[str, str]:
 # -- content ---------------------------------------------------------------------------------
 
 
-def test_fake_spec_is_env_only() -> None:
-    assert spec_for(two_gpus(), fake=True) == {
+def test_spec_without_device_nodes_is_env_only() -> None:
+    assert spec_for(two_gpus()) == {
         "cdiVersion": "0.3.0",
         "kind": "gpu.dradriver.io/claim",
         "devices": [
@@ -93,10 +105,10 @@ def test_fake_spec_is_env_only() -> None:
 
 def test_real_spec_names_device_nodes_by_path_only() -> None:
     devices = [
-        CdiDevice("gpu-3", GPU0, minor=3),
-        CdiDevice("gpu-0-mig-1g10gb-0", MIG, minor=0, device_nodes=CAPS, env=["X=1"]),
+        CdiDevice("gpu-3", GPU0, nodes(3)),
+        CdiDevice("gpu-0-mig-1g10gb-0", MIG, ("/dev/nvidia0", *CAPS), env=["X=1"]),
     ]
-    spec = spec_for(devices, fake=False)
+    spec = spec_for(devices)
     assert spec["cdiVersion"] == "0.3.0"
     gpu, mig = spec["devices"]
     assert gpu["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia3"}]
@@ -126,7 +138,7 @@ def test_real_spec_names_device_nodes_by_path_only() -> None:
 
 def test_names() -> None:
     assert qualified_name(DRIVER, "gpu-0", UID) == f"gpu.dradriver.io/claim=gpu-0-{UID}"
-    spec = spec_for(two_gpus(), fake=True)
+    spec = spec_for(two_gpus())
     ids = [f"{spec['kind']}={d['name']}" for d in spec["devices"]]
     assert ids == [qualified_name(DRIVER, "gpu-0", UID), qualified_name(DRIVER, "gpu-1", UID)]
 
@@ -139,13 +151,12 @@ def test_names() -> None:
         ({"claim_uid": "../../etc"}, "not a Kubernetes UID"),
         ({"claim_uid": "abc-"}, "not a Kubernetes UID"),
         ({"devices": []}, "no devices"),
-        ({"devices": [CdiDevice("gpu-0", GPU0, 0), CdiDevice("gpu-0", GPU1, 1)]}, "twice"),
-        ({"devices": [CdiDevice("gpu/0", GPU0, 0)]}, "device name"),
-        ({"devices": [CdiDevice("gpu-0", "", 0)]}, "UUID"),
-        ({"devices": [CdiDevice("gpu-0", "GPU-a,GPU-b", 0)]}, "UUID"),
-        ({"devices": [CdiDevice("gpu-0", GPU0, 0, env=["=x"])]}, "KEY=VALUE"),
-        ({"devices": [CdiDevice("gpu-0", GPU0)], "fake": False}, "minor"),
-        ({"devices": [CdiDevice("gpu-0", GPU0, 0, device_nodes=["dev/x"])], "fake": False}, "abs"),
+        ({"devices": [CdiDevice("gpu-0", GPU0), CdiDevice("gpu-0", GPU1)]}, "twice"),
+        ({"devices": [CdiDevice("gpu/0", GPU0)]}, "device name"),
+        ({"devices": [CdiDevice("gpu-0", "")]}, "UUID"),
+        ({"devices": [CdiDevice("gpu-0", "GPU-a,GPU-b")]}, "UUID"),
+        ({"devices": [CdiDevice("gpu-0", GPU0, env=["=x"])]}, "KEY=VALUE"),
+        ({"devices": [CdiDevice("gpu-0", GPU0, device_nodes=["dev/x"])]}, "abs"),
     ],
 )
 def test_invalid_input_is_refused(kwargs: dict[str, Any], match: str) -> None:
@@ -153,7 +164,6 @@ def test_invalid_input_is_refused(kwargs: dict[str, Any], match: str) -> None:
         "driver": DRIVER,
         "claim_uid": UID,
         "devices": two_gpus(),
-        "fake": True,
         "claim_name": "a/b",
     }
     args.update(kwargs)
@@ -161,12 +171,17 @@ def test_invalid_input_is_refused(kwargs: dict[str, Any], match: str) -> None:
         claim_spec(**args)
 
 
+def test_a_real_gpu_without_a_minor_has_no_device_node_to_name() -> None:
+    with pytest.raises(ValueError, match="minor"):
+        RealHost().device_nodes(None, None)
+
+
 # -- what a runtime makes of them ------------------------------------------------------------
 
 
-def test_fake_spec_resolves_with_all_uuids(resolver: ReferenceResolver, cdi_dir: Path) -> None:
+def test_env_only_spec_resolves_with_all_uuids(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     writer = CdiWriter(cdi_dir, DRIVER)
-    writer.write(UID, spec_for(two_gpus(), fake=True))
+    writer.write(UID, spec_for(two_gpus()))
     assert resolver.validate([cdi_dir]) == []
     both = resolver.resolve(
         [cdi_dir], [qualified_name(DRIVER, "gpu-0", UID), qualified_name(DRIVER, "gpu-1", UID)]
@@ -191,7 +206,7 @@ def test_groups_keep_requests_apart(resolver: ReferenceResolver, cdi_dir: Path) 
         CdiDevice("gpu-1", GPU1, group="evaluator"),
         CdiDevice("gpu-0-mig-1g10gb-0", MIG, group="evaluator"),
     ]
-    CdiWriter(cdi_dir, DRIVER).write(UID, spec_for(devices, fake=True))
+    CdiWriter(cdi_dir, DRIVER).write(UID, spec_for(devices))
     trainer = resolver.resolve([cdi_dir], [qualified_name(DRIVER, "gpu-0", UID)])
     evaluator = resolver.resolve(
         [cdi_dir],
@@ -206,8 +221,8 @@ def test_groups_keep_requests_apart(resolver: ReferenceResolver, cdi_dir: Path) 
 
 def test_specs_of_many_claims_coexist(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     writer = CdiWriter(cdi_dir, DRIVER)
-    writer.write(UID, spec_for([CdiDevice("gpu-0", GPU0)], fake=True, uid=UID))
-    writer.write(UID2, spec_for([CdiDevice("gpu-1", GPU1)], fake=True, uid=UID2))
+    writer.write(UID, spec_for([CdiDevice("gpu-0", GPU0)], uid=UID))
+    writer.write(UID2, spec_for([CdiDevice("gpu-1", GPU1)], uid=UID2))
     assert resolver.validate([cdi_dir]) == []
     edits = resolver.resolve(
         [cdi_dir], [qualified_name(DRIVER, "gpu-0", UID), qualified_name(DRIVER, "gpu-1", UID2)]
@@ -220,16 +235,16 @@ def test_specs_of_many_claims_coexist(resolver: ReferenceResolver, cdi_dir: Path
 
 def test_real_spec_is_valid(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     devices = [
-        CdiDevice("gpu-3", GPU0, minor=3),
-        CdiDevice("gpu-0-mig-1g10gb-0", MIG, minor=0, device_nodes=CAPS),
+        CdiDevice("gpu-3", GPU0, nodes(3)),
+        CdiDevice("gpu-0-mig-1g10gb-0", MIG, ("/dev/nvidia0", *CAPS)),
     ]
-    CdiWriter(cdi_dir, DRIVER).write(UID, spec_for(devices, fake=False))
+    CdiWriter(cdi_dir, DRIVER).write(UID, spec_for(devices))
     assert resolver.validate([cdi_dir]) == []
 
 
 def test_real_spec_resolves_to_its_device_nodes(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     # No GPU here, so the runtime fails exactly on the host device it cannot stat.
-    CdiWriter(cdi_dir, DRIVER).write(UID, spec_for([CdiDevice("gpu-5", GPU0, 5)], fake=False))
+    CdiWriter(cdi_dir, DRIVER).write(UID, spec_for([CdiDevice("gpu-5", GPU0, nodes(5))]))
     if os.path.exists("/dev/nvidia5"):
         pytest.skip("this machine has /dev/nvidia5")
     with pytest.raises(CDIError, match="/dev/nvidia"):
@@ -294,7 +309,7 @@ FEATURES = {
 def test_version_is_the_lowest_the_library_accepts(
     resolver: ReferenceResolver, tmp_path: Path, feature: str, expected: str
 ) -> None:
-    spec = _bump(spec_for(two_gpus(), fake=True), feature)
+    spec = _bump(spec_for(two_gpus()), feature)
     assert cdi_version_for(spec) == expected
     ok, low = tmp_path / "ok", tmp_path / "low"
     ok.mkdir()
@@ -310,7 +325,7 @@ def test_version_is_the_lowest_the_library_accepts(
 
 def test_version_counts_features_of_every_device() -> None:
     # Stricter than specs-go v1.1.1 (last device only), as a fixed library would be.
-    spec = spec_for(two_gpus(), fake=True)
+    spec = spec_for(two_gpus())
     first = spec["devices"][0]["containerEdits"]
     first["mounts"] = [{"hostPath": "/tmp", "containerPath": "/x", "type": "bind"}]
     assert cdi_version_for(spec) == "0.4.0"
@@ -326,14 +341,14 @@ def test_version_counts_features_of_every_device() -> None:
 def test_write_is_atomic_and_readable(cdi_dir: Path) -> None:
     writer = CdiWriter(cdi_dir, DRIVER)
     assert not cdi_dir.exists()
-    spec = spec_for(two_gpus(), fake=True)
+    spec = spec_for(two_gpus())
     path = writer.write(UID, spec)
     assert path == cdi_dir / f"gpu.dradriver.io-claim-{UID}.json" == writer.spec_path(UID)
     assert json.loads(path.read_text()) == spec
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert writer.exists(UID) and not writer.exists(UID2)
     # Rewriting (after a reboot wiped /var/run/cdi, or on a repeated prepare) replaces it.
-    newer = spec_for([CdiDevice("gpu-1", GPU1)], fake=True)
+    newer = spec_for([CdiDevice("gpu-1", GPU1)])
     writer.write(UID, newer)
     assert json.loads(path.read_text()) == newer
     assert sorted(p.name for p in cdi_dir.iterdir()) == [path.name]
@@ -345,7 +360,7 @@ def test_write_is_atomic_and_readable(cdi_dir: Path) -> None:
 def test_uids_cannot_escape_the_spec_dir(tmp_path: Path, uid: str) -> None:
     cdi_dir = tmp_path / "cdi"
     writer = CdiWriter(cdi_dir, DRIVER)
-    spec = spec_for(two_gpus(), fake=True)
+    spec = spec_for(two_gpus())
     for call in (
         lambda: writer.spec_path(uid),
         lambda: writer.write(uid, spec),
@@ -366,7 +381,7 @@ def test_full_disk_is_a_clear_error_with_no_temp_left(
     cdi_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writer = CdiWriter(cdi_dir, DRIVER)
-    old = spec_for([CdiDevice("gpu-0", GPU0)], fake=True)
+    old = spec_for([CdiDevice("gpu-0", GPU0)])
     writer.write(UID, old)
 
     def full(fd: int, data: Any) -> int:
@@ -374,13 +389,13 @@ def test_full_disk_is_a_clear_error_with_no_temp_left(
 
     monkeypatch.setattr(os, "write", full)
     with pytest.raises(CdiWriteError) as info:
-        writer.write(UID, spec_for(two_gpus(), fake=True))
+        writer.write(UID, spec_for(two_gpus()))
     with pytest.raises(OSError):
         writer.write(UID2, old)
     monkeypatch.undo()
     err = info.value
     assert err.errno == errno.ENOSPC
-    assert isinstance(err, OSError)
+    assert isinstance(err, CdiError) and err.layer == "CDI"
     message = str(err)
     assert message.startswith("CDI layer: ")
     assert str(writer.spec_path(UID)) in message
@@ -393,13 +408,13 @@ def test_unwritable_dir_is_a_cdi_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.raises(CdiWriteError, match="CDI layer: cannot write the spec"):
-        CdiWriter(blocker / "cdi", DRIVER).write(UID, spec_for(two_gpus(), fake=True))
+        CdiWriter(blocker / "cdi", DRIVER).write(UID, spec_for(two_gpus()))
 
 
 def test_remove_is_idempotent(cdi_dir: Path) -> None:
     writer = CdiWriter(cdi_dir, DRIVER)
     assert writer.remove(UID) is False  # no directory at all
-    writer.write(UID, spec_for(two_gpus(), fake=True))
+    writer.write(UID, spec_for(two_gpus()))
     assert writer.remove(UID) is True
     assert writer.remove(UID) is False
     assert not writer.exists(UID)
@@ -408,8 +423,8 @@ def test_remove_is_idempotent(cdi_dir: Path) -> None:
 def test_list_claims_finds_only_our_specs(cdi_dir: Path) -> None:
     writer = CdiWriter(cdi_dir, DRIVER)
     assert writer.list_claims() == []
-    writer.write(UID2, spec_for(two_gpus(), fake=True, uid=UID2))
-    writer.write(UID, spec_for(two_gpus(), fake=True))
+    writer.write(UID2, spec_for(two_gpus(), uid=UID2))
+    writer.write(UID, spec_for(two_gpus()))
     for foreign in (
         f"other.example.com-claim-{UID}.json",  # another driver
         f"gpu.dradriver.io-claim-{UID}.yaml",  # not written by us

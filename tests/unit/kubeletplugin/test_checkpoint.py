@@ -28,14 +28,14 @@ from dradriver.kubeletplugin.checkpoint import (
     CheckpointCorrupt,
     CheckpointStore,
     ClaimRecord,
-    FileLock,
-    LockTimeout,
     PreparedDevice,
     current_boot_id,
     parse_checkpoint,
     payload_checksum,
     reconcile_boot,
 )
+from dradriver.kubeletplugin.files import FileLock, LockTimeout
+from dradriver.kubeletplugin.records import Carve, MigIds, Mps, MpsLimits, TimeSlicing
 
 REPO = Path(__file__).resolve().parents[3]
 BOOT1 = "6f1d2c4e-0000-4000-8000-000000000001"
@@ -92,15 +92,28 @@ def leftovers(directory: Path) -> list[str]:
 
 
 def test_round_trip_keeps_every_field(path: Path) -> None:
-    mig = device(
+    carved = device(
         "gpu-0-mig-1g10gb-0",
         request_names=["small", "shared"],
         uuid="MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
         kind="mig",
-        extra={"placement": {"start": 0, "size": 1}, "gi": 7, "ci": 0, "minor": 0},
+        minor=0,
+        carve=Carve("GPU-1", 19, "1g.10gb", 0, 1, 1, 7, 0),
+        sharing=Mps(
+            MpsLimits(40, "10Gi", (("0", "5Gi"),)),
+            applied=True,
+            pipe_dir="/p",
+            log_dir="/l",
+            pid=42,
+            compute_mode_before=0,
+            compute_mode_set=True,
+        ),
+        extra_unknown={"fromNewerRelease": {"a": 1}},
     )
+    static = device("gpu-1-mig-1g10gb-3", kind="mig", minor=1, mig=MigIds(9, 0))
+    sliced = device("gpu-2", minor=2, sharing=TimeSlicing("Long", applied=True))
     original = checkpoint(
-        record(UID_A, devices=[device(uuid=None), mig], extra={"pods": ["p1"]}),
+        record(UID_A, devices=[device(uuid=None), carved, static, sliced], extra={"pods": ["p1"]}),
         record(UID_B, state=PREPARE_STARTED, devices=[]),
     )
     store = CheckpointStore(path, BOOT1)
@@ -108,9 +121,15 @@ def test_round_trip_keeps_every_field(path: Path) -> None:
     loaded = store.load()
     assert loaded == original
     assert loaded.claims[UID_A].devices[0].uuid is None
-    assert loaded.claims[UID_A].devices[1].extra["placement"] == {"start": 0, "size": 1}
+    assert loaded.claims[UID_A].devices[1].mig_ids() == (7, 0)
+    assert loaded.claims[UID_A].devices[2].mig_ids() == (9, 0)
     assert loaded.claims[UID_B].state == PREPARE_STARTED
     assert loaded.running_boot_id == BOOT1
+    # The typed parts keep the layout version 1 has always had: under "extra".
+    doc = json.loads(path.read_text())["payload"]["claims"][UID_A]["devices"][1]
+    assert set(doc["extra"]) == {"minor", "carve", "sharing", "fromNewerRelease"}
+    assert doc["extra"]["carve"]["gpuInstanceId"] == 7
+    assert doc["extra"]["sharing"]["strategy"] == "MPS"
 
 
 def test_file_is_versioned_checksummed_and_private(path: Path) -> None:
@@ -521,7 +540,7 @@ def test_current_boot_id(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> No
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from dradriver.kubeletplugin.checkpoint import FileLock
+    from dradriver.kubeletplugin.files import FileLock
     with FileLock(Path(sys.argv[1])):
         print("locked", flush=True)
         sys.stdin.readline()

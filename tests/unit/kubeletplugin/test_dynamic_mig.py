@@ -15,19 +15,14 @@ from typing import Any
 import pytest
 
 from dradriver import faults
-from dradriver.kubeletplugin.cdi import CdiWriter
-from dradriver.kubeletplugin.checkpoint import CheckpointStore, FileLock
-from dradriver.kubeletplugin.claims import ClaimError, ClaimRef
-from dradriver.kubeletplugin.devices import LocalDevice, index
-from dradriver.kubeletplugin.driver import Driver, owned_partitions
-from dradriver.kubeletplugin.metrics import Metrics
-from dradriver.kubeletplugin.migprep import MigModeLedger, MigPreparer
-from dradriver.nvml.fake import FakeNvml, load
-from dradriver.nvml.library import Nvml, _fake_pcie_root
+from dradriver.errors import DriverError
+from dradriver.kubeletplugin.plan import ClaimRef
+from dradriver.kubeletplugin.prepare import Preparer
+from dradriver.kubeletplugin.records import owned_partitions
 from dradriver.nvml.mig import MigCarver
-from dradriver.slices.build import MigMode, build
+from fakenvml import FakeNvml
+from tests.support.node import DRIVER, NODE, fake_preparer
 
-DRIVER, NODE = "gpu.dradriver.io", "node-a"
 SPEC = "4xH100-80GB"
 
 
@@ -41,7 +36,7 @@ class Node:
 
     tmp: Path
     fake: FakeNvml
-    driver: Driver
+    driver: Preparer
     claims: dict[str, dict[str, Any]]
 
     def instances(self) -> set[tuple[str, int, int]]:
@@ -74,13 +69,13 @@ class Node:
     def prepare(self, ref: ClaimRef) -> list[Any]:
         r = self.driver.prepare([ref])[ref.uid]
         if r.error:
-            raise ClaimError(r.error)
+            raise DriverError(r.error)
         return r.devices
 
     def unprepare(self, ref: ClaimRef) -> None:
         err = self.driver.unprepare([ref])[ref.uid]
         if err:
-            raise ClaimError(err)
+            raise DriverError(err)
 
     def checkpoint_owned(self) -> set[tuple[str, int, int]]:
         return owned_partitions(self.driver.store.load())
@@ -89,34 +84,9 @@ class Node:
 def start_node(
     tmp: Path, claims: dict[str, dict[str, Any]] | None = None, boot_id: str = "boot-1"
 ) -> Node:
-    fake = load(SPEC, node=NODE, state_dir=tmp)
-    fake.pynvml.nvmlInit()
-    nvml = Nvml(fake.pynvml, fake, _fake_pcie_root)
     claims = {} if claims is None else claims
-    store = CheckpointStore(tmp / "checkpoint.json", boot_id)
-    carver = MigCarver(fake.pynvml)
-
-    # Discovered once, as the plugin does at start (and then on a period, never per call).
-    inv = nvml.discover().inventory
-    known = index(inv, build(inv, MigMode.DYNAMIC, owned_partitions(store.load())))
-
-    def devices() -> dict[str, LocalDevice]:
-        return known
-
-    driver = Driver(
-        driver=DRIVER,
-        node=NODE,
-        kube=None,
-        store=store,
-        cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
-        lock=FileLock(tmp / "lock"),
-        devices=devices,
-        fake=True,
-        metrics=Metrics(),
-        mig=MigPreparer(carver, MigModeLedger(tmp / "mig-mode.json")),
-        read_claim=lambda ref: claims[ref.name],
-    )
-    return Node(tmp, fake, driver, claims)
+    driver, nvml = fake_preparer(tmp, SPEC, lambda ref: claims[ref.name], boot_id=boot_id)
+    return Node(tmp, nvml.backend, driver, claims)
 
 
 @pytest.fixture
@@ -147,9 +117,9 @@ def test_two_3g_claims_share_a_gpu_at_placements_0_and_4(node: Node) -> None:
 
 def test_whole_gpu_and_overlapping_partition_are_refused_while_carved(node: Node) -> None:
     node.prepare(node.claim("a", "gpu-1-mig-4g40gb-0"))
-    with pytest.raises(ClaimError, match="already prepared for claim team/a"):
+    with pytest.raises(DriverError, match="already prepared for claim team/a"):
         node.prepare(node.claim("whole", "gpu-1"))
-    with pytest.raises(ClaimError, match="already prepared"):
+    with pytest.raises(DriverError, match="already prepared"):
         node.prepare(node.claim("overlap", "gpu-1-mig-1g10gb-3"))
     node.prepare(node.claim("beside", "gpu-1-mig-2g20gb-4"))  # slices 4-5 are free
     assert len(node.instances()) == 2
@@ -180,7 +150,7 @@ def test_a_failure_at_any_nvml_step_leaves_no_instance(tmp_path: Path, call: str
     try:
         node.prepare(ref)
         failed = False
-    except ClaimError as exc:
+    except DriverError as exc:
         failed = True
         assert "claim team/two" in str(exc) and "MIG layer" in str(exc), exc
         assert "NVMLError_Unknown" in str(exc)
@@ -200,7 +170,7 @@ def test_failure_message_names_device_placement_and_nvml_error(node: Node) -> No
     node.fake.faults.fail_nth(
         "nvmlGpuInstanceCreateComputeInstance", 1, nv.NVML_ERROR_INSUFFICIENT_RESOURCES
     )
-    with pytest.raises(ClaimError) as err:
+    with pytest.raises(DriverError) as err:
         node.prepare(node.claim("c", "gpu-3-mig-3g40gb-4"))
     msg = str(err.value)
     assert "placement 4" in msg and "InsufficientResources" in msg and "profile 9" in msg
@@ -211,8 +181,8 @@ def test_cdi_write_failure_rolls_back_the_carved_device(node: Node, monkeypatch:
     def full(*a: Any, **k: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(node.driver.cdi_writer, "write", full)
-    with pytest.raises(ClaimError, match="No space left"):
+    monkeypatch.setattr(node.driver.executor.cdi_writer, "write", full)
+    with pytest.raises(DriverError, match="No space left"):
         node.prepare(node.claim("c", "gpu-0-mig-1g10gb-3"))
     assert node.instances() == set() and node.driver.store.load().claims == {}
 
@@ -243,7 +213,7 @@ def test_a_crash_at_any_step_is_recovered_at_restart(tmp_path: Path, point: str)
     assert list((tmp_path / "cdi").glob("*.json")) == []
     assert not again.fake.machine.gpus[0].mig_enabled
     (d,) = again.prepare(ref)  # and the claim can be prepared again
-    assert again.instances() == {(d.extra["carve"]["gpuUUID"], 9, 4)}
+    assert again.instances() == {(d.carve.gpu_uuid, 9, 4)}
 
 
 def test_foreign_instances_are_left_alone_and_reported(node: Node) -> None:
@@ -270,7 +240,7 @@ def test_reboot_carves_prepared_partitions_again(tmp_path: Path) -> None:
     after_boot = start_node(tmp_path, node.claims, boot_id="boot-2")
     after_boot.driver.reconcile()
     rec = after_boot.driver.store.load().claims[ref.uid]
-    assert after_boot.instances() == {(before.extra["carve"]["gpuUUID"], 14, 2)}
+    assert after_boot.instances() == {(before.carve.gpu_uuid, 14, 2)}
     assert rec.devices[0].uuid != before.uuid  # a new MIG device, a new UUID
     spec = (tmp_path / "cdi" / f"{DRIVER}-claim-{ref.uid}.json").read_text()
     assert rec.devices[0].uuid in spec
@@ -306,7 +276,7 @@ def test_random_cycles_keep_hardware_equal_to_checkpoint(node: Node) -> None:
             try:
                 node.prepare(ref)
                 prepared.append(ref)
-            except ClaimError as exc:
+            except DriverError as exc:
                 # Refused by our exclusivity check, or by NVML's own rules (a second
                 # +me profile on a GPU): either way nothing may be left behind.
                 assert "already prepared" in str(exc) or "InsufficientResources" in str(exc), exc
@@ -324,18 +294,18 @@ def test_a_rollback_that_could_not_finish_is_finished_by_the_retry(
     claim releases the leftovers first instead of losing track of them."""
     nv = node.fake.pynvml
     ref = node.claim("c", "gpu-0-mig-1g10gb-2")
-    write = node.driver.cdi_writer.write
+    write = node.driver.executor.cdi_writer.write
 
     def full(*a: Any, **k: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(node.driver.cdi_writer, "write", full)
+    monkeypatch.setattr(node.driver.executor.cdi_writer, "write", full)
     node.fake.faults.fail_nth("nvmlComputeInstanceDestroy", 1, nv.NVML_ERROR_IN_USE)
-    with pytest.raises(ClaimError, match="No space left"):
+    with pytest.raises(DriverError, match="No space left"):
         node.prepare(ref)
     assert len(node.instances()) == 1  # could not be destroyed (in use) ...
     assert node.instances() == node.checkpoint_owned()  # ... so it stays recorded
-    monkeypatch.setattr(node.driver.cdi_writer, "write", write)
+    monkeypatch.setattr(node.driver.executor.cdi_writer, "write", write)
     (d,) = node.prepare(ref)  # the kubelet's retry: releases the leftover, carves anew
     assert node.instances() == node.checkpoint_owned()
     assert len(node.instances()) == 1 and d.uuid.startswith("MIG-")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.kubeletplugin import cdi
+from dradriver.nvml.host import RealHost
 from dradriver.nvml.mig import caps_device_minors
 from tests.support.cdi_reference import reference_resolver
 
@@ -27,17 +28,24 @@ def test_caps_minors_are_read_from_proc(tmp_path: Path) -> None:
 
 
 def test_real_mode_spec_carries_caps_nodes_and_stays_valid(tmp_path: Path) -> None:
-    nodes = ("/dev/nvidia-caps/nvidia-cap57", "/dev/nvidia-caps/nvidia-cap58")
+    proc_tree(tmp_path / "proc", minor=3, gi=2, ci=0, gi_minor=57, ci_minor=58)
+    host = RealHost(tmp_path / "proc")
+    nodes = host.device_nodes(3, (2, 0))
+    assert nodes == [
+        "/dev/nvidia3",
+        "/dev/nvidia-caps/nvidia-cap57",
+        "/dev/nvidia-caps/nvidia-cap58",
+    ]
     spec = cdi.claim_spec(
         "gpu.dradriver.io",
         "0b5e8c3a-1111-2222-3333-444455556666",
-        [cdi.CdiDevice(name="gpu-3-mig-1g10gb-0", uuid="MIG-a", minor=3, device_nodes=nodes)],
+        [cdi.CdiDevice(name="gpu-3-mig-1g10gb-0", uuid="MIG-a", device_nodes=nodes)],
         claim_name="team/c",
-        fake=False,
+        control_nodes=host.control_device_nodes(),
     )
     paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
-    assert paths == ["/dev/nvidia3", *nodes]
+    assert paths == nodes
     assert cdi.cdi_version_for(spec) == "0.3.0"
-    writer = cdi.CdiWriter(tmp_path, "gpu.dradriver.io")
+    writer = cdi.CdiWriter(tmp_path / "cdi", "gpu.dradriver.io")
     writer.write("0b5e8c3a-1111-2222-3333-444455556666", spec)
-    assert reference_resolver().validate([tmp_path]) == []
+    assert reference_resolver().validate([tmp_path / "cdi"]) == []

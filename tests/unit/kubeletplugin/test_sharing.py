@@ -12,48 +12,28 @@ from typing import Any
 
 import pytest
 
-from dradriver.kubeletplugin.cdi import CdiWriter
-from dradriver.kubeletplugin.checkpoint import CheckpointStore, FileLock
-from dradriver.kubeletplugin.claims import ClaimError, ClaimRef
-from dradriver.kubeletplugin.devices import index
-from dradriver.kubeletplugin.driver import Driver, owned_partitions
-from dradriver.kubeletplugin.metrics import Metrics
-from dradriver.kubeletplugin.migprep import MigModeLedger, MigPreparer
-from dradriver.kubeletplugin.sharing import SharingManager
-from dradriver.nvml.fake import FakeNvml, load
-from dradriver.nvml.library import Nvml, _fake_pcie_root
-from dradriver.nvml.mig import MigCarver
-from dradriver.nvml.sharing import Sharing, mps_alive
-from dradriver.slices.build import MigMode, build
+from dradriver.errors import DriverError
+from dradriver.kubeletplugin.plan import ClaimRef
+from dradriver.kubeletplugin.records import Mps
+from dradriver.nvml.host import mps_alive
+from fakenvml import FakeNvml
+from fakenvml.host import FakeHost
+from tests.support.node import DRIVER, NODE, fake_preparer
 
-DRIVER, NODE, V = "gpu.dradriver.io", "node-a", "gpu.dradriver.io/v1alpha1"
+V = "gpu.dradriver.io/v1alpha1"
 
 
 class Node:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.fake: FakeNvml = load("2xH100-80GB", node=NODE, state_dir=tmp)
-        self.fake.pynvml.nvmlInit()
-        nvml = Nvml(self.fake.pynvml, self.fake, _fake_pcie_root)
-        store = CheckpointStore(tmp / "checkpoint.json", "boot")
-        inv = nvml.discover().inventory
-        known = index(inv, build(inv, MigMode.DYNAMIC, owned_partitions(store.load())))
-        self.sharing = Sharing(self.fake.pynvml, tmp / "fake-sharing.json")
         self.claims: dict[str, dict[str, Any]] = {}
-        self.driver = Driver(
-            driver=DRIVER,
-            node=NODE,
-            kube=None,
-            store=store,
-            cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
-            lock=FileLock(tmp / "lock"),
-            devices=lambda: known,
-            fake=True,
-            metrics=Metrics(),
-            mig=MigPreparer(MigCarver(self.fake.pynvml), MigModeLedger(tmp / "mig.json")),
-            sharing=SharingManager(self.sharing, tmp / "mps"),
-            read_claim=lambda ref: self.claims[ref.name],
+        self.driver, nvml = fake_preparer(
+            tmp, "2xH100-80GB", lambda ref: self.claims[ref.name], boot_id="boot"
         )
+        self.fake: FakeNvml = nvml.backend
+        assert isinstance(nvml.host, FakeHost)
+        # What nvidia-smi would have been asked to set (the fake host records it).
+        self.sharing = nvml.host
 
     def claim(
         self, name: str, device: str, sharing: dict[str, Any] | None, kind: str = "GpuConfig"
@@ -90,7 +70,7 @@ class Node:
     def prepare(self, ref: ClaimRef) -> Any:
         r = self.driver.prepare([ref])[ref.uid]
         if r.error:
-            raise ClaimError(r.error)
+            raise DriverError(r.error)
         return r.devices
 
     def spec_env(self, ref: ClaimRef) -> list[str]:
@@ -150,7 +130,8 @@ def test_mps_daemon_compute_mode_and_limits(node: Node) -> None:
     assert mps_alive(pid)
     assert node.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
     env = node.spec_env(ref)
-    pipe = d.extra["sharing"]["pipeDir"]
+    assert isinstance(d.sharing, Mps)
+    pipe = d.sharing.pipe_dir
     assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in env
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
     assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}=10240M" in env
@@ -164,7 +145,7 @@ def test_a_failed_prepare_leaves_no_daemon_and_no_compute_mode(node: Node) -> No
     nv = node.fake.pynvml
     ref = node.claim("c", "gpu-1", {"strategy": "MPS"})
     node.fake.faults.fail_nth("nvmlDeviceSetComputeMode", 1, nv.NVML_ERROR_NO_PERMISSION)
-    with pytest.raises(ClaimError, match="compute mode"):
+    with pytest.raises(DriverError, match="compute mode"):
         node.prepare(ref)
     assert node.daemons() == [] and node.mode(1) == nv.NVML_COMPUTEMODE_DEFAULT
     assert node.driver.store.load().claims == {}
@@ -172,11 +153,11 @@ def test_a_failed_prepare_leaves_no_daemon_and_no_compute_mode(node: Node) -> No
     def full(*a: Any, **k: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    original = node.driver.cdi_writer.write
-    node.driver.cdi_writer.write = full  # type: ignore[method-assign]
-    with pytest.raises(ClaimError, match="No space left"):
+    original = node.driver.executor.cdi_writer.write
+    node.driver.executor.cdi_writer.write = full  # type: ignore[method-assign]
+    with pytest.raises(DriverError, match="No space left"):
         node.prepare(ref)  # the daemon was running by then: it must be gone again
-    node.driver.cdi_writer.write = original  # type: ignore[method-assign]
+    node.driver.executor.cdi_writer.write = original  # type: ignore[method-assign]
     assert node.daemons() == [] and node.mode(1) == nv.NVML_COMPUTEMODE_DEFAULT
 
 
@@ -199,9 +180,9 @@ def test_daemon_survives_a_plugin_restart_and_comes_back_after_a_reboot(node: No
 
 
 def test_configs_that_do_not_fit(node: Node) -> None:
-    with pytest.raises(ClaimError, match="GpuConfig does not fit a mig device"):
+    with pytest.raises(DriverError, match="GpuConfig does not fit a mig device"):
         node.prepare(node.claim("a", "gpu-0-mig-1g10gb-0", {"strategy": "MPS"}))
-    with pytest.raises(ClaimError, match="time-slice interval applies to whole GPUs"):
+    with pytest.raises(DriverError, match="time-slice interval applies to whole GPUs"):
         node.prepare(
             node.claim(
                 "b",

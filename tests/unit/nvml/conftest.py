@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.nvml.fake import FakeNvml, load
+from fakenvml import FakeNvml, load
 
 Start = Callable[..., FakeNvml]
 

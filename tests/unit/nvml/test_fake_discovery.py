@@ -8,8 +8,7 @@ import ctypes
 import pynvml as global_pynvml
 import pytest
 
-from dradriver.nvml import products
-from dradriver.nvml.fake import load
+from fakenvml import load, products
 
 from .conftest import Start
 

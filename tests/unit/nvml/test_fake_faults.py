@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from dradriver.nvml.fake import InitFailure, load
+from fakenvml import InitFailure, load
 
 from .conftest import Start
 

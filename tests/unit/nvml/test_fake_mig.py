@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.nvml import products
-from dradriver.nvml.fake import load
+from fakenvml import load, products
 
 from .conftest import Start
 

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.nvml import products
-from dradriver.nvml.fake import FakeSpecError, load
-from dradriver.nvml.fake.spec import MigDeviceSpec, NvLink, parse
+from fakenvml import FakeSpecError, load, products
+from fakenvml.spec import MigDeviceSpec, NvLink, parse
 
 
 def test_shorthand_with_defaults() -> None:

@@ -7,9 +7,8 @@ import random
 
 import pytest
 
-from dradriver.nvml import mig_rules, products
-from dradriver.nvml.fake import load
-from dradriver.nvml.mig_rules import Violation, admissible, conflicts, violation
+from fakenvml import load, mig_rules, products
+from fakenvml.mig_rules import Violation, admissible, conflicts, violation
 
 P = {p.name: p for p in products.A100_40GB.gi_profiles}
 MIG_PRODUCTS = [p for p in products.PRODUCTS.values() if p.mig_capable]

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from dradriver.nvml import mig_rules, products
 from dradriver.slices import counters as ctr
+from fakenvml import mig_rules, products
 
 from .conftest import inventory
 

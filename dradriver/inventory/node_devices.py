@@ -1,0 +1,226 @@
+"""The one device model: every device this node can hand out, typed and named.
+
+`offer(inventory, mode)` is a pure function. The slice builder renders its devices into
+ResourceSlices (dradriver.slices.build) and prepare looks the allocated names up in it
+(dradriver.kubeletplugin.plan), so publishing and preparing can never disagree about
+what a device name means, and prepare never reads slice JSON back.
+
+Three MIG modes:
+- none: whole GPUs only (a GPU in MIG mode cannot be used whole, so it is left out);
+- static: whole GPUs, and the existing MIG devices of GPUs in MIG mode instead of them;
+- dynamic: every GPU whole and every MIG profile x placement as a partition carved at
+  prepare; those devices share the GPU's counter set (`GpuOffer.counters`).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dradriver.inventory.model import Gpu, Inventory, MigDevice, MigProfile
+
+# The GPU's memory axis has 8 slices on every MIG-capable product; a whole GPU takes all.
+MEMORY_SLICES = 8
+
+
+class MigMode(enum.StrEnum):
+    NONE = "none"
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
+class DeviceKind(enum.StrEnum):
+    GPU = "gpu"
+    MIG = "mig"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A MIG profile at one placement: a MIG device that does not exist until prepared."""
+
+    profile: MigProfile
+    start: int
+
+    @property
+    def memory_slices(self) -> frozenset[int]:
+        return frozenset(self.profile.memory_range(self.start))
+
+
+def profile_token(profile: str) -> str:
+    """ "1g.10gb+me" -> "1g10gbme": a device-name-safe form of a profile name."""
+    return re.sub(r"[^a-z0-9]", "", profile.lower())
+
+
+def gpu_device_name(gpu: Gpu) -> str:
+    return f"gpu-{gpu.index}"
+
+
+def mig_device_name(gpu: Gpu, profile: str, start: int) -> str:
+    return f"gpu-{gpu.index}-mig-{profile_token(profile)}-{start}"
+
+
+@dataclass(frozen=True)
+class NodeDevice:
+    """One device of the node's pool: a whole GPU, an existing MIG device, or a MIG
+    partition carved at prepare."""
+
+    name: str
+    gpu: Gpu
+    kind: DeviceKind
+    mig: MigDevice | None = None  # an existing MIG device
+    partition: Partition | None = None  # carved at prepare (dynamic mode)
+
+    @property
+    def uuid(self) -> str | None:
+        """GPU-... or MIG-...; None for a partition, whose UUID exists only once carved."""
+        if self.kind is DeviceKind.GPU:
+            return self.gpu.uuid
+        return self.mig.uuid if self.mig is not None else None
+
+    @property
+    def profile(self) -> MigProfile | None:
+        if self.partition is not None:
+            return self.partition.profile
+        if self.mig is not None:
+            return self.gpu.profile(self.mig.profile)
+        return None
+
+    @property
+    def profile_name(self) -> str | None:
+        if self.partition is not None:
+            return self.partition.profile.name
+        return self.mig.profile if self.mig is not None else None
+
+    @property
+    def placement_start(self) -> int | None:
+        if self.partition is not None:
+            return self.partition.start
+        return self.mig.placement_start if self.mig is not None else None
+
+    @property
+    def memory_slices(self) -> frozenset[int]:
+        """The GPU memory slices this device occupies (all of them for a whole GPU)."""
+        if self.partition is not None:
+            return self.partition.memory_slices
+        if self.mig is not None:
+            start, size = self.mig.placement_start, self.mig.placement_size
+            return frozenset(range(start, start + size))
+        return frozenset(range(MEMORY_SLICES))
+
+    def overlaps(self, other: NodeDevice) -> bool:
+        """Two devices cannot be prepared for two claims at once if they share hardware."""
+        if self.name == other.name:
+            return True
+        if self.gpu.uuid != other.gpu.uuid:
+            return False
+        return bool(self.memory_slices & other.memory_slices)
+
+
+def whole_gpu(gpu: Gpu) -> NodeDevice:
+    return NodeDevice(gpu_device_name(gpu), gpu, DeviceKind.GPU)
+
+
+def existing_mig(gpu: Gpu, dev: MigDevice) -> NodeDevice:
+    return NodeDevice(
+        mig_device_name(gpu, dev.profile, dev.placement_start), gpu, DeviceKind.MIG, mig=dev
+    )
+
+
+def partition(gpu: Gpu, part: Partition) -> NodeDevice:
+    return NodeDevice(
+        mig_device_name(gpu, part.profile.name, part.start), gpu, DeviceKind.MIG, partition=part
+    )
+
+
+def partitions(profiles: Iterable[MigProfile]) -> list[Partition]:
+    return [Partition(p, s) for p in profiles for s in p.placements]
+
+
+@dataclass(frozen=True)
+class GpuOffer:
+    """The devices of one GPU. With `counters` they are published in the GPU's own slice
+    with its counter set (dynamic mode), otherwise packed with other GPUs' devices."""
+
+    gpu: Gpu
+    devices: tuple[NodeDevice, ...]
+    counters: bool = False
+
+
+@dataclass(frozen=True)
+class NodeOffer:
+    gpus: tuple[GpuOffer, ...] = ()
+    # GPUs left out or offered in part, with the reason, so the CLI and logs can tell a
+    # user why a device is missing instead of publishing it wrong.
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    def devices(self) -> dict[str, NodeDevice]:
+        return {d.name: d for g in self.gpus for d in g.devices}
+
+
+def offer(
+    inv: Inventory, mode: MigMode, owned_mig: Iterable[tuple[str, int, int]] = ()
+) -> NodeOffer:
+    """What the node offers. `owned_mig`: (parent UUID, profile ID, placement start) of
+    MIG devices this driver created for prepared claims; in dynamic mode they stay
+    offered as the partitions they were carved from."""
+    owned = frozenset(owned_mig)
+    skipped: list[tuple[str, str]] = []
+    gpus: list[GpuOffer] = []
+    for gpu in sorted(inv.gpus, key=lambda g: g.index):
+        if mode is MigMode.NONE:
+            if gpu.mig_enabled:
+                skipped.append(
+                    (
+                        gpu.uuid,
+                        "MIG mode is enabled, so the GPU cannot be used whole; "
+                        "use --mig-mode static or dynamic, or disable MIG",
+                    )
+                )
+                continue
+            gpus.append(GpuOffer(gpu, (whole_gpu(gpu),)))
+        elif mode is MigMode.STATIC:
+            if gpu.mig_enabled:
+                if not gpu.mig_devices:
+                    skipped.append((gpu.uuid, "MIG mode is enabled but no MIG device exists"))
+                gpus.append(GpuOffer(gpu, tuple(existing_mig(gpu, d) for d in gpu.mig_devices)))
+            else:
+                gpus.append(GpuOffer(gpu, (whole_gpu(gpu),)))
+        else:
+            gpus.append(_dynamic(gpu, owned, skipped))
+    return NodeOffer(tuple(gpus), tuple(skipped))
+
+
+def _dynamic(
+    gpu: Gpu, owned: frozenset[tuple[str, int, int]], skipped: list[tuple[str, str]]
+) -> GpuOffer:
+    can_carve = gpu.mig_capable and gpu.mig_profiles and (gpu.mig_enabled or gpu.mig_switchable)
+    if not can_carve:
+        if gpu.mig_capable and not gpu.mig_enabled and not gpu.mig_switchable:
+            skipped.append(
+                (
+                    gpu.uuid,
+                    "MIG partitions not offered: this GPU cannot switch MIG "
+                    "mode on demand; enable MIG mode (and reset) to carve it",
+                )
+            )
+        if gpu.mig_enabled:
+            return GpuOffer(gpu, tuple(existing_mig(gpu, d) for d in gpu.mig_devices))
+        return GpuOffer(gpu, (whole_gpu(gpu),))
+    # MIG devices this driver did not create occupy their memory slices for good: offer
+    # them as they are, and no partition that overlaps them.
+    foreign = [
+        d for d in gpu.mig_devices if (gpu.uuid, d.profile_id, d.placement_start) not in owned
+    ]
+    busy = {
+        i for d in foreign for i in range(d.placement_start, d.placement_start + d.placement_size)
+    }
+    devices: list[NodeDevice] = []
+    if not foreign and (gpu.mig_switchable or not gpu.mig_enabled):
+        devices.append(whole_gpu(gpu))
+    devices += [
+        partition(gpu, p) for p in partitions(gpu.mig_profiles) if not busy & p.memory_slices
+    ]
+    devices += [existing_mig(gpu, d) for d in foreign]
+    return GpuOffer(gpu, tuple(devices), counters=True)

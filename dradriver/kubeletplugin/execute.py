@@ -1,0 +1,184 @@
+"""The prepare executor: applies a claim's record (made by plan.py) step by step, and
+releases it at unprepare. Every step that changes the hardware is saved in the record
+before or right after it is taken, so a crash at any point (the crash points below are
+where tests kill the process) leaves a checkpoint from which startup finishes or undoes
+the work. A failed prepare is rolled back at once: nothing it created outlives the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dradriver.errors import CdiError, CheckpointError, DriverError, MigError, SharingError
+from dradriver.faults import crashpoint
+from dradriver.kubeletplugin import cdi
+from dradriver.kubeletplugin.checkpoint import CheckpointStore
+from dradriver.kubeletplugin.mig_steps import MigPreparer
+from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
+from dradriver.kubeletplugin.sharing_steps import SharingSteps, container_edits
+from dradriver.logs import get_logger
+from dradriver.nvml.host import GpuHost
+
+log = get_logger("kubeletplugin.execute")
+
+
+def _layered(exc: Exception, claim: str) -> DriverError:
+    """A step's failure as the per-claim error the kubelet shows, naming the layer."""
+    if isinstance(exc, DriverError):
+        prefix = {"MIG": "MIG layer: ", "sharing": "sharing layer: "}.get(exc.layer, "")
+        return exc.retold(f"claim {claim}: {prefix}{exc}")
+    if isinstance(exc, OSError):
+        return CheckpointError(f"claim {claim}: checkpoint layer: {exc}", reason="checkpoint")
+    if isinstance(exc, ValueError):
+        return CdiError(f"claim {claim}: {exc}", reason="cdi_spec")
+    return DriverError(f"claim {claim}: {type(exc).__name__}: {exc}", reason="other")
+
+
+@dataclass
+class Executor:
+    driver: str
+    store: CheckpointStore
+    cdi_writer: cdi.CdiWriter
+    host: GpuHost
+    # GPU UUID -> its MIG profile IDs, for finding instances when restoring MIG modes.
+    profiles: Callable[[], dict[str, list[int]]]
+    mig: MigPreparer | None = None
+    sharing: SharingSteps | None = None
+
+    # -- prepare ---------------------------------------------------------------------------
+    def apply(self, cp: Checkpoint, rec: ClaimRecord, now: Callable[[], float]) -> None:
+        """Applies `rec` (in state PrepareStarted) and marks it completed. On failure
+        everything it did is undone and the error (a DriverError) names the layer."""
+        carving = [d for d in rec.devices if d.carve is not None]
+        shared = [d for d in rec.devices if d.sharing is not None]
+        if carving and self.mig is None:
+            raise MigError(f"claim {rec.ref}: MIG partitions need --mig-mode dynamic")
+        if shared and self.sharing is None:
+            raise SharingError(f"claim {rec.ref}: sharing is not available on this node")
+        cp.claims[rec.uid] = rec
+        try:
+            if carving or shared:
+                self.store.save(cp)  # intent first: a crash from here on is recoverable
+                crashpoint("intent-recorded")
+            for d in carving:
+                assert self.mig is not None
+                self.mig.carve(d)
+                self.store.save(cp)  # the created instance, before anything else
+                crashpoint("mig-recorded")
+            if shared:
+                assert self.sharing is not None
+                self.sharing.apply(rec, lambda: self.store.save(cp))
+                crashpoint("sharing-applied")
+            self.cdi_writer.write(rec.uid, self.spec(rec))
+            crashpoint("cdi-written")
+            rec.state = PREPARE_COMPLETED
+            rec.updated_at = now()
+            self.store.save(cp)
+        except Exception as exc:
+            self.rollback(cp, rec)
+            raise _layered(exc, rec.ref) from exc
+
+    def spec(self, rec: ClaimRecord) -> dict[str, Any]:
+        """The claim's CDI spec, from its record and the node's device nodes."""
+        devices = []
+        for d in rec.devices:
+            env, mounts = container_edits(d)
+            devices.append(
+                cdi.CdiDevice(
+                    name=d.device,
+                    uuid=d.uuid or "",
+                    device_nodes=tuple(self.host.device_nodes(d.minor, d.mig_ids())),
+                    group=",".join(d.request_names),
+                    env=tuple(env),
+                    mounts=tuple(mounts),
+                )
+            )
+        return cdi.claim_spec(
+            self.driver,
+            rec.uid,
+            devices,
+            claim_name=rec.ref,
+            control_nodes=self.host.control_device_nodes(),
+        )
+
+    def rollback(self, cp: Checkpoint, rec: ClaimRecord) -> None:
+        """Immediate rollback: everything created for this claim goes before the error
+        returns. A step that cannot be undone stays recorded for startup to retry."""
+        keep = False
+        if self.sharing is not None:
+            try:
+                self.sharing.undo(rec)
+            except SharingError as exc:
+                keep = True
+                log.error(
+                    "rollback could not undo the sharing setup", claim_uid=rec.uid, error=str(exc)
+                )
+        for d in rec.devices:
+            if d.carve is not None and self.mig is not None:
+                try:
+                    self.mig.uncarve(d)
+                except MigError as exc:
+                    keep = True
+                    log.error(
+                        "rollback could not destroy a MIG device",
+                        claim_uid=rec.uid,
+                        device=d.device,
+                        error=str(exc),
+                    )
+        try:
+            self.cdi_writer.remove(rec.uid)
+        except (OSError, ValueError) as exc:
+            log.error("rollback could not remove the CDI spec", claim_uid=rec.uid, error=str(exc))
+        if not keep:
+            cp.claims.pop(rec.uid, None)
+        self.restore_mig_modes(rec)
+        try:
+            self.store.save(cp)
+        except OSError as exc:
+            log.error("rollback could not save the checkpoint", claim_uid=rec.uid, error=str(exc))
+
+    # -- unprepare -------------------------------------------------------------------------
+    def release(self, cp: Checkpoint, rec: ClaimRecord) -> None:
+        """Undoes a prepared (or half-prepared) claim and forgets it. A step that fails
+        raises a DriverError and leaves the record, so the kubelet's retry finishes it."""
+        if self.sharing is not None:
+            try:
+                self.sharing.undo(rec)
+            except SharingError as exc:
+                raise exc.retold(
+                    f"sharing layer: claim {rec.ref}: {exc}; the kubelet retries"
+                ) from exc
+        for d in rec.devices:
+            if d.carve is not None and self.mig is not None:
+                try:
+                    self.mig.uncarve(d)
+                except MigError as exc:
+                    hint = " (a process still uses it)" if exc.in_use else ""
+                    raise exc.retold(
+                        f"MIG layer: claim {rec.ref}: device {d.device}: {exc}{hint}; "
+                        "the kubelet retries"
+                    ) from exc
+        try:
+            self.cdi_writer.remove(rec.uid)
+        except OSError as exc:
+            raise CdiError(
+                f"CDI layer: removing the spec of claim {rec.ref} failed: {exc}", reason="cdi"
+            ) from exc
+        del cp.claims[rec.uid]
+        try:
+            self.store.save(cp)
+        except OSError as exc:
+            raise CheckpointError(
+                f"checkpoint layer: claim {rec.ref}: {exc}; the kubelet retries",
+                reason="checkpoint",
+            ) from exc
+        self.restore_mig_modes(rec)
+
+    def restore_mig_modes(self, rec: ClaimRecord) -> None:
+        if self.mig is None:
+            return
+        gpus = {d.carve.gpu_uuid for d in rec.devices if d.carve is not None}
+        if gpus:
+            self.mig.restore_modes(gpus, self.profiles())

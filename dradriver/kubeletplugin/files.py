@@ -1,0 +1,187 @@
+"""The plugin's file primitives, in one place for every file it owns (checkpoint, CDI
+specs, the MIG-mode ledger): durable atomic replacement, cleanup of what a crash mid-write
+left, and the node-wide lock two plugin instances (a rolling update) share."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.files")
+
+# A temp file lives for milliseconds; one this old was left by a crash mid-write.
+STALE_TEMP_SECONDS = 600.0
+
+
+def fsync_dir(directory: Path) -> None:
+    """Makes a rename in `directory` durable. The rename has happened either way, so a
+    failure here is logged, not raised: the caller must not undo a visible write."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.warning("could not fsync directory", path=str(directory), error=str(exc))
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Replaces `path` with `data` so that a reader (or the file after a crash or power
+    loss) sees either the old content or the new, never a mix. The temp file is a dot
+    file ending in .tmp in the same directory (a rename cannot cross filesystems, and
+    CDI scanners only read *.json and *.yaml); it is removed if anything fails."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def remove_stale_temps(path: Path, older_than: float = STALE_TEMP_SECONDS) -> list[Path]:
+    """Deletes temp files of atomic_write(path) left behind by a crash."""
+    removed = []
+    cutoff = time.time() - older_than
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
+
+class LockTimeout(TimeoutError):
+    """Another holder kept the lock for longer than the timeout."""
+
+
+class FileLock:
+    """An exclusive flock(2) on `path`, shared by every plugin instance on the node.
+
+    The kernel drops the lock when its holder dies, so a crash never leaves the node
+    locked. Reusable (enter it as often as needed) and safe to share between threads,
+    but not reentrant: entering it again in the thread that holds it deadlocks (or
+    times out).
+    """
+
+    def __init__(self, path: Path, timeout: float | None = None) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        # flock excludes other open files, hence other processes and other FileLock
+        # objects; this excludes threads sharing this object (and its one fd slot).
+        self._thread_lock = threading.Lock()
+        self._fd: int | None = None
+
+    @property
+    def locked(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, timeout: float | None = None) -> None:
+        """Blocks until held; with a timeout (seconds; else the constructor's) raises
+        LockTimeout once it has passed."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._thread_lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            raise LockTimeout(
+                f"timed out after {timeout}s waiting for the lock {self.path} "
+                "(held in this process: by another thread, or by this one, as it is not reentrant)"
+            )
+        try:
+            self._fd = self._lock_file(deadline, timeout)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def _lock_file(self, deadline: float | None, timeout: float | None) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            if deadline is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                delay = 0.001
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise LockTimeout(
+                                f"timed out after {timeout}s waiting for the lock "
+                                f"{self.path}, held by {self._holder()}"
+                            ) from None
+                        time.sleep(min(delay, remaining))
+                        delay = min(delay * 2, 0.05)
+            # Who holds it, for the next waiter's timeout message.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "an unknown process"
+        except OSError:
+            return "an unknown process"
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            raise RuntimeError(f"lock {self.path} released but not held")
+        try:
+            # Closing drops the flock; the holder note stays, harmlessly stale.
+            os.close(fd)
+        finally:
+            self._thread_lock.release()
+
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class NodeLock:
+    """The in-process mutex first (threads of this instance), then the FileLock (the
+    other instance during a rolling update): what every checkpoint update holds."""
+
+    def __init__(self, lock: FileLock) -> None:
+        self.mutex = threading.Lock()
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        self.mutex.acquire()
+        try:
+            self.lock.__enter__()
+        except BaseException:
+            self.mutex.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.lock.__exit__(*exc)
+        finally:
+            self.mutex.release()

@@ -1,0 +1,273 @@
+"""The prepare planner: a pure function from what the kubelet sent, the ResourceClaim the
+API server returned, the node's devices and the checkpoint to the record of everything
+prepare will do for the claim (devices, configs, sharing setup, MIG carve intents), or a
+typed per-claim error that tells the user what is wrong. No I/O here; the executor
+(execute.py) applies the record.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.api.config import DeviceConfig, effective, quantity_bytes
+from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestError
+from dradriver.inventory.node_devices import DeviceKind, NodeDevice
+from dradriver.kubeletplugin.cdi import qualified_name
+from dradriver.kubeletplugin.records import (
+    PREPARE_STARTED,
+    Carve,
+    Checkpoint,
+    ClaimRecord,
+    MigIds,
+    Mps,
+    MpsLimits,
+    PreparedDevice,
+    Sharing,
+    TimeSlicing,
+)
+
+UID = re.compile(r"^[0-9a-fA-F-]{1,64}$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it: the only three strings a prepare call carries."""
+
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def check_ref(ref: ClaimRef) -> None:
+    """They become file names and API paths, so anything that is not a plain Kubernetes
+    name or UID is refused before use."""
+    if not ref.uid:
+        raise RequestError("request layer: the claim has an empty UID", reason="bad_request")
+    if not UID.match(ref.uid):
+        raise RequestError(
+            f"request layer: claim UID {ref.uid!r} is not a Kubernetes UID", reason="bad_request"
+        )
+    for what, v in (("namespace", ref.namespace), ("name", ref.name)):
+        if not v or len(v) > 253 or not DNS_SUBDOMAIN.match(v):
+            raise RequestError(
+                f"request layer: claim {what} {v!r} is not a valid Kubernetes "
+                "name (no slashes, dots at the ends or upper case)",
+                reason="bad_request",
+            )
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    request: str  # as in the result, possibly "request/subrequest"
+    pool: str
+    device: str
+    admin_access: bool
+    # Opaque config parameters for our driver that apply to this device's request, in
+    # precedence order (class configs first, then claim configs; later wins).
+    configs: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def request_name(self) -> str:
+        """The kubelet wants request names without the "/subrequest" suffix."""
+        return self.request.split("/", 1)[0]
+
+
+@dataclass
+class ClaimDevices:
+    """Our devices in an allocated claim, and the pods it is reserved for."""
+
+    ref: ClaimRef
+    devices: list[PlannedDevice] = field(default_factory=list)
+    pods: list[str] = field(default_factory=list)
+
+
+def _applies(cfg_requests: list[str] | None, request: str) -> bool:
+    if not cfg_requests:
+        return True  # no list: the config applies to every request of the claim
+    top = request.split("/", 1)[0]
+    return request in cfg_requests or top in cfg_requests
+
+
+def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str) -> ClaimDevices:
+    """Checks the claim as the API server returned it and lists our devices in it."""
+    meta = claim.get("metadata", {})
+    if meta.get("uid") != ref.uid:
+        raise ClaimStateError(
+            f"claim {ref} was replaced: the kubelet asked for UID {ref.uid}, the API server "
+            f"has UID {meta.get('uid')}. The pod refers to an older claim; it is retried.",
+            reason="claim_replaced",
+        )
+    if meta.get("deletionTimestamp") and not (claim.get("status") or {}).get("reservedFor"):
+        raise ClaimStateError(f"claim {ref} is being deleted", reason="claim_deleted")
+    status = claim.get("status") or {}
+    alloc = status.get("allocation")
+    if not alloc:
+        raise ClaimStateError(
+            f"claim {ref} is not allocated: the scheduler has not placed it yet",
+            reason="not_allocated",
+        )
+    reserved = status.get("reservedFor") or []
+    if not reserved:
+        raise ClaimStateError(
+            f"claim {ref} is not reserved for any pod: nothing may use it yet",
+            reason="not_reserved",
+        )
+    devices = alloc.get("devices") or {}
+    configs = [
+        c for c in devices.get("config") or [] if (c.get("opaque") or {}).get("driver") == driver
+    ]
+    # The API server keeps class configs before claim configs; sort stably to be sure,
+    # since precedence (later wins) depends on it.
+    configs.sort(key=lambda c: 0 if c.get("source") == "FromClass" else 1)
+    out = ClaimDevices(ref=ref, pods=[r.get("name", "") for r in reserved])
+    for r in devices.get("results") or []:
+        if r.get("driver") != driver:
+            continue  # another driver's device in the same claim
+        if r.get("pool") != pool:
+            raise ClaimStateError(
+                f"claim {ref}: device {r.get('device')} is in pool "
+                f"{r.get('pool')!r}, but this node publishes pool {pool!r}",
+                reason="wrong_pool",
+            )
+        request = str(r.get("request", ""))
+        out.devices.append(
+            PlannedDevice(
+                request=request,
+                pool=pool,
+                device=str(r.get("device", "")),
+                admin_access=bool(r.get("adminAccess")),
+                configs=tuple(
+                    c["opaque"].get("parameters") or {}
+                    for c in configs
+                    if _applies(c.get("requests"), request)
+                ),
+            )
+        )
+    if not out.devices:
+        raise ClaimStateError(f"claim {ref} has no device of driver {driver}", reason="not_ours")
+    return out
+
+
+def sharing_for(dev: NodeDevice, cfg: DeviceConfig | None) -> Sharing | None:
+    """The sharing setup a device needs by its config; none unless a config says so."""
+    if cfg is None or cfg.sharing is None:
+        return None
+    s = cfg.sharing
+    if s.strategy == "TimeSlicing":
+        interval = s.timeSlicingConfig.interval if s.timeSlicingConfig else "Default"
+        if dev.kind is DeviceKind.MIG and interval != "Default":
+            # The config API refuses this for MigDeviceConfig already; kept as the guard.
+            raise ConfigError(
+                f"device {dev.name}: a time-slice interval applies to whole GPUs; MIG devices "
+                "are time-sliced by the driver without one (use interval Default, or MPS)"
+            )
+        return TimeSlicing(interval)
+    mps = s.mpsConfig
+    if mps is None:
+        return Mps(MpsLimits())
+    pinned = dict(mps.defaultPerDevicePinnedMemoryLimit or {})
+    for q in [mps.defaultPinnedDeviceMemoryLimit, *pinned.values()]:
+        if q is not None:
+            quantity_bytes(q)
+    return Mps(
+        MpsLimits(
+            mps.defaultActiveThreadPercentage,
+            mps.defaultPinnedDeviceMemoryLimit,
+            tuple(sorted(pinned.items())),
+        )
+    )
+
+
+def carve_intent(dev: NodeDevice) -> Carve | None:
+    """What a partition is to be carved as; None for a device that exists already."""
+    if dev.partition is None:
+        return None
+    p = dev.partition.profile
+    return Carve(
+        dev.gpu.uuid, p.profile_id, p.name, dev.partition.start, p.memory_slices, p.compute_slices
+    )
+
+
+def check_exclusive(
+    cp: Checkpoint, ref: ClaimRef, devs: list[NodeDevice], local: Mapping[str, NodeDevice]
+) -> None:
+    """A device (or the hardware under it) serves one claim at a time."""
+    for other in cp.claims.values():
+        if other.uid == ref.uid:
+            continue
+        for od in other.devices:
+            theirs = local.get(od.device)
+            for dev in devs:
+                if dev.name == od.device or (theirs is not None and dev.overlaps(theirs)):
+                    raise DeviceError(
+                        f"claim {ref}: device {dev.name} is already prepared for claim "
+                        f"{other.namespace}/{other.name} ({other.uid}); a device serves "
+                        "one claim at a time",
+                        reason="device_busy",
+                    )
+
+
+def plan(
+    claim: dict[str, Any],
+    ref: ClaimRef,
+    *,
+    driver: str,
+    node: str,
+    devices: Mapping[str, NodeDevice],
+    checkpoint: Checkpoint,
+    now: float,
+) -> ClaimRecord:
+    """The record of everything prepare does for `claim`, in state PrepareStarted: the
+    devices with their request names, GPU minors, MIG ids or carve intents, and sharing
+    setups, nothing applied yet. Raises a typed DriverError for a claim this node cannot
+    prepare."""
+    cd = claim_devices(claim, ref, driver, node)
+    records: dict[str, PreparedDevice] = {}
+    for pd in cd.devices:
+        dev = devices.get(pd.device)
+        if dev is None:
+            raise DeviceError(
+                f"claim {ref}: device {pd.device} is not published by this "
+                "node (any more); the claim must be allocated again",
+                reason="not_published",
+            )
+        rec = records.get(pd.device)
+        if rec is not None:
+            if pd.request_name not in rec.request_names:
+                rec.request_names.append(pd.request_name)
+            continue
+        try:
+            cfg = effective(list(pd.configs), dev.kind.value, pd.request_name)
+            share = sharing_for(dev, cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"claim {ref}: {exc}", reason="config") from exc
+        records[pd.device] = PreparedDevice(
+            request_names=[pd.request_name],
+            pool=node,
+            device=dev.name,
+            cdi_device_ids=[qualified_name(driver, dev.name, ref.uid)],
+            uuid=dev.uuid,
+            kind=dev.kind.value,
+            minor=dev.gpu.minor,
+            carve=carve_intent(dev),
+            mig=MigIds(dev.mig.gpu_instance_id, dev.mig.compute_instance_id)
+            if dev.mig is not None
+            else None,
+            sharing=share,
+        )
+    check_exclusive(checkpoint, ref, [devices[n] for n in records], devices)
+    return ClaimRecord(
+        uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        state=PREPARE_STARTED,
+        devices=list(records.values()),
+        updated_at=now,
+    )

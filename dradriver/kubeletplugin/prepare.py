@@ -1,0 +1,200 @@
+"""Prepare and unprepare: the node component's main job, and where it happens.
+
+For each claim the kubelet names (each one independent: one bad claim fails alone):
+check the reference, answer from the checkpoint if it is prepared already, else read the
+claim, plan (plan.py, pure) and execute (execute.py) under the node lock, which two
+plugin instances (a rolling update) share with the checkpoint on disk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.errors import ApiError, CdiError, ClaimStateError, DriverError
+from dradriver.inventory.node_devices import NodeDevice
+from dradriver.k8s import Kube, KubeError, NotFound, path_for
+from dradriver.kubeletplugin.checkpoint import CheckpointStore
+from dradriver.kubeletplugin.claim_status import StatusWriter
+from dradriver.kubeletplugin.execute import Executor
+from dradriver.kubeletplugin.files import NodeLock
+from dradriver.kubeletplugin.metrics import Metrics
+from dradriver.kubeletplugin.plan import ClaimRef, check_ref, plan
+from dradriver.kubeletplugin.reconcile import reconcile
+from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint, PreparedDevice
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.prepare")
+
+
+@dataclass
+class Prepared:
+    devices: list[PreparedDevice] = field(default_factory=list)
+    error: str = ""
+
+
+@dataclass
+class Preparer:
+    driver: str
+    node: str
+    kube: Kube | None
+    store: CheckpointStore
+    executor: Executor
+    lock: NodeLock
+    # The devices this node offers right now, by name (inventory.node_devices).
+    devices: Callable[[], Mapping[str, NodeDevice]]
+    metrics: Metrics
+    status: StatusWriter | None = None
+    # Reads a claim; the API server by default (tests hand claims in as plain values).
+    read_claim: Callable[[ClaimRef], dict[str, Any]] | None = None
+
+    # -- prepare ---------------------------------------------------------------------------
+    def prepare(self, refs: list[ClaimRef]) -> dict[str, Prepared]:
+        out: dict[str, Prepared] = {}
+        for ref in refs:
+            start = time.monotonic()
+            try:
+                out[ref.uid] = Prepared(devices=self._prepare_one(ref))
+                self.metrics.prepare_seconds.labels("ok").observe(time.monotonic() - start)
+            except DriverError as exc:
+                out[ref.uid] = Prepared(error=str(exc))
+                self._failed("prepare", ref, exc, start)
+        return out
+
+    def _failed(self, op: str, ref: ClaimRef, exc: DriverError, start: float) -> None:
+        seconds = (
+            self.metrics.prepare_seconds if op == "prepare" else self.metrics.unprepare_seconds
+        )
+        seconds.labels("error").observe(time.monotonic() - start)
+        self.metrics.errors.labels(op, exc.reason).inc()
+        log.error(
+            f"{op} failed",
+            claim=str(ref),
+            claim_uid=ref.uid,
+            layer=exc.layer,
+            reason=exc.reason,
+            error=str(exc),
+        )
+
+    def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+        check_ref(ref)
+        # A claim already prepared answers from the checkpoint, without the API server.
+        with self.lock:
+            done = self._already_prepared(self.store.load(), ref)
+            if done is not None:
+                return done
+        claim = self._claim(ref)
+        local = self.devices()  # one view of the node for this whole prepare
+        with self.lock:
+            cp = self.store.load()
+            done = self._already_prepared(cp, ref)  # the other instance may have been faster
+            if done is not None:
+                return done
+            earlier = cp.claims.get(ref.uid)
+            if earlier is not None:
+                # An attempt whose rollback could not finish: release it before trying again,
+                # or its MIG device or daemon would lose its only record.
+                self.executor.rollback(cp, earlier)
+                if ref.uid in cp.claims:
+                    raise ClaimStateError(
+                        f"claim {ref}: an earlier attempt left devices that could "
+                        "not be released yet; the kubelet retries",
+                        reason="earlier_attempt",
+                    )
+            rec = plan(
+                claim,
+                ref,
+                driver=self.driver,
+                node=self.node,
+                devices=local,
+                checkpoint=cp,
+                now=time.time(),
+            )
+            self.executor.apply(cp, rec, time.time)
+            self.metrics.prepared_claims.set(len(cp.claims))
+        log.info(
+            "claim prepared",
+            claim=str(ref),
+            claim_uid=ref.uid,
+            devices=",".join(d.device for d in rec.devices),
+            uuids=",".join(d.uuid or "-" for d in rec.devices),
+            pods=",".join(r.get("name", "") for r in claim["status"].get("reservedFor") or []),
+        )
+        if self.status:
+            self.status.prepared(ref, rec.devices)
+        return rec.devices
+
+    def _already_prepared(self, cp: Checkpoint, ref: ClaimRef) -> list[PreparedDevice] | None:
+        rec = cp.claims.get(ref.uid)
+        if rec is None or rec.state != PREPARE_COMPLETED:
+            return None
+        writer = self.executor.cdi_writer
+        if not writer.exists(ref.uid):
+            # /var/run/cdi is wiped at reboot: a recorded result without its spec would
+            # leave the container unable to start.
+            try:
+                writer.write(ref.uid, self.executor.spec(rec))
+            except ValueError as exc:
+                raise CdiError(f"claim {ref}: {exc}", reason="cdi_spec") from exc
+            except CdiError as exc:
+                raise exc.retold(f"claim {ref}: {exc}") from exc
+            log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
+        return rec.devices
+
+    def _claim(self, ref: ClaimRef) -> dict[str, Any]:
+        if self.read_claim is not None:
+            return self.read_claim(ref)
+        assert self.kube is not None
+        try:
+            return self.kube.get(
+                path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name)
+            )
+        except NotFound as exc:
+            raise ClaimStateError(
+                f"claim {ref} not found in the API server", reason="not_found"
+            ) from exc
+        except KubeError as exc:
+            raise ApiError(
+                f"API layer: reading claim {ref} failed: {exc.message}", reason="api"
+            ) from exc
+
+    # -- unprepare -------------------------------------------------------------------------
+    def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for ref in refs:
+            start = time.monotonic()
+            try:
+                self._unprepare_one(ref)
+                out[ref.uid] = ""
+                self.metrics.unprepare_seconds.labels("ok").observe(time.monotonic() - start)
+            except DriverError as exc:
+                out[ref.uid] = str(exc)
+                self._failed("unprepare", ref, exc, start)
+        return out
+
+    def _unprepare_one(self, ref: ClaimRef) -> None:
+        check_ref(ref)
+        with self.lock:
+            cp = self.store.load()
+            rec = cp.claims.get(ref.uid)
+            if rec is None:
+                return  # unknown (or already unprepared): success, the kubelet may repeat
+            self.executor.release(cp, rec)
+            self.metrics.prepared_claims.set(len(cp.claims))
+        log.info(
+            "claim unprepared",
+            claim=str(ref),
+            claim_uid=ref.uid,
+            devices=",".join(d.device for d in rec.devices),
+        )
+        if self.status:
+            self.status.unprepared(ref)
+
+    # -- startup ---------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """Finishes what a crash or reboot left (see reconcile.py)."""
+        with self.lock:
+            cp = reconcile(self.store, self.executor, self.devices)
+            self.metrics.prepared_claims.set(len(cp.claims))

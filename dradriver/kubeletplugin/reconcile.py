@@ -1,0 +1,80 @@
+"""Startup: finish what a crash or a reboot left. Interrupted prepares are undone (MIG
+instances included), completed claims get their MIG devices, MPS daemons and CDI specs
+back, and spec files no claim owns are removed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from dradriver.errors import CdiError, MigError, SharingError
+from dradriver.inventory.node_devices import NodeDevice
+from dradriver.kubeletplugin.checkpoint import CheckpointStore, reconcile_boot
+from dradriver.kubeletplugin.execute import Executor
+from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.reconcile")
+
+
+def reconcile(
+    store: CheckpointStore, ex: Executor, devices: Callable[[], Mapping[str, NodeDevice]]
+) -> Checkpoint:
+    """Call under the node lock, before serving. Returns the checkpoint it saved."""
+    boot = reconcile_boot(store.load())
+    cp = boot.checkpoint
+    undo = boot.dropped + boot.interrupted
+    for rec in undo:
+        log.warning(
+            "undoing an interrupted prepare", claim=rec.ref, claim_uid=rec.uid, state=rec.state
+        )
+    if ex.mig is not None:
+        completed = [
+            r for r in cp.claims.values() if r.state == PREPARE_COMPLETED and r not in undo
+        ]
+        try:
+            ex.mig.reconcile(completed, undo, ex.profiles())
+        except MigError as exc:
+            log.error("MIG reconciliation incomplete", error=str(exc))
+    for rec in undo:
+        if ex.sharing is not None:
+            try:
+                ex.sharing.undo(rec)
+            except SharingError as exc:
+                log.error(
+                    "could not undo an interrupted sharing setup", claim_uid=rec.uid, error=str(exc)
+                )
+        ex.cdi_writer.remove(rec.uid)
+        cp.claims.pop(rec.uid, None)
+    if ex.sharing is not None:
+        for rec in cp.claims.values():
+            try:
+                ex.sharing.recheck(rec, lambda: store.save(cp))
+            except SharingError as exc:
+                log.error("could not restart an MPS daemon", claim_uid=rec.uid, error=str(exc))
+    local = devices()
+    for rec in cp.claims.values():
+        missing = [d.device for d in rec.devices if d.device not in local]
+        if missing:
+            log.error(
+                "prepared claim refers to devices this node no longer has",
+                claim=rec.ref,
+                claim_uid=rec.uid,
+                devices=",".join(missing),
+            )
+        try:
+            # Always rewritten: a reboot wipes /var/run/cdi, and a partition carved
+            # again has a new MIG UUID.
+            ex.cdi_writer.write(rec.uid, ex.spec(rec))
+        except (ValueError, OSError, CdiError) as exc:
+            log.error(
+                "CDI spec could not be restored", claim=rec.ref, claim_uid=rec.uid, error=str(exc)
+            )
+    for uid in ex.cdi_writer.list_claims():
+        if uid not in cp.claims:
+            log.warning("removing an orphaned CDI spec", claim_uid=uid)
+            ex.cdi_writer.remove(uid)
+    store.save(cp)
+    if ex.mig is not None:
+        profiles = ex.profiles()
+        ex.mig.restore_modes(set(profiles), profiles)
+    return cp

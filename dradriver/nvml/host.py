@@ -1,0 +1,173 @@
+"""What a node does to its GPUs outside the NVML library: the commands and device files
+that exist only where the NVIDIA driver is installed.
+
+`GpuHost` is the one seam between real and fake GPUs beyond NVML itself. `RealHost`
+(here) runs nvidia-smi and nvidia-cuda-mps-control and names the /dev nodes a container
+needs; the fake backend (package fakenvml, chosen only by `--devices fake:...` in
+dradriver.nvml.library) records what it would have run, starts a stand-in MPS daemon and
+names no device nodes. Nothing else in the driver asks which one it has.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Protocol
+
+from dradriver.errors import SharingError
+from dradriver.logs import get_logger
+from dradriver.nvml.discover import sysfs_pcie_root
+from dradriver.nvml.mig import caps_device_minors
+
+log = get_logger("nvml.host")
+
+# nvidia-smi compute-policy --set-timeslice values.
+TIMESLICE = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+# Every CUDA process opens these besides its GPUs' own nodes.
+CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+class GpuHost(Protocol):
+    def pcie_root(self, bus_id: str) -> str | None:
+        """The PCIe root complex of a GPU ("pci0000:00"), or None if unknown."""
+
+    def set_timeslice(self, uuid: str, interval: str) -> None:
+        """Sets a GPU's time-slice interval ("Default", "Short", "Medium", "Long")."""
+
+    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path) -> int:
+        """Starts an MPS control daemon for these GPUs in its own session; its PID."""
+
+    def stop_mps(self, pid: int, pipe_dir: Path) -> None:
+        """Stops the daemon (idempotent)."""
+
+    def device_nodes(self, gpu_minor: int | None, mig_ids: tuple[int, int] | None) -> list[str]:
+        """The /dev nodes a container needs for one GPU, or one MIG device of it (GPU
+        instance and compute instance ids); [] where no such nodes exist."""
+
+    def control_device_nodes(self) -> list[str]:
+        """The /dev nodes every GPU container needs (nvidiactl, uvm)."""
+
+
+class RealHost:
+    """A node with the NVIDIA driver: nvidia-smi, nvidia-cuda-mps-control, /dev, /proc."""
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.proc_root = proc_root
+
+    def pcie_root(self, bus_id: str) -> str | None:
+        return sysfs_pcie_root(bus_id)
+
+    def set_timeslice(self, uuid: str, interval: str) -> None:
+        cmd = ["nvidia-smi", "compute-policy", "-i", uuid, "--set-timeslice"]
+        cmd.append(str(TIMESLICE[interval]))
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SharingError(f"{' '.join(cmd)}: {exc}", reason="timeslice") from exc
+        if out.returncode != 0:
+            raise SharingError(
+                f"{' '.join(cmd)}: {out.stderr.strip() or out.stdout.strip()}", reason="timeslice"
+            )
+
+    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path) -> int:
+        return spawn_mps(["nvidia-cuda-mps-control", "-d"], uuids, pipe_dir, log_dir, self)
+
+    def stop_mps(self, pid: int, pipe_dir: Path) -> None:
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
+        try:
+            subprocess.run(
+                ["nvidia-cuda-mps-control"],
+                input="quit\n",
+                text=True,
+                env=env,
+                capture_output=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("MPS quit command failed; signalling the daemon", pid=pid, error=str(exc))
+        finish_mps(pid)
+
+    def device_nodes(self, gpu_minor: int | None, mig_ids: tuple[int, int] | None) -> list[str]:
+        if not isinstance(gpu_minor, int) or isinstance(gpu_minor, bool) or gpu_minor < 0:
+            raise ValueError(
+                "CDI: the GPU has no minor number, so its /dev/nvidia<minor> node cannot be named"
+            )
+        nodes = [f"/dev/nvidia{gpu_minor}"]
+        if mig_ids is not None:
+            # A MIG device needs the /dev/nvidia-caps nodes of its GPU and compute instance.
+            gi, ci = caps_device_minors(self.proc_root, gpu_minor, *mig_ids)
+            nodes += [f"/dev/nvidia-caps/nvidia-cap{gi}", f"/dev/nvidia-caps/nvidia-cap{ci}"]
+        return nodes
+
+    def control_device_nodes(self) -> list[str]:
+        return list(CONTROL_DEVICE_NODES)
+
+
+def spawn_mps(
+    cmd: list[str], uuids: list[str], pipe_dir: Path, log_dir: Path, host: GpuHost
+) -> int:
+    """Starts an MPS control daemon command in its own session (so it outlives a plugin
+    restart) and waits for its control pipe."""
+    pipe_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+        "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir),
+        "CUDA_MPS_LOG_DIRECTORY": str(log_dir),
+    }
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise SharingError(
+            f"starting the MPS control daemon ({cmd[0]}): {exc}", reason="mps"
+        ) from exc
+    control = pipe_dir / "control"
+    deadline = time.monotonic() + 10
+    while not control.exists():
+        if proc.poll() is not None and proc.returncode != 0:
+            raise SharingError(
+                f"the MPS control daemon exited with {proc.returncode}", reason="mps"
+            )
+        if time.monotonic() > deadline:
+            host.stop_mps(proc.pid, pipe_dir)
+            raise SharingError(
+                f"the MPS control daemon did not come up in {pipe_dir}", reason="mps"
+            )
+        time.sleep(0.02)
+    return proc.pid
+
+
+def finish_mps(pid: int, grace: float = 10.0) -> None:
+    """Waits for a daemon to exit after it was asked to, then makes sure it has."""
+    deadline = time.monotonic() + grace
+    while mps_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if mps_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def mps_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

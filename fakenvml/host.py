@@ -1,0 +1,80 @@
+"""The fake backend's GpuHost (see dradriver.nvml.host): what a real node would run
+outside NVML is recorded or played by stand-ins, so every path of the driver runs on a
+machine without GPUs.
+
+- time-slice intervals: recorded in <state dir>/fake-sharing-<node>.json, as nvidia-smi
+  would have set them;
+- the MPS control daemon: a real stand-in process (fakenvml.mpsd) with the daemon's
+  lifecycle;
+- device nodes: none (they do not exist here); the CDI spec then names the GPUs by
+  environment only;
+- PCIe roots: one per pair of buses, as the switches of an HGX board group them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from dradriver.nvml.host import TIMESLICE, finish_mps, mps_alive, spawn_mps
+
+
+class FakeHost:
+    def __init__(self, record: Path) -> None:
+        self.record = record
+
+    def pcie_root(self, bus_id: str) -> str | None:
+        try:
+            bus = int(bus_id.split(":")[1], 16)
+        except (IndexError, ValueError):
+            return None
+        return f"pci0000:{bus & 0xC0:02x}"
+
+    def set_timeslice(self, uuid: str, interval: str) -> None:
+        rec = self.recorded()
+        rec.setdefault(uuid, {})["timeslice"] = TIMESLICE[interval]
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, sort_keys=True))
+        os.replace(tmp, self.record)
+
+    def recorded(self) -> dict[str, dict[str, int]]:
+        """What nvidia-smi would have been asked to set, by GPU UUID."""
+        if not self.record.exists():
+            return {}
+        data: dict[str, dict[str, int]] = json.loads(self.record.read_text())
+        return data
+
+    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path) -> int:
+        cmd = [sys.executable, "-m", "fakenvml.mpsd", "--pipe-dir", str(pipe_dir)]
+        cmd += ["--log-dir", str(log_dir), "--devices", ",".join(uuids)]
+        return spawn_mps(cmd, uuids, pipe_dir, log_dir, self)
+
+    def stop_mps(self, pid: int, pipe_dir: Path) -> None:
+        if mps_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+        finish_mps(pid)
+
+    def device_nodes(self, gpu_minor: int | None, mig_ids: tuple[int, int] | None) -> list[str]:
+        return []
+
+    def control_device_nodes(self) -> list[str]:
+        return []
+
+
+def stop_fake_daemons(root: Path) -> int:
+    """Stops every stand-in MPS daemon whose pipe directory lies under `root` (they run in
+    their own sessions by design, so tearing down a dev cluster must find them)."""
+    stopped = 0
+    for control in root.glob("**/pipe/control"):
+        try:
+            pid = int(control.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if mps_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            stopped += 1
+    return stopped

@@ -1,0 +1,329 @@
+"""The machine a fake NVML library emulates, from a `fake:` device spec.
+
+Shorthand (the `fake:` prefix is optional here):
+
+    spec    := group ( "+" group )*  |  "@" PATH
+    group   := [ COUNT "x" ] PRODUCT [ ":" option ( "," option )* ]
+    option  := "nvlink=" ( "none" | "pairs" | "all" | "fabric" )
+             | "mig=" ( "on" | "off" )
+             | "cluster=" NAME | "clique=" INT          (nvlink=fabric only)
+
+    8xH100-80GB                      one HGX board: 8 GPUs on NVSwitch
+    4xA100-80GB+2xL4                 two groups; GPU indices run on across groups
+    4xA100-80GB:nvlink=pairs,mig=on  NVLink bridges between GPU 2k and 2k+1, MIG enabled
+
+Products: A100-40GB, A100-80GB, H100-80GB, H200-141GB, L4, T4 (case-insensitive).
+nvlink: none = no NVLink; pairs = bridges between GPU 2k and 2k+1 of the group; all = every
+GPU of the group on NVSwitch (links end at NVSwitch PCI endpoints, as on HGX boards);
+fabric = all, plus nvmlDeviceGetGpuFabricInfoV reports a completed fabric whose clusterUuid
+(derived from `cluster`, default: node and group) and cliqueId (`clique`, default 1) the
+group shares. Defaults: nvlink=all for A100/H100/H200, none for L4/T4; mig=off.
+
+`@PATH` reads a YAML fleet file (relative paths from the working directory):
+
+    driverVersion: "570.86.15"      # optional, nvmlSystemGetDriverVersion
+    cudaDriverVersion: 12080        # optional, nvmlSystemGetCudaDriverVersion
+    gpus:                           # required: groups, in GPU index order
+      - product: A100-80GB          # required
+        count: 4                    # optional, default 1
+        nvlink: pairs               # optional, as above
+        mig: on                     # optional: on/off or true/false
+        cluster: rack-7             # optional, nvlink: fabric only
+        clique: 2                   # optional, nvlink: fabric only
+        migDevices:                 # optional, needs mig on: present at first start
+          - gpu: 0                  # index of the GPU within this group
+            profile: 3g.40gb        # a GPU-instance profile name of the product
+            placement: 4            # memory-slice start of the instance
+
+Each MIG device is a GPU instance with one full-size compute instance. Errors are
+FakeSpecError (a ValueError) and name the offending group or YAML field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fakenvml import mig_rules
+from fakenvml.products import PRODUCTS, Product, product
+
+MAX_GPUS = 64
+
+
+class FakeSpecError(ValueError):
+    pass
+
+
+class NvLink(Enum):
+    NONE = "none"
+    PAIRS = "pairs"
+    ALL = "all"
+    FABRIC = "fabric"
+
+
+@dataclass(frozen=True)
+class MigDeviceSpec:
+    gpu: int  # index within its group
+    profile: str
+    placement: int
+
+
+@dataclass(frozen=True)
+class GpuGroup:
+    product: Product
+    count: int
+    nvlink: NvLink
+    mig: bool
+    cluster: str | None = None
+    clique: int | None = None
+    mig_devices: tuple[MigDeviceSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    groups: tuple[GpuGroup, ...]
+    driver_version: str | None = None
+    cuda_driver_version: int | None = None
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(g.count for g in self.groups)
+
+
+def parse(spec: str) -> MachineSpec:
+    text = spec.strip().removeprefix("fake:").strip()
+    if not text:
+        raise FakeSpecError("empty device spec: expected e.g. 8xH100-80GB or @fleet.yaml")
+    if text.startswith("@"):
+        return parse_yaml_file(Path(text[1:]))
+    groups = tuple(_parse_group(part.strip(), n) for n, part in enumerate(text.split("+")))
+    return _checked(MachineSpec(groups))
+
+
+_GROUP = re.compile(r"^(?:(?P<count>\d+)\s*[xX]\s*)?(?P<product>[A-Za-z0-9-]+)(?::(?P<opts>.*))?$")
+
+
+def _parse_group(text: str, n: int) -> GpuGroup:
+    where = f"group {n + 1} ({text!r})"
+    m = _GROUP.match(text)
+    if not m:
+        raise FakeSpecError(f"{where}: expected [COUNTx]PRODUCT[:key=value,...], e.g. 4xH100-80GB")
+    count = int(m["count"]) if m["count"] else 1
+    options: dict[str, str] = {}
+    for opt in m["opts"].split(",") if m["opts"] is not None else []:
+        key, eq, value = opt.strip().partition("=")
+        if not eq or not key or not value:
+            raise FakeSpecError(f"{where}: option {opt.strip()!r} is not key=value")
+        if key in options:
+            raise FakeSpecError(f"{where}: option {key!r} given twice")
+        options[key] = value.strip()
+    unknown = set(options) - {"nvlink", "mig", "cluster", "clique"}
+    if unknown:
+        raise FakeSpecError(
+            f"{where}: unknown option {sorted(unknown)[0]!r}; known: nvlink, mig, cluster, clique"
+        )
+    clique = options.get("clique")
+    if clique is not None and not clique.isdigit():
+        raise FakeSpecError(f"{where}: clique must be a non-negative integer, not {clique!r}")
+    mig = options.get("mig")
+    if mig is not None and mig not in ("on", "off"):
+        raise FakeSpecError(f"{where}: mig must be on or off, not {mig!r}")
+    return _group(
+        lambda _field: where,
+        product_key=m["product"],
+        count=count,
+        nvlink=options.get("nvlink"),
+        mig=mig == "on",
+        cluster=options.get("cluster"),
+        clique=int(clique) if clique is not None else None,
+        mig_devices=(),
+    )
+
+
+def _group(
+    at: Callable[[str], str],
+    *,
+    product_key: str,
+    count: int,
+    nvlink: str | None,
+    mig: bool,
+    cluster: str | None,
+    clique: int | None,
+    mig_devices: tuple[MigDeviceSpec, ...],
+) -> GpuGroup:
+    p = product(product_key)
+    if p is None:
+        raise FakeSpecError(
+            f"{at('product')}: unknown product {product_key!r}; known: {', '.join(PRODUCTS)}"
+        )
+    if not 1 <= count <= MAX_GPUS:
+        raise FakeSpecError(f"{at('count')}: count must be 1..{MAX_GPUS}, not {count}")
+    if nvlink is None:
+        link = NvLink.ALL if p.has_nvlink else NvLink.NONE
+    else:
+        try:
+            link = NvLink(nvlink)
+        except ValueError:
+            raise FakeSpecError(
+                f"{at('nvlink')}: nvlink must be none, pairs, all or fabric, not {nvlink!r}"
+            ) from None
+    if link is not NvLink.NONE and not p.has_nvlink:
+        raise FakeSpecError(f"{at('nvlink')}: {p.key} has no NVLink; use nvlink=none")
+    if link is NvLink.PAIRS and count % 2:
+        raise FakeSpecError(f"{at('nvlink')}: nvlink=pairs needs an even GPU count, not {count}")
+    if (cluster is not None or clique is not None) and link is not NvLink.FABRIC:
+        field = "cluster" if cluster is not None else "clique"
+        raise FakeSpecError(f"{at(field)}: cluster and clique need nvlink=fabric")
+    if mig and not p.mig_capable:
+        raise FakeSpecError(f"{at('mig')}: {p.key} does not support MIG; use mig=off")
+    return GpuGroup(p, count, link, mig, cluster, clique, mig_devices)
+
+
+def _checked(spec: MachineSpec) -> MachineSpec:
+    if spec.gpu_count > MAX_GPUS:
+        raise FakeSpecError(f"{spec.gpu_count} GPUs in all; a fake machine holds {MAX_GPUS}")
+    return spec
+
+
+def parse_yaml_file(path: Path) -> MachineSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise FakeSpecError(f"@{path}: cannot read the fleet file: {exc.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FakeSpecError(f"@{path}: not valid YAML: {exc}") from None
+    try:
+        return parse_fleet(doc)
+    except FakeSpecError as exc:
+        raise FakeSpecError(f"@{path}: {exc}") from None
+
+
+def parse_fleet(doc: object) -> MachineSpec:
+    """A fleet document already loaded from YAML (see the module docstring)."""
+    top = _mapping(doc, "the document", {"gpus", "driverVersion", "cudaDriverVersion"})
+    if "gpus" not in top:
+        raise FakeSpecError("gpus: required, a list of GPU groups")
+    gpus = top["gpus"]
+    if not isinstance(gpus, list) or not gpus:
+        raise FakeSpecError("gpus: must be a non-empty list of GPU groups")
+    driver = top.get("driverVersion")
+    if driver is not None and not (
+        isinstance(driver, str) and re.fullmatch(r"\d+\.\d+(\.\d+)?", driver)
+    ):
+        raise FakeSpecError(f'driverVersion: expected a string like "570.86.15", not {driver!r}')
+    cuda = top.get("cudaDriverVersion")
+    if cuda is not None and not (_is_int(cuda) and cuda > 0):
+        raise FakeSpecError(f"cudaDriverVersion: expected an integer like 12080, not {cuda!r}")
+    groups = tuple(_fleet_group(g, f"gpus[{n}]") for n, g in enumerate(gpus))
+    return _checked(MachineSpec(groups, driver, cuda))
+
+
+_GROUP_KEYS = {"product", "count", "nvlink", "mig", "cluster", "clique", "migDevices"}
+
+
+def _fleet_group(raw: object, where: str) -> GpuGroup:
+    g = _mapping(raw, where, _GROUP_KEYS)
+    key = g.get("product")
+    if not isinstance(key, str):
+        raise FakeSpecError(f"{where}.product: required, a product name such as H100-80GB")
+    count = g.get("count", 1)
+    if not _is_int(count):
+        raise FakeSpecError(f"{where}.count: expected an integer, not {count!r}")
+    nvlink = g.get("nvlink")
+    if nvlink is not None and not isinstance(nvlink, str):
+        raise FakeSpecError(f"{where}.nvlink: expected none, pairs, all or fabric")
+    mig = _on_off(g.get("mig", False), f"{where}.mig")
+    cluster = g.get("cluster")
+    if cluster is not None and not isinstance(cluster, str | int):
+        raise FakeSpecError(f"{where}.cluster: expected a name")
+    clique = g.get("clique")
+    if clique is not None and not (_is_int(clique) and clique >= 0):
+        raise FakeSpecError(f"{where}.clique: expected a non-negative integer, not {clique!r}")
+    raw_devices = g.get("migDevices", [])
+    if not isinstance(raw_devices, list):
+        raise FakeSpecError(f"{where}.migDevices: expected a list")
+    devices = tuple(_mig_device(d, f"{where}.migDevices[{i}]") for i, d in enumerate(raw_devices))
+    group = _group(
+        lambda field: f"{where}.{field}",
+        product_key=key,
+        count=count,
+        nvlink=nvlink,
+        mig=mig,
+        cluster=str(cluster) if cluster is not None else None,
+        clique=clique,
+        mig_devices=devices,
+    )
+    _check_mig_devices(group, where)
+    return group
+
+
+def _mig_device(raw: object, where: str) -> MigDeviceSpec:
+    d = _mapping(raw, where, {"gpu", "profile", "placement"})
+    for field in ("gpu", "profile", "placement"):
+        if field not in d:
+            raise FakeSpecError(f"{where}.{field}: required")
+    if not (_is_int(d["gpu"]) and d["gpu"] >= 0):
+        raise FakeSpecError(f"{where}.gpu: expected a GPU index within the group")
+    if not isinstance(d["profile"], str):
+        raise FakeSpecError(f"{where}.profile: expected a profile name such as 3g.40gb")
+    if not (_is_int(d["placement"]) and d["placement"] >= 0):
+        raise FakeSpecError(f"{where}.placement: expected a memory-slice start such as 0 or 4")
+    return MigDeviceSpec(d["gpu"], d["profile"], d["placement"])
+
+
+def _check_mig_devices(group: GpuGroup, where: str) -> None:
+    if group.mig_devices and not group.mig:
+        raise FakeSpecError(f"{where}.migDevices: needs mig: on")
+    layouts: dict[int, list[mig_rules.Placed]] = {}
+    for i, d in enumerate(group.mig_devices):
+        at = f"{where}.migDevices[{i}]"
+        if d.gpu >= group.count:
+            raise FakeSpecError(f"{at}.gpu: {d.gpu} is not in 0..{group.count - 1}")
+        profile = group.product.gi_profile_by_name(d.profile)
+        if profile is None:
+            names = ", ".join(p.name for p in group.product.gi_profiles)
+            raise FakeSpecError(
+                f"{at}.profile: {d.profile!r} is not a {group.product.key} profile; known: {names}"
+            )
+        if d.placement not in profile.placement_starts:
+            raise FakeSpecError(
+                f"{at}.placement: {profile.name} can start at "
+                f"{', '.join(map(str, profile.placement_starts))}, not {d.placement}"
+            )
+        layout = layouts.setdefault(d.gpu, [])
+        why = mig_rules.violation_adding(layout, (profile, d.placement))
+        if why is not None:
+            raise FakeSpecError(f"{at}: does not fit beside the GPU's earlier devices: {why.value}")
+        layout.append((profile, d.placement))
+
+
+def _mapping(raw: object, where: str, known: set[str]) -> Mapping[str, Any]:
+    if not isinstance(raw, dict):
+        raise FakeSpecError(f"{where}: expected a mapping")
+    for key in raw:
+        if key not in known:
+            raise FakeSpecError(
+                f"{where}: unknown field {key!r}; known: {', '.join(sorted(known))}"
+            )
+    return raw
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _on_off(v: object, where: str) -> bool:
+    # YAML 1.1 reads a bare on/off as a boolean already.
+    if isinstance(v, bool):
+        return v
+    if v in ("on", "off"):
+        return v == "on"
+    raise FakeSpecError(f"{where}: expected on or off, not {v!r}")

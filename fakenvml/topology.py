@@ -1,0 +1,133 @@
+"""The fixed facts of a fake machine: identities, PCI addresses, NUMA nodes, NVLink wiring.
+
+Everything is derived from (node name, GPU index), so the same spec on the same node
+always describes the same hardware.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import pynvml
+
+from fakenvml.products import Product
+from fakenvml.spec import MachineSpec, NvLink
+
+# Bus numbers of the 8 GPUs on an HGX H100 board; larger machines repeat the pattern a
+# few buses further on.
+_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+_FIRST_SWITCH_BUS = 0x04
+_SWITCH_BUSES_PER_DOMAIN = 0x14  # 0x04..0x17, below the first GPU
+
+
+def _uuid_text(digest: bytes) -> str:
+    h = digest[:16].hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    return "GPU-" + _uuid_text(hashlib.sha256(f"gpu/{node}/{index}".encode()).digest())
+
+
+def mig_uuid(parent_uuid: str, gi: int, ci: int, serial: int) -> str:
+    """Fresh for every compute instance created (serial counts them), like a real one."""
+    key = f"mig/{parent_uuid}/{gi}/{ci}/{serial}"
+    return "MIG-" + _uuid_text(hashlib.sha256(key.encode()).digest())
+
+
+@dataclass(frozen=True)
+class PciAddress:
+    domain: int
+    bus: int
+
+    @property
+    def bus_id(self) -> str:
+        return f"{self.domain:08X}:{self.bus:02X}:00.0"
+
+    @property
+    def legacy_bus_id(self) -> str:
+        return f"{self.domain:04X}:{self.bus:02X}:00.0"
+
+
+@dataclass(frozen=True)
+class LinkEnd:
+    """What an NVLink of a GPU connects to."""
+
+    pci: PciAddress
+    pci_device_id: int
+    pci_subsystem_id: int
+    device_type: int  # NVML_NVLINK_DEVICE_TYPE_GPU or _SWITCH
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    index: int
+    group: int
+    product: Product
+    uuid: str
+    pci: PciAddress
+    numa_node: int
+    links: tuple[LinkEnd, ...]  # empty: no NVLink
+    fabric: tuple[bytes, int] | None  # (clusterUuid, cliqueId) when the fabric is up
+
+
+def gpu_pci(index: int) -> PciAddress:
+    return PciAddress(0, _HGX_BUSES[index % 8] + 2 * (index // 8))
+
+
+def build(spec: MachineSpec, node: str) -> list[GpuLayout]:
+    out: list[GpuLayout] = []
+    total = spec.gpu_count
+    switches_used = 0
+    first = 0
+    for g, group in enumerate(spec.groups):
+        p = group.product
+        members = range(first, first + group.count)
+        switch_ends: tuple[LinkEnd, ...] = ()
+        if group.nvlink in (NvLink.ALL, NvLink.FABRIC):
+            ends = []
+            for _ in range(p.nvswitches):
+                k = switches_used
+                switches_used += 1
+                pci = PciAddress(
+                    k // _SWITCH_BUSES_PER_DOMAIN,
+                    _FIRST_SWITCH_BUS + k % _SWITCH_BUSES_PER_DOMAIN,
+                )
+                ends.append(
+                    LinkEnd(pci, p.nvswitch_pci_device_id, 0, pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+                )
+            switch_ends = tuple(ends)
+        fabric = None
+        if group.nvlink is NvLink.FABRIC:
+            cluster = group.cluster or f"{node}/group{g}"
+            digest = hashlib.sha256(f"cluster/{cluster}".encode()).digest()[:16]
+            fabric = (digest, group.clique if group.clique is not None else 1)
+        for i in members:
+            links: tuple[LinkEnd, ...] = ()
+            if group.nvlink is NvLink.PAIRS:
+                local = i - first
+                peer = first + (local ^ 1)
+                end = LinkEnd(
+                    gpu_pci(peer),
+                    p.pci_device_id,
+                    p.pci_subsystem_id,
+                    pynvml.NVML_NVLINK_DEVICE_TYPE_GPU,
+                )
+                links = (end,) * p.nvlink_links
+            elif switch_ends:
+                links = tuple(switch_ends[n % len(switch_ends)] for n in range(p.nvlink_links))
+            out.append(
+                GpuLayout(
+                    index=i,
+                    group=g,
+                    product=p,
+                    uuid=gpu_uuid(node, i),
+                    pci=gpu_pci(i),
+                    numa_node=i * 2 // total,
+                    links=links,
+                    fabric=fabric,
+                )
+            )
+        first += group.count
+    return out

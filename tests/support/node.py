@@ -1,0 +1,74 @@
+"""The plugin's prepare stack over a fake node, wired as dradriver.kubeletplugin.main
+wires it, for unit tests: claims are handed in as plain values instead of read from an
+API server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dradriver.inventory.node_devices import MigMode, NodeDevice
+from dradriver.kubeletplugin.cdi import CdiWriter
+from dradriver.kubeletplugin.checkpoint import CheckpointStore
+from dradriver.kubeletplugin.execute import Executor
+from dradriver.kubeletplugin.files import FileLock, NodeLock
+from dradriver.kubeletplugin.metrics import Metrics
+from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer
+from dradriver.kubeletplugin.plan import ClaimRef
+from dradriver.kubeletplugin.prepare import Preparer
+from dradriver.kubeletplugin.records import owned_partitions
+from dradriver.kubeletplugin.sharing_steps import SharingSteps
+from dradriver.nvml.library import Nvml
+from dradriver.nvml.mig import MigCarver
+from dradriver.slices.build import build
+from fakenvml import open_backend
+
+DRIVER, NODE = "gpu.dradriver.io", "node-a"
+
+
+def fake_preparer(
+    tmp: Path,
+    spec: str,
+    read_claim: Callable[[ClaimRef], dict[str, Any]],
+    *,
+    boot_id: str = "boot-1",
+    mode: MigMode = MigMode.DYNAMIC,
+) -> tuple[Preparer, Nvml]:
+    """A Preparer (and its NVML backend) over the fake node `spec` with state in `tmp`:
+    what one plugin process holds. A second call with the same `tmp` is a restart."""
+    nvml = open_backend(spec, NODE, tmp)
+    nvml.init()
+    store = CheckpointStore(tmp / "checkpoint.json", boot_id)
+    # Discovered once, as the plugin does at start (and then on a period, never per call).
+    inv = nvml.discover().inventory
+    known = build(inv, mode, owned_partitions(store.load())).offer.devices()
+
+    def devices() -> dict[str, NodeDevice]:
+        return known
+
+    executor = Executor(
+        driver=DRIVER,
+        store=store,
+        cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
+        host=nvml.host,
+        profiles=lambda: {
+            d.gpu.uuid: [p.profile_id for p in d.gpu.mig_profiles]
+            for d in known.values()
+            if d.gpu.mig_profiles
+        },
+        mig=MigPreparer(MigCarver(nvml.module), MigModeLedger(tmp / "mig-mode.json")),
+        sharing=SharingSteps(nvml.module, nvml.host, tmp / "mps"),
+    )
+    preparer = Preparer(
+        driver=DRIVER,
+        node=NODE,
+        kube=None,
+        store=store,
+        executor=executor,
+        lock=NodeLock(FileLock(tmp / "lock")),
+        devices=devices,
+        metrics=Metrics(),
+        read_claim=read_claim,
+    )
+    return preparer, nvml

@@ -1,0 +1,225 @@
+"""The pure prepare planner: the per-claim errors a user sees, and the record of what
+prepare will do, from plain values (a claim, the node's devices, a checkpoint)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dradriver.errors import ConfigError, DeviceError, DriverError
+from dradriver.inventory.node_devices import MigMode, offer
+from dradriver.kubeletplugin.plan import ClaimRef, check_ref, claim_devices, plan
+from dradriver.kubeletplugin.records import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    Checkpoint,
+    ClaimRecord,
+    Mps,
+    PreparedDevice,
+    TimeSlicing,
+)
+from dradriver.nvml.discover import discover
+from fakenvml import load
+
+DRIVER, POOL = "gpu.dradriver.io", "node-a"
+REF = ClaimRef("team", "0b5e8c3a-1111-2222-3333-444455556666", "train")
+CFG = {"apiVersion": "gpu.dradriver.io/v1alpha1", "kind": "GpuConfig"}
+
+
+def claim(
+    results: list[dict[str, Any]] | None = None,
+    *,
+    uid: str = REF.uid,
+    reserved: bool = True,
+    configs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {}
+    if results is not None:
+        status["allocation"] = {"devices": {"results": results, "config": configs or []}}
+    if reserved:
+        status["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "u"}]
+    return {"metadata": {"uid": uid, "namespace": "team", "name": "train"}, "status": status}
+
+
+def result(
+    device: str, request: str = "gpus", driver: str = DRIVER, pool: str = POOL
+) -> dict[str, Any]:
+    return {"request": request, "driver": driver, "pool": pool, "device": device}
+
+
+@pytest.mark.parametrize(
+    "ref, message",
+    [
+        (ClaimRef("team", "", "x"), "empty UID"),
+        (ClaimRef("team", "../x", "x"), "not a Kubernetes UID"),
+        (ClaimRef("team", REF.uid, "a/b"), "not a valid Kubernetes name"),
+        (ClaimRef("..", REF.uid, "x"), "not a valid Kubernetes name"),
+        (ClaimRef("team", REF.uid, ".hidden"), "not a valid Kubernetes name"),
+        (ClaimRef("", REF.uid, "x"), "not a valid Kubernetes name"),
+    ],
+)
+def test_refs_that_could_escape_or_mislead_are_refused(ref: ClaimRef, message: str) -> None:
+    with pytest.raises(DriverError, match=message):
+        check_ref(ref)
+
+
+def test_replaced_claim() -> None:
+    with pytest.raises(DriverError, match=r"was replaced.*UID"):
+        claim_devices(claim([result("gpu-0")], uid="other"), REF, DRIVER, POOL)
+
+
+def test_not_allocated_and_not_reserved() -> None:
+    with pytest.raises(DriverError, match="not allocated"):
+        claim_devices(claim(None), REF, DRIVER, POOL)
+    with pytest.raises(DriverError, match="not reserved for any pod"):
+        claim_devices(claim([result("gpu-0")], reserved=False), REF, DRIVER, POOL)
+
+
+def test_only_our_results_and_our_pool() -> None:
+    p = claim_devices(
+        claim([result("gpu-0"), result("nic-1", driver="net.example.com")]), REF, DRIVER, POOL
+    )
+    assert [d.device for d in p.devices] == ["gpu-0"]
+    with pytest.raises(DriverError, match="no device of driver"):
+        claim_devices(claim([result("nic-1", driver="net.example.com")]), REF, DRIVER, POOL)
+    with pytest.raises(DriverError, match="pool 'node-b'"):
+        claim_devices(claim([result("gpu-0", pool="node-b")]), REF, DRIVER, POOL)
+
+
+def test_subrequest_suffix_is_stripped_for_the_kubelet() -> None:
+    p = claim_devices(claim([result("gpu-0", request="gpu/h100")]), REF, DRIVER, POOL)
+    assert p.devices[0].request == "gpu/h100" and p.devices[0].request_name == "gpu"
+
+
+def test_configs_in_precedence_order_per_request() -> None:
+    cls = {
+        "source": "FromClass",
+        "requests": None,
+        "opaque": {"driver": DRIVER, "parameters": {**CFG, "tag": "class"}},
+    }
+    for_a = {
+        "source": "FromClaim",
+        "requests": ["a"],
+        "opaque": {"driver": DRIVER, "parameters": {**CFG, "tag": "claim-a"}},
+    }
+    for_sub = {
+        "source": "FromClaim",
+        "requests": ["b/h100"],
+        "opaque": {"driver": DRIVER, "parameters": {**CFG, "tag": "claim-b-h100"}},
+    }
+    other = {
+        "source": "FromClaim",
+        "requests": None,
+        "opaque": {"driver": "net.example.com", "parameters": {"x": 1}},
+    }
+    # The API server lists class configs first; we do not rely on it.
+    p = claim_devices(
+        claim(
+            [result("gpu-0", "a"), result("gpu-1", "b/h100"), result("gpu-2", "c")],
+            configs=[for_a, other, cls, for_sub],
+        ),
+        REF,
+        DRIVER,
+        POOL,
+    )
+    tags = {d.device: [c["tag"] for c in d.configs] for d in p.devices}
+    assert tags == {
+        "gpu-0": ["class", "claim-a"],
+        "gpu-1": ["class", "claim-b-h100"],
+        "gpu-2": ["class"],
+    }
+
+
+# -- the whole plan: claim + node devices + checkpoint -> record ---------------------------------
+
+MPS = {
+    **CFG,
+    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}},
+}
+
+
+def h100_devices(mode: MigMode = MigMode.DYNAMIC) -> dict[str, Any]:
+    fake = load("2xH100-80GB", node=POOL)
+    fake.pynvml.nvmlInit()
+    inv = discover(fake.pynvml).inventory
+    return offer(inv, mode).devices()
+
+
+def with_config(results: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    cfg = {
+        "source": "FromClaim",
+        "requests": None,
+        "opaque": {"driver": DRIVER, "parameters": params},
+    }
+    return claim(results, configs=[cfg])
+
+
+def test_plan_records_minor_carve_intent_and_request_names() -> None:
+    devices = h100_devices()
+    c = claim([result("gpu-1"), result("gpu-0-mig-3g40gb-4", "mig"), result("gpu-1", "again")])
+    rec = plan(c, REF, driver=DRIVER, node=POOL, devices=devices, checkpoint=Checkpoint(), now=5.0)
+    assert (rec.uid, rec.state, rec.updated_at) == (REF.uid, PREPARE_STARTED, 5.0)
+    whole, part = rec.devices
+    assert (whole.device, whole.kind, whole.request_names) == ("gpu-1", "gpu", ["gpus", "again"])
+    assert whole.uuid == devices["gpu-1"].gpu.uuid and whole.minor == 1 and whole.carve is None
+    assert whole.cdi_device_ids == [f"{DRIVER}/claim=gpu-1-{REF.uid}"]
+    assert (part.kind, part.uuid, part.minor) == ("mig", None, 0)
+    assert part.carve is not None and not part.carve.created
+    assert (part.carve.profile, part.carve.placement_start, part.carve.placement_size) == (
+        "3g.40gb",
+        4,
+        4,
+    )
+
+
+def test_plan_records_the_sharing_setup_without_applying_it() -> None:
+    devices = h100_devices(MigMode.NONE)
+    rec = plan(
+        with_config([result("gpu-0")], MPS),
+        REF,
+        driver=DRIVER,
+        node=POOL,
+        devices=devices,
+        checkpoint=Checkpoint(),
+        now=0.0,
+    )
+    (d,) = rec.devices
+    assert isinstance(d.sharing, Mps) and not d.sharing.applied and d.sharing.pid is None
+    assert d.sharing.limits.active_thread_percentage == 40
+    sliced = {
+        **CFG,
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    rec = plan(
+        with_config([result("gpu-0")], sliced),
+        REF,
+        driver=DRIVER,
+        node=POOL,
+        devices=devices,
+        checkpoint=Checkpoint(),
+        now=0.0,
+    )
+    assert rec.devices[0].sharing == TimeSlicing("Long")
+
+
+def test_plan_refuses_what_the_node_cannot_give() -> None:
+    devices = h100_devices()
+    args: dict[str, Any] = dict(driver=DRIVER, node=POOL, devices=devices, now=0.0)
+    with pytest.raises(DeviceError, match="gpu-9 is not published"):
+        plan(claim([result("gpu-9")]), REF, checkpoint=Checkpoint(), **args)
+    # A partition overlapping a device another claim holds: the hardware is taken.
+    held = ClaimRecord(
+        "other-uid",
+        "team",
+        "other",
+        PREPARE_COMPLETED,
+        [PreparedDevice(["gpus"], POOL, "gpu-0-mig-1g10gb-5", [])],
+    )
+    cp = Checkpoint(claims={"other-uid": held})
+    with pytest.raises(DeviceError, match="already prepared for claim team/other") as busy:
+        plan(claim([result("gpu-0-mig-3g40gb-4")]), REF, checkpoint=cp, **args)
+    assert busy.value.reason == "device_busy"
+    plan(claim([result("gpu-0-mig-3g40gb-0")]), REF, checkpoint=cp, **args)  # no overlap
+    with pytest.raises(ConfigError, match="GpuConfig does not fit a mig device"):
+        plan(with_config([result("gpu-0-mig-1g10gb-0")], CFG), REF, checkpoint=cp, **args)
