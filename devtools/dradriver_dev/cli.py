@@ -1,4 +1,5 @@
-"""The `dradriver dev` subcommands: `cluster up|down` and `kubelet`."""
+"""The `dev` part of the dradriver CLI (dradriver/cli.py adds it when this package is
+installed): `dradriver dev cluster up|down` and `dradriver dev kubelet`."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _kubelet(args: argparse.Namespace) -> int:
-    from dradriver_dev.kubelet import run
+    from dradriver_dev.hollow_node import run
 
     return run(args)
 
@@ -52,7 +53,7 @@ def add_subcommands(dev: argparse.ArgumentParser) -> None:
     )
     cl.set_defaults(func=_cluster)
 
-    from dradriver_dev.kubelet import add_arguments
+    from dradriver_dev.hollow_node import add_arguments
 
     kl = dev_sub.add_parser(
         "kubelet",

@@ -3,7 +3,7 @@
 Runs the real etcd, kube-apiserver, kube-scheduler and kube-controller-manager (built
 from their Go modules by tools/controlplane/build.sh) on loopback ports, with
 Node,RBAC authorization and working ServiceAccount tokens. Nodes are added with
-`dradriver dev kubelet` (hollow nodes running the real kubelet, kubelet.py).
+`dradriver dev kubelet` (hollow nodes running the real kubelet, hollow_node.py).
 """
 
 from __future__ import annotations

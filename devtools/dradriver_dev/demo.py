@@ -25,7 +25,7 @@ import yaml
 
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
 from dradriver_dev import cluster
-from dradriver_dev import kubelet as hollow
+from dradriver_dev import hollow_node as hollow
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = REPO / ".devcluster"

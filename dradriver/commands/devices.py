@@ -13,7 +13,7 @@ import yaml
 
 from dradriver.commands import flags
 from dradriver.inventory.model import Gpu, Inventory
-from dradriver.nvml.errors import NvmlUnavailable
+from dradriver.nvml.explain import NvmlUnavailable
 from dradriver.nvml.library import DevicesSpecError, open_nvml
 from dradriver.slices.build import BuildResult, MigMode, build
 from dradriver.slices.publish import render

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dradriver.crashpoints import crashpoint
 from dradriver.errors import CdiError, CheckpointError, DriverError, MigError, SharingError
-from dradriver.faults import crashpoint
 from dradriver.kubeletplugin import cdi
 from dradriver.kubeletplugin.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.mig_steps import MigPreparer

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dradriver.faults import crashpoint
+from dradriver.crashpoints import crashpoint
 from dradriver.kubeletplugin.files import atomic_write
 from dradriver.kubeletplugin.records import Carve, ClaimRecord, PreparedDevice
 from dradriver.logs import get_logger

@@ -16,7 +16,7 @@ from typing import Any
 from dradriver.inventory.model import Gpu, Inventory, MigDevice, MigProfile
 from dradriver.inventory.versions import compute_capability, cuda_version, semver
 from dradriver.logs import get_logger
-from dradriver.nvml.errors import explain_init_failure
+from dradriver.nvml.explain import explain_init_failure
 
 log = get_logger("nvml.discover")
 

@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from dradriver.nvml.discover import Discovery, discover, nvml_session
-from dradriver.nvml.errors import explain_init_failure
+from dradriver.nvml.explain import explain_init_failure
 from dradriver.nvml.host import GpuHost, RealHost
 
 

@@ -90,7 +90,7 @@ STARTUP_WIPE = '"Deleted ResourceSlices" logger="DRA registration handler.startu
 
 class HollowNode(DradriverProcess):
     """`dradriver dev kubelet`: the v1.34 kubelet's own code as a node, in its own process,
-    as a developer runs it (see devtools/dradriver_dev/kubelet.py for what its root holds)."""
+    as a developer runs it (see devtools/dradriver_dev/hollow_node.py for what its root holds)."""
 
     def __init__(
         self, kubeconfig: str, node: str, root: Path, *, extra_args: list[str] | None = None

@@ -122,3 +122,18 @@ def test_json_schema_is_generated_and_committed() -> None:
     committed = REPO / "api" / "config" / "v1alpha1.schema.json"
     assert committed.exists(), "run `make schema`"
     assert json.loads(committed.read_text()) == json_schema(), "api/ drifted: run `make schema`"
+
+
+def test_a_mig_device_config_with_a_time_slice_interval_is_refused_at_decode() -> None:
+    """So the admission webhook refuses it at `kubectl apply`, not only prepare."""
+    from dradriver.api.config import ConfigError, decode
+
+    params = {
+        "apiVersion": "gpu.dradriver.io/v1alpha1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+    }
+    with pytest.raises(ConfigError, match="a time-slice interval applies to whole GPUs"):
+        decode(params)
+    params["sharing"] = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}
+    assert decode(params).kind == "MigDeviceConfig"

@@ -176,3 +176,13 @@ def test_request_names_and_references_for_callers_outside_admission() -> None:
     assert reference_problems(d, ["gpu/a100", "one"], "x") == []
     assert [p.field for p in reference_problems(d, ["one/sub", 7], "x")] == ["x[0]", "x[1]"]
     assert "the claim has no requests" in reference_problems({}, ["a"], "x")[0].message
+
+
+def test_a_time_slice_interval_on_mig_devices_is_refused_at_admission() -> None:
+    mig_sliced = {
+        "apiVersion": V,
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    (msg,) = messages("ResourceClaim", claim(config(mig_sliced)))
+    assert "a time-slice interval applies to whole GPUs" in msg

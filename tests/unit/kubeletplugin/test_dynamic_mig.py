@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dradriver import faults
+from dradriver import crashpoints
 from dradriver.errors import DriverError
 from dradriver.kubeletplugin.plan import ClaimRef
 from dradriver.kubeletplugin.prepare import Preparer
@@ -92,7 +92,7 @@ def start_node(
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
     yield start_node(tmp_path)
-    faults.hook = None
+    crashpoints.hook = None
 
 
 def test_two_3g_claims_share_a_gpu_at_placements_0_and_4(node: Node) -> None:
@@ -199,12 +199,12 @@ def test_a_crash_at_any_step_is_recovered_at_restart(tmp_path: Path, point: str)
         if name == point:
             raise Crash(name)
 
-    faults.hook = crash
+    crashpoints.hook = crash
     try:
         with pytest.raises(Crash):
             node.prepare(ref)
     finally:
-        faults.hook = None
+        crashpoints.hook = None
     # A new process: NVML state is what the hardware kept, the checkpoint what was saved.
     again = start_node(tmp_path, node.claims)
     again.driver.reconcile()
