@@ -60,3 +60,13 @@ def test_the_driver_reaches_the_fake_only_through_the_backend_choice() -> None:
         names = {n.attr for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Attribute)}
         names |= {n.arg for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.arg)}
         assert "fake" not in names, p
+
+
+def test_the_image_copies_what_the_wheel_packages() -> None:
+    """No Docker here to build it: at least the image's inputs match the wheel's packages."""
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    ignore = (REPO / "deploy" / "Dockerfile.dockerignore").read_text().split()
+    for package in ("dradriver", "fakenvml"):
+        assert f"COPY {package} ./{package}" in dockerfile
+        assert f"!{package}/" in ignore
+    assert "devtools" not in dockerfile and "!devtools/" not in ignore
