@@ -340,7 +340,12 @@ class FakeMachine:
                 profile = group.product.gi_profile_by_name(d.profile)
                 assert profile is not None  # spec.parse checked it
                 gi = self.create_gpu_instance(index, profile.id, d.placement)
-                self.create_compute_instance(index, gi.id, profile.full_ci_profile.id, None)
+                sizes = d.compute_instances
+                if sizes is None:
+                    sizes = (profile.compute_slices,)
+                for size in sizes:
+                    ci_profile = next(c for c in CI_PROFILES.values() if c.slices == size)
+                    self.create_compute_instance(index, gi.id, ci_profile.id, None)
             first += group.count
 
     def _save(self) -> None:

@@ -34,8 +34,13 @@ group shares. Defaults: nvlink=all for A100/H100/H200, none for L4/T4; mig=off.
           - gpu: 0                  # index of the GPU within this group
             profile: 3g.40gb        # a GPU-instance profile name of the product
             placement: 4            # memory-slice start of the instance
+            computeInstances: [1, 1, 1]   # optional: compute-instance sizes in slices
 
-Each MIG device is a GPU instance with one full-size compute instance. Errors are
+Each entry is a GPU instance; by default with one full-size compute instance (one MIG
+device). `computeInstances` lists the sizes of the compute instances to create in it
+instead, as `nvidia-smi mig -cci 0,0,0 -gi 1` creates three 1-slice ones (each then a MIG
+device of its own, e.g. `1c.3g.40gb`); `[]` leaves the GPU instance without any (no
+usable MIG device, yet its memory slices are taken). Errors are
 FakeSpecError (a ValueError) and name the offending group or YAML field.
 """
 
@@ -72,6 +77,8 @@ class MigDeviceSpec:
     gpu: int  # index within its group
     profile: str
     placement: int
+    # Compute-instance sizes in slices; None: one full-size compute instance.
+    compute_instances: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -266,7 +273,7 @@ def _fleet_group(raw: object, where: str) -> GpuGroup:
 
 
 def _mig_device(raw: object, where: str) -> MigDeviceSpec:
-    d = _mapping(raw, where, {"gpu", "profile", "placement"})
+    d = _mapping(raw, where, {"gpu", "profile", "placement", "computeInstances"})
     for field in ("gpu", "profile", "placement"):
         if field not in d:
             raise FakeSpecError(f"{where}.{field}: required")
@@ -276,7 +283,17 @@ def _mig_device(raw: object, where: str) -> MigDeviceSpec:
         raise FakeSpecError(f"{where}.profile: expected a profile name such as 3g.40gb")
     if not (_is_int(d["placement"]) and d["placement"] >= 0):
         raise FakeSpecError(f"{where}.placement: expected a memory-slice start such as 0 or 4")
-    return MigDeviceSpec(d["gpu"], d["profile"], d["placement"])
+    cis = d.get("computeInstances")
+    if cis is not None and not (
+        isinstance(cis, list) and all(_is_int(c) and c in (1, 2, 3, 4, 7) for c in cis)
+    ):
+        raise FakeSpecError(
+            f"{where}.computeInstances: expected a list of compute-instance sizes "
+            "(1, 2, 3, 4 or 7 slices)"
+        )
+    return MigDeviceSpec(
+        d["gpu"], d["profile"], d["placement"], tuple(cis) if cis is not None else None
+    )
 
 
 def _check_mig_devices(group: GpuGroup, where: str) -> None:
@@ -297,6 +314,11 @@ def _check_mig_devices(group: GpuGroup, where: str) -> None:
             raise FakeSpecError(
                 f"{at}.placement: {profile.name} can start at "
                 f"{', '.join(map(str, profile.placement_starts))}, not {d.placement}"
+            )
+        if d.compute_instances is not None and sum(d.compute_instances) > profile.compute_slices:
+            raise FakeSpecError(
+                f"{at}.computeInstances: {sum(d.compute_instances)} slices do not fit the "
+                f"{profile.compute_slices} compute slices of {profile.name}"
             )
         layout = layouts.setdefault(d.gpu, [])
         why = mig_rules.violation_adding(layout, (profile, d.placement))

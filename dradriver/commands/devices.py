@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
         "migMode": args.mig_mode,
         "inventory": found.inventory.to_json(),
         "problems": found.problems,
-        "skipped": [{"uuid": u, "reason": r} for u, r in result.skipped],
+        "skipped": [
+            {"uuid": k.uuid, "reason": k.reason, "message": k.message} for k in result.skipped
+        ],
         "resourceSlices": slices,
     }
     if args.output == "json":
@@ -111,7 +113,7 @@ def table(
         counters = sum(len(c["counters"]) for c in s.shared_counters)
         extra = f", {counters} shared counters" if counters else ""
         out.append(f"  {s.key}: {len(s.devices)} devices ({what}){extra}")
-    for uuid, reason in result.skipped:
+    for uuid, reason in ((k.uuid, k.message) for k in result.skipped):
         out.append(f"  note: {uuid}: {reason}")
     for p in problems:
         out.append(f"  problem: {p}")

@@ -36,11 +36,13 @@ class MigProfile:
 
 @dataclass(frozen=True)
 class MigDevice:
-    """A MIG device that exists (GPU instance + compute instance)."""
+    """A MIG device that exists: one compute instance of a GPU instance. A GPU instance
+    may hold several compute instances (`nvidia-smi mig -cci 0,0,0 -gi 1`); each is a MIG
+    device of its own, sharing the GPU instance's memory."""
 
     uuid: str
     parent_uuid: str
-    profile: str
+    profile: str  # the GPU instance's profile, "3g.40gb"
     profile_id: int
     placement_start: int
     placement_size: int
@@ -48,6 +50,35 @@ class MigDevice:
     compute_instance_id: int
     memory_bytes: int
     multiprocessors: int
+    # Compute slices of this compute instance and of its GPU instance (equal for the
+    # usual one full-size compute instance per GPU instance); 0 when NVML did not say.
+    compute_slices: int = 0
+    gpu_instance_slices: int = 0
+    # How many compute instances its GPU instance holds.
+    siblings: int = 1
+
+    @property
+    def partial(self) -> bool:
+        """A compute instance smaller than its GPU instance."""
+        return 0 < self.compute_slices < self.gpu_instance_slices
+
+    @property
+    def device_profile(self) -> str:
+        """As nvidia-smi names the MIG device: "3g.40gb", or "1c.3g.40gb" for a 1-slice
+        compute instance of a 3g.40gb GPU instance."""
+        return f"{self.compute_slices}c.{self.profile}" if self.partial else self.profile
+
+
+@dataclass(frozen=True)
+class IdleGpuInstance:
+    """A GPU instance with no compute instance: no usable MIG device, but its memory
+    slices (and engines) are taken until someone destroys it."""
+
+    profile: str
+    profile_id: int
+    placement_start: int
+    placement_size: int
+    gpu_instance_id: int
 
 
 @dataclass(frozen=True)
@@ -71,6 +102,7 @@ class Gpu:
     mig_switchable: bool = False
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_devices: tuple[MigDevice, ...] = ()
+    idle_gpu_instances: tuple[IdleGpuInstance, ...] = ()
     nvlink_domain: str | None = None
 
     def profile(self, name: str) -> MigProfile | None:

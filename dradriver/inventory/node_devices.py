@@ -49,8 +49,11 @@ class Partition:
 
 
 def profile_token(profile: str) -> str:
-    """ "1g.10gb+me" -> "1g10gbme": a device-name-safe form of a profile name."""
-    return re.sub(r"[^a-z0-9]", "", profile.lower())
+    """A device-name-safe form of a profile name that keeps distinct profiles distinct:
+    "1g.10gb" -> "1g10gb", "1g.10gb+me" -> "1g10gbme", "1g.24gb-me" -> "1g24gbnome",
+    "1g.24gb+me.all" -> "1g24gbmeall", "1g.24gb+gfx" -> "1g24gbgfx". ("+" adds what
+    follows, "-" takes it away: without "no", "+me" and "-me" would both read "me".)"""
+    return re.sub(r"[^a-z0-9]", "", profile.lower().replace("-", "no"))
 
 
 def gpu_device_name(gpu: Gpu) -> str:
@@ -59,6 +62,15 @@ def gpu_device_name(gpu: Gpu) -> str:
 
 def mig_device_name(gpu: Gpu, profile: str, start: int) -> str:
     return f"gpu-{gpu.index}-mig-{profile_token(profile)}-{start}"
+
+
+def compute_instance_name(gpu: Gpu, dev: MigDevice) -> str:
+    """A MIG device that is one of several compute instances of its GPU instance (or a
+    compute instance smaller than it) is named after both: gpu-0-mig-3g40gb-4-ci1."""
+    base = mig_device_name(gpu, dev.profile, dev.placement_start)
+    if dev.siblings > 1 or dev.partial:
+        return f"{base}-ci{dev.compute_instance_id}"
+    return base
 
 
 @dataclass(frozen=True)
@@ -89,9 +101,11 @@ class NodeDevice:
 
     @property
     def profile_name(self) -> str | None:
+        """The profile as nvidia-smi names the device ("1c.3g.40gb" for a compute
+        instance smaller than its GPU instance)."""
         if self.partition is not None:
             return self.partition.profile.name
-        return self.mig.profile if self.mig is not None else None
+        return self.mig.device_profile if self.mig is not None else None
 
     @property
     def placement_start(self) -> int | None:
@@ -110,11 +124,16 @@ class NodeDevice:
         return frozenset(range(MEMORY_SLICES))
 
     def overlaps(self, other: NodeDevice) -> bool:
-        """Two devices cannot be prepared for two claims at once if they share hardware."""
+        """Two devices cannot be prepared for two claims at once if they share hardware.
+        Compute instances of one GPU instance share its memory by design, not their
+        compute: each can serve another claim."""
         if self.name == other.name:
             return True
         if self.gpu.uuid != other.gpu.uuid:
             return False
+        a, b = self.mig, other.mig
+        if a is not None and b is not None and a.gpu_instance_id == b.gpu_instance_id:
+            return a.compute_instance_id == b.compute_instance_id
         return bool(self.memory_slices & other.memory_slices)
 
 
@@ -123,9 +142,7 @@ def whole_gpu(gpu: Gpu) -> NodeDevice:
 
 
 def existing_mig(gpu: Gpu, dev: MigDevice) -> NodeDevice:
-    return NodeDevice(
-        mig_device_name(gpu, dev.profile, dev.placement_start), gpu, DeviceKind.MIG, mig=dev
-    )
+    return NodeDevice(compute_instance_name(gpu, dev), gpu, DeviceKind.MIG, mig=dev)
 
 
 def partition(gpu: Gpu, part: Partition) -> NodeDevice:
@@ -149,11 +166,19 @@ class GpuOffer:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """A GPU left out, or offered in part, and why: the CLI, the logs and a metric tell a
+    user why a device is missing instead of publishing it wrong."""
+
+    uuid: str
+    reason: str  # short, for the metric: mig_enabled, no_mig_devices, not_switchable, ...
+    message: str
+
+
+@dataclass(frozen=True)
 class NodeOffer:
     gpus: tuple[GpuOffer, ...] = ()
-    # GPUs left out or offered in part, with the reason, so the CLI and logs can tell a
-    # user why a device is missing instead of publishing it wrong.
-    skipped: tuple[tuple[str, str], ...] = ()
+    skipped: tuple[Skipped, ...] = ()
 
     def devices(self) -> dict[str, NodeDevice]:
         return {d.name: d for g in self.gpus for d in g.devices}
@@ -166,14 +191,15 @@ def offer(
     MIG devices this driver created for prepared claims; in dynamic mode they stay
     offered as the partitions they were carved from."""
     owned = frozenset(owned_mig)
-    skipped: list[tuple[str, str]] = []
+    skipped: list[Skipped] = []
     gpus: list[GpuOffer] = []
     for gpu in sorted(inv.gpus, key=lambda g: g.index):
         if mode is MigMode.NONE:
             if gpu.mig_enabled:
                 skipped.append(
-                    (
+                    Skipped(
                         gpu.uuid,
+                        "mig_enabled",
                         "MIG mode is enabled, so the GPU cannot be used whole; "
                         "use --mig-mode static or dynamic, or disable MIG",
                     )
@@ -183,7 +209,13 @@ def offer(
         elif mode is MigMode.STATIC:
             if gpu.mig_enabled:
                 if not gpu.mig_devices:
-                    skipped.append((gpu.uuid, "MIG mode is enabled but no MIG device exists"))
+                    skipped.append(
+                        Skipped(
+                            gpu.uuid,
+                            "no_mig_devices",
+                            "MIG mode is enabled but no MIG device exists",
+                        )
+                    )
                 gpus.append(GpuOffer(gpu, tuple(existing_mig(gpu, d) for d in gpu.mig_devices)))
             else:
                 gpus.append(GpuOffer(gpu, (whole_gpu(gpu),)))
@@ -192,15 +224,14 @@ def offer(
     return NodeOffer(tuple(gpus), tuple(skipped))
 
 
-def _dynamic(
-    gpu: Gpu, owned: frozenset[tuple[str, int, int]], skipped: list[tuple[str, str]]
-) -> GpuOffer:
+def _dynamic(gpu: Gpu, owned: frozenset[tuple[str, int, int]], skipped: list[Skipped]) -> GpuOffer:
     can_carve = gpu.mig_capable and gpu.mig_profiles and (gpu.mig_enabled or gpu.mig_switchable)
     if not can_carve:
         if gpu.mig_capable and not gpu.mig_enabled and not gpu.mig_switchable:
             skipped.append(
-                (
+                Skipped(
                     gpu.uuid,
+                    "not_switchable",
                     "MIG partitions not offered: this GPU cannot switch MIG "
                     "mode on demand; enable MIG mode (and reset) to carve it",
                 )
@@ -213,11 +244,13 @@ def _dynamic(
     foreign = [
         d for d in gpu.mig_devices if (gpu.uuid, d.profile_id, d.placement_start) not in owned
     ]
-    busy = {
-        i for d in foreign for i in range(d.placement_start, d.placement_start + d.placement_size)
-    }
+    taken = [(d.placement_start, d.placement_size) for d in foreign]
+    # A GPU instance without a compute instance is no device to offer, but its slices
+    # are as taken as any other's.
+    taken += [(g.placement_start, g.placement_size) for g in gpu.idle_gpu_instances]
+    busy = {i for start, size in taken for i in range(start, start + size)}
     devices: list[NodeDevice] = []
-    if not foreign and (gpu.mig_switchable or not gpu.mig_enabled):
+    if not taken and (gpu.mig_switchable or not gpu.mig_enabled):
         devices.append(whole_gpu(gpu))
     devices += [
         partition(gpu, p) for p in partitions(gpu.mig_profiles) if not busy & p.memory_slices

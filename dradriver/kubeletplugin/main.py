@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dradriver import logs
 from dradriver.commands import flags
-from dradriver.inventory.node_devices import MigMode, NodeDevice
+from dradriver.inventory.node_devices import MigMode, NodeDevice, Skipped
 from dradriver.k8s import Kube, KubeError
 from dradriver.kubeletplugin import cdi
 from dradriver.kubeletplugin.checkpoint import CheckpointStore, current_boot_id
@@ -82,6 +82,7 @@ class DeviceView:
         self._index: dict[str, NodeDevice] = {}
         self.discovered = threading.Event()
         self.last_error = "not discovered yet"
+        self.skipped: list[Skipped] = []
 
     def refresh(self) -> list[SliceContent]:
         try:
@@ -92,8 +93,14 @@ class DeviceView:
         for problem in found.problems:
             log.error("GPU problem", detail=problem)
         built = build(found.inventory, self.mode, self.owned())
-        for uuid, reason in built.skipped:
-            log.warning("GPU not published as a whole", gpu=uuid, reason=reason)
+        for skip in built.skipped:
+            log.warning(
+                "GPU not published as a whole",
+                gpu=skip.uuid,
+                reason=skip.reason,
+                detail=skip.message,
+            )
+        self.skipped = built.skipped
         with self._lock:
             self._slices, self._index = built.slices, built.offer.devices()
         self.last_error = ""
@@ -244,6 +251,12 @@ def run(args: argparse.Namespace) -> int:
     while not stop.wait(1.0):
         if watch.synced.is_set():
             metrics.published_devices.set(watch.devices_held())
+        reasons: dict[str, int] = {}
+        for skip in view.skipped:
+            reasons[skip.reason] = reasons.get(skip.reason, 0) + 1
+        metrics.gpus_left_out.clear()
+        for reason, n in reasons.items():
+            metrics.gpus_left_out.labels(reason).set(n)
     log.info("stopping: no new calls, finishing in-flight ones")
     servers.stop()
     status.close()

@@ -42,6 +42,12 @@ class Metrics:
         self.published_devices = Gauge(
             "dradriver_published_devices", "Devices in this node's ResourceSlices", registry=r
         )
+        self.gpus_left_out = Gauge(
+            "dradriver_gpus_left_out",
+            "GPUs of this node not published (or published in part), by reason",
+            ["reason"],
+            registry=r,
+        )
         self.registered = Gauge(
             "dradriver_registered", "1 while the kubelet has accepted the registration", registry=r
         )

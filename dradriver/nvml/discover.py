@@ -9,11 +9,11 @@ import hashlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-from dradriver.inventory.model import Gpu, Inventory, MigDevice, MigProfile
+from dradriver.inventory.model import Gpu, IdleGpuInstance, Inventory, MigDevice, MigProfile
 from dradriver.inventory.versions import compute_capability, cuda_version, semver
 from dradriver.logs import get_logger
 from dradriver.nvml.explain import explain_init_failure
@@ -144,6 +144,7 @@ def _mig_devices(
         gi_info = nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceGetGpuInstanceById(h, gi_id))
         profile = by_id.get(gi_info.profileId)
         attrs = _opt(nvml, nvml.nvmlDeviceGetAttributes, mh)
+        gi_slices = int(attrs.gpuInstanceSliceCount) if attrs is not None else 0
         out.append(
             MigDevice(
                 uuid=str(nvml.nvmlDeviceGetUUID(mh)),
@@ -162,9 +163,43 @@ def _mig_devices(
                     if profile
                     else 0
                 ),
+                compute_slices=int(attrs.computeInstanceSliceCount) if attrs is not None else 0,
+                gpu_instance_slices=gi_slices or (profile.compute_slices if profile else 0),
             )
         )
-    return sorted(out, key=lambda d: (d.placement_start, d.profile_id))
+    per_gi: dict[int, int] = {}
+    for d in out:
+        per_gi[d.gpu_instance_id] = per_gi.get(d.gpu_instance_id, 0) + 1
+    out = [replace(d, siblings=per_gi[d.gpu_instance_id]) for d in out]
+    return sorted(out, key=lambda d: (d.placement_start, d.profile_id, d.compute_instance_id))
+
+
+def _idle_gpu_instances(
+    nvml: ModuleType, h: Any, profiles: list[MigProfile], busy: set[int]
+) -> list[IdleGpuInstance]:
+    """GPU instances without a compute instance (no MIG device lists them)."""
+    out: list[IdleGpuInstance] = []
+    for p in profiles:
+        arr = (nvml.c_nvmlGpuInstance_t * 8)()
+        count = ctypes.c_uint(8)
+        try:
+            nvml.nvmlDeviceGetGpuInstances(h, p.profile_id, arr, ctypes.byref(count))
+        except nvml.NVMLError:
+            continue
+        for i in range(count.value):
+            info = nvml.nvmlGpuInstanceGetInfo(arr[i])
+            if info.id in busy:
+                continue
+            out.append(
+                IdleGpuInstance(
+                    profile=p.name,
+                    profile_id=p.profile_id,
+                    placement_start=info.placement.start,
+                    placement_size=info.placement.size,
+                    gpu_instance_id=info.id,
+                )
+            )
+    return sorted(out, key=lambda g: g.placement_start)
 
 
 def _fabric_domain(nvml: ModuleType, h: Any) -> str | None:
@@ -258,8 +293,6 @@ def discover(
 
 
 def _with_domain(g: Gpu, domain: str | None) -> Gpu:
-    from dataclasses import replace
-
     return replace(g, nvlink_domain=domain) if domain else g
 
 
@@ -296,8 +329,11 @@ def _one_gpu(
         mig_enabled=mig_enabled,
         mig_switchable=mig_capable and arch >= MIG_SWITCHABLE_FROM,
         mig_profiles=tuple(profiles),
-        mig_devices=tuple(_mig_devices(nvml, h, uuid, profiles)) if mig_enabled else (),
     )
+    if mig_enabled:
+        devices = _mig_devices(nvml, h, uuid, profiles)
+        idle = _idle_gpu_instances(nvml, h, profiles, {d.gpu_instance_id for d in devices})
+        gpu = replace(gpu, mig_devices=tuple(devices), idle_gpu_instances=tuple(idle))
     return gpu, _nvlink_peers(nvml, h), _fabric_domain(nvml, h)
 
 

@@ -24,7 +24,7 @@ from dradriver.inventory.node_devices import (
     MigMode,
     NodeDevice,
     NodeOffer,
-    Partition,
+    Skipped,
     gpu_device_name,
     offer,
 )
@@ -59,8 +59,8 @@ class SliceContent:
 @dataclass
 class BuildResult:
     slices: list[SliceContent]
-    # GPUs left out or offered in part, with the reason (from the offer).
-    skipped: list[tuple[str, str]] = field(default_factory=list)
+    # GPUs left out or offered in part, with the reason.
+    skipped: list[Skipped] = field(default_factory=list)
     # The typed devices the slices render, by name: what prepare looks names up in.
     offer: NodeOffer = field(default_factory=NodeOffer)
 
@@ -159,11 +159,10 @@ def _counted(inv: Inventory, g: GpuOffer) -> SliceContent:
         out = render(inv, d)
         if d.kind is DeviceKind.GPU:
             out["consumesCounters"] = _consumes(counter_set, design.whole_gpu())
-        else:
-            profile, start = d.profile, d.placement_start
-            taken = Partition(profile, start) if profile and start is not None else None
-            if taken is not None and taken in design.consumption:
-                out["consumesCounters"] = _consumes(counter_set, design.consumption[taken])
+        elif d.partition is not None:
+            out["consumesCounters"] = _consumes(counter_set, design.consumption[d.partition])
+        # A MIG device someone else made needs no counters: nothing offered beside it
+        # overlaps it (node_devices leaves such partitions and the whole GPU out).
         devices.append(out)
     shared = (
         {
@@ -186,11 +185,42 @@ def build(
 ) -> BuildResult:
     """The node's slices. `owned_mig`: (parent UUID, profile ID, placement start) of MIG
     devices this driver created for prepared claims; they stay published as partitions
-    in dynamic mode."""
+    in dynamic mode. A GPU whose devices would break a ResourceSlice rule is left out
+    (with the reason in `skipped`): one odd GPU never stops the others being published."""
     node = offer(inv, mode, owned_mig)
-    own = [_counted(inv, g) for g in node.gpus if g.counters]
-    loose = [render(inv, d) for g in node.gpus if not g.counters for d in g.devices]
-    result = BuildResult(slices=own + _pack(loose), skipped=list(node.skipped), offer=node)
+    skipped = list(node.skipped)
+    kept: list[GpuOffer] = []
+    own: list[SliceContent] = []
+    loose: list[dict[str, Any]] = []
+    for g in node.gpus:
+        try:
+            if g.counters:
+                content = _counted(inv, g)
+                check_limits([content])
+            else:
+                content = SliceContent(
+                    key=f"gpu-{g.gpu.index}", devices=tuple(render(inv, d) for d in g.devices)
+                )
+                check_limits([content])
+        except (LimitError, KeyError, ValueError) as exc:
+            skipped.append(
+                Skipped(
+                    g.gpu.uuid,
+                    "invalid_devices",
+                    f"left out: its devices cannot be published: {exc}",
+                )
+            )
+            continue
+        kept.append(g)
+        if g.counters:
+            own.append(content)
+        else:
+            loose += content.devices
+    result = BuildResult(
+        slices=own + _pack(loose),
+        skipped=skipped,
+        offer=NodeOffer(tuple(kept), tuple(skipped)),
+    )
     check_limits(result.slices)
     return result
 

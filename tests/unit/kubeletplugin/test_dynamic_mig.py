@@ -309,3 +309,19 @@ def test_a_rollback_that_could_not_finish_is_finished_by_the_retry(
     (d,) = node.prepare(ref)  # the kubelet's retry: releases the leftover, carves anew
     assert node.instances() == node.checkpoint_owned()
     assert len(node.instances()) == 1 and d.uuid.startswith("MIG-")
+
+
+def test_a_prepared_claim_outlives_a_driver_upgrade_that_renames_its_profile(node: Node) -> None:
+    """GB200's 1g.23gb became 1g.24gb in a driver release: the device name published
+    changes with it. A claim prepared before keeps working: it is answered and released
+    from its record, not looked up by name again."""
+    ref = node.claim("c", "gpu-1-mig-1g10gb-3")
+    (before,) = node.prepare(ref)
+    renamed = {
+        name.replace("1g10gb", "1g11gb"): dev for name, dev in node.driver.devices().items()
+    }
+    node.driver.devices = lambda: renamed  # type: ignore[method-assign]
+    (again,) = node.prepare(ref)  # the kubelet may ask again after a restart
+    assert again == before
+    node.unprepare(ref)
+    assert node.instances() == set() and node.driver.store.load().claims == {}

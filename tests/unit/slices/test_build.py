@@ -74,7 +74,7 @@ def test_mode_none_leaves_out_gpus_in_mig_mode_and_says_why() -> None:
     result = build(inv, MigMode.NONE)
     names = [d["name"] for s in result.slices for d in s.devices]
     assert names == ["gpu-2"]
-    assert len(result.skipped) == 2 and "MIG mode is enabled" in result.skipped[0][1]
+    assert len(result.skipped) == 2 and "MIG mode is enabled" in result.skipped[0].message
 
 
 def test_static_mode_publishes_existing_mig_devices_instead_of_their_gpu(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_ampere_with_mig_off_gets_no_partitions_in_dynamic_mode() -> None:
     inv = inventory("1xA100-40GB")
     result = build(inv, MigMode.DYNAMIC)
     assert [d["name"] for s in result.slices for d in s.devices] == ["gpu-0"]
-    assert "cannot switch MIG mode" in result.skipped[0][1]
+    assert "cannot switch MIG mode" in result.skipped[0].message
 
 
 def test_names_and_slices_are_deterministic_across_restarts(tmp_path: Path) -> None:
@@ -152,3 +152,62 @@ def test_every_mode_and_fleet_stays_within_the_limits() -> None:
             for s in build(inv, mode).slices:
                 for d in s.devices:
                     assert len(d.get("attributes", {})) + len(d.get("capacity", {})) <= 32
+
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+def test_compute_instances_of_one_gpu_instance_are_devices_of_their_own() -> None:
+    """The guide's `-cci 0,0,0` layout once made two devices share a name and the whole
+    node publish nothing. Each compute instance is what a claim can be given (CUDA sees
+    each as a MIG device): each is published, with a name of its own."""
+    inv = inventory(f"@{DATA / 'multi-ci.yaml'}")
+    for mode in (MigMode.STATIC, MigMode.DYNAMIC):
+        devs = devices(inv, mode)
+        cis = sorted(n for n in devs if n.startswith("gpu-0-mig-3g40gb-4"))
+        assert cis == [f"gpu-0-mig-3g40gb-4-ci{c}" for c in (0, 1, 2)], mode
+        for n in cis:
+            attrs = devs[n]["attributes"]
+            assert attrs["profile"] == {"string": "1c.3g.40gb"}
+            assert attrs["placementStart"] == {"int": 4}
+            assert attrs["uuid"]["string"].startswith("MIG-")
+            assert devs[n]["capacity"]["multiprocessors"] == {"value": "20"}  # 60 SMs / 3
+        assert "gpu-0-mig-3g40gb-0" in devs  # the GPU instance with one compute instance
+        # A GPU instance without a compute instance is no device...
+        assert not any(n.startswith("gpu-1-mig-2g20gb-0") for n in devs)
+    # ... but its memory slices are taken: no partition over them, and no whole GPU.
+    dyn = devices(inv, MigMode.DYNAMIC)
+    assert "gpu-1" not in dyn
+    assert "gpu-1-mig-1g10gb-0" not in dyn and "gpu-1-mig-1g10gb-1" not in dyn
+    assert "gpu-1-mig-1g10gb-2" in dyn
+
+
+def test_compute_instances_of_one_gpu_instance_serve_different_claims() -> None:
+    inv = inventory(f"@{DATA / 'multi-ci.yaml'}")
+    offered = build(inv, MigMode.STATIC).offer.devices()
+    ci0, ci1 = offered["gpu-0-mig-3g40gb-4-ci0"], offered["gpu-0-mig-3g40gb-4-ci1"]
+    assert not ci0.overlaps(ci1)  # they share memory by design, not compute
+    assert ci0.overlaps(ci0)
+    assert not ci0.overlaps(offered["gpu-0-mig-3g40gb-0"])
+
+
+def test_profile_variants_never_share_a_device_name() -> None:
+    from dradriver.inventory.node_devices import profile_token
+
+    names = ["1g.24gb", "1g.24gb+me", "1g.24gb-me", "1g.24gb+me.all", "1g.24gb+gfx", "1g.23gb"]
+    tokens = [profile_token(n) for n in names]
+    assert len(set(tokens)) == len(tokens)
+    assert tokens[:3] == ["1g24gb", "1g24gbme", "1g24gbnome"]
+    # Unchanged for the profiles published until now: their device names stay.
+    assert profile_token("1g.10gb+me") == "1g10gbme" and profile_token("3g.40gb") == "3g40gb"
+
+
+def test_one_odd_gpu_is_left_out_and_the_others_are_published() -> None:
+    inv = inventory("2xH100-80GB")
+    odd = dataclasses.replace(inv.gpus[1], product_name="NVIDIA H100 " + "x" * 64)
+    result = build(dataclasses.replace(inv, gpus=(inv.gpus[0], odd)), MigMode.NONE)
+    assert [d["name"] for s in result.slices for d in s.devices] == ["gpu-0"]
+    (skip,) = result.skipped
+    assert (skip.uuid, skip.reason) == (odd.uuid, "invalid_devices")
+    assert "longer than 64" in skip.message
+    assert list(result.offer.devices()) == ["gpu-0"]  # prepare cannot be given it either
