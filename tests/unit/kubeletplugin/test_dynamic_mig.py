@@ -317,9 +317,7 @@ def test_a_prepared_claim_outlives_a_driver_upgrade_that_renames_its_profile(nod
     from its record, not looked up by name again."""
     ref = node.claim("c", "gpu-1-mig-1g10gb-3")
     (before,) = node.prepare(ref)
-    renamed = {
-        name.replace("1g10gb", "1g11gb"): dev for name, dev in node.driver.devices().items()
-    }
+    renamed = {name.replace("1g10gb", "1g11gb"): dev for name, dev in node.driver.devices().items()}
     node.driver.devices = lambda: renamed  # type: ignore[method-assign]
     (again,) = node.prepare(ref)  # the kubelet may ask again after a restart
     assert again == before
