@@ -13,6 +13,7 @@ import yaml
 
 from dradriver.commands import flags
 from dradriver.inventory.model import Gpu, Inventory
+from dradriver.inventory.node_devices import MigSwitching
 from dradriver.nvml.explain import NvmlUnavailable
 from dradriver.nvml.library import DevicesSpecError, open_nvml
 from dradriver.slices.build import BuildResult, MigMode, build
@@ -37,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     except (NvmlUnavailable, DevicesSpecError) as exc:
         print(f"dradriver devices: {exc}", file=sys.stderr)
         return 1
-    result = build(found.inventory, MigMode(args.mig_mode))
+    result = build(
+        found.inventory, MigMode(args.mig_mode), switching=MigSwitching(args.mig_mode_switching)
+    )
     slices = render(args.driver_name, args.node_name, result.slices)
     if args.output == "table":
         print(table(args, found.inventory, result, found.problems))

@@ -50,6 +50,15 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
     )
     add(
         p,
+        "--mig-mode-switching",
+        "on-demand",
+        "dynamic MIG mode: whether the driver may switch a GPU's MIG mode (on for a "
+        "partition, off for a whole GPU, switched back after): on-demand, or never where "
+        "the admin sets MIG mode (e.g. DCGM holds the GPUs)",
+        choices=["on-demand", "never"],
+    )
+    add(
+        p,
         "--state-dir",
         "/var/lib/dradriver",
         "where the plugin keeps its checkpoint (and the fake backend its MIG state)",

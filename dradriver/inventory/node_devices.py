@@ -31,6 +31,15 @@ class MigMode(enum.StrEnum):
     DYNAMIC = "dynamic"
 
 
+class MigSwitching(enum.StrEnum):
+    """Whether the driver may switch a GPU's MIG mode (dynamic mode only): on demand
+    (on for a partition, off for a whole GPU, each switched back after), or never (where
+    the admin sets MIG mode, e.g. because DCGM holds the GPUs)."""
+
+    ON_DEMAND = "on-demand"
+    NEVER = "never"
+
+
 class DeviceKind(enum.StrEnum):
     GPU = "gpu"
     MIG = "mig"
@@ -185,7 +194,10 @@ class NodeOffer:
 
 
 def offer(
-    inv: Inventory, mode: MigMode, owned_mig: Iterable[tuple[str, int, int]] = ()
+    inv: Inventory,
+    mode: MigMode,
+    owned_mig: Iterable[tuple[str, int, int]] = (),
+    switching: MigSwitching = MigSwitching.ON_DEMAND,
 ) -> NodeOffer:
     """What the node offers. `owned_mig`: (parent UUID, profile ID, placement start) of
     MIG devices this driver created for prepared claims; in dynamic mode they stay
@@ -220,14 +232,30 @@ def offer(
             else:
                 gpus.append(GpuOffer(gpu, (whole_gpu(gpu),)))
         else:
-            gpus.append(_dynamic(gpu, owned, skipped))
+            gpus.append(_dynamic(gpu, owned, skipped, switching))
     return NodeOffer(tuple(gpus), tuple(skipped))
 
 
-def _dynamic(gpu: Gpu, owned: frozenset[tuple[str, int, int]], skipped: list[Skipped]) -> GpuOffer:
-    can_carve = gpu.mig_capable and gpu.mig_profiles and (gpu.mig_enabled or gpu.mig_switchable)
+def _dynamic(
+    gpu: Gpu,
+    owned: frozenset[tuple[str, int, int]],
+    skipped: list[Skipped],
+    switching: MigSwitching,
+) -> GpuOffer:
+    # Whether this driver may switch the GPU's MIG mode when a claim needs it switched.
+    may_switch = gpu.mig_switchable and switching is MigSwitching.ON_DEMAND
+    can_carve = gpu.mig_capable and gpu.mig_profiles and (gpu.mig_enabled or may_switch)
     if not can_carve:
-        if gpu.mig_capable and not gpu.mig_enabled and not gpu.mig_switchable:
+        if gpu.mig_capable and not gpu.mig_enabled and gpu.mig_switchable:
+            skipped.append(
+                Skipped(
+                    gpu.uuid,
+                    "no_switching",
+                    "MIG partitions not offered: MIG mode is off and "
+                    "--mig-mode-switching=never; enable MIG mode to carve it",
+                )
+            )
+        elif gpu.mig_capable and not gpu.mig_enabled and not gpu.mig_switchable:
             skipped.append(
                 Skipped(
                     gpu.uuid,
@@ -250,7 +278,8 @@ def _dynamic(gpu: Gpu, owned: frozenset[tuple[str, int, int]], skipped: list[Ski
     taken += [(g.placement_start, g.placement_size) for g in gpu.idle_gpu_instances]
     busy = {i for start, size in taken for i in range(start, start + size)}
     devices: list[NodeDevice] = []
-    if not taken and (gpu.mig_switchable or not gpu.mig_enabled):
+    # Whole only where it can be given whole: MIG off, or switched off for the claim.
+    if not taken and (may_switch or not gpu.mig_enabled):
         devices.append(whole_gpu(gpu))
     devices += [
         partition(gpu, p) for p in partitions(gpu.mig_profiles) if not busy & p.memory_slices

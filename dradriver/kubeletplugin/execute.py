@@ -24,6 +24,17 @@ from dradriver.nvml.host import GpuHost
 log = get_logger("kubeletplugin.execute")
 
 
+def held_whole(cp: Checkpoint, exclude: str = "") -> set[str]:
+    """GPU UUIDs that claims (but `exclude`) hold whole."""
+    return {
+        d.uuid
+        for r in cp.claims.values()
+        if r.uid != exclude
+        for d in r.devices
+        if d.kind == "gpu" and d.uuid
+    }
+
+
 def _layered(exc: Exception, claim: str) -> DriverError:
     """A step's failure as the per-claim error the kubelet shows, naming the layer."""
     if isinstance(exc, DriverError):
@@ -67,6 +78,11 @@ class Executor:
                 self.mig.carve(d)
                 self.store.save(cp)  # the created instance, before anything else
                 crashpoint("mig-recorded")
+            if self.mig is not None:
+                profiles = self.profiles()
+                for d in rec.devices:
+                    if d.kind == "gpu" and d.uuid in profiles:  # MIG-capable GPUs only
+                        self.mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device)
             if shared:
                 assert self.sharing is not None
                 self.sharing.apply(rec, lambda: self.store.save(cp))
@@ -133,7 +149,7 @@ class Executor:
             log.error("rollback could not remove the CDI spec", claim_uid=rec.uid, error=str(exc))
         if not keep:
             cp.claims.pop(rec.uid, None)
-        self.restore_mig_modes(rec)
+        self.restore_mig_modes(rec, cp)
         try:
             self.store.save(cp)
         except OSError as exc:
@@ -174,11 +190,16 @@ class Executor:
                 f"checkpoint layer: claim {rec.ref}: {exc}; the kubelet retries",
                 reason="checkpoint",
             ) from exc
-        self.restore_mig_modes(rec)
+        self.restore_mig_modes(rec, cp)
 
-    def restore_mig_modes(self, rec: ClaimRecord) -> None:
+    def restore_mig_modes(self, rec: ClaimRecord, cp: Checkpoint | None = None) -> None:
+        """Switch back what this claim made us switch: MIG mode off where its partitions
+        were the last, on where it held the GPU whole (and no other claim does)."""
         if self.mig is None:
             return
         gpus = {d.carve.gpu_uuid for d in rec.devices if d.carve is not None}
         if gpus:
             self.mig.restore_modes(gpus, self.profiles())
+        whole = {d.uuid for d in rec.devices if d.kind == "gpu" and d.uuid}
+        if whole:
+            self.mig.restore_disabled(whole, held_whole(cp, exclude=rec.uid) if cp else set())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dradriver import logs
 from dradriver.commands import flags
-from dradriver.inventory.node_devices import MigMode, NodeDevice, Skipped
+from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
 from dradriver.k8s import Kube, KubeError
 from dradriver.kubeletplugin import cdi
 from dradriver.kubeletplugin.checkpoint import CheckpointStore, current_boot_id
@@ -74,9 +74,13 @@ class DeviceView:
     """The latest discovery and what it publishes, shared by publishing and prepare."""
 
     def __init__(
-        self, nvml: Nvml, mode: MigMode, owned: Callable[[], set[tuple[str, int, int]]] = set
+        self,
+        nvml: Nvml,
+        mode: MigMode,
+        owned: Callable[[], set[tuple[str, int, int]]] = set,
+        switching: MigSwitching = MigSwitching.ON_DEMAND,
     ) -> None:
-        self.nvml, self.mode, self.owned = nvml, mode, owned
+        self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
         self._lock = threading.Lock()
         self._slices: list[SliceContent] = []
         self._index: dict[str, NodeDevice] = {}
@@ -92,7 +96,7 @@ class DeviceView:
             raise
         for problem in found.problems:
             log.error("GPU problem", detail=problem)
-        built = build(found.inventory, self.mode, self.owned())
+        built = build(found.inventory, self.mode, self.owned(), self.switching)
         for skip in built.skipped:
             log.warning(
                 "GPU not published as a whole",
@@ -136,9 +140,10 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()
     store = CheckpointStore(state_dir / "checkpoint.json", current_boot_id())
     mode = MigMode(args.mig_mode)
+    switching = MigSwitching(args.mig_mode_switching)
     # Published partitions must include the ones our claims hold (they exist as MIG
     # devices now, but they are ours, not foreign).
-    view = DeviceView(nvml, mode, owned=lambda: owned_partitions(store.load()))
+    view = DeviceView(nvml, mode, lambda: owned_partitions(store.load()), switching)
     registered = threading.Event()
     api = _ApiProbe(kube)
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
@@ -202,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
     status = StatusWriter(kube, args.driver_name)
     mig = None
     if mode is MigMode.DYNAMIC:
-        mig = MigPreparer(MigCarver(nvml.module), MigModeLedger(state_dir / "mig-mode.json"))
+        mig = MigPreparer(
+            MigCarver(nvml.module), MigModeLedger(state_dir / "mig-mode.json"), switching
+        )
     executor = Executor(
         driver=args.driver_name,
         store=store,

@@ -14,35 +14,90 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dradriver.crashpoints import crashpoint
+from dradriver.errors import MigError
+from dradriver.inventory.node_devices import MigSwitching
 from dradriver.kubeletplugin.files import atomic_write
 from dradriver.kubeletplugin.records import Carve, ClaimRecord, PreparedDevice
 from dradriver.logs import get_logger
-from dradriver.nvml.mig import Instance, MigCarver, MigError
+from dradriver.nvml.mig import Instance, MigCarver
 
 log = get_logger("kubeletplugin.mig")
 
 
 class MigModeLedger:
-    """GPUs on which this driver switched MIG mode on, so it can switch it back off when
-    its last partition there is gone (and never touch a mode an admin chose)."""
+    """GPUs whose MIG mode this driver switched: on for a partition (switched back off
+    when its last partition there is gone), or off for a whole GPU (switched back on when
+    that claim is gone). Recorded before each switch, so a crash never leaves a mode
+    nobody knows it changed; a mode an admin chose is never touched."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def load(self) -> set[str]:
+    def _read(self) -> dict[str, list[str]]:
         try:
-            return set(json.loads(self.path.read_text()).get("enabledByDriver", []))
-        except (OSError, ValueError, AttributeError):
-            return set()
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def load(self) -> set[str]:
+        """GPUs this driver switched MIG mode on."""
+        return set(self._read().get("enabledByDriver", []))
+
+    def load_disabled(self) -> set[str]:
+        """GPUs this driver switched MIG mode off, for a whole-GPU claim."""
+        return set(self._read().get("disabledByDriver", []))
+
+    def _write(self, enabled: set[str], disabled: set[str]) -> None:
+        doc = {"enabledByDriver": sorted(enabled), "disabledByDriver": sorted(disabled)}
+        atomic_write(self.path, json.dumps(doc).encode(), 0o600)
 
     def save(self, uuids: set[str]) -> None:
-        atomic_write(self.path, json.dumps({"enabledByDriver": sorted(uuids)}).encode(), 0o600)
+        self._write(uuids, self.load_disabled())
+
+    def save_disabled(self, uuids: set[str]) -> None:
+        self._write(self.load(), uuids)
 
 
 @dataclass
 class MigPreparer:
     carver: MigCarver
     ledger: MigModeLedger
+    switching: MigSwitching = MigSwitching.ON_DEMAND
+
+    def ensure_whole(self, gpu_uuid: str, profile_ids: list[int], device: str) -> None:
+        """A whole GPU is never handed out in MIG mode: switch it off where this driver
+        may and no MIG device is on it, or fail naming the GPU."""
+        if not self.carver.mig_enabled(gpu_uuid):
+            return
+        if self.switching is MigSwitching.NEVER:
+            raise MigError(
+                f"GPU {gpu_uuid} ({device}) is in MIG mode and --mig-mode-switching=never: "
+                "it cannot be given whole; disable MIG mode on it, or ask for a MIG device"
+            )
+        if self.carver.instances(gpu_uuid, profile_ids):
+            raise MigError(
+                f"GPU {gpu_uuid} ({device}) has MIG devices, so it cannot be given whole"
+            )
+        # Recorded first: if the switch half-happens, unprepare and startup still know
+        # the mode is ours to switch back on.
+        self.ledger.save_disabled(self.ledger.load_disabled() | {gpu_uuid})
+        self.carver.set_mig_mode(gpu_uuid, False)
+        log.info("MIG mode switched off for a whole-GPU claim", gpu=gpu_uuid, device=device)
+
+    def restore_disabled(self, gpus: set[str], held_whole: set[str]) -> None:
+        """Switch MIG mode back on where this driver switched it off and no claim holds
+        the GPU whole any more."""
+        disabled = self.ledger.load_disabled()
+        for gpu in sorted((gpus & disabled) - held_whole):
+            try:
+                self.carver.set_mig_mode(gpu, True)
+            except MigError as exc:
+                log.error("could not switch MIG mode back on", gpu=gpu, error=str(exc))
+                continue
+            disabled.discard(gpu)
+            self.ledger.save_disabled(disabled)
+            log.info("MIG mode restored to on", gpu=gpu)
 
     def carve(self, d: PreparedDevice) -> None:
         """Creates the partition recorded in d.carve; fills in its ids and the MIG UUID."""

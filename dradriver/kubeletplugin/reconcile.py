@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dradriver.errors import CdiError, MigError, SharingError
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.checkpoint import CheckpointStore, reconcile_boot
-from dradriver.kubeletplugin.execute import Executor
+from dradriver.kubeletplugin.execute import Executor, held_whole
 from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint
 from dradriver.logs import get_logger
 
@@ -77,4 +77,5 @@ def reconcile(
     if ex.mig is not None:
         profiles = ex.profiles()
         ex.mig.restore_modes(set(profiles), profiles)
+        ex.mig.restore_disabled(set(profiles), held_whole(cp))
     return cp

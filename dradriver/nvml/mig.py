@@ -71,14 +71,40 @@ class MigCarver:
         nvml = self.nvml
         mode = nvml.NVML_DEVICE_MIG_ENABLE if enable else nvml.NVML_DEVICE_MIG_DISABLE
         step = f"{'enabling' if enable else 'disabling'} MIG mode on {gpu_uuid}"
+        h = self._h(gpu_uuid)
         try:
-            nvml.nvmlDeviceSetMigMode(self._h(gpu_uuid), mode)
+            nvml.nvmlDeviceSetMigMode(h, mode)
         except nvml.NVMLError as err:
+            if isinstance(err, nvml.NVMLError_InUse):
+                step += f" (the GPU is in use by {self.holders(h)})"
             raise MigError(step, err, in_use=isinstance(err, nvml.NVMLError_InUse)) from err
         if self.mig_enabled(gpu_uuid) != enable:
             # Ampere: the change waits for a GPU reset. Publishing never offers partitions
             # of such GPUs, so getting here means the hardware changed under us.
             raise MigError(step, RuntimeError("the new mode needs a GPU reset"))
+
+    def holders(self, h: Any) -> str:
+        """Who keeps a GPU busy, for the message when its MIG mode cannot change: CUDA
+        processes by PID and name, else the usual holders of a bare handle."""
+        nvml = self.nvml
+        try:
+            procs = nvml.nvmlDeviceGetComputeRunningProcesses_v3(h)
+        except Exception:  # diagnostics only: any failure just means "not known"
+            procs = []
+        names = []
+        for p in procs or []:
+            try:
+                comm = Path(f"/proc/{p.pid}/comm").read_text().strip()
+            except OSError:
+                comm = "?"
+            names.append(f"{comm} (pid {p.pid})")
+        if names:
+            return "CUDA processes " + ", ".join(names) + "; stop them and retry"
+        return (
+            "a process that holds it without computing, usually a monitoring agent such as "
+            "DCGM, dcgm-exporter or nvidia-smi in a loop; stop it, or set MIG mode yourself "
+            "and run the plugin with --mig-mode-switching=never"
+        )
 
     def create(
         self, gpu_uuid: str, profile_id: int, start: int, size: int, compute_slices: int

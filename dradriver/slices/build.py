@@ -22,6 +22,7 @@ from dradriver.inventory.node_devices import (
     DeviceKind,
     GpuOffer,
     MigMode,
+    MigSwitching,
     NodeDevice,
     NodeOffer,
     Skipped,
@@ -181,13 +182,16 @@ def _pack(devices: Sequence[dict[str, Any]]) -> list[SliceContent]:
 
 
 def build(
-    inv: Inventory, mode: MigMode, owned_mig: Iterable[tuple[str, int, int]] = ()
+    inv: Inventory,
+    mode: MigMode,
+    owned_mig: Iterable[tuple[str, int, int]] = (),
+    switching: MigSwitching = MigSwitching.ON_DEMAND,
 ) -> BuildResult:
     """The node's slices. `owned_mig`: (parent UUID, profile ID, placement start) of MIG
     devices this driver created for prepared claims; they stay published as partitions
     in dynamic mode. A GPU whose devices would break a ResourceSlice rule is left out
     (with the reason in `skipped`): one odd GPU never stops the others being published."""
-    node = offer(inv, mode, owned_mig)
+    node = offer(inv, mode, owned_mig, switching)
     skipped = list(node.skipped)
     kept: list[GpuOffer] = []
     own: list[SliceContent] = []

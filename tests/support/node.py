@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dradriver.inventory.node_devices import MigMode, NodeDevice
+from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice
 from dradriver.kubeletplugin.cdi import CdiWriter
 from dradriver.kubeletplugin.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.execute import Executor
@@ -34,6 +34,7 @@ def fake_preparer(
     *,
     boot_id: str = "boot-1",
     mode: MigMode = MigMode.DYNAMIC,
+    switching: MigSwitching = MigSwitching.ON_DEMAND,
 ) -> tuple[Preparer, Nvml]:
     """A Preparer (and its NVML backend) over the fake node `spec` with state in `tmp`:
     what one plugin process holds. A second call with the same `tmp` is a restart."""
@@ -42,7 +43,7 @@ def fake_preparer(
     store = CheckpointStore(tmp / "checkpoint.json", boot_id)
     # Discovered once, as the plugin does at start (and then on a period, never per call).
     inv = nvml.discover().inventory
-    known = build(inv, mode, owned_partitions(store.load())).offer.devices()
+    known = build(inv, mode, owned_partitions(store.load()), switching).offer.devices()
 
     def devices() -> dict[str, NodeDevice]:
         return known
@@ -57,7 +58,7 @@ def fake_preparer(
             for d in known.values()
             if d.gpu.mig_profiles
         },
-        mig=MigPreparer(MigCarver(nvml.module), MigModeLedger(tmp / "mig-mode.json")),
+        mig=MigPreparer(MigCarver(nvml.module), MigModeLedger(tmp / "mig-mode.json"), switching),
         sharing=SharingSteps(nvml.module, nvml.host, tmp / "mps"),
     )
     preparer = Preparer(
