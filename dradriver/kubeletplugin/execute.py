@@ -81,7 +81,8 @@ class Executor:
             if self.mig is not None:
                 profiles = self.profiles()
                 for d in rec.devices:
-                    if d.kind == "gpu" and d.uuid in profiles:  # MIG-capable GPUs only
+                    # MIG-capable GPUs only; adminAccess never switches anything.
+                    if d.kind == "gpu" and d.uuid in profiles and not d.admin_access:
                         self.mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device)
             if shared:
                 assert self.sharing is not None

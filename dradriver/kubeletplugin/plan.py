@@ -198,11 +198,14 @@ def carve_intent(dev: NodeDevice) -> Carve | None:
 def check_exclusive(
     cp: Checkpoint, ref: ClaimRef, devs: list[NodeDevice], local: Mapping[str, NodeDevice]
 ) -> None:
-    """A device (or the hardware under it) serves one claim at a time."""
+    """A device (or the hardware under it) serves one claim at a time; a device given
+    by adminAccess stands beside that claim, taking nothing from it."""
     for other in cp.claims.values():
         if other.uid == ref.uid:
             continue
         for od in other.devices:
+            if od.admin_access:
+                continue
             theirs = local.get(od.device)
             for dev in devs:
                 if dev.name == od.device or (theirs is not None and dev.overlaps(theirs)):
@@ -212,6 +215,54 @@ def check_exclusive(
                         "one claim at a time",
                         reason="device_busy",
                     )
+
+
+def admin_device(
+    ref: ClaimRef,
+    driver: str,
+    node: str,
+    pd: PlannedDevice,
+    dev: NodeDevice,
+    cp: Checkpoint,
+) -> PreparedDevice:
+    """A device given by adminAccess (KEP-5018: monitoring and diagnostics beside the
+    claim that holds it): nothing is carved, switched or shared for it. A MIG partition
+    exists only while a claim holds it carved; admin access reaches that MIG device."""
+    uuid, mig = (
+        dev.uuid,
+        (MigIds(dev.mig.gpu_instance_id, dev.mig.compute_instance_id) if dev.mig else None),
+    )
+    if dev.partition is not None:
+        holder = next(
+            (
+                d
+                for r in cp.claims.values()
+                for d in r.devices
+                if d.device == dev.name and not d.admin_access and d.carve and d.carve.created
+            ),
+            None,
+        )
+        if holder is None or holder.carve is None:
+            raise DeviceError(
+                f"claim {ref}: adminAccess to {dev.name}: this MIG partition is not carved "
+                "(no claim holds it), so there is no MIG device to give",
+                reason="not_carved",
+            )
+        uuid = holder.uuid
+        gi, ci = holder.carve.gpu_instance_id, holder.carve.compute_instance_id
+        assert gi is not None and ci is not None
+        mig = MigIds(gi, ci)
+    return PreparedDevice(
+        request_names=[pd.request_name],
+        pool=node,
+        device=dev.name,
+        cdi_device_ids=[qualified_name(driver, dev.name, ref.uid)],
+        uuid=uuid,
+        kind=dev.kind.value,
+        minor=dev.gpu.minor,
+        mig=mig,
+        admin_access=True,
+    )
 
 
 def plan(
@@ -243,6 +294,9 @@ def plan(
             if pd.request_name not in rec.request_names:
                 rec.request_names.append(pd.request_name)
             continue
+        if pd.admin_access:
+            records[pd.device] = admin_device(ref, driver, node, pd, dev, checkpoint)
+            continue
         try:
             cfg = effective(list(pd.configs), dev.kind.value, pd.request_name)
             share = sharing_for(dev, cfg)
@@ -262,7 +316,8 @@ def plan(
             else None,
             sharing=share,
         )
-    check_exclusive(checkpoint, ref, [devices[n] for n in records], devices)
+    exclusive = [devices[n] for n, r in records.items() if not r.admin_access]
+    check_exclusive(checkpoint, ref, exclusive, devices)
     return ClaimRecord(
         uid=ref.uid,
         namespace=ref.namespace,

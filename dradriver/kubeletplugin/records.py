@@ -238,7 +238,7 @@ def sharing_from_json(value: Any, where: str) -> Sharing:
 # -- devices, claims, the checkpoint ----------------------------------------------------------
 
 _DEVICE_KEYS = ("requestNames", "pool", "device", "cdiDeviceIds", "uuid", "kind", "extra")
-_EXTRA_KEYS = ("minor", "carve", "mig", "sharing")
+_EXTRA_KEYS = ("minor", "carve", "mig", "sharing", "adminAccess")
 _CLAIM_KEYS = ("uid", "namespace", "name", "state", "devices", "updatedAt", "extra")
 
 
@@ -257,6 +257,9 @@ class PreparedDevice:
     carve: Carve | None = None  # a partition carved at prepare
     mig: MigIds | None = None  # an existing MIG device
     sharing: Sharing | None = None
+    # Given by adminAccess (monitoring, diagnostics): beside whatever claim holds the
+    # device, with nothing carved, switched or shared for it.
+    admin_access: bool = False
     # Keys of "extra" and of the device written by a newer release; written back
     # unchanged so a downgrade followed by an upgrade does not lose them.
     extra_unknown: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -281,6 +284,8 @@ class PreparedDevice:
             extra["mig"] = self.mig.to_json()
         if self.sharing is not None:
             extra["sharing"] = self.sharing.to_json()
+        if self.admin_access:
+            extra["adminAccess"] = True
         return {
             **self.unknown,
             "requestNames": list(self.request_names),
@@ -310,6 +315,7 @@ class PreparedDevice:
             sharing=sharing_from_json(extra["sharing"], f"{ew}.sharing")
             if extra.get("sharing")
             else None,
+            admin_access=optional(extra, "adminAccess", bool, False, ew),
             extra_unknown=unknown(extra, _EXTRA_KEYS),
             unknown=unknown(obj, _DEVICE_KEYS),
         )

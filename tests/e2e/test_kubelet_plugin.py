@@ -533,3 +533,48 @@ def test_sighup_triggers_a_rediscovery(gpu_node: GpuNode) -> None:
     last = [line for line in n.plugin.log().splitlines() if "devices rediscovered" in line][-1]
     assert "writes=0" in last  # nothing changed on the node: nothing written
     assert n.plugin.alive()
+
+
+def test_admin_access_through_the_scheduler_and_the_kubelet(gpu_node: GpuNode) -> None:
+    """A monitoring pod asks for the GPU a workload holds, with adminAccess: the real
+    scheduler allocates it beside the workload's claim, the kubelet prepares it, and its
+    end leaves the workload's claim prepared."""
+    n = gpu_node
+    n.kube.patch(
+        path_for("v1", "namespaces", name=n.ns),
+        {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}},
+    )
+    first = f'device.attributes["{DRIVER}"].index == 0'
+    n.claim("work", selector=first)
+    work = n.pod("work", claim="work")
+    n.running("work")
+    n.kube.create(
+        path_for(RES, "resourceclaims", n.ns),
+        {
+            "metadata": {"name": "monitor"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpus",
+                            "exactly": {
+                                "deviceClassName": "gpu.dradriver.io",
+                                "selectors": [{"cel": {"expression": first}}],
+                                "adminAccess": True,
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    )
+    monitor = n.pod("monitor", claim="monitor")
+    n.running("monitor")
+    assert allocated(n, "monitor") == allocated(n, "work") == ["gpu-0"]
+    same = env_of(n, monitor)["NVIDIA_VISIBLE_DEVICES"]
+    assert same == env_of(n, work)["NVIDIA_VISIBLE_DEVICES"]
+    assert len(n.checkpoint_claims()) == 2
+    n.delete("monitor")
+    wait_for(lambda: len(n.checkpoint_claims()) == 1, "the monitor's claim released", 15)
+    (left,) = n.checkpoint_claims().values()
+    assert left["name"] == "work" and len(n.cdi_specs()) == 1
