@@ -19,7 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
-from dradriver.nvml.host import TIMESLICE, finish_mps, mps_alive, spawn_mps
+from dradriver.nvml.host import TIMESLICE, DeviceNode, finish_mps, mps_alive, spawn_mps
 
 
 class FakeHost:
@@ -48,9 +48,10 @@ class FakeHost:
         data: dict[str, dict[str, int]] = json.loads(self.record.read_text())
         return data
 
-    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path) -> int:
+    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path) -> int:
         cmd = [sys.executable, "-m", "fakenvml.mpsd", "--pipe-dir", str(pipe_dir)]
         cmd += ["--log-dir", str(log_dir), "--devices", ",".join(uuids)]
+        cmd += ["--shm-dir", str(shm_dir)]
         return spawn_mps(cmd, uuids, pipe_dir, log_dir, self)
 
     def stop_mps(self, pid: int, pipe_dir: Path) -> None:
@@ -58,10 +59,12 @@ class FakeHost:
             os.kill(pid, signal.SIGTERM)
         finish_mps(pid)
 
-    def device_nodes(self, gpu_minor: int | None, mig_ids: tuple[int, int] | None) -> list[str]:
+    def device_nodes(
+        self, gpu_minor: int | None, mig_ids: tuple[int, int] | None
+    ) -> list[DeviceNode]:
         return []
 
-    def control_device_nodes(self) -> list[str]:
+    def control_device_nodes(self) -> list[DeviceNode]:
         return []
 
 

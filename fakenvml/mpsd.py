@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipe-dir", required=True)
     p.add_argument("--log-dir", required=True)
     p.add_argument("--devices", required=True)
+    # The directory the real daemon would see as /dev/shm (shared with its clients).
+    p.add_argument("--shm-dir")
     args = p.parse_args(argv)
     pipe, logs = Path(args.pipe_dir), Path(args.log_dir)
     control = pipe / "control"
@@ -29,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, quit_)
     control.write_text(f"{os.getpid()}\n")
+    if args.shm_dir:
+        # What the real server keeps there for its clients: proof they share one.
+        Path(args.shm_dir, "cuda.shm.mps-server").write_text(f"{os.getpid()}\n")
     with open(log, "a") as f:
         f.write(f"started pid={os.getpid()} devices={args.devices}\n")
     while running:

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from dradriver.errors import CdiError
 from dradriver.kubeletplugin.files import atomic_write
+from dradriver.nvml.host import DeviceNode
 
 CLAIM_CLASS: Final = "claim"
 # Ascending; what cdi_version_for can return.
@@ -73,12 +74,14 @@ class CdiDevice:
     name: str  # the DRA device name: gpu-0, gpu-0-mig-1g10gb-0
     uuid: str  # GPU-... or MIG-...
     # The /dev nodes of this device (/dev/nvidia<minor>, MIG /dev/nvidia-caps/...), as the
-    # node's GpuHost names them; none where no such nodes exist (fake GPUs).
-    device_nodes: Sequence[str] = ()
+    # node's GpuHost names them; none where no such nodes exist (fake GPUs). A bare path
+    # is a node the runtime copies from the host.
+    device_nodes: Sequence[DeviceNode | str] = ()
     # Further "KEY=VALUE" variables (sharing setup such as MPS pipe directories).
     env: Sequence[str] = ()
-    # Host directories bind-mounted at the same path (the MPS pipe and log directories).
-    mounts: Sequence[str] = ()
+    # Host directories bind-mounted into the container, as (host path, container path):
+    # the MPS pipe and log directories, and the daemon's /dev/shm.
+    mounts: Sequence[tuple[str, str]] = ()
     # Devices handed to a container together (one request; "" = the whole claim) share a
     # UUID list; see the module docstring.
     group: str = ""
@@ -108,7 +111,7 @@ def claim_spec(
     devices: Sequence[CdiDevice],
     *,
     claim_name: str,
-    control_nodes: Sequence[str] = (),
+    control_nodes: Sequence[DeviceNode | str] = (),
 ) -> dict[str, Any]:
     """The CDI spec for one claim. `claim_name` is "<namespace>/<name>"; `control_nodes`
     are the /dev nodes every GPU container needs (nvidiactl, uvm).
@@ -139,16 +142,17 @@ def claim_spec(
         edits: dict[str, Any] = {"env": env}
         if dev.mounts:
             edits["mounts"] = [
-                {"hostPath": m, "containerPath": m, "options": ["rw", "bind"]} for m in dev.mounts
+                {"hostPath": h, "containerPath": c, "options": ["rw", "bind"]}
+                for h, c in dev.mounts
             ]
         if dev.device_nodes:
-            edits["deviceNodes"] = [{"path": p} for p in dev.device_nodes]
+            edits["deviceNodes"] = [_node(n) for n in dev.device_nodes]
         entries.append({"name": cdi_device_name(dev.name, claim_uid), "containerEdits": edits})
     top: dict[str, Any] = {
         "env": [f"DRADRIVER_CLAIM={claim_name}", f"DRADRIVER_CLAIM_UID={claim_uid}"]
     }
     if control_nodes:
-        top["deviceNodes"] = [{"path": p} for p in control_nodes]
+        top["deviceNodes"] = [_node(n) for n in control_nodes]
     spec: dict[str, Any] = {
         "cdiVersion": CDI_VERSIONS[0],
         "kind": cdi_kind(driver),
@@ -157,6 +161,16 @@ def claim_spec(
     }
     spec["cdiVersion"] = cdi_version_for(spec)
     return spec
+
+
+def _node(n: DeviceNode | str) -> dict[str, Any]:
+    node = DeviceNode(n) if isinstance(n, str) else n
+    out: dict[str, Any] = {"path": node.path}
+    if node.type is not None:
+        out.update(type=node.type, major=node.major, minor=node.minor)
+    if node.file_mode is not None:
+        out["fileMode"] = node.file_mode
+    return out
 
 
 def _check_device(dev: CdiDevice, seen: set[str]) -> None:
@@ -171,7 +185,8 @@ def _check_device(dev: CdiDevice, seen: set[str]) -> None:
     for kv in dev.env:
         if kv.find("=") <= 0:
             raise ValueError(f"CDI: device {dev.name}: env entry {kv!r} is not KEY=VALUE")
-    for path in dev.device_nodes:
+    for n in dev.device_nodes:
+        path = n if isinstance(n, str) else n.path
         if not path.startswith("/"):
             raise ValueError(
                 f"CDI: device {dev.name}: device node {path!r} is not an absolute path"

@@ -184,6 +184,7 @@ class Mps:
     applied: bool = False
     pipe_dir: str | None = None
     log_dir: str | None = None
+    shm_dir: str | None = None  # the daemon's and its clients' /dev/shm
     pid: int | None = None
     compute_mode_before: int | None = None
     compute_mode_set: bool = False
@@ -202,6 +203,7 @@ class Mps:
         for key, value in (
             ("pipeDir", self.pipe_dir),
             ("logDir", self.log_dir),
+            ("shmDir", self.shm_dir),
             ("pid", self.pid),
             ("computeModeBefore", self.compute_mode_before),
         ):
@@ -228,6 +230,7 @@ def sharing_from_json(value: Any, where: str) -> Sharing:
             applied=optional(s, "applied", bool, False, where),
             pipe_dir=optional(s, "pipeDir", str, None, where),
             log_dir=optional(s, "logDir", str, None, where),
+            shm_dir=optional(s, "shmDir", str, None, where),
             pid=optional(s, "pid", int, None, where),
             compute_mode_before=optional(s, "computeModeBefore", int, None, where),
             compute_mode_set=optional(s, "computeModeSet", bool, False, where),

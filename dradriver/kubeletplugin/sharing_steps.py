@@ -58,10 +58,11 @@ class SharingSteps:
     ) -> None:
         index = sorted(mps_groups(rec)).index(group)
         base = self.mps_root / f"{rec.uid}-{index}"
-        pipe, logs = base / "pipe", base / "log"
+        pipe, logs, shm = base / "pipe", base / "log", base / "shm"
+        shm.mkdir(parents=True, exist_ok=True, mode=0o1777)
         for d in devs:
             sh = _mps(d)
-            sh.pipe_dir, sh.log_dir = str(pipe), str(logs)
+            sh.pipe_dir, sh.log_dir, sh.shm_dir = str(pipe), str(logs), str(shm)
             if d.kind == "gpu":
                 # Recorded before it changes, so the undo knows what to restore.
                 sh.compute_mode_before = get_compute_mode(self.nvml, str(d.uuid))
@@ -71,7 +72,7 @@ class SharingSteps:
                 set_compute_mode(self.nvml, str(d.uuid), exclusive_process(self.nvml))
                 _mps(d).compute_mode_set = True
         save()
-        pid = self.host.start_mps([str(d.uuid) for d in devs], pipe, logs)
+        pid = self.host.start_mps([str(d.uuid) for d in devs], pipe, logs, shm)
         for d in devs:
             sh = _mps(d)
             sh.pid, sh.applied = pid, True
@@ -123,8 +124,10 @@ class SharingSteps:
                 self._start_mps(rec, group, devs, save)
 
 
-def container_edits(d: PreparedDevice) -> tuple[list[str], list[str]]:
-    """(env, mounts) a container needs for the device's sharing setup (pure)."""
+def container_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]]:
+    """(env, mounts as (host path, container path)) a container needs for the device's
+    sharing setup (pure). MPS clients share the daemon's pipe and log directories, and
+    its /dev/shm, where server and clients exchange memory."""
     sh = d.sharing
     if not isinstance(sh, Mps) or not sh.pipe_dir:
         return [], []
@@ -140,7 +143,10 @@ def container_edits(d: PreparedDevice) -> tuple[list[str], list[str]]:
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="
             + ",".join(f"{k}={_mps_quantity(v)}" for k, v in sorted(pinned.items()))
         )
-    return env, [str(sh.pipe_dir), str(sh.log_dir)]
+    mounts = [(str(sh.pipe_dir), str(sh.pipe_dir)), (str(sh.log_dir), str(sh.log_dir))]
+    if sh.shm_dir:
+        mounts.append((sh.shm_dir, "/dev/shm"))
+    return env, mounts
 
 
 def _mps(d: PreparedDevice) -> Mps:

@@ -20,6 +20,11 @@ from dradriver.nvml.explain import explain_init_failure
 
 log = get_logger("nvml.discover")
 
+# NVML_DEVICE_ARCH_* -> the spelling of NVIDIA's own software, so claims written for
+# NVIDIA's DRA driver select the same devices here: go-nvlib's
+# GetArchitectureAsString (NVIDIA/go-nvlib pkg/nvlib/device/device.go), which NVIDIA's
+# k8s-dra-driver-gpu publishes as-is; nvidia-smi -q's product_architecture agrees
+# ("Ada Lovelace" for L40S). Rubin (13) is not in go-nvlib yet: named as NVML names it.
 ARCHITECTURES = {
     2: "Kepler",
     3: "Maxwell",
@@ -27,10 +32,31 @@ ARCHITECTURES = {
     5: "Volta",
     6: "Turing",
     7: "Ampere",
-    8: "Ada",
+    8: "Ada Lovelace",
     9: "Hopper",
     10: "Blackwell",
     13: "Rubin",
+}
+# NVML_BRAND_* -> go-nvlib's GetBrandAsString (same file). Values from nvidia-ml-py
+# 13.x; 17 and up are not spelled by go-nvlib and fall back to "brand-<n>".
+BRANDS = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
 }
 # Architectures that can switch MIG mode on demand, without a GPU reset.
 MIG_SWITCHABLE_FROM = 9
@@ -338,11 +364,4 @@ def _one_gpu(
 
 
 def _brand(nvml: ModuleType, value: int) -> str:
-    for name in dir(nvml):
-        if (
-            name.startswith("NVML_BRAND_")
-            and getattr(nvml, name) == value
-            and name != "NVML_BRAND_COUNT"
-        ):
-            return name.removeprefix("NVML_BRAND_").replace("_", " ").title().replace(" ", "")
-    return f"brand-{value}"
+    return BRANDS.get(value, f"brand-{value}")

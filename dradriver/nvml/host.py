@@ -14,13 +14,14 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from dradriver.errors import SharingError
 from dradriver.logs import get_logger
 from dradriver.nvml.discover import sysfs_pcie_root
-from dradriver.nvml.mig import caps_device_minors
+from dradriver.nvml.mig import caps_access, caps_major
 
 log = get_logger("nvml.host")
 
@@ -30,6 +31,19 @@ TIMESLICE = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
+@dataclass(frozen=True)
+class DeviceNode:
+    """A /dev node a container needs. With type, major and minor the runtime makes the
+    node from them instead of copying the host's (which a containerised driver may not
+    have under /dev)."""
+
+    path: str
+    type: str | None = None  # "c"
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+
+
 class GpuHost(Protocol):
     def pcie_root(self, bus_id: str) -> str | None:
         """The PCIe root complex of a GPU ("pci0000:00"), or None if unknown."""
@@ -37,17 +51,20 @@ class GpuHost(Protocol):
     def set_timeslice(self, uuid: str, interval: str) -> None:
         """Sets a GPU's time-slice interval ("Default", "Short", "Medium", "Long")."""
 
-    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path) -> int:
-        """Starts an MPS control daemon for these GPUs in its own session; its PID."""
+    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path) -> int:
+        """Starts an MPS control daemon for these GPUs in its own session, with `shm_dir`
+        as its /dev/shm (its clients get the same one); its PID."""
 
     def stop_mps(self, pid: int, pipe_dir: Path) -> None:
         """Stops the daemon (idempotent)."""
 
-    def device_nodes(self, gpu_minor: int | None, mig_ids: tuple[int, int] | None) -> list[str]:
+    def device_nodes(
+        self, gpu_minor: int | None, mig_ids: tuple[int, int] | None
+    ) -> list[DeviceNode]:
         """The /dev nodes a container needs for one GPU, or one MIG device of it (GPU
         instance and compute instance ids); [] where no such nodes exist."""
 
-    def control_device_nodes(self) -> list[str]:
+    def control_device_nodes(self) -> list[DeviceNode]:
         """The /dev nodes every GPU container needs (nvidiactl, uvm)."""
 
 
@@ -72,8 +89,13 @@ class RealHost:
                 f"{' '.join(cmd)}: {out.stderr.strip() or out.stdout.strip()}", reason="timeslice"
             )
 
-    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path) -> int:
-        return spawn_mps(["nvidia-cuda-mps-control", "-d"], uuids, pipe_dir, log_dir, self)
+    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path) -> int:
+        # MPS server and clients talk through shared memory in /dev/shm, so both must see
+        # the same one: the daemon gets the claim's directory as /dev/shm in a mount
+        # namespace of its own (the plugin runs privileged), the clients through CDI.
+        script = 'mount --bind "$1" /dev/shm && exec nvidia-cuda-mps-control -d'
+        cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
+        return spawn_mps([*cmd, "sh", str(shm_dir)], uuids, pipe_dir, log_dir, self)
 
     def stop_mps(self, pid: int, pipe_dir: Path) -> None:
         env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
@@ -90,20 +112,28 @@ class RealHost:
             log.warning("MPS quit command failed; signalling the daemon", pid=pid, error=str(exc))
         finish_mps(pid)
 
-    def device_nodes(self, gpu_minor: int | None, mig_ids: tuple[int, int] | None) -> list[str]:
+    def device_nodes(
+        self, gpu_minor: int | None, mig_ids: tuple[int, int] | None
+    ) -> list[DeviceNode]:
         if not isinstance(gpu_minor, int) or isinstance(gpu_minor, bool) or gpu_minor < 0:
             raise ValueError(
                 "CDI: the GPU has no minor number, so its /dev/nvidia<minor> node cannot be named"
             )
-        nodes = [f"/dev/nvidia{gpu_minor}"]
+        nodes = [DeviceNode(f"/dev/nvidia{gpu_minor}")]
         if mig_ids is not None:
-            # A MIG device needs the /dev/nvidia-caps nodes of its GPU and compute instance.
-            gi, ci = caps_device_minors(self.proc_root, gpu_minor, *mig_ids)
-            nodes += [f"/dev/nvidia-caps/nvidia-cap{gi}", f"/dev/nvidia-caps/nvidia-cap{ci}"]
+            # A MIG device needs the capability nodes of its GPU and compute instance:
+            # numbers from /proc (nvidia-caps major, DeviceFileMinor, DeviceFileMode).
+            major = caps_major(self.proc_root)
+            for minor, mode in caps_access(self.proc_root, gpu_minor, *mig_ids):
+                path = f"/dev/nvidia-caps/nvidia-cap{minor}"
+                if major is None:
+                    nodes.append(DeviceNode(path))
+                else:
+                    nodes.append(DeviceNode(path, "c", major, minor, mode))
         return nodes
 
-    def control_device_nodes(self) -> list[str]:
-        return list(CONTROL_DEVICE_NODES)
+    def control_device_nodes(self) -> list[DeviceNode]:
+        return [DeviceNode(p) for p in CONTROL_DEVICE_NODES]
 
 
 def spawn_mps(
@@ -111,8 +141,8 @@ def spawn_mps(
 ) -> int:
     """Starts an MPS control daemon command in its own session (so it outlives a plugin
     restart) and waits for its control pipe."""
-    pipe_dir.mkdir(parents=True, exist_ok=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    for d in (pipe_dir, log_dir):
+        d.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "CUDA_VISIBLE_DEVICES": ",".join(uuids),

@@ -251,19 +251,46 @@ class MigCarver:
         return sorted(out, key=lambda x: x.placement_start)
 
 
+def _access(path: Path) -> tuple[int, int | None]:
+    """(DeviceFileMinor, DeviceFileMode) of a capability's access file."""
+    minor, mode = None, None
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "DeviceFileMinor":
+            minor = int(value.strip())
+        elif key.strip() == "DeviceFileMode":
+            mode = int(value.strip())
+    if minor is None:
+        raise ValueError(f"{path}: no DeviceFileMinor line")
+    return minor, mode
+
+
 def caps_device_minors(proc_root: Path, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     """The /dev/nvidia-caps/nvidia-cap<N> minors a container needs for one MIG device,
     read from /proc/driver/nvidia/capabilities (lines like "DeviceFileMinor: 46")."""
+    gi, ci = caps_access(proc_root, gpu_minor, gi_id, ci_id)
+    return gi[0], ci[0]
+
+
+def caps_access(
+    proc_root: Path, gpu_minor: int, gi_id: int, ci_id: int
+) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+    """(minor, file mode) of the GPU instance's and the compute instance's capability."""
     base = proc_root / "driver" / "nvidia" / "capabilities" / f"gpu{gpu_minor}" / "mig"
-
-    def minor(path: Path) -> int:
-        for line in path.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "DeviceFileMinor":
-                return int(value.strip())
-        raise ValueError(f"{path}: no DeviceFileMinor line")
-
-    return (
-        minor(base / f"gi{gi_id}" / "access"),
-        minor(base / f"gi{gi_id}" / f"ci{ci_id}" / "access"),
+    return _access(base / f"gi{gi_id}" / "access"), _access(
+        base / f"gi{gi_id}" / f"ci{ci_id}" / "access"
     )
+
+
+def caps_major(proc_root: Path) -> int | None:
+    """The character-device major of nvidia-caps (dynamic: the "nvidia-caps" line of
+    /proc/devices), or None where the driver registered none."""
+    try:
+        lines = (proc_root / "devices").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[1] == "nvidia-caps" and parts[0].isdigit():
+            return int(parts[0])
+    return None

@@ -70,8 +70,11 @@ def _s(v: str) -> dict[str, Any]:
     return {"string": v}
 
 
-def _common(inv: Inventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
-    """Attributes a MIG device inherits from its parent GPU."""
+def _common(inv: Inventory, gpu: Gpu, mig: bool = False) -> dict[str, dict[str, Any]]:
+    """Attributes a MIG device inherits from its parent GPU. Not its NVLink domain: MIG
+    devices have no peer-to-peer with other GPUs (MIG User Guide, R570: "P2P between MIG
+    instances on different GPUs ... not supported"), so a claim matching nvlinkDomain
+    must never be handed MIG devices."""
     a: dict[str, dict[str, Any]] = {
         "productName": _s(gpu.product_name),
         "brand": _s(gpu.brand),
@@ -85,7 +88,7 @@ def _common(inv: Inventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
         a[f"{STANDARD_DOMAIN}/pcieRoot"] = _s(gpu.pcie_root)
     if gpu.numa_node is not None:
         a["numaNode"] = {"int": gpu.numa_node}
-    if gpu.nvlink_domain:
+    if gpu.nvlink_domain and not mig:
         a["nvlinkDomain"] = _s(gpu.nvlink_domain)
     return a
 
@@ -133,7 +136,7 @@ def render(inv: Inventory, dev: NodeDevice) -> dict[str, Any]:
             "parentIndex": {"int": gpu.index},
             "profile": _s(str(dev.profile_name)),
             "placementStart": {"int": int(dev.placement_start or 0)},
-            **_common(inv, gpu),
+            **_common(inv, gpu, mig=True),
         }
     )
     if dev.mig is not None:

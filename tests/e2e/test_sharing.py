@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,8 +106,12 @@ def test_mps_with_limits_shared_by_two_pods(node: SharedNode) -> None:
     assert ea["CUDA_MPS_PIPE_DIRECTORY"] == eb["CUDA_MPS_PIPE_DIRECTORY"]
     assert ea["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     assert ea["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{ea['NVIDIA_VISIBLE_DEVICES']}=10240M"
-    mounts = {m["containerPath"] for m in node.record(a)["mounts"]}
+    mounts = {m["containerPath"]: m["hostPath"] for m in node.record(a)["mounts"]}
     assert ea["CUDA_MPS_PIPE_DIRECTORY"] in mounts and ea["CUDA_MPS_LOG_DIRECTORY"] in mounts
+    # Both pods get the daemon's /dev/shm, where MPS server and clients exchange memory.
+    others = {m["containerPath"]: m["hostPath"] for m in node.record(b)["mounts"]}
+    assert mounts["/dev/shm"] == others["/dev/shm"]
+    assert (Path(mounts["/dev/shm"]) / "cuda.shm.mps-server").exists()
     (pid,) = node.daemons()
     assert mps_alive(pid)
     assert 3 in [g.compute_mode for g in node.machine().gpus]  # EXCLUSIVE_PROCESS

@@ -24,7 +24,7 @@ from dradriver.kubeletplugin.cdi import (
     claim_spec,
     qualified_name,
 )
-from dradriver.nvml.host import RealHost
+from dradriver.nvml.host import DeviceNode, RealHost
 from tests.support.cdi_reference import CDIError, ReferenceResolver, reference_resolver
 
 DRIVER = "gpu.dradriver.io"
@@ -53,7 +53,7 @@ def two_gpus(**kw: Any) -> list[CdiDevice]:
 
 def nodes(
     minor: int, mig: tuple[int, int] | None = None, proc: Path | None = None
-) -> tuple[str, ...]:
+) -> tuple[DeviceNode, ...]:
     """A real node's device nodes for a GPU (or a MIG device of it), as RealHost names them."""
     return tuple(RealHost(proc or Path("/nonexistent")).device_nodes(minor, mig))
 

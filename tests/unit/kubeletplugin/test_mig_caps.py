@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.kubeletplugin import cdi
-from dradriver.nvml.host import RealHost
+from dradriver.nvml.host import DeviceNode, RealHost
 from dradriver.nvml.mig import caps_device_minors
 from tests.support.cdi_reference import reference_resolver
 
@@ -29,12 +29,16 @@ def test_caps_minors_are_read_from_proc(tmp_path: Path) -> None:
 
 def test_real_mode_spec_carries_caps_nodes_and_stays_valid(tmp_path: Path) -> None:
     proc_tree(tmp_path / "proc", minor=3, gi=2, ci=0, gi_minor=57, ci_minor=58)
+    # The MIG User Guide's examples show majors 238 and 508: it is dynamic, read it.
+    (tmp_path / "proc" / "devices").write_text(
+        "Character devices:\n195 nvidia\n238 nvidia-caps\n509 nvidia-uvm\n"
+    )
     host = RealHost(tmp_path / "proc")
     nodes = host.device_nodes(3, (2, 0))
     assert nodes == [
-        "/dev/nvidia3",
-        "/dev/nvidia-caps/nvidia-cap57",
-        "/dev/nvidia-caps/nvidia-cap58",
+        DeviceNode("/dev/nvidia3"),
+        DeviceNode("/dev/nvidia-caps/nvidia-cap57", "c", 238, 57, 292),
+        DeviceNode("/dev/nvidia-caps/nvidia-cap58", "c", 238, 58, 292),
     ]
     spec = cdi.claim_spec(
         "gpu.dradriver.io",
@@ -43,8 +47,24 @@ def test_real_mode_spec_carries_caps_nodes_and_stays_valid(tmp_path: Path) -> No
         claim_name="team/c",
         control_nodes=host.control_device_nodes(),
     )
-    paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
-    assert paths == nodes
+    # The runtime makes the caps nodes from their numbers: the host's /dev need not have them.
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia3"},
+        {
+            "path": "/dev/nvidia-caps/nvidia-cap57",
+            "type": "c",
+            "major": 238,
+            "minor": 57,
+            "fileMode": 292,
+        },
+        {
+            "path": "/dev/nvidia-caps/nvidia-cap58",
+            "type": "c",
+            "major": 238,
+            "minor": 58,
+            "fileMode": 292,
+        },
+    ]
     assert cdi.cdi_version_for(spec) == "0.3.0"
     writer = cdi.CdiWriter(tmp_path / "cdi", "gpu.dradriver.io")
     writer.write("0b5e8c3a-1111-2222-3333-444455556666", spec)

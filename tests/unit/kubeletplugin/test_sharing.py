@@ -3,6 +3,7 @@ stand-in MPS daemon: exactly applied, exactly undone, nothing left after a failu
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid as uuidlib
@@ -132,6 +133,12 @@ def test_mps_daemon_compute_mode_and_limits(node: Node) -> None:
     env = node.spec_env(ref)
     assert isinstance(d.sharing, Mps)
     pipe = d.sharing.pipe_dir
+    # Server and clients exchange memory in /dev/shm: the clients get the daemon's.
+    shm = d.sharing.shm_dir
+    assert shm is not None and (Path(shm) / "cuda.shm.mps-server").read_text().strip() == str(pid)
+    spec = json.loads((node.tmp / "cdi" / f"{DRIVER}-claim-{ref.uid}.json").read_text())
+    mounts = spec["devices"][0]["containerEdits"]["mounts"]
+    assert {"hostPath": shm, "containerPath": "/dev/shm", "options": ["rw", "bind"]} in mounts
     assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in env
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
     assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}=10240M" in env

@@ -211,3 +211,18 @@ def test_one_odd_gpu_is_left_out_and_the_others_are_published() -> None:
     assert (skip.uuid, skip.reason) == (odd.uuid, "invalid_devices")
     assert "longer than 64" in skip.message
     assert list(result.offer.devices()) == ["gpu-0"]  # prepare cannot be given it either
+
+
+def test_spellings_follow_nvidias_software_and_mig_devices_have_no_nvlink_domain() -> None:
+    """architecture and brand as go-nvlib spells them (what NVIDIA's DRA driver
+    publishes), so a claim written for it selects the same devices here; no NVLink
+    domain on MIG devices, which have no peer-to-peer with other GPUs."""
+    from dradriver.nvml.discover import BRANDS
+
+    devs = devices(inventory("2xH100-80GB+1xL4"), MigMode.DYNAMIC)
+    assert devs["gpu-2"]["attributes"]["architecture"] == {"string": "Ada Lovelace"}
+    assert devs["gpu-2"]["attributes"]["brand"] == {"string": "Nvidia"}
+    assert (BRANDS[3], BRANDS[5], BRANDS[13]) == ("NVS", "GeForce", "NvidiaRTX")
+    assert "nvlinkDomain" in devs["gpu-0"]["attributes"]
+    migs = [d for n, d in devs.items() if "-mig-" in n]
+    assert migs and not any("nvlinkDomain" in d["attributes"] for d in migs)
