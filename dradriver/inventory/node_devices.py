@@ -164,6 +164,23 @@ def partitions(profiles: Iterable[MigProfile]) -> list[Partition]:
     return [Partition(p, s) for p in profiles for s in p.placements]
 
 
+def packing_order(profiles: Iterable[MigProfile]) -> list[Partition]:
+    """The partitions in the order the scheduler should try them. It takes the first
+    device that fits (within a pool, in slice order), so this order is the packing
+    policy. A profile that can end on the GPU's last memory slice (3g at 4, the
+    double-memory 1g at 6) takes its placements from the high end: that slice is of no
+    use to the smaller profiles (1g and 2g cannot reach it), and the low end stays free
+    for 4g and 7g, which can only start at 0. Every other profile fills from the low end.
+    On random streams of 1g/1g-double/2g/3g/4g/7g claims over two H100s this places 2%
+    more claims than placements in ascending order (tests/unit/slices/test_packing.py)."""
+    out: list[Partition] = []
+    for p in profiles:
+        whole = p.memory_slices >= MEMORY_SLICES
+        reaches_end = any(s + p.memory_slices == MEMORY_SLICES for s in p.placements)
+        out += [Partition(p, s) for s in sorted(p.placements, reverse=reaches_end and not whole)]
+    return out
+
+
 @dataclass(frozen=True)
 class GpuOffer:
     """The devices of one GPU. With `counters` they are published in the GPU's own slice
@@ -282,7 +299,7 @@ def _dynamic(
     if not taken and (may_switch or not gpu.mig_enabled):
         devices.append(whole_gpu(gpu))
     devices += [
-        partition(gpu, p) for p in partitions(gpu.mig_profiles) if not busy & p.memory_slices
+        partition(gpu, p) for p in packing_order(gpu.mig_profiles) if not busy & p.memory_slices
     ]
     devices += [existing_mig(gpu, d) for d in foreign]
     return GpuOffer(gpu, tuple(devices), counters=True)

@@ -31,9 +31,11 @@ SPEC = "3xH100-80GB"
 
 
 class MigNode(NodeUnderTest):
+    spec = SPEC
+
     def layout(self) -> set[tuple[int, str, int]]:
         """What the (fake) hardware has now: (GPU index, profile, placement)."""
-        fake = load(SPEC, node=self.kubelet.node, state_dir=self.plugin.state_dir)
+        fake = load(self.spec, node=self.kubelet.node, state_dir=self.plugin.state_dir)
         return {
             (g.index, gi.profile.name, gi.start)
             for g in fake.machine.gpus
@@ -41,7 +43,7 @@ class MigNode(NodeUnderTest):
         }
 
     def mig_modes(self) -> list[bool]:
-        fake = load(SPEC, node=self.kubelet.node, state_dir=self.plugin.state_dir)
+        fake = load(self.spec, node=self.kubelet.node, state_dir=self.plugin.state_dir)
         return [g.mig_enabled for g in fake.machine.gpus]
 
     def allocated(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -62,7 +64,8 @@ def mig_node(
     kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
     # On the alpha control plane the kubelet gets the alpha gates too, unasked.
     assert "ResourceHealthStatus=true" in kubelet.log()
-    plugin = PluginProc(alpha_cluster.kubeconfig, kubelet, f"fake:{SPEC}", "dynamic")
+    spec = getattr(request, "param", SPEC)
+    plugin = PluginProc(alpha_cluster.kubeconfig, kubelet, f"fake:{spec}", "dynamic")
     plugin.start()
     ns = f"mig-{kubelet.node}"
     k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
@@ -73,7 +76,9 @@ def mig_node(
     )
     try:
         wait_for(plugin.ready, "the plugin", 30)
-        yield MigNode(k, ns, kubelet, plugin)
+        node = MigNode(k, ns, kubelet, plugin)
+        node.spec = spec
+        yield node
     finally:
         plugin.stop()
         k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
@@ -142,3 +147,70 @@ def test_plugin_killed_mid_carve_leaves_no_stray_instance(
     assert "undoing an interrupted prepare" in n.plugin.log()
     n.delete(pod)
     wait_for(lambda: n.layout() == set(), "the MIG device to be destroyed", 15)
+
+
+@pytest.mark.parametrize("mig_node", ["1xH100-80GB"], indirect=True)
+def test_a_3g_then_a_4g_claim_both_fit_on_one_gpu(mig_node: MigNode) -> None:
+    """The scheduler gives each claim the first partition that fits, walking a GPU's
+    devices in the order they are published: that order is the packing policy. A 3g
+    claim, then a 4g one: with placements in ascending order the 3g takes 0 and the 4g
+    (which can only start at 0) finds no room. Published 3g-from-the-top, the 3g takes
+    4 and the 4g fits at 0: both claims, the best possible."""
+    n = mig_node
+    pods = []
+    for i, profile in enumerate(["3g.40gb", "4g.40gb"]):
+        name = f"c{i}"
+        expr = f'device.attributes["gpu.dradriver.io"].profile == "{profile}"'
+        n.kube.create(
+            path_for(RES, "resourceclaims", n.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "mig",
+                                "exactly": {
+                                    "deviceClassName": "mig.dradriver.io",
+                                    "selectors": [{"cel": {"expression": expr}}],
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+        )
+        n.kube.create(
+            path_for("v1", "pods", n.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": n.kubelet.node},
+                    "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "mig"}]},
+                        }
+                    ],
+                },
+            },
+        )
+        # One at a time, as a stream arrives: each allocated before the next is created.
+        wait_for(
+            lambda name=name: (
+                n.kube.get(path_for(RES, "resourceclaims", n.ns, name))
+                .get("status", {})
+                .get("allocation")
+            ),
+            f"claim {name} allocated (so far: {sorted(n.layout())})",
+            30,
+        )
+        pods.append(name)
+    for p in pods:
+        n.running(p, timeout=90)
+    assert n.layout() == {(0, "3g.40gb", 4), (0, "4g.40gb", 0)}
+    for p in pods:
+        n.delete(p)
+    wait_for(lambda: n.layout() == set(), "every MIG device to be destroyed", 30)
