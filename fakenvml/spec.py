@@ -4,7 +4,7 @@ Shorthand (the `fake:` prefix is optional here):
 
     spec    := group ( "+" group )*  |  "@" PATH
     group   := [ COUNT "x" ] PRODUCT [ ":" option ( "," option )* ]
-    option  := "nvlink=" ( "none" | "pairs" | "all" | "fabric" )
+    option  := "nvlink=" ( "none" | "pairs" | "quads" | "all" | "fabric" )
              | "mig=" ( "on" | "off" )
              | "cluster=" NAME | "clique=" INT          (nvlink=fabric only)
 
@@ -12,12 +12,18 @@ Shorthand (the `fake:` prefix is optional here):
     4xA100-80GB+2xL4                 two groups; GPU indices run on across groups
     4xA100-80GB:nvlink=pairs,mig=on  NVLink bridges between GPU 2k and 2k+1, MIG enabled
 
-Products: A100-40GB, A100-80GB, H100-80GB, H200-141GB, L4, T4 (case-insensitive).
-nvlink: none = no NVLink; pairs = bridges between GPU 2k and 2k+1 of the group; all = every
-GPU of the group on NVSwitch (links end at NVSwitch PCI endpoints, as on HGX boards);
-fabric = all, plus nvmlDeviceGetGpuFabricInfoV reports a completed fabric whose clusterUuid
-(derived from `cluster`, default: node and group) and cliqueId (`clique`, default 1) the
-group shares. Defaults: nvlink=all for A100/H100/H200, none for L4/T4; mig=off.
+Products (case-insensitive; facts and sources in products.py): A100-40GB, A100-80GB, A30,
+H100-80GB, H100-NVL, GH200-96GB, GH200-144GB, H200-141GB, H200-NVL, H20, B200, GB200, B300,
+RTX-PRO-6000, L40S, A10, L4, T4.
+nvlink: none = no NVLink; pairs = 2-way bridges between GPU 2k and 2k+1 of the group;
+quads = 4-way bridges joining GPUs 4k..4k+3 (H200 NVL); all = every GPU of the group on
+NVSwitch (links end at NVSwitch PCI endpoints, as on HGX boards); fabric = all (where the
+board has NVSwitches), plus nvmlDeviceGetGpuFabricInfoV reports a completed fabric whose
+clusterUuid (derived from `cluster`, default: node and group) and cliqueId (`clique`,
+default 1) the group shares, as on GH200 and GB200 NVL72 racks. Defaults: the product's
+usual wiring (all for HGX boards, pairs for H100 NVL, quads for H200 NVL, fabric for GH200
+and GB200, none for PCIe cards without bridges; a bridged group whose count the bridge does
+not divide gets pairs where it can, else none); mig=off.
 
 `@PATH` reads a YAML fleet file (relative paths from the working directory):
 
@@ -68,8 +74,21 @@ class FakeSpecError(ValueError):
 class NvLink(Enum):
     NONE = "none"
     PAIRS = "pairs"
+    QUADS = "quads"
     ALL = "all"
     FABRIC = "fabric"
+
+    @property
+    def bridge_size(self) -> int:
+        """GPUs joined by one NVLink bridge (0: no bridges)."""
+        return {NvLink.PAIRS: 2, NvLink.QUADS: 4}.get(self, 0)
+
+
+def _default_link(p: Product, count: int) -> NvLink:
+    link = NvLink(p.default_nvlink)
+    while link.bridge_size and count % link.bridge_size:
+        link = NvLink.PAIRS if link is NvLink.QUADS else NvLink.NONE
+    return link
 
 
 @dataclass(frozen=True)
@@ -172,18 +191,19 @@ def _group(
     if not 1 <= count <= MAX_GPUS:
         raise FakeSpecError(f"{at('count')}: count must be 1..{MAX_GPUS}, not {count}")
     if nvlink is None:
-        link = NvLink.ALL if p.has_nvlink else NvLink.NONE
+        link = _default_link(p, count)
     else:
         try:
             link = NvLink(nvlink)
         except ValueError:
             raise FakeSpecError(
-                f"{at('nvlink')}: nvlink must be none, pairs, all or fabric, not {nvlink!r}"
+                f"{at('nvlink')}: nvlink must be none, pairs, quads, all or fabric, not {nvlink!r}"
             ) from None
     if link is not NvLink.NONE and not p.has_nvlink:
         raise FakeSpecError(f"{at('nvlink')}: {p.key} has no NVLink; use nvlink=none")
-    if link is NvLink.PAIRS and count % 2:
-        raise FakeSpecError(f"{at('nvlink')}: nvlink=pairs needs an even GPU count, not {count}")
+    if link.bridge_size and count % link.bridge_size:
+        need = "an even GPU count" if link is NvLink.PAIRS else "a GPU count divisible by 4"
+        raise FakeSpecError(f"{at('nvlink')}: nvlink={link.value} needs {need}, not {count}")
     if (cluster is not None or clique is not None) and link is not NvLink.FABRIC:
         field = "cluster" if cluster is not None else "clique"
         raise FakeSpecError(f"{at(field)}: cluster and clique need nvlink=fabric")
@@ -246,7 +266,7 @@ def _fleet_group(raw: object, where: str) -> GpuGroup:
         raise FakeSpecError(f"{where}.count: expected an integer, not {count!r}")
     nvlink = g.get("nvlink")
     if nvlink is not None and not isinstance(nvlink, str):
-        raise FakeSpecError(f"{where}.nvlink: expected none, pairs, all or fabric")
+        raise FakeSpecError(f"{where}.nvlink: expected none, pairs, quads, all or fabric")
     mig = _on_off(g.get("mig", False), f"{where}.mig")
     cluster = g.get("cluster")
     if cluster is not None and not isinstance(cluster, str | int):

@@ -105,16 +105,22 @@ def build(spec: MachineSpec, node: str) -> list[GpuLayout]:
             fabric = (digest, group.clique if group.clique is not None else 1)
         for i in members:
             links: tuple[LinkEnd, ...] = ()
-            if group.nvlink is NvLink.PAIRS:
+            if group.nvlink.bridge_size:
+                # A bridge joins k cards; each card's links are shared among its peers.
+                k = group.nvlink.bridge_size
                 local = i - first
-                peer = first + (local ^ 1)
-                end = LinkEnd(
-                    gpu_pci(peer),
-                    p.pci_device_id,
-                    p.pci_subsystem_id,
-                    pynvml.NVML_NVLINK_DEVICE_TYPE_GPU,
-                )
-                links = (end,) * p.nvlink_links
+                base = first + local - local % k
+                peers = [
+                    LinkEnd(
+                        gpu_pci(base + j),
+                        p.pci_device_id,
+                        p.pci_subsystem_id,
+                        pynvml.NVML_NVLINK_DEVICE_TYPE_GPU,
+                    )
+                    for j in range(k)
+                    if base + j != i
+                ]
+                links = tuple(peers[n % len(peers)] for n in range(p.nvlink_links))
             elif switch_ends:
                 links = tuple(switch_ends[n % len(switch_ends)] for n in range(p.nvlink_links))
             out.append(

@@ -15,7 +15,7 @@ class MigProfile:
     profile_id: int  # NVML's profile *ID* (1g=19, 3g=9, ...), not the profile index
     name: str  # "1g.10gb", "1g.10gb+me"
     compute_slices: int
-    memory_slices: int  # the placement size on the 8-slice memory axis
+    memory_slices: int  # the placement size, in units of the GPU's placement grid
     memory_bytes: int
     multiprocessors: int
     copy_engines: int
@@ -25,10 +25,6 @@ class MigProfile:
     ofa_engines: int
     placements: tuple[int, ...]  # possible placement starts
     instance_count: int
-
-    @property
-    def media_extensions(self) -> bool:
-        return self.name.endswith("+me")
 
     def memory_range(self, start: int) -> range:
         return range(start, start + self.memory_slices)

@@ -19,10 +19,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dradriver.inventory import mig_geometry
 from dradriver.inventory.model import Gpu, Inventory, MigDevice, MigProfile
-
-# The GPU's memory axis has 8 slices on every MIG-capable product; a whole GPU takes all.
-MEMORY_SLICES = 8
 
 
 class MigMode(enum.StrEnum):
@@ -130,7 +128,7 @@ class NodeDevice:
         if self.mig is not None:
             start, size = self.mig.placement_start, self.mig.placement_size
             return frozenset(range(start, start + size))
-        return frozenset(range(MEMORY_SLICES))
+        return frozenset(range(mig_geometry.geometry(self.gpu.mig_profiles).grid))
 
     def overlaps(self, other: NodeDevice) -> bool:
         """Two devices cannot be prepared for two claims at once if they share hardware.
@@ -173,10 +171,12 @@ def packing_order(profiles: Iterable[MigProfile]) -> list[Partition]:
     for 4g and 7g, which can only start at 0. Every other profile fills from the low end.
     On random streams of 1g/1g-double/2g/3g/4g/7g claims over two H100s this places 2%
     more claims than placements in ascending order (tests/unit/slices/test_packing.py)."""
+    ps = list(profiles)
+    grid = mig_geometry.geometry(ps).grid
     out: list[Partition] = []
-    for p in profiles:
-        whole = p.memory_slices >= MEMORY_SLICES
-        reaches_end = any(s + p.memory_slices == MEMORY_SLICES for s in p.placements)
+    for p in ps:
+        whole = p.memory_slices >= grid
+        reaches_end = any(s + p.memory_slices == grid for s in p.placements)
         out += [Partition(p, s) for s in sorted(p.placements, reverse=reaches_end and not whole)]
     return out
 
@@ -189,6 +189,10 @@ class GpuOffer:
     gpu: Gpu
     devices: tuple[NodeDevice, ...]
     counters: bool = False
+    # GPU instances this driver did not make (MIG devices of them, or none: a GPU instance
+    # without a compute instance): they take their share of the GPU for good, so the
+    # counter set is published with that share already used.
+    occupied: tuple[Partition, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -284,22 +288,58 @@ def _dynamic(
         if gpu.mig_enabled:
             return GpuOffer(gpu, tuple(existing_mig(gpu, d) for d in gpu.mig_devices))
         return GpuOffer(gpu, (whole_gpu(gpu),))
-    # MIG devices this driver did not create occupy their memory slices for good: offer
-    # them as they are, and no partition that overlaps them.
+    # MIG devices this driver did not create take their share of the GPU for good: offer
+    # them as they are, and no partition that cannot be carved beside them (overlapping
+    # memory, or engines or compute they already hold).
     foreign = [
         d for d in gpu.mig_devices if (gpu.uuid, d.profile_id, d.placement_start) not in owned
     ]
-    taken = [(d.placement_start, d.placement_size) for d in foreign]
-    # A GPU instance without a compute instance is no device to offer, but its slices
-    # are as taken as any other's.
-    taken += [(g.placement_start, g.placement_size) for g in gpu.idle_gpu_instances]
-    busy = {i for start, size in taken for i in range(start, start + size)}
+    occupied = _occupied(gpu, foreign)
+    caps = mig_geometry.geometry(gpu.mig_profiles).capacities(gpu.mig_profiles)
+    taken = [mig_geometry.demand(p.profile, p.start) for p in occupied]
     devices: list[NodeDevice] = []
     # Whole only where it can be given whole: MIG off, or switched off for the claim.
-    if not taken and (may_switch or not gpu.mig_enabled):
+    if not occupied and (may_switch or not gpu.mig_enabled):
         devices.append(whole_gpu(gpu))
     devices += [
-        partition(gpu, p) for p in packing_order(gpu.mig_profiles) if not busy & p.memory_slices
+        partition(gpu, p)
+        for p in packing_order(gpu.mig_profiles)
+        if mig_geometry.fits(taken, mig_geometry.demand(p.profile, p.start), caps)
     ]
     devices += [existing_mig(gpu, d) for d in foreign]
-    return GpuOffer(gpu, tuple(devices), counters=True)
+    return GpuOffer(gpu, tuple(devices), counters=True, occupied=occupied)
+
+
+def _occupied(gpu: Gpu, foreign: Iterable[MigDevice]) -> tuple[Partition, ...]:
+    """The GPU instances of `foreign` MIG devices (once each, however many compute
+    instances they hold) and the GPU's idle GPU instances, as profile x placement."""
+    seen: dict[int, Partition] = {}
+    by_id = {p.profile_id: p for p in gpu.mig_profiles}
+    held = [(d.gpu_instance_id, d.profile_id, d.placement_start, d.placement_size) for d in foreign]
+    held += [
+        (g.gpu_instance_id, g.profile_id, g.placement_start, g.placement_size)
+        for g in gpu.idle_gpu_instances
+    ]
+    for gi, profile_id, start, size in held:
+        profile = by_id.get(profile_id) or _unknown_profile(profile_id, size)
+        seen.setdefault(gi, Partition(profile, start))
+    return tuple(seen.values())
+
+
+def _unknown_profile(profile_id: int, size: int) -> MigProfile:
+    """A GPU instance of a profile NVML did not list: all we know is where it sits."""
+    return MigProfile(
+        profile_id=profile_id,
+        name=f"profile-{profile_id}",
+        compute_slices=0,
+        memory_slices=size,
+        memory_bytes=0,
+        multiprocessors=0,
+        copy_engines=0,
+        decoders=0,
+        encoders=0,
+        jpeg_engines=0,
+        ofa_engines=0,
+        placements=(),
+        instance_count=0,
+    )

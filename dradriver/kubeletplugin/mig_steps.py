@@ -24,6 +24,14 @@ from dradriver.nvml.mig import Instance, MigCarver
 log = get_logger("kubeletplugin.mig")
 
 
+_INSUFFICIENT = (
+    "; another GPU instance on this GPU holds memory slices, compute slices or media "
+    "engines (NVDEC, NVENC, JPEG, OFA) this profile needs. The published counters keep the "
+    "scheduler from allocating such a pair, so look for GPU instances made outside the "
+    "driver (`nvidia-smi mig -lgi`); the plugin publishes around them from its next discovery on"
+)
+
+
 class MigModeLedger:
     """GPUs whose MIG mode this driver switched: on for a partition (switched back off
     when its last partition there is gone), or off for a whole GPU (switched back on when
@@ -110,9 +118,16 @@ class MigPreparer:
             self.carver.set_mig_mode(c.gpu_uuid, True)
             log.info("MIG mode enabled", gpu=c.gpu_uuid, device=d.device)
         crashpoint("mig-before-create")
-        made = self.carver.create(
-            c.gpu_uuid, c.profile_id, c.placement_start, c.placement_size, c.compute_slices
-        )
+        try:
+            made = self.carver.create(
+                c.gpu_uuid, c.profile_id, c.placement_start, c.placement_size, c.compute_slices
+            )
+        except MigError as err:
+            raise MigError(
+                f"device {d.device} ({c.profile} at {c.placement_start}): {err}"
+                + (_INSUFFICIENT if "InsufficientResources" in str(err) else ""),
+                in_use=err.in_use,
+            ) from err
         c.gpu_instance_id, c.compute_instance_id = made.gpu_instance_id, made.compute_instance_id
         d.uuid = made.uuid
         log.info(

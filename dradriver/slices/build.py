@@ -155,9 +155,16 @@ def _consumes(counter_set: str, counters: dict[str, int]) -> list[dict[str, Any]
 
 
 def _counted(inv: Inventory, g: GpuOffer) -> SliceContent:
-    """A GPU's own slice: its counter set, and what each device consumes of it."""
+    """A GPU's own slice: its counter set, and what each device consumes of it. GPU
+    instances someone else made are not allocatable through the counters, so the
+    counter set is published with their share already taken."""
     design = ctr.design(tuple(g.gpu.mig_profiles))
     counter_set = gpu_device_name(g.gpu)
+    capacities = dict(design.capacities)
+    for held in g.occupied:
+        for c, v in ctr.demand(held).items():
+            if c in capacities:
+                capacities[c] = max(0, capacities[c] - v)
     devices: list[dict[str, Any]] = []
     for d in g.devices:
         out = render(inv, d)
@@ -165,13 +172,13 @@ def _counted(inv: Inventory, g: GpuOffer) -> SliceContent:
             out["consumesCounters"] = _consumes(counter_set, design.whole_gpu())
         elif d.partition is not None:
             out["consumesCounters"] = _consumes(counter_set, design.consumption[d.partition])
-        # A MIG device someone else made needs no counters: nothing offered beside it
-        # overlaps it (node_devices leaves such partitions and the whole GPU out).
+        # A MIG device someone else made consumes nothing: its share is already
+        # subtracted from the counter set.
         devices.append(out)
     shared = (
         {
             "name": counter_set,
-            "counters": {c: {"value": str(v)} for c, v in design.capacities.items()},
+            "counters": {c: {"value": str(v)} for c, v in capacities.items()},
         },
     )
     return SliceContent(key=f"gpu-{g.gpu.index}", devices=tuple(devices), shared_counters=shared)

@@ -160,43 +160,7 @@ def test_a_3g_then_a_4g_claim_both_fit_on_one_gpu(mig_node: MigNode) -> None:
     pods = []
     for i, profile in enumerate(["3g.40gb", "4g.40gb"]):
         name = f"c{i}"
-        expr = f'device.attributes["gpu.dradriver.io"].profile == "{profile}"'
-        n.kube.create(
-            path_for(RES, "resourceclaims", n.ns),
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "mig",
-                                "exactly": {
-                                    "deviceClassName": "mig.dradriver.io",
-                                    "selectors": [{"cel": {"expression": expr}}],
-                                },
-                            }
-                        ]
-                    }
-                },
-            },
-        )
-        n.kube.create(
-            path_for("v1", "pods", n.ns),
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": n.kubelet.node},
-                    "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"claims": [{"name": "mig"}]},
-                        }
-                    ],
-                },
-            },
-        )
+        _claim_and_pod(n, name, profile)
         # One at a time, as a stream arrives: each allocated before the next is created.
         wait_for(
             lambda name=name: (
@@ -212,5 +176,77 @@ def test_a_3g_then_a_4g_claim_both_fit_on_one_gpu(mig_node: MigNode) -> None:
         n.running(p, timeout=90)
     assert n.layout() == {(0, "3g.40gb", 4), (0, "4g.40gb", 0)}
     for p in pods:
+        n.delete(p)
+    wait_for(lambda: n.layout() == set(), "every MIG device to be destroyed", 30)
+
+
+def _claim_and_pod(n: MigNode, name: str, profile: str) -> None:
+    """A claim for one MIG partition of `profile`, and a pod on the node that uses it."""
+    expr = f'device.attributes["gpu.dradriver.io"].profile == "{profile}"'
+    n.kube.create(
+        path_for(RES, "resourceclaims", n.ns),
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "mig",
+                            "exactly": {
+                                "deviceClassName": "mig.dradriver.io",
+                                "selectors": [{"cel": {"expression": expr}}],
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    )
+    n.kube.create(
+        path_for("v1", "pods", n.ns),
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": n.kubelet.node},
+                "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "mig"}]},
+                    }
+                ],
+            },
+        },
+    )
+
+
+def _unschedulable(n: MigNode, pod: str) -> bool:
+    got = n.kube.get(path_for("v1", "pods", n.ns, pod))
+    return any(
+        c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+        for c in got.get("status", {}).get("conditions", [])
+    )
+
+
+@pytest.mark.parametrize("mig_node", ["1xRTX-PRO-6000"], indirect=True)
+def test_the_scheduler_never_puts_an_engine_beside_me_all(mig_node: MigNode) -> None:
+    """RTX PRO 6000: `1g.24gb+me.all` takes all four NVDEC/NVENC/JPEG and the OFA, so NVML
+    refuses a plain 1g (one of each) beside it but takes a `-me` one. The real scheduler,
+    reading only the published counters, does exactly that: the plain 1g waits, the -me
+    1g runs, and the plain one runs as soon as the +me.all claim is gone."""
+    n = mig_node
+    _claim_and_pod(n, "all", "1g.24gb+me.all")
+    n.running("all", timeout=90)
+    _claim_and_pod(n, "plain", "1g.24gb")
+    _claim_and_pod(n, "pure", "1g.24gb-me")
+    n.running("pure", timeout=90)
+    wait_for(lambda: _unschedulable(n, "plain"), "the plain 1g to be unschedulable", 30)
+    assert sorted(p for _, p, _ in n.layout()) == ["1g.24gb+me.all", "1g.24gb-me"]
+    n.delete("all")
+    n.kube.delete(path_for(RES, "resourceclaims", n.ns, "all"), missing_ok=True)
+    n.running("plain", timeout=90)
+    assert {p for _, p, _ in n.layout()} == {"1g.24gb", "1g.24gb-me"}
+    for p in ("plain", "pure"):
         n.delete(p)
     wait_for(lambda: n.layout() == set(), "every MIG device to be destroyed", 30)

@@ -82,10 +82,13 @@ class Node:
 
 
 def start_node(
-    tmp: Path, claims: dict[str, dict[str, Any]] | None = None, boot_id: str = "boot-1"
+    tmp: Path,
+    claims: dict[str, dict[str, Any]] | None = None,
+    boot_id: str = "boot-1",
+    spec: str = SPEC,
 ) -> Node:
     claims = {} if claims is None else claims
-    driver, nvml = fake_preparer(tmp, SPEC, lambda ref: claims[ref.name], boot_id=boot_id)
+    driver, nvml = fake_preparer(tmp, spec, lambda ref: claims[ref.name], boot_id=boot_id)
     return Node(tmp, nvml.backend, driver, claims)
 
 
@@ -323,3 +326,27 @@ def test_a_prepared_claim_outlives_a_driver_upgrade_that_renames_its_profile(nod
     assert again == before
     node.unprepare(ref)
     assert node.instances() == set() and node.driver.store.load().claims == {}
+
+
+def test_rtx_pro_media_engine_variants_are_carved_on_a_12_unit_grid(tmp_path: Path) -> None:
+    """RTX PRO 6000: +me.all takes every media engine, -me none; 1g sits on units 0, 3, 6
+    and 9 of a 12-unit grid. A plain 1g beside +me.all is what NVML refuses (the counters
+    keep the scheduler from asking; tests/unit/nvml/test_nvidia_layouts.py): if asked
+    anyway, the claim fails naming the device and NVML's reason, and nothing is left."""
+    node = start_node(tmp_path, spec="1xRTX-PRO-6000")
+    node.prepare(node.claim("all", "gpu-0-mig-1g24gbmeall-0"))
+    node.prepare(node.claim("pure", "gpu-0-mig-1g24gbnome-3"))
+    gpu0 = node.fake.machine.gpus[0]
+    assert {(gi.profile.name, gi.start) for gi in gpu0.gpu_instances.values()} == {
+        ("1g.24gb+me.all", 0),
+        ("1g.24gb-me", 3),
+    }
+    with pytest.raises(DriverError, match=r"gpu-0-mig-1g24gb-6.*Insufficient"):
+        node.prepare(node.claim("plain", "gpu-0-mig-1g24gb-6"))
+    assert node.instances() == node.checkpoint_owned()
+    assert len(node.instances()) == 2
+    node.unprepare(node.ref("all"))
+    node.prepare(node.ref("plain"))  # the engines are free again
+    node.unprepare(node.ref("pure"))
+    node.unprepare(node.ref("plain"))
+    assert gpu0.gpu_instances == {} and not gpu0.mig_enabled

@@ -85,6 +85,13 @@ def test_profiles_match_the_facts(start: Start, product: products.Product) -> No
             (s, p.memory_slices) for s in p.placement_starts
         ]
     ids = {i.id for i in seen.values()}
+    assert ids == {p.id for p in product.gi_profiles}
+    engines = {
+        i.id: (i.decoderCount, i.encoderCount, i.jpegCount, i.ofaCount) for i in seen.values()
+    }
+    assert engines == {p.id: (p.decoders, p.encoders, p.jpegs, p.ofas) for p in product.gi_profiles}
+    if product.gi_profiles[0].geometry.memory_slices != 8:
+        return  # A30 and RTX PRO: their own IDs, checked in the NVIDIA layout tables
     assert ids == {19, 20, 15, 14, 9, 5, 0}
     assert seen[nvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1].id == 20
     assert seen[nvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2].id == 15

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from dradriver.inventory.model import Inventory
+from dradriver.inventory.node_devices import profile_token
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import LimitError, MigMode, SliceContent, build, check_limits
+from fakenvml.products import PRODUCTS
 
 from .conftest import inventory
 
@@ -226,3 +228,79 @@ def test_spellings_follow_nvidias_software_and_mig_devices_have_no_nvlink_domain
     assert "nvlinkDomain" in devs["gpu-0"]["attributes"]
     migs = [d for n, d in devs.items() if "-mig-" in n]
     assert migs and not any("nvlinkDomain" in d["attributes"] for d in migs)
+
+
+@pytest.mark.parametrize("key", list(PRODUCTS), ids=str)
+def test_every_product_publishes_in_every_mode(
+    key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dradriver devices --devices fake:<product>` in every MIG mode, MIG on and off:
+    nothing left out that the mode can give, and in dynamic mode every profile at every
+    placement (RTX PRO's +me/-me/+me.all/+gfx variants under names of their own)."""
+    import json
+
+    from dradriver.cli import main
+
+    product = PRODUCTS[key]
+    specs = [f"2x{key}"] + ([f"2x{key}:mig=on"] if product.mig_capable else [])
+    for spec in specs:
+        for mode in MigMode:
+            rc = main(
+                ["devices", "--devices", f"fake:{spec}", "--mig-mode", mode.value, "-o", "json"]
+            )
+            doc = json.loads(capsys.readouterr().out)
+            assert rc == 0
+            names = [d["name"] for s in doc["resourceSlices"] for d in s["spec"]["devices"]]
+            assert len(names) == len(set(names))
+            reasons = {k["reason"] for k in doc["skipped"]}
+            if mode is MigMode.DYNAMIC and product.mig_capable:
+                switchable = product.mig_switch_without_reset
+                assert reasons <= (
+                    {"not_switchable"} if not switchable and "mig=on" not in spec else set()
+                )
+                if "not_switchable" not in reasons:
+                    for i in range(2):
+                        want = {
+                            f"gpu-{i}-mig-{profile_token(p.name)}-{s}"
+                            for p in product.gi_profiles
+                            for s in p.placement_starts
+                        }
+                        assert want <= set(names), spec
+            elif mode is MigMode.STATIC and "mig=on" in spec:
+                assert reasons == {"no_mig_devices"}
+            elif mode is MigMode.NONE and "mig=on" in spec:
+                assert reasons == {"mig_enabled"}
+            else:
+                assert reasons == set(), (spec, mode)
+
+
+@pytest.mark.parametrize(
+    ("spec", "domains"),
+    [
+        ("8xH200-NVL", [4, 4]),  # 4-way bridges
+        ("4xH100-NVL", [2, 2]),  # 2-way bridges
+        ("2xH200-NVL", [2]),  # too few for a 4-way bridge: a pair
+        ("1xH100-NVL", []),  # a lone card has no bridge
+        ("4xGB200", [4]),  # one NVL72 clique across the rack
+        ("8xB200", [8]),  # HGX board on NVSwitch
+        ("2xRTX-PRO-6000+2xL40S", []),
+    ],
+)
+def test_nvlink_wiring_by_product(spec: str, domains: list[int]) -> None:
+    from collections import Counter
+
+    inv = inventory(spec)
+    sizes = Counter(g.nvlink_domain for g in inv.gpus if g.nvlink_domain)
+    assert sorted(sizes.values()) == domains
+
+
+def test_nvl72_cliques_come_from_the_fabric() -> None:
+    """Two nodes of one GB200 NVL72 rack share the fabric's cluster UUID and clique, so
+    their GPUs share a domain across nodes; another clique is another domain."""
+    a = inventory("4xGB200:cluster=rack-1,clique=3", node="node-a")
+    b = inventory("4xGB200:cluster=rack-1,clique=3", node="node-b")
+    c = inventory("4xGB200:cluster=rack-1,clique=4", node="node-c")
+    (da,) = {g.nvlink_domain for g in a.gpus}
+    (db,) = {g.nvlink_domain for g in b.gpus}
+    (dc,) = {g.nvlink_domain for g in c.gpus}
+    assert da == db != dc

@@ -12,7 +12,9 @@ from fakenvml import mig_rules, products
 
 from .conftest import inventory
 
-MIG_PRODUCTS = ["A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB"]
+# Every MIG product of the fake (A30's 4-slice and RTX PRO's 12-unit grids included).
+MIG_PRODUCTS = [k for k, p in products.PRODUCTS.items() if p.mig_capable]
+EIGHT_SLICE = {k for k, p in products.PRODUCTS.items() if p.mig_capable and len(p.gi_profiles) == 7}
 
 
 def sets_admitted_by(
@@ -70,10 +72,13 @@ def test_counters_admit_exactly_the_layouts_nvml_admits(product: str) -> None:
     gpu = inventory(f"1x{product}").gpus[0]
     design = ctr.design(gpu.mig_profiles)
     parts = ctr.partitions(gpu.mig_profiles)
-    assert len(parts) == 25  # 7 + 7 (+me) + 4 + 3 + 2 + 1 + 1 placements
     by_rules = sets_admitted_by(parts, rules_for(product))
     by_counters = sets_admitted_by(parts, counters_for(design, design.capacities))
-    assert len(by_rules) > 2000  # the enumeration really covers the layout space
+    if product in EIGHT_SLICE:
+        assert len(parts) == 25  # 7 + 7 (+me) + 4 + 3 + 2 + 1 + 1 placements
+        assert len(by_rules) > 2000  # the enumeration really covers the layout space
+    else:
+        assert len(by_rules) > 70
     assert by_counters == by_rules
     # The generic enumerator used at design time agrees with this one.
     assert {
@@ -94,14 +99,35 @@ def test_every_counter_is_needed(product: str) -> None:
 
 
 def test_the_smallest_design_for_a100_and_h100_geometry() -> None:
-    """Memory slice 7 is only ever used together with slice 6, and the compute limit
-    follows from the memory geometry: 7 memory counters and the media extension remain."""
+    """Memory slice 7 is only ever used together with slice 6, and the compute limit and
+    the decoders and JPEG engines follow from the memory geometry: 7 memory counters and
+    the one OFA (what makes a single +me instance per GPU) remain."""
     gpu = inventory("1xH100-80GB").gpus[0]
     design = ctr.design(gpu.mig_profiles)
-    assert list(design.capacities) == [f"memory-slice-{i}" for i in range(7)] + [
-        ctr.MEDIA_EXTENSIONS
-    ]
+    assert list(design.capacities) == [f"memory-slice-{i}" for i in range(7)] + ["ofa-engines"]
     assert all(v == 1 for v in design.capacities.values())
+
+
+def test_the_smallest_design_for_rtx_pro_6000() -> None:
+    """A 12-unit grid whose units go three together (4 memory counters), the 4 decoders
+    that a +me.all instance takes all of (NVENC and JPEG bind exactly as NVDEC does), and
+    the one OFA shared by +me, +me.all and 4g."""
+    gpu = inventory("1xRTX-PRO-6000").gpus[0]
+    design = ctr.design(gpu.mig_profiles)
+    assert design.capacities == {
+        "memory-slice-0": 1,
+        "memory-slice-3": 1,
+        "memory-slice-6": 1,
+        "memory-slice-9": 1,
+        "decoders": 4,
+        "ofa-engines": 1,
+    }
+
+
+def test_the_smallest_design_for_a30() -> None:
+    gpu = inventory("1xA30").gpus[0]
+    design = ctr.design(gpu.mig_profiles)
+    assert list(design.capacities) == [f"memory-slice-{i}" for i in range(4)] + ["ofa-engines"]
 
 
 def test_whole_gpu_excludes_every_partition() -> None:
