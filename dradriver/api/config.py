@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dradriver.api.depth import nesting_message, too_deep
 from dradriver.errors import ConfigError
 
 __all__ = ["API_VERSION", "ConfigError", "DeviceConfig", "GpuConfig", "MigDeviceConfig", "decode"]
@@ -47,15 +48,44 @@ _UNITS = {
 }
 
 
+# Kubernetes quantities stop at 2^63 - 1; so do ours (no float on the way: "9" * 400
+# must be an error, not an OverflowError or inf).
+MAX_QUANTITY = 2**63 - 1
+# MPS takes pinned-memory limits in whole MiB ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=512M").
+MIN_PINNED = 2**20
+
+
 def quantity_bytes(q: str) -> int:
-    m = QUANTITY.match(q)
+    m = QUANTITY.fullmatch(q) if isinstance(q, str) and len(q) <= 64 else None
     if not m:
-        raise ValueError(f"{q!r} is not a quantity such as 512Mi or 10Gi")
-    return int(float(m.group(1)) * _UNITS[m.group(3) or ""])
+        raise ValueError(f"{_shown(q)} is not a quantity such as 512Mi or 10Gi")
+    whole, _, frac = m.group(1).partition(".")
+    unit = _UNITS[m.group(3) or ""]
+    value = int(whole) * unit + (int(frac) * unit) // 10 ** len(frac) if frac else int(whole) * unit
+    if value > MAX_QUANTITY:
+        raise ValueError(f"{_shown(q)} is larger than a quantity can be (2^63-1 bytes)")
+    return value
+
+
+def pinned_bytes(q: str) -> int:
+    """A pinned-memory limit: a quantity of at least 1Mi."""
+    n = quantity_bytes(q)
+    if n < MIN_PINNED:
+        raise ValueError(
+            f"{_shown(q)}: a pinned memory limit must be at least 1Mi (MPS counts in MiB)"
+        )
+    return n
+
+
+# A per-device limit key: an index, or a GPU-/MIG- UUID (MIG-GPU-<uuid>/<gi>/<ci> included).
+# Nothing else: the key is written into CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, where ",", "="
+# or a newline would forge another entry.
+DEVICE_KEY = re.compile(r"^(?:[0-9]{1,3}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,80})$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+    # strict: "50", 50.0 and true are not 50; a config says what it means.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False, strict=True)
 
 
 class TimeSlicingConfig(_Strict):
@@ -74,16 +104,19 @@ class MpsConfig(_Strict):
     @classmethod
     def _q(cls, v: str | None) -> str | None:
         if v is not None:
-            quantity_bytes(v)
+            pinned_bytes(v)
         return v
 
     @field_validator("defaultPerDevicePinnedMemoryLimit")
     @classmethod
     def _per_device(cls, v: dict[str, str] | None) -> dict[str, str] | None:
         for key, q in (v or {}).items():
-            if not (key.isdigit() or key.startswith(("GPU-", "MIG-"))):
-                raise ValueError(f"key {key!r} must be a device index or a GPU-/MIG- UUID")
-            quantity_bytes(q)
+            if not DEVICE_KEY.fullmatch(key):
+                raise ValueError(
+                    f"key {_shown(key)} must be a device index or a GPU-/MIG- UUID "
+                    "(letters, digits, '-' and '/' only)"
+                )
+            pinned_bytes(q)
         return v
 
 
@@ -135,6 +168,14 @@ KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {
 KIND_FOR_TYPE = {"gpu": "GpuConfig", "mig": "MigDeviceConfig"}
 
 
+STRICT_TYPES = ("int_type", "int_from_float", "bool_type", "string_type", "dict_type")
+
+
+def _shown(v: Any) -> str:
+    text = repr(v) if isinstance(v, (str, int, float, bool)) or v is None else type(v).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
@@ -146,6 +187,9 @@ def decode(params: Any, where: str = "parameters") -> DeviceConfig:
     """Decodes one opaque config, or raises ConfigError naming the field and what fits."""
     if not isinstance(params, dict):
         raise ConfigError(f"{where}: must be an object with apiVersion and kind")
+    deep = too_deep(params)
+    if deep is not None:
+        raise ConfigError(f"{where}.{nesting_message(deep)}", reason="config")
     kind, version = params.get("kind"), params.get("apiVersion")
     if version != API_VERSION:
         raise ConfigError(f"{where}.apiVersion: {version!r} is not supported; use {API_VERSION}")
@@ -163,7 +207,9 @@ def decode(params: Any, where: str = "parameters") -> DeviceConfig:
             if e["type"] == "extra_forbidden":
                 msg = "unknown field"
             elif e["type"] == "literal_error":
-                msg = f"{msg} (got {e.get('input')!r})"
+                msg = f"{msg} (got {_shown(e.get('input'))})"
+            elif e["type"] in STRICT_TYPES:
+                msg = f"{msg} (got {_shown(e.get('input'))}: write the number itself, unquoted)"
             problems.append(f"{where}.{_path(e['loc'])}: {msg}" if e["loc"] else f"{where}: {msg}")
         raise ConfigError("; ".join(problems), reason="config") from exc
 

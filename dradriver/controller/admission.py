@@ -12,10 +12,10 @@ the file and the webhook's name, which are what tell a user where the refusal ca
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from dradriver.api import depth
 from dradriver.controller.validate import DEVICES_PATH, Problem, devices_of, object_problems
 
 API_VERSION = "admission.k8s.io/v1"
@@ -60,9 +60,11 @@ class Decision:
 
 def parse(body: bytes) -> Request:
     try:
-        review = json.loads(body)
+        review = depth.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadReview(f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadReview(f"body nests deeper than {depth.MAX_PARSE_DEPTH} levels") from None
     if not isinstance(review, dict):
         raise BadReview("body is not a JSON object")
     if review.get("apiVersion") != API_VERSION or review.get("kind") != "AdmissionReview":
@@ -103,6 +105,10 @@ def decide(req: Request, driver: str) -> Decision:
         return Decision(True, unchecked=f"{req.group}/{req.kind} is not checked here")
     if req.operation not in CHECKED_OPERATIONS:
         return Decision(True, unchecked=f"operation {req.operation} is not checked")
+    # Before anything walks it recursively (the comparison below, validation, messages).
+    deep = depth.too_deep(req.object, depth.MAX_DEPTH + 16)
+    if deep is not None:
+        return Decision(False, (Problem(deep, depth.nesting_message(deep, depth.MAX_DEPTH + 16)),))
     if req.old_object is not None and devices_of(req.kind, req.object) == devices_of(
         req.kind, req.old_object
     ):

@@ -20,6 +20,8 @@ from kubernetes import client as kclient
 from kubernetes import config as kconfig
 from kubernetes.client.exceptions import ApiException
 
+from dradriver.api import depth
+
 Obj = dict[str, Any]
 
 
@@ -172,7 +174,7 @@ class Kube:
     def request(self, method: str, path: str, **kwargs: Any) -> Obj:
         resp = self._call(method, path, **kwargs)
         data = resp.data
-        return cast(Obj, json.loads(data)) if data else {}
+        return cast(Obj, depth.loads(data)) if data else {}
 
     def get(self, path: str, **query: Any) -> Obj:
         return self.request("GET", path, query=query)

@@ -29,6 +29,23 @@ from dradriver.logs import get_logger
 log = get_logger("kubeletplugin.prepare")
 
 
+def _internal(ref: ClaimRef, exc: Exception) -> DriverError:
+    """An exception no layer turned into a DriverError, as this claim's error: the other
+    claims of the call go on, and the log has the traceback for a bug report."""
+    if isinstance(exc, RecursionError):
+        return DriverError(
+            f"claim {ref}: the claim nests too deeply to be read; simplify its parameters",
+            reason="too_deep",
+        )
+    text = str(exc)
+    text = text if len(text) <= 300 else text[:300] + "..."
+    return DriverError(
+        f"claim {ref}: internal error ({type(exc).__name__}: {text}); this is a bug in "
+        "dradriver, please report it with the plugin's log",
+        reason="internal",
+    )
+
+
 @dataclass
 class Prepared:
     devices: list[PreparedDevice] = field(default_factory=list)
@@ -61,9 +78,15 @@ class Preparer:
             except DriverError as exc:
                 out[ref.uid] = Prepared(error=str(exc))
                 self._failed("prepare", ref, exc, start)
+            except Exception as exc:  # a bug or an input nobody foresaw: this claim only
+                err = _internal(ref, exc)
+                out[ref.uid] = Prepared(error=str(err))
+                self._failed("prepare", ref, err, start, exc_info=True)
         return out
 
-    def _failed(self, op: str, ref: ClaimRef, exc: DriverError, start: float) -> None:
+    def _failed(
+        self, op: str, ref: ClaimRef, exc: DriverError, start: float, exc_info: bool = False
+    ) -> None:
         seconds = (
             self.metrics.prepare_seconds if op == "prepare" else self.metrics.unprepare_seconds
         )
@@ -76,6 +99,7 @@ class Preparer:
             layer=exc.layer,
             reason=exc.reason,
             error=str(exc),
+            exc=exc_info,
         )
 
     def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
@@ -172,6 +196,10 @@ class Preparer:
             except DriverError as exc:
                 out[ref.uid] = str(exc)
                 self._failed("unprepare", ref, exc, start)
+            except Exception as exc:
+                err = _internal(ref, exc)
+                out[ref.uid] = str(err)
+                self._failed("unprepare", ref, err, start, exc_info=True)
         return out
 
     def _unprepare_one(self, ref: ClaimRef) -> None:

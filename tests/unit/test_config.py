@@ -137,3 +137,73 @@ def test_a_mig_device_config_with_a_time_slice_interval_is_refused_at_decode() -
         decode(params)
     params["sharing"] = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}
     assert decode(params).kind == "MigDeviceConfig"
+
+
+def mps(**cfg: Any) -> dict[str, Any]:
+    return gpu(sharing={"strategy": "MPS", "mpsConfig": cfg})
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    cur = out
+    for _ in range(levels):
+        cur["a"] = {}
+        cur = cur["a"]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        # Strict means strict: what a YAML slip or a templating bug produces is refused.
+        (mps(defaultActiveThreadPercentage="50"), "got '50': write the number itself"),
+        (mps(defaultActiveThreadPercentage=True), "got True"),
+        (mps(defaultActiveThreadPercentage=50.0), "got 50.0"),
+        (
+            mps(defaultPinnedDeviceMemoryLimit="0"),
+            "'0': a pinned memory limit must be at least 1Mi",
+        ),
+        (mps(defaultPerDevicePinnedMemoryLimit={"0": "0Mi"}), "at least 1Mi"),
+        (mps(defaultPinnedDeviceMemoryLimit="9" * 40), "larger than a quantity can be"),
+        (mps(defaultPinnedDeviceMemoryLimit="9" * 400), "is not a quantity"),
+        (mps(defaultPinnedDeviceMemoryLimit="1Gi\n"), "is not a quantity"),
+        # A key lands in CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="k=v,k=v": no forged entries.
+        (mps(defaultPerDevicePinnedMemoryLimit={"GPU-1,0=1M": "1Gi"}), "key 'GPU-1,0=1M' must be"),
+        (mps(defaultPerDevicePinnedMemoryLimit={"0=1M": "1Gi"}), "must be a device index"),
+        (mps(defaultPerDevicePinnedMemoryLimit={"GPU-a\n": "1Gi"}), "must be a device index"),
+        (mps(x=_deep(5000)), "parameters.sharing.mpsConfig.x.a.a.a"),
+    ],
+)
+def test_strict_numbers_keys_and_limits(params: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        decode(params)
+    assert message in str(info.value)
+    assert len(str(info.value)) < 600  # a message, not a dump of the input
+
+
+def test_deep_nesting_is_named_not_a_recursion_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        decode(mps(x=_deep(5000)))
+    assert "nested more than 64 levels deep" in str(info.value)
+
+
+def test_valid_limits_still_decode() -> None:
+    cfg = decode(
+        mps(
+            defaultActiveThreadPercentage=50,
+            defaultPinnedDeviceMemoryLimit="1.5Gi",
+            defaultPerDevicePinnedMemoryLimit={"0": "1Mi", "MIG-GPU-abc/1/0": "2Gi"},
+        )
+    )
+    assert isinstance(cfg, GpuConfig) and cfg.sharing is not None
+    assert cfg.sharing.mpsConfig is not None
+    assert cfg.sharing.mpsConfig.defaultActiveThreadPercentage == 50
+
+
+def test_quantities_are_exact_integers() -> None:
+    from dradriver.api.config import quantity_bytes
+
+    assert quantity_bytes("1.5Gi") == 3 * 2**29
+    assert quantity_bytes("7Ei") == 7 * 2**60
+    with pytest.raises(ValueError, match="larger than"):
+        quantity_bytes("8Ei")

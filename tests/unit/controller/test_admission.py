@@ -154,3 +154,24 @@ def test_malformed_reviews(body: bytes, message: str) -> None:
     with pytest.raises(admission.BadReview) as err:
         admission.parse(body)
     assert message in str(err.value)
+
+
+def test_parameters_nested_thousands_deep_get_a_field_message() -> None:
+    """The API server stores objects nested up to 10000 levels; the webhook answers them
+    with the field that nests too deep, never a 500 or a dropped connection."""
+    body = review(claim_obj({**GOOD, "x": "DEEP"}))
+    body = body.replace(b'"DEEP"', b'{"a":' * 5000 + b"1" + b"}" * 5000)
+    out = answer(body)["response"]
+    assert out["allowed"] is False and out["status"]["code"] == 422
+    assert "spec.devices.config[0].opaque.parameters.x.a.a" in out["status"]["message"]
+    assert "nested more than" in out["status"]["message"]
+
+
+def test_numbers_that_overflow_are_a_field_message() -> None:
+    params = {
+        **GOOD,
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "9" * 40}},
+    }
+    out = answer(review(claim_obj(params)))["response"]
+    assert out["allowed"] is False
+    assert "defaultPinnedDeviceMemoryLimit" in out["status"]["message"]

@@ -208,3 +208,36 @@ def test_mps_on_a_mig_device(node: Node) -> None:
     assert node.mode(1) == node.fake.pynvml.NVML_COMPUTEMODE_DEFAULT  # the GPU is shared out
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
     assert node.daemons() == [] and node.fake.machine.gpus[1].gpu_instances == {}
+
+
+def test_one_bad_claim_fails_alone(node: Node) -> None:
+    """Any exception in one claim (here: a read that raises what no layer expects, and
+    parameters nested thousands deep) is that claim's error; the good MPS claim of the
+    same call is prepared and reported prepared."""
+    good = node.claim("good", "gpu-0", {"strategy": "MPS"})
+    boom = node.claim("boom", "gpu-1", None)
+    deep = node.claim("deep", "gpu-1", {"strategy": "MPS", "mpsConfig": {}})
+    nested: dict[str, Any] = {}
+    cur = nested
+    for _ in range(3000):
+        cur["a"] = {}
+        cur = cur["a"]
+    params = node.claims["deep"]["status"]["allocation"]["devices"]["config"][0]["opaque"]
+    params["parameters"]["sharing"]["mpsConfig"]["x"] = nested
+    read = node.driver.read_claim
+    assert read is not None
+
+    def flaky(ref: ClaimRef) -> dict[str, Any]:
+        if ref.name == "boom":
+            raise KeyError("something nobody foresaw")
+        return read(ref)
+
+    node.driver.read_claim = flaky
+    out = node.driver.prepare([boom, good, deep])
+    assert out[good.uid].error == "" and out[good.uid].devices
+    assert "internal error (KeyError" in out[boom.uid].error
+    assert "nested more than 64 levels deep" in out[deep.uid].error
+    assert len(out[deep.uid].error) < 600
+    assert set(node.driver.store.load().claims) == {good.uid}
+    node.driver.read_claim = read
+    node.driver.unprepare([good])
