@@ -55,6 +55,12 @@ class FakeHost:
         return spawn_mps(cmd, uuids, pipe_dir, log_dir, self)
 
     def stop_mps(self, pid: int, pipe_dir: Path) -> None:
+        if pid <= 0:
+            # As `echo quit | nvidia-cuda-mps-control` does: the pipe directory finds it.
+            try:
+                pid = int((pipe_dir / "control").read_text().strip())
+            except (OSError, ValueError):
+                return
         if mps_alive(pid):
             os.kill(pid, signal.SIGTERM)
         finish_mps(pid)

@@ -46,6 +46,9 @@ def reconcile(
         ex.cdi_writer.remove(rec.uid)
         cp.claims.pop(rec.uid, None)
     if ex.sharing is not None:
+        # What the ledger says this driver changed for claims nobody holds any more
+        # (the checkpoint lost, or the crash came before the record was saved).
+        ex.sharing.undo_forgotten(set(cp.claims))
         for rec in cp.claims.values():
             try:
                 ex.sharing.recheck(rec, lambda: store.save(cp))

@@ -1,7 +1,8 @@
 """The sharing steps of prepare and unprepare: a time-slice interval, or an MPS control
 daemon with limits, applied as the claim's record says (plan.py decided it) and undone
-exactly. Every change is saved in the record before or right after it is made, so a
-failed or interrupted prepare leaves no daemon and no changed compute mode behind.
+exactly. Every change is written to the sharing ledger (sharing_ledger.py) before it is
+made and saved in the record right after, so a failed or interrupted prepare, a restart,
+or even a lost checkpoint leaves no daemon and no changed compute mode behind.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from types import ModuleType
 from dradriver.api.config import quantity_bytes
 from dradriver.errors import SharingError
 from dradriver.kubeletplugin.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
+from dradriver.kubeletplugin.sharing_ledger import SharingLedger
 from dradriver.logs import get_logger
 from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
 from dradriver.nvml.host import GpuHost, mps_alive
@@ -32,11 +34,26 @@ def mps_groups(rec: ClaimRecord) -> dict[str, list[PreparedDevice]]:
     return groups
 
 
+def daemon_key(sh: Mps) -> str:
+    """The daemon's name in the ledger: its directory under the MPS root."""
+    return Path(str(sh.pipe_dir)).parent.name
+
+
 @dataclass
 class SharingSteps:
     nvml: ModuleType  # compute mode goes through NVML
     host: GpuHost  # time-slicing and the MPS daemon lie outside it
     mps_root: Path  # <state dir>/mps: one directory per daemon
+    ledger: SharingLedger | None = None  # None: <mps_root>/../sharing-ledger.json
+
+    def __post_init__(self) -> None:
+        if self.ledger is None:
+            self.ledger = SharingLedger(self.mps_root.parent / "sharing-ledger.json")
+
+    @property
+    def _ledger(self) -> SharingLedger:
+        assert self.ledger is not None
+        return self.ledger
 
     def apply(self, rec: ClaimRecord, save: Save) -> None:
         """Applies every sharing setup of the claim; `save()` persists the record after
@@ -44,6 +61,7 @@ class SharingSteps:
         for d in rec.devices:
             sh = d.sharing
             if isinstance(sh, TimeSlicing) and d.kind == "gpu":
+                self._ledger.slice_changing(str(d.uuid), rec.uid)
                 self.host.set_timeslice(str(d.uuid), sh.interval)
                 sh.applied = True
                 save()
@@ -57,22 +75,35 @@ class SharingSteps:
         self, rec: ClaimRecord, group: str, devs: list[PreparedDevice], save: Save
     ) -> None:
         index = sorted(mps_groups(rec)).index(group)
-        base = self.mps_root / f"{rec.uid}-{index}"
+        key = f"{rec.uid}-{index}"
+        base = self.mps_root / key
         pipe, logs, shm = base / "pipe", base / "log", base / "shm"
         shm.mkdir(parents=True, exist_ok=True, mode=0o1777)
         for d in devs:
             sh = _mps(d)
             sh.pipe_dir, sh.log_dir, sh.shm_dir = str(pipe), str(logs), str(shm)
             if d.kind == "gpu":
-                # Recorded before it changes, so the undo knows what to restore.
-                sh.compute_mode_before = get_compute_mode(self.nvml, str(d.uuid))
+                # In the ledger before it changes; an earlier entry (this claim's setup
+                # being redone after a restart) keeps what the GPU had before us.
+                now = get_compute_mode(self.nvml, str(d.uuid))
+                sh.compute_mode_before = self._ledger.mode_changing(str(d.uuid), now, rec.uid)
         save()
         for d in devs:
             if d.kind == "gpu":
                 set_compute_mode(self.nvml, str(d.uuid), exclusive_process(self.nvml))
                 _mps(d).compute_mode_set = True
         save()
-        pid = self.host.start_mps([str(d.uuid) for d in devs], pipe, logs, shm)
+        known = self._ledger.load().daemons.get(key)
+        if known is not None and mps_alive(known.pid):
+            # Never a second daemon for one group: the one running is the group's.
+            pid = known.pid
+            log.info("MPS control daemon already running", claim_uid=rec.uid, pid=pid)
+        else:
+            # Recorded (without a PID yet) before it starts: a crash right after still
+            # leaves its pipe directory known, through which it can be told to quit.
+            self._ledger.daemon_started(key, 0, str(pipe), rec.uid)
+            pid = self.host.start_mps([str(d.uuid) for d in devs], pipe, logs, shm)
+            self._ledger.daemon_started(key, pid, str(pipe), rec.uid)
         for d in devs:
             sh = _mps(d)
             sh.pid, sh.applied = pid, True
@@ -88,28 +119,87 @@ class SharingSteps:
     def undo(self, rec: ClaimRecord) -> None:
         """Stops daemons, restores compute modes and intervals; idempotent."""
         errors: list[str] = []
-        stopped: set[int] = set()
+        stopped: set[str] = set()
+        ledger = self._ledger.load()
         for d in rec.devices:
             sh = d.sharing
             try:
                 if isinstance(sh, TimeSlicing):
-                    if sh.applied and d.kind == "gpu":
+                    if d.kind == "gpu" and (sh.applied or d.uuid in ledger.time_slice):
                         self.host.set_timeslice(str(d.uuid), "Default")
+                        self._ledger.slice_restored(str(d.uuid))
                     continue
-                if not isinstance(sh, Mps):
+                if not isinstance(sh, Mps) or not sh.pipe_dir:
                     continue
-                if sh.pid and sh.pid not in stopped:
-                    self.host.stop_mps(sh.pid, Path(str(sh.pipe_dir)))
-                    stopped.add(sh.pid)
-                    log.info("MPS control daemon stopped", claim_uid=rec.uid, pid=sh.pid)
-                if sh.compute_mode_set and sh.compute_mode_before is not None:
-                    set_compute_mode(self.nvml, str(d.uuid), sh.compute_mode_before)
-                if sh.pipe_dir:
-                    shutil.rmtree(Path(sh.pipe_dir).parent, ignore_errors=True)
+                key = daemon_key(sh)
+                if key not in stopped:
+                    known = ledger.daemons.get(key)
+                    pid = sh.pid or (known.pid if known else 0)
+                    if pid or known is not None:
+                        self.host.stop_mps(pid, Path(sh.pipe_dir))
+                        log.info("MPS control daemon stopped", claim_uid=rec.uid, pid=pid)
+                    self._ledger.daemon_stopped(key)
+                    stopped.add(key)
+                change = ledger.compute_mode.get(str(d.uuid))
+                if change is not None or (
+                    sh.compute_mode_set and sh.compute_mode_before is not None
+                ):
+                    before = change.before if change is not None else sh.compute_mode_before
+                    assert before is not None
+                    set_compute_mode(self.nvml, str(d.uuid), before)
+                    self._ledger.mode_restored(str(d.uuid))
+                shutil.rmtree(Path(sh.pipe_dir).parent, ignore_errors=True)
             except SharingError as exc:
                 errors.append(f"device {d.device}: {exc}")
         if errors:
             raise SharingError("; ".join(errors), reason="undo")
+
+    def undo_forgotten(self, known_claims: set[str]) -> None:
+        """Startup: undoes every ledger entry of a claim the checkpoint does not hold (a
+        checkpoint lost or moved aside, a crash before the record was saved): daemons
+        stopped, compute modes and intervals back to what they were."""
+        e = self._ledger.load()
+        for key, daemon in e.daemons.items():
+            if daemon.claim in known_claims:
+                continue
+            log.warning(
+                "stopping an MPS daemon no prepared claim owns",
+                claim_uid=daemon.claim,
+                pid=daemon.pid,
+                pipe_dir=daemon.pipe_dir,
+            )
+            try:
+                self.host.stop_mps(daemon.pid, Path(daemon.pipe_dir))
+            except SharingError as exc:
+                log.error("could not stop the daemon", pid=daemon.pid, error=str(exc))
+                continue
+            shutil.rmtree(Path(daemon.pipe_dir).parent, ignore_errors=True)
+            self._ledger.daemon_stopped(key)
+        for gpu, change in e.compute_mode.items():
+            if change.claim in known_claims:
+                continue
+            log.warning(
+                "restoring a compute mode no prepared claim needs",
+                claim_uid=change.claim,
+                gpu=gpu,
+                mode=change.before,
+            )
+            try:
+                set_compute_mode(self.nvml, gpu, change.before)
+            except SharingError as exc:
+                log.error("could not restore the compute mode", gpu=gpu, error=str(exc))
+                continue
+            self._ledger.mode_restored(gpu)
+        for gpu, claim in e.time_slice.items():
+            if claim in known_claims:
+                continue
+            log.warning("restoring a time-slice interval no prepared claim needs", gpu=gpu)
+            try:
+                self.host.set_timeslice(gpu, "Default")
+            except SharingError as exc:
+                log.error("could not restore the interval", gpu=gpu, error=str(exc))
+                continue
+            self._ledger.slice_restored(gpu)
 
     def recheck(self, rec: ClaimRecord, save: Save) -> None:
         """Startup: a completed claim's MPS daemon must be running (a reboot ends it)."""

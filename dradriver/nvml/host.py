@@ -56,7 +56,7 @@ class GpuHost(Protocol):
         as its /dev/shm (its clients get the same one); its PID."""
 
     def stop_mps(self, pid: int, pipe_dir: Path) -> None:
-        """Stops the daemon (idempotent)."""
+        """Stops the daemon (idempotent); with pid 0, the one its pipe directory finds."""
 
     def device_nodes(
         self, gpu_minor: int | None, mig_ids: tuple[int, int] | None
@@ -93,7 +93,10 @@ class RealHost:
         # MPS server and clients talk through shared memory in /dev/shm, so both must see
         # the same one: the daemon gets the claim's directory as /dev/shm in a mount
         # namespace of its own (the plugin runs privileged), the clients through CDI.
-        script = 'mount --bind "$1" /dev/shm && exec nvidia-cuda-mps-control -d'
+        # `-f` keeps the daemon in the foreground: every exec here keeps the PID we
+        # spawn, so the PID recorded is the daemon's (`-d` forks, and the recorded
+        # parent is gone at once). The man page lists -f from driver R510 on.
+        script = 'mount --bind "$1" /dev/shm && exec nvidia-cuda-mps-control -f'
         cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
         return spawn_mps([*cmd, "sh", str(shm_dir)], uuids, pipe_dir, log_dir, self)
 

@@ -241,3 +241,69 @@ def test_one_bad_claim_fails_alone(node: Node) -> None:
     assert set(node.driver.store.load().claims) == {good.uid}
     node.driver.read_claim = read
     node.driver.unprepare([good])
+
+
+def test_a_restart_with_the_daemon_gone_keeps_the_mode_from_before(node: Node) -> None:
+    """The admin's compute mode (PROHIBITED here) comes back at unprepare, even when the
+    daemon died and a restart set the claim up again: the ledger's "before" is written
+    once, never overwritten by the driver's own EXCLUSIVE_PROCESS."""
+    nv = node.fake.pynvml
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    nv.nvmlDeviceSetComputeMode(h, nv.NVML_COMPUTEMODE_PROHIBITED)
+    ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
+    node.prepare(ref)
+    (pid,) = node.daemons()
+    assert node.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    os.kill(pid, 15)
+    while mps_alive(pid):
+        time.sleep(0.01)
+    restarted = Node(node.tmp)
+    restarted.claims = node.claims
+    restarted.driver.reconcile()
+    (again,) = restarted.daemons()
+    assert again != pid
+    restarted.driver.reconcile()  # a second restart: the running daemon is kept
+    assert restarted.daemons() == [again]
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
+    assert restarted.mode(0) == nv.NVML_COMPUTEMODE_PROHIBITED
+    assert restarted.daemons() == []
+
+
+def test_a_lost_checkpoint_loses_no_sharing_change(node: Node) -> None:
+    """The checkpoint moved aside as corrupt: the ledger still knows the daemon, the
+    compute mode and the interval this driver set, and startup undoes all three."""
+    nv = node.fake.pynvml
+    mps_ref = node.claim("m", "gpu-0", {"strategy": "MPS"})
+    ts_ref = node.claim(
+        "t", "gpu-1", {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    )
+    node.prepare(mps_ref)
+    node.prepare(ts_ref)
+    (pid,) = node.daemons()
+    (node.tmp / "checkpoint.json").write_text("{ torn")
+    restarted = Node(node.tmp)
+    restarted.driver.reconcile()
+    assert not mps_alive(pid) and restarted.daemons() == []
+    assert restarted.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
+    uuid1 = node.fake.machine.gpus[1].uuid
+    assert restarted.sharing.recorded()[uuid1] == {"timeslice": 0}
+    ledger = json.loads((node.tmp / "sharing-ledger.json").read_text())
+    assert ledger["computeMode"] == {} and ledger["mpsDaemons"] == {}
+    assert ledger["timeSlice"] == {}
+
+
+def test_a_daemon_started_but_not_recorded_is_still_stopped(node: Node) -> None:
+    """A crash between starting the daemon and saving its PID: the ledger entry made
+    before the start names its pipe directory, through which startup stops it."""
+    ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
+    node.prepare(ref)
+    (pid,) = node.daemons()
+    ledger_path = node.tmp / "sharing-ledger.json"
+    doc = json.loads(ledger_path.read_text())
+    for d in doc["mpsDaemons"].values():
+        d["pid"] = 0  # as written before the start
+    ledger_path.write_text(json.dumps(doc))
+    (node.tmp / "checkpoint.json").unlink()
+    restarted = Node(node.tmp)
+    restarted.driver.reconcile()
+    assert not mps_alive(pid)

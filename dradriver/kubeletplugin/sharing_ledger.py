@@ -1,0 +1,159 @@
+"""What this driver changed on a GPU for sharing, kept apart from the checkpoint.
+
+A claim's record says what its prepare did, but a record can be lost (a corrupt
+checkpoint moved aside) or rewritten (a restart re-applying a setup), and a lost "mode
+before" leaves a GPU in EXCLUSIVE_PROCESS for good. So every sharing change is written
+here first, per GPU and per daemon, and only ever removed once undone:
+
+- computeMode: GPU -> the compute mode it had before this driver first changed it, and
+  the claim it was changed for. Written once: setting the mode again for the same claim
+  (a daemon restarted after a reboot) never overwrites what the GPU had before;
+- timeSlice: GPU -> the claim whose interval is set (undone by setting Default);
+- mpsDaemons: daemon key -> PID and pipe directory, so a second daemon is never started
+  for the same group and a daemon whose claim is forgotten is still stopped.
+
+Startup undoes every entry whose claim the checkpoint no longer holds. Loading never
+raises: an unreadable ledger is moved aside and reported, like the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dradriver.kubeletplugin.files import atomic_write
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.sharing")
+
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModeChange:
+    before: int  # NVML_COMPUTEMODE_*
+    claim: str
+
+
+@dataclass(frozen=True)
+class Daemon:
+    pid: int
+    pipe_dir: str
+    claim: str
+
+
+@dataclass
+class Entries:
+    compute_mode: dict[str, ModeChange] = field(default_factory=dict)
+    time_slice: dict[str, str] = field(default_factory=dict)  # GPU -> claim
+    daemons: dict[str, Daemon] = field(default_factory=dict)
+
+    def claims(self) -> set[str]:
+        return (
+            {m.claim for m in self.compute_mode.values()}
+            | set(self.time_slice.values())
+            | {d.claim for d in self.daemons.values()}
+        )
+
+
+class SharingLedger:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> Entries:
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return Entries()
+        except (OSError, ValueError, RecursionError) as exc:
+            return self._aside(f"unreadable: {exc}")
+        try:
+            return _decode(doc)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            return self._aside(f"unexpected content: {exc}")
+
+    def _aside(self, reason: str) -> Entries:
+        target = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        with contextlib.suppress(OSError):
+            os.rename(self.path, target)
+        log.error(
+            "sharing ledger unreadable: GPUs whose compute mode this driver changed may need "
+            "`nvidia-smi -c DEFAULT` by hand",
+            path=str(self.path),
+            reason=reason,
+            moved_to=str(target),
+        )
+        return Entries()
+
+    def save(self, e: Entries) -> None:
+        doc: dict[str, Any] = {
+            "version": VERSION,
+            "computeMode": {
+                g: {"before": m.before, "claim": m.claim} for g, m in sorted(e.compute_mode.items())
+            },
+            "timeSlice": {g: {"claim": c} for g, c in sorted(e.time_slice.items())},
+            "mpsDaemons": {
+                k: {"pid": d.pid, "pipeDir": d.pipe_dir, "claim": d.claim}
+                for k, d in sorted(e.daemons.items())
+            },
+        }
+        atomic_write(self.path, json.dumps(doc).encode(), 0o600)
+
+    # -- the changes ---------------------------------------------------------------------
+    def mode_changing(self, gpu: str, before: int, claim: str) -> int:
+        """Records, before the change, the mode `gpu` had; returns the recorded one (an
+        earlier record wins: it is what the GPU had before this driver touched it)."""
+        e = self.load()
+        if gpu not in e.compute_mode:
+            e.compute_mode[gpu] = ModeChange(before, claim)
+            self.save(e)
+        return e.compute_mode[gpu].before
+
+    def mode_restored(self, gpu: str) -> None:
+        e = self.load()
+        if e.compute_mode.pop(gpu, None) is not None:
+            self.save(e)
+
+    def slice_changing(self, gpu: str, claim: str) -> None:
+        e = self.load()
+        if e.time_slice.get(gpu) != claim:
+            e.time_slice[gpu] = claim
+            self.save(e)
+
+    def slice_restored(self, gpu: str) -> None:
+        e = self.load()
+        if e.time_slice.pop(gpu, None) is not None:
+            self.save(e)
+
+    def daemon_started(self, key: str, pid: int, pipe_dir: str, claim: str) -> None:
+        e = self.load()
+        e.daemons[key] = Daemon(pid, pipe_dir, claim)
+        self.save(e)
+
+    def daemon_stopped(self, key: str) -> None:
+        e = self.load()
+        if e.daemons.pop(key, None) is not None:
+            self.save(e)
+
+
+def _decode(doc: Any) -> Entries:
+    if not isinstance(doc, dict):
+        raise ValueError("not an object")
+    version = doc.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"version {version!r}")
+    # A newer release's ledger is read for the fields this one knows: entries are only
+    # ever undone, so reading fewer never changes a GPU the newer release still uses.
+    e = Entries()
+    for g, m in dict(doc.get("computeMode") or {}).items():
+        e.compute_mode[str(g)] = ModeChange(int(m["before"]), str(m["claim"]))
+    for g, t in dict(doc.get("timeSlice") or {}).items():
+        e.time_slice[str(g)] = str(t["claim"])
+    for k, d in dict(doc.get("mpsDaemons") or {}).items():
+        e.daemons[str(k)] = Daemon(int(d["pid"]), str(d["pipeDir"]), str(d["claim"]))
+    return e
