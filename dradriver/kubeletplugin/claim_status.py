@@ -72,6 +72,16 @@ class StatusWriter:
                 except NotFound:
                     break  # the claim is gone: nothing to report on
                 except KubeError as exc:
+                    if exc.status == 403:
+                        # The claim-status policy refuses writes to claims no longer
+                        # allocated here (deallocated before this write): nothing to do.
+                        log.info(
+                            "claim status not written: refused",
+                            claim=str(ref),
+                            claim_uid=ref.uid,
+                            error=exc.message,
+                        )
+                        break
                     if attempt == self.retries - 1:
                         log.warning(
                             "claim status not written",

@@ -140,13 +140,17 @@ def check_references(docs: list[dict[str, Any]], ns: str) -> None:
         assert ("ServiceAccount", subject["name"]) in names and subject["namespace"] == ns
         if sa:
             assert subject["name"] == sa
-    vap = one(docs, "ValidatingAdmissionPolicy")
-    (cond,) = vap["spec"]["matchConditions"]
-    assert cond["expression"] == (
-        f'request.userInfo.username == "system:serviceaccount:{ns}:{plugin_sa}"'
+    vaps = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert len(vaps) == 2  # own node's slices; own node's claims' status
+    for vap in vaps:
+        (cond,) = vap["spec"]["matchConditions"]
+        assert cond["expression"] == (
+            f'request.userInfo.username == "system:serviceaccount:{ns}:{plugin_sa}"'
+        )
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(
+        v["metadata"]["name"] for v in vaps
     )
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
     dep = one(docs, "Deployment")
     ctrl = dep["spec"]["template"]["spec"]
     assert ("ServiceAccount", ctrl["serviceAccountName"]) in names
@@ -274,19 +278,26 @@ def test_rendered_objects_are_accepted_by_the_api_server(kube: Kube, release: Re
     for doc in release.docs:
         stored = kube.get(resource_path(kube, doc))
         assert stored["metadata"]["name"] == doc["metadata"]["name"]
-    # The API server type-checks the policy's CEL against the ResourceSlice schema.
-    vap = path_for(
-        "admissionregistration.k8s.io/v1",
-        "validatingadmissionpolicies",
-        name=release.named("ValidatingAdmissionPolicy"),
-    )
-    status = wait_for(
-        lambda: kube.get(vap).get("status", {}).get("observedGeneration") and kube.get(vap),
-        "the policy's type check",
-        15,
-    )["status"]
-    assert not status.get("typeChecking", {}).get("expressionWarnings"), status
-    assert not status.get("conditions") or all(c["status"] == "True" for c in status["conditions"])
+    # The API server type-checks each policy's CEL against the schema it matches.
+    for doc in release.docs:
+        if doc["kind"] != "ValidatingAdmissionPolicy":
+            continue
+        vap = path_for(
+            "admissionregistration.k8s.io/v1",
+            "validatingadmissionpolicies",
+            name=doc["metadata"]["name"],
+        )
+        status = wait_for(
+            lambda vap=vap: (
+                kube.get(vap).get("status", {}).get("observedGeneration") and kube.get(vap)
+            ),
+            "the policy's type check",
+            15,
+        )["status"]
+        assert not status.get("typeChecking", {}).get("expressionWarnings"), status
+        assert not status.get("conditions") or all(
+            c["status"] == "True" for c in status["conditions"]
+        )
 
 
 def plugin_rules(kube: Kube, release: Release) -> list[dict[str, Any]]:
@@ -609,3 +620,117 @@ def test_controller_works_with_only_the_chart_rbac(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+CLAIM_POLICY_SAYS = "the dradriver kubelet plugin may"
+OTHER = "other.example.io"
+
+
+def _allocate(kube: Kube, ns: str, name: str, node: str) -> dict[str, Any]:
+    """A claim allocated to `node`, as the scheduler would write it (the admin may)."""
+    path = path_for(RES, "resourceclaims", ns)
+    kube.create(
+        path,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.io"}}
+                    ]
+                }
+            },
+        },
+    )
+    claim = kube.get(f"{path}/{name}")
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"},
+                    # Another driver's device in the same claim: its entries are not ours.
+                    {"request": "gpu", "driver": OTHER, "pool": node, "device": "gpu-0"},
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        },
+        "reservedFor": [{"resource": "pods", "name": f"p-{name}", "uid": f"uid-{name}"}],
+    }
+    return kube.replace(f"{path}/{name}/status", claim)
+
+
+def _entry(driver: str, pool: str) -> dict[str, Any]:
+    return {"driver": driver, "pool": pool, "device": "gpu-0", "conditions": []}
+
+
+def test_plugin_may_write_only_its_own_claims_device_status(kube: Kube, release: Release) -> None:
+    """With a real pod-bound token of the plugin's ServiceAccount on node A: its own
+    driver's status.devices entries on a claim allocated to A go through; another node's
+    claim, the allocation, reservedFor and another driver's entries are refused."""
+    tag = secrets.token_hex(3)
+    node_a, node_b = f"cs-a-{tag}", f"cs-b-{tag}"
+    ns = release.ns
+    for n in (node_a, node_b):
+        kube.create(path_for("v1", "nodes"), {"metadata": {"name": n}})
+    as_plugin = None
+    claims = path_for(RES, "resourceclaims", ns)
+    try:
+        ours = _allocate(kube, ns, f"ours-{tag}", node_a)
+        theirs = _allocate(kube, ns, f"theirs-{tag}", node_b)
+        pod = sa_pod(kube, ns, f"plugin-{node_a}", release.plugin_sa, node_a)
+        as_plugin = kube.with_token(request_token(kube, ns, release.plugin_sa, pod))
+
+        def status_write(claim: dict[str, Any], devices: list[dict[str, Any]], **status: Any):
+            assert as_plugin is not None
+            body = {
+                "apiVersion": RES,
+                "kind": "ResourceClaim",
+                "metadata": {"name": claim["metadata"]["name"], "namespace": ns},
+                "status": {"devices": devices, **status},
+            }
+            return lambda: as_plugin.apply(
+                f"{claims}/{claim['metadata']['name']}/status", body, field_manager=DRIVER
+            )
+
+        def refused_for_b() -> KubeError | None:
+            try:
+                status_write(theirs, [_entry(DRIVER, node_b)])()
+            except KubeError as exc:
+                return exc if CLAIM_POLICY_SAYS in exc.message else None
+            return None
+
+        err = wait_for(refused_for_b, "the policy to refuse node B's claim", 30, interval=0.3)
+        assert err is not None and err.status == 403
+        assert f"claims allocated to the node its pod runs on ({node_a})" in err.message
+        # Rewriting node B's reservedFor (the probe cleared it): refused.
+        intruder = [{"resource": "pods", "name": "intruder", "uid": f"intruder-{tag}"}]
+        err = refusal(status_write(theirs, [], reservedFor=intruder))
+        assert err.status == 403 and CLAIM_POLICY_SAYS in err.message
+        # Its own claim: its own driver's entry goes through...
+        status_write(ours, [_entry(DRIVER, node_a)])()
+        stored = kube.get(f"{claims}/{ours['metadata']['name']}")
+        assert [d["driver"] for d in stored["status"]["devices"]] == [DRIVER]
+        # ... but not an entry for another node's pool, another driver's entry, or a
+        # change to the allocation or reservedFor.
+        # (An entry for a device the claim was not allocated is refused by the API
+        # server's own validation already; the policy refuses another pool besides.)
+        err = refusal(status_write(ours, [_entry(DRIVER, node_b)]))
+        assert err.status in (403, 422)
+        err = refusal(status_write(ours, [_entry(DRIVER, node_a), _entry(OTHER, node_a)]))
+        assert err.status == 403 and "entries of its own driver" in err.message
+        err = refusal(status_write(ours, [_entry(DRIVER, node_a)], reservedFor=intruder))
+        assert err.status == 403 and "allocation or reservedFor" in err.message
+        # Removing its own entries (unprepare) goes through.
+        status_write(ours, [])()
+        assert not kube.get(f"{claims}/{ours['metadata']['name']}")["status"].get("devices")
+    finally:
+        if as_plugin is not None:
+            as_plugin.close()
+        for name in (f"ours-{tag}", f"theirs-{tag}"):
+            kube.delete(f"{claims}/{name}", missing_ok=True)
+        for n in (node_a, node_b):
+            kube.delete(path_for("v1", "nodes", name=n), missing_ok=True)

@@ -73,3 +73,7 @@ here, at render time, with the reason.
 {{- fail (printf "devices must be nvml or fake:<spec>, not %q" .Values.devices) -}}
 {{- end -}}
 {{- end -}}
+
+{{- define "dradriver.claimStatusPolicy.name" -}}
+{{- printf "%s-claim-status-own-node" (include "dradriver.fullname" .) -}}
+{{- end -}}
