@@ -160,6 +160,14 @@ def run(args: argparse.Namespace) -> int:
             return False, "the API server holds none of this node's slices; republishing"
         return True, loop.last_error or "published"
 
+    # Filled in once the checkpoint is loaded (the ops server starts before that).
+    preparers: list[Preparer] = []
+
+    def checkpoint_ready() -> tuple[bool, str]:
+        if not preparers:
+            return False, "not loaded yet"
+        return not preparers[0].refusal, preparers[0].refusal or "ok"
+
     ops = OpsServer(
         args.healthz_address,
         args.healthz_port,
@@ -173,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             ),
             "api": api.check,
             "slices": slices_ready,
+            "checkpoint": checkpoint_ready,
         },
     )
     ops.start()
@@ -230,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=metrics,
         status=status,
     )
+    preparers.append(driver)
     driver.reconcile()
 
     def on_registered(ok: bool, error: str) -> None:

@@ -23,7 +23,12 @@ from dradriver.kubeletplugin.files import NodeLock
 from dradriver.kubeletplugin.metrics import Metrics
 from dradriver.kubeletplugin.plan import ClaimRef, check_ref, plan
 from dradriver.kubeletplugin.reconcile import reconcile
-from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint, PreparedDevice
+from dradriver.kubeletplugin.records import (
+    CURRENT_VERSION,
+    PREPARE_COMPLETED,
+    Checkpoint,
+    PreparedDevice,
+)
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.prepare")
@@ -66,6 +71,24 @@ class Preparer:
     status: StatusWriter | None = None
     # Reads a claim; the API server by default (tests hand claims in as plain values).
     read_claim: Callable[[ClaimRef], dict[str, Any]] | None = None
+    # Why this plugin touches nothing (a checkpoint from a newer release); "" when it may.
+    refusal: str = ""
+
+    def _load(self) -> Checkpoint:
+        """The checkpoint, unless a newer release wrote it: then every call is refused,
+        and nothing it records is undone, redone or rewritten by this older release."""
+        cp = self.store.load()
+        if cp.version > CURRENT_VERSION:
+            self.refusal = (
+                f"checkpoint layer: {self.store.path} was written by a newer dradriver release "
+                f"(checkpoint version {cp.version}; this release writes {CURRENT_VERSION}); "
+                "this release leaves it and every claim in it untouched. Roll the plugin "
+                "forward again, or move the file aside to start from an empty state (the "
+                "devices of the claims in it then need cleaning up by hand)"
+            )
+            raise ClaimStateError(self.refusal, reason="newer_checkpoint")
+        self.refusal = ""
+        return cp
 
     # -- prepare ---------------------------------------------------------------------------
     def prepare(self, refs: list[ClaimRef]) -> dict[str, Prepared]:
@@ -106,13 +129,13 @@ class Preparer:
         check_ref(ref)
         # A claim already prepared answers from the checkpoint, without the API server.
         with self.lock:
-            done = self._already_prepared(self.store.load(), ref)
+            done = self._already_prepared(self._load(), ref)
             if done is not None:
                 return done
         claim = self._claim(ref)
         local = self.devices()  # one view of the node for this whole prepare
         with self.lock:
-            cp = self.store.load()
+            cp = self._load()
             done = self._already_prepared(cp, ref)  # the other instance may have been faster
             if done is not None:
                 return done
@@ -205,7 +228,7 @@ class Preparer:
     def _unprepare_one(self, ref: ClaimRef) -> None:
         check_ref(ref)
         with self.lock:
-            cp = self.store.load()
+            cp = self._load()
             rec = cp.claims.get(ref.uid)
             if rec is None:
                 return  # unknown (or already unprepared): success, the kubelet may repeat
@@ -224,5 +247,14 @@ class Preparer:
     def reconcile(self) -> None:
         """Finishes what a crash or reboot left (see reconcile.py)."""
         with self.lock:
+            try:
+                self._load()
+            except ClaimStateError:
+                log.error(
+                    "CHECKPOINT FROM A NEWER RELEASE: not reconciling, and refusing every "
+                    "prepare and unprepare until it is resolved",
+                    error=self.refusal,
+                )
+                return
             cp = reconcile(self.store, self.executor, self.devices)
             self.metrics.prepared_claims.set(len(cp.claims))

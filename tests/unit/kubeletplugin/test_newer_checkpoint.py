@@ -1,0 +1,57 @@
+"""A checkpoint written by a newer release is refused loudly and left alone: an older
+plugin (a rollback) neither undoes, redoes nor rewrites the claims it records (a newer
+state it does not know once tore running claims down), and says what to do."""
+
+from __future__ import annotations
+
+import json
+import uuid as uuidlib
+from pathlib import Path
+from typing import Any
+
+from dradriver.kubeletplugin.plan import ClaimRef
+from tests.support.node import DRIVER, NODE, fake_preparer
+
+
+def _claim(name: str, device: str) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": str(uuidlib.uuid4()), "namespace": "team", "name": name},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "r", "driver": DRIVER, "pool": NODE, "device": device}]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
+        },
+    }
+
+
+def _ref(c: dict[str, Any]) -> ClaimRef:
+    return ClaimRef("team", c["metadata"]["uid"], c["metadata"]["name"])
+
+
+def test_a_newer_checkpoint_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    claims = {"a": _claim("a", "gpu-0-mig-3g40gb-4"), "b": _claim("b", "gpu-1")}
+    driver, _nvml = fake_preparer(tmp_path, "2xH100-80GB", lambda ref: claims[ref.name])
+    assert driver.prepare([_ref(claims["a"])])[_ref(claims["a"]).uid].error == ""
+    # What a newer release would write (same payload, a higher version).
+    path = tmp_path / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    doc["version"] = 2
+    path.write_text(json.dumps(doc))
+    before = path.read_bytes()
+    spec = tmp_path / "cdi" / f"{DRIVER}-claim-{_ref(claims['a']).uid}.json"
+    assert spec.exists()
+
+    restarted, nvml2 = fake_preparer(tmp_path, "2xH100-80GB", lambda ref: claims[ref.name])
+    restarted.reconcile()
+    assert "written by a newer dradriver release" in restarted.refusal
+    gpu0 = nvml2.backend.machine.gpus[0]
+    assert [(gi.profile.name, gi.start) for gi in gpu0.gpu_instances.values()] == [("3g.40gb", 4)]
+    assert spec.exists() and path.read_bytes() == before
+    new = restarted.prepare([_ref(claims["b"])])[_ref(claims["b"]).uid]
+    assert "newer dradriver release" in new.error and "Roll the plugin forward" in new.error
+    old = restarted.unprepare([_ref(claims["a"])])[_ref(claims["a"]).uid]
+    assert "newer dradriver release" in old
+    assert gpu0.gpu_instances and path.read_bytes() == before and spec.exists()
