@@ -219,11 +219,14 @@ def offer(
     mode: MigMode,
     owned_mig: Iterable[tuple[str, int, int]] = (),
     switching: MigSwitching = MigSwitching.ON_DEMAND,
+    held_mig: Iterable[tuple[str, int, int]] = (),
 ) -> NodeOffer:
     """What the node offers. `owned_mig`: (parent UUID, profile ID, placement start) of
     MIG devices this driver created for prepared claims; in dynamic mode they stay
-    offered as the partitions they were carved from."""
+    offered as the partitions they were carved from. `held_mig`: MIG devices this driver
+    created for claims whose record is lost; not offered at all until released."""
     owned = frozenset(owned_mig)
+    held = frozenset(held_mig)
     skipped: list[Skipped] = []
     gpus: list[GpuOffer] = []
     for gpu in sorted(inv.gpus, key=lambda g: g.index):
@@ -253,7 +256,7 @@ def offer(
             else:
                 gpus.append(GpuOffer(gpu, (whole_gpu(gpu),)))
         else:
-            gpus.append(_dynamic(gpu, owned, skipped, switching))
+            gpus.append(_dynamic(gpu, owned, skipped, switching, held))
     return NodeOffer(tuple(gpus), tuple(skipped))
 
 
@@ -262,6 +265,7 @@ def _dynamic(
     owned: frozenset[tuple[str, int, int]],
     skipped: list[Skipped],
     switching: MigSwitching,
+    held: frozenset[tuple[str, int, int]] = frozenset(),
 ) -> GpuOffer:
     # Whether this driver may switch the GPU's MIG mode when a claim needs it switched.
     may_switch = gpu.mig_switchable and switching is MigSwitching.ON_DEMAND
@@ -306,7 +310,11 @@ def _dynamic(
         for p in packing_order(gpu.mig_profiles)
         if mig_geometry.fits(taken, mig_geometry.demand(p.profile, p.start), caps)
     ]
-    devices += [existing_mig(gpu, d) for d in foreign]
+    devices += [
+        existing_mig(gpu, d)
+        for d in foreign
+        if (gpu.uuid, d.profile_id, d.placement_start) not in held
+    ]
     return GpuOffer(gpu, tuple(devices), counters=True, occupied=occupied)
 
 

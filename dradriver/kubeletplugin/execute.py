@@ -75,7 +75,7 @@ class Executor:
                 crashpoint("intent-recorded")
             for d in carving:
                 assert self.mig is not None
-                self.mig.carve(d)
+                self.mig.carve(d, rec.uid)
                 self.store.save(cp)  # the created instance, before anything else
                 crashpoint("mig-recorded")
             if self.mig is not None:
@@ -192,6 +192,31 @@ class Executor:
                 reason="checkpoint",
             ) from exc
         self.restore_mig_modes(rec, cp)
+
+    def release_forgotten(self, uid: str, ref: str) -> None:
+        """Unprepare of a claim the checkpoint does not know: if it was lost (a corrupt
+        checkpoint moved aside), the ledgers and the CDI directory still know what was
+        done for the claim; undo that now. Nothing recorded: nothing to do."""
+        if self.sharing is not None:
+            try:
+                self.sharing.undo_forgotten_claim(uid)
+            except SharingError as exc:
+                raise exc.retold(f"sharing layer: claim {ref}: {exc}; the kubelet retries") from exc
+        if self.mig is not None:
+            try:
+                gpus = self.mig.release_forgotten(uid)
+            except MigError as exc:
+                raise exc.retold(f"MIG layer: claim {ref}: {exc}; the kubelet retries") from exc
+            if gpus:
+                self.mig.restore_modes(gpus, self.profiles())
+        if self.cdi_writer.exists(uid):
+            try:
+                self.cdi_writer.remove(uid)
+            except OSError as exc:
+                raise CdiError(
+                    f"CDI layer: removing the spec of claim {ref} failed: {exc}", reason="cdi"
+                ) from exc
+            log.info("CDI spec of a claim the checkpoint had lost removed", claim_uid=uid)
 
     def restore_mig_modes(self, rec: ClaimRecord, cp: Checkpoint | None = None) -> None:
         """Switch back what this claim made us switch: MIG mode off where its partitions

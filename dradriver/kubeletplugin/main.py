@@ -23,7 +23,7 @@ from dradriver.kubeletplugin.execute import Executor
 from dradriver.kubeletplugin.files import FileLock, NodeLock
 from dradriver.kubeletplugin.grpcserver import PluginServers
 from dradriver.kubeletplugin.metrics import Metrics
-from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer
+from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer, held_instances
 from dradriver.kubeletplugin.ops import OpsServer
 from dradriver.kubeletplugin.prepare import Preparer
 from dradriver.kubeletplugin.records import owned_partitions
@@ -79,8 +79,10 @@ class DeviceView:
         mode: MigMode,
         owned: Callable[[], set[tuple[str, int, int]]] = set,
         switching: MigSwitching = MigSwitching.ON_DEMAND,
+        held: Callable[[set[tuple[str, int, int]]], set[tuple[str, int, int]]] = lambda o: set(),
     ) -> None:
         self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
+        self.held = held
         self._lock = threading.Lock()
         self._slices: list[SliceContent] = []
         self._index: dict[str, NodeDevice] = {}
@@ -96,7 +98,8 @@ class DeviceView:
             raise
         for problem in found.problems:
             log.error("GPU problem", detail=problem)
-        built = build(found.inventory, self.mode, self.owned(), self.switching)
+        owned = self.owned()
+        built = build(found.inventory, self.mode, owned, self.switching, self.held(owned))
         for skip in built.skipped:
             log.warning(
                 "GPU not published as a whole",
@@ -143,7 +146,14 @@ def run(args: argparse.Namespace) -> int:
     switching = MigSwitching(args.mig_mode_switching)
     # Published partitions must include the ones our claims hold (they exist as MIG
     # devices now, but they are ours, not foreign).
-    view = DeviceView(nvml, mode, lambda: owned_partitions(store.load()), switching)
+    mig_ledger = MigModeLedger(state_dir / "mig-mode.json")
+    view = DeviceView(
+        nvml,
+        mode,
+        lambda: owned_partitions(store.load()),
+        switching,
+        lambda owned: held_instances(mig_ledger, owned),
+    )
     registered = threading.Event()
     api = _ApiProbe(kube)
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
@@ -216,9 +226,7 @@ def run(args: argparse.Namespace) -> int:
     status = StatusWriter(kube, args.driver_name)
     mig = None
     if mode is MigMode.DYNAMIC:
-        mig = MigPreparer(
-            MigCarver(nvml.module), MigModeLedger(state_dir / "mig-mode.json"), switching
-        )
+        mig = MigPreparer(MigCarver(nvml.module), mig_ledger, switching)
     executor = Executor(
         driver=args.driver_name,
         store=store,

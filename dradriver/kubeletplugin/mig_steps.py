@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import MigError
@@ -32,19 +33,35 @@ _INSUFFICIENT = (
 )
 
 
+@dataclass(frozen=True)
+class OwnedInstance:
+    """A MIG instance this driver created, and for which claim."""
+
+    gpu_uuid: str
+    gpu_instance_id: int
+    profile_id: int
+    placement_start: int
+    claim: str
+
+
 class MigModeLedger:
-    """GPUs whose MIG mode this driver switched: on for a partition (switched back off
-    when its last partition there is gone), or off for a whole GPU (switched back on when
-    that claim is gone). Recorded before each switch, so a crash never leaves a mode
-    nobody knows it changed; a mode an admin chose is never touched."""
+    """What this driver changed in MIG, kept apart from the checkpoint so that a lost
+    checkpoint loses nothing:
+    - GPUs whose MIG mode it switched: on for a partition (switched back off when its last
+      partition there is gone), or off for a whole GPU (switched back on when that claim
+      is gone). Recorded before each switch, so a crash never leaves a mode nobody knows
+      it changed; a mode an admin chose is never touched;
+    - the MIG instances it created, with their claim: never offered to another claim while
+      they exist, and destroyed when the kubelet unprepares that claim, even if its record
+      is gone."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def _read(self) -> dict[str, list[str]]:
+    def _read(self) -> dict[str, Any]:
         try:
             data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return {}
         return data if isinstance(data, dict) else {}
 
@@ -56,15 +73,59 @@ class MigModeLedger:
         """GPUs this driver switched MIG mode off, for a whole-GPU claim."""
         return set(self._read().get("disabledByDriver", []))
 
-    def _write(self, enabled: set[str], disabled: set[str]) -> None:
-        doc = {"enabledByDriver": sorted(enabled), "disabledByDriver": sorted(disabled)}
+    def instances(self) -> list[OwnedInstance]:
+        out = []
+        for raw in self._read().get("instances", []):
+            try:
+                out.append(
+                    OwnedInstance(
+                        str(raw["gpuUUID"]),
+                        int(raw["gpuInstanceId"]),
+                        int(raw["profileId"]),
+                        int(raw["placementStart"]),
+                        str(raw["claim"]),
+                    )
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+        return out
+
+    def _write(self, enabled: set[str], disabled: set[str], instances: list[OwnedInstance]) -> None:
+        doc = {
+            "enabledByDriver": sorted(enabled),
+            "disabledByDriver": sorted(disabled),
+            "instances": [
+                {
+                    "gpuUUID": i.gpu_uuid,
+                    "gpuInstanceId": i.gpu_instance_id,
+                    "profileId": i.profile_id,
+                    "placementStart": i.placement_start,
+                    "claim": i.claim,
+                }
+                for i in instances
+            ],
+        }
         atomic_write(self.path, json.dumps(doc).encode(), 0o600)
 
     def save(self, uuids: set[str]) -> None:
-        self._write(uuids, self.load_disabled())
+        self._write(uuids, self.load_disabled(), self.instances())
 
     def save_disabled(self, uuids: set[str]) -> None:
-        self._write(self.load(), uuids)
+        self._write(self.load(), uuids, self.instances())
+
+    def instance_created(self, inst: OwnedInstance) -> None:
+        kept = [
+            i
+            for i in self.instances()
+            if (i.gpu_uuid, i.gpu_instance_id) != (inst.gpu_uuid, inst.gpu_instance_id)
+        ]
+        self._write(self.load(), self.load_disabled(), [*kept, inst])
+
+    def instance_destroyed(self, gpu_uuid: str, gpu_instance_id: int) -> None:
+        before = self.instances()
+        kept = [i for i in before if (i.gpu_uuid, i.gpu_instance_id) != (gpu_uuid, gpu_instance_id)]
+        if len(kept) != len(before):
+            self._write(self.load(), self.load_disabled(), kept)
 
 
 @dataclass
@@ -107,7 +168,7 @@ class MigPreparer:
             self.ledger.save_disabled(disabled)
             log.info("MIG mode restored to on", gpu=gpu)
 
-    def carve(self, d: PreparedDevice) -> None:
+    def carve(self, d: PreparedDevice, claim: str = "") -> None:
         """Creates the partition recorded in d.carve; fills in its ids and the MIG UUID."""
         c = d.carve
         assert c is not None
@@ -130,6 +191,9 @@ class MigPreparer:
             ) from err
         c.gpu_instance_id, c.compute_instance_id = made.gpu_instance_id, made.compute_instance_id
         d.uuid = made.uuid
+        self.ledger.instance_created(
+            OwnedInstance(c.gpu_uuid, made.gpu_instance_id, c.profile_id, c.placement_start, claim)
+        )
         log.info(
             "MIG device created",
             gpu=c.gpu_uuid,
@@ -149,8 +213,10 @@ class MigPreparer:
             inst = self.find(c)  # intent only: destroy what exists at that placement
             if inst is not None:
                 self.carver.destroy(c.gpu_uuid, inst.gpu_instance_id, None)
+                self.ledger.instance_destroyed(c.gpu_uuid, inst.gpu_instance_id)
         else:
             self.carver.destroy(c.gpu_uuid, c.gpu_instance_id, c.compute_instance_id)
+            self.ledger.instance_destroyed(c.gpu_uuid, c.gpu_instance_id)
         log.info(
             "MIG device destroyed",
             gpu=c.gpu_uuid,
@@ -158,6 +224,30 @@ class MigPreparer:
             profile=c.profile,
             placement=c.placement_start,
         )
+
+    def release_forgotten(self, claim: str) -> set[str]:
+        """Destroys the MIG instances the ledger says were made for `claim`, whose record
+        is gone (a lost checkpoint); returns their GPUs. Raises MigError to be retried."""
+        gpus: set[str] = set()
+        for i in self.ledger.instances():
+            if i.claim != claim:
+                continue
+            # Only the instance we made: same ID, profile and placement (a GPU instance
+            # ID is reused by whatever is carved at that placement later).
+            if any(
+                x.gpu_instance_id == i.gpu_instance_id and x.placement_start == i.placement_start
+                for x in self.carver.instances(i.gpu_uuid, [i.profile_id])
+            ):
+                self.carver.destroy(i.gpu_uuid, i.gpu_instance_id, None)
+            self.ledger.instance_destroyed(i.gpu_uuid, i.gpu_instance_id)
+            gpus.add(i.gpu_uuid)
+            log.warning(
+                "MIG device of a claim the checkpoint had lost destroyed",
+                claim_uid=claim,
+                gpu=i.gpu_uuid,
+                gpu_instance=i.gpu_instance_id,
+            )
+        return gpus
 
     def find(self, c: Carve) -> Instance | None:
         return next(
@@ -221,7 +311,7 @@ class MigPreparer:
                     claim_uid=rec.uid,
                     gpu=c.gpu_uuid,
                 )
-                self.carve(d)
+                self.carve(d, rec.uid)
                 assert c.gpu_instance_id is not None
                 owned.add((c.gpu_uuid, c.gpu_instance_id))
         foreign = [
@@ -230,7 +320,18 @@ class MigPreparer:
             for i in self.carver.instances(gpu, pids)
             if (gpu, i.gpu_instance_id) not in owned
         ]
+        ours = {(i.gpu_uuid, i.gpu_instance_id): i.claim for i in self.ledger.instances()}
         for i in foreign:
+            claim = ours.get((i.gpu_uuid, i.gpu_instance_id))
+            if claim is not None:
+                log.warning(
+                    "MIG device of a claim the checkpoint does not hold: kept (not offered) "
+                    "until the kubelet unprepares the claim",
+                    gpu=i.gpu_uuid,
+                    gpu_instance=i.gpu_instance_id,
+                    claim_uid=claim,
+                )
+                continue
             log.warning(
                 "MIG device not created by this driver; left alone",
                 gpu=i.gpu_uuid,
@@ -239,3 +340,15 @@ class MigPreparer:
                 placement=i.placement_start,
             )
         return foreign
+
+
+def held_instances(
+    ledger: MigModeLedger, owned: set[tuple[str, int, int]]
+) -> set[tuple[str, int, int]]:
+    """(GPU UUID, profile ID, placement) of instances this driver made for claims the
+    checkpoint does not hold: not offered to anyone until those claims are unprepared."""
+    return {
+        (i.gpu_uuid, i.profile_id, i.placement_start)
+        for i in ledger.instances()
+        if (i.gpu_uuid, i.profile_id, i.placement_start) not in owned
+    }

@@ -231,7 +231,10 @@ class Preparer:
             cp = self._load()
             rec = cp.claims.get(ref.uid)
             if rec is None:
-                return  # unknown (or already unprepared): success, the kubelet may repeat
+                # Unknown, or already unprepared (the kubelet may repeat): success, once
+                # whatever the ledgers and the CDI directory still hold for it is undone.
+                self.executor.release_forgotten(ref.uid, str(ref))
+                return
             self.executor.release(cp, rec)
             self.metrics.prepared_claims.set(len(cp.claims))
         log.info(

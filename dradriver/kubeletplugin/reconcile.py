@@ -46,9 +46,9 @@ def reconcile(
         ex.cdi_writer.remove(rec.uid)
         cp.claims.pop(rec.uid, None)
     if ex.sharing is not None:
-        # What the ledger says this driver changed for claims nobody holds any more
-        # (the checkpoint lost, or the crash came before the record was saved).
-        ex.sharing.undo_forgotten(set(cp.claims))
+        # What the ledger holds for claims the checkpoint lost: kept for their pods,
+        # undone when the kubelet unprepares them.
+        ex.sharing.report_forgotten(set(cp.claims))
         for rec in cp.claims.values():
             try:
                 ex.sharing.recheck(rec, lambda: store.save(cp))
@@ -74,8 +74,14 @@ def reconcile(
             )
     for uid in ex.cdi_writer.list_claims():
         if uid not in cp.claims:
-            log.warning("removing an orphaned CDI spec", claim_uid=uid)
-            ex.cdi_writer.remove(uid)
+            # Only a lost checkpoint leaves one (a spec is written after its record and
+            # removed before it): its pod may be running. The kubelet's unprepare of the
+            # claim removes it.
+            log.warning(
+                "CDI spec of a claim the checkpoint does not hold: kept until the kubelet "
+                "unprepares the claim",
+                claim_uid=uid,
+            )
     store.save(cp)
     if ex.mig is not None:
         profiles = ex.profiles()

@@ -154,52 +154,61 @@ class SharingSteps:
         if errors:
             raise SharingError("; ".join(errors), reason="undo")
 
-    def undo_forgotten(self, known_claims: set[str]) -> None:
-        """Startup: undoes every ledger entry of a claim the checkpoint does not hold (a
-        checkpoint lost or moved aside, a crash before the record was saved): daemons
-        stopped, compute modes and intervals back to what they were."""
+    def report_forgotten(self, known_claims: set[str]) -> None:
+        """Startup: says what the ledger holds for claims the checkpoint does not (it was
+        lost or moved aside). Left running: the claim's pods may still use it; the
+        kubelet's unprepare of the claim undoes it (undo_forgotten_claim)."""
         e = self._ledger.load()
-        for key, daemon in e.daemons.items():
-            if daemon.claim in known_claims:
-                continue
+        for claim in sorted(e.claims() - known_claims):
             log.warning(
-                "stopping an MPS daemon no prepared claim owns",
-                claim_uid=daemon.claim,
-                pid=daemon.pid,
-                pipe_dir=daemon.pipe_dir,
+                "sharing setup of a claim the checkpoint does not hold: kept until the "
+                "kubelet unprepares the claim",
+                claim_uid=claim,
+                daemons=",".join(str(d.pid) for d in e.daemons.values() if d.claim == claim),
+                compute_mode_gpus=",".join(
+                    g for g, m in e.compute_mode.items() if m.claim == claim
+                ),
+                time_slice_gpus=",".join(g for g, c in e.time_slice.items() if c == claim),
             )
+
+    def undo_forgotten_claim(self, claim: str) -> None:
+        """Undoes what the ledger holds for `claim`, whose record is gone: daemons
+        stopped, compute modes and intervals back to what they were. Raises SharingError
+        (the kubelet retries) if something could not be undone."""
+        e = self._ledger.load()
+        errors: list[str] = []
+        for key, daemon in e.daemons.items():
+            if daemon.claim != claim:
+                continue
             try:
                 self.host.stop_mps(daemon.pid, Path(daemon.pipe_dir))
             except SharingError as exc:
-                log.error("could not stop the daemon", pid=daemon.pid, error=str(exc))
+                errors.append(f"MPS daemon {daemon.pid}: {exc}")
                 continue
             shutil.rmtree(Path(daemon.pipe_dir).parent, ignore_errors=True)
             self._ledger.daemon_stopped(key)
+            log.info("MPS daemon of a forgotten claim stopped", claim_uid=claim, pid=daemon.pid)
         for gpu, change in e.compute_mode.items():
-            if change.claim in known_claims:
+            if change.claim != claim:
                 continue
-            log.warning(
-                "restoring a compute mode no prepared claim needs",
-                claim_uid=change.claim,
-                gpu=gpu,
-                mode=change.before,
-            )
             try:
                 set_compute_mode(self.nvml, gpu, change.before)
             except SharingError as exc:
-                log.error("could not restore the compute mode", gpu=gpu, error=str(exc))
+                errors.append(f"GPU {gpu}: {exc}")
                 continue
             self._ledger.mode_restored(gpu)
-        for gpu, claim in e.time_slice.items():
-            if claim in known_claims:
+            log.info("compute mode of a forgotten claim restored", claim_uid=claim, gpu=gpu)
+        for gpu, holder in e.time_slice.items():
+            if holder != claim:
                 continue
-            log.warning("restoring a time-slice interval no prepared claim needs", gpu=gpu)
             try:
                 self.host.set_timeslice(gpu, "Default")
             except SharingError as exc:
-                log.error("could not restore the interval", gpu=gpu, error=str(exc))
+                errors.append(f"GPU {gpu}: {exc}")
                 continue
             self._ledger.slice_restored(gpu)
+        if errors:
+            raise SharingError("; ".join(errors), reason="undo")
 
     def recheck(self, rec: ClaimRecord, save: Save) -> None:
         """Startup: a completed claim's MPS daemon must be running (a reboot ends it)."""

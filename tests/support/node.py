@@ -14,7 +14,7 @@ from dradriver.kubeletplugin.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.execute import Executor
 from dradriver.kubeletplugin.files import FileLock, NodeLock
 from dradriver.kubeletplugin.metrics import Metrics
-from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer
+from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer, held_instances
 from dradriver.kubeletplugin.plan import ClaimRef
 from dradriver.kubeletplugin.prepare import Preparer
 from dradriver.kubeletplugin.records import owned_partitions
@@ -43,7 +43,9 @@ def fake_preparer(
     store = CheckpointStore(tmp / "checkpoint.json", boot_id)
     # Discovered once, as the plugin does at start (and then on a period, never per call).
     inv = nvml.discover().inventory
-    known = build(inv, mode, owned_partitions(store.load()), switching).offer.devices()
+    ledger = MigModeLedger(tmp / "mig-mode.json")
+    owned = owned_partitions(store.load())
+    known = build(inv, mode, owned, switching, held_instances(ledger, owned)).offer.devices()
 
     def devices() -> dict[str, NodeDevice]:
         return known
@@ -58,7 +60,7 @@ def fake_preparer(
             for d in known.values()
             if d.gpu.mig_profiles
         },
-        mig=MigPreparer(MigCarver(nvml.module), MigModeLedger(tmp / "mig-mode.json"), switching),
+        mig=MigPreparer(MigCarver(nvml.module), ledger, switching),
         sharing=SharingSteps(nvml.module, nvml.host, tmp / "mps"),
     )
     preparer = Preparer(

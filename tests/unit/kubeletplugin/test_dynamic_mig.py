@@ -4,6 +4,7 @@ step between intent and checkpoint, and the hardware always equal to the checkpo
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import uuid as uuidlib
@@ -350,3 +351,28 @@ def test_rtx_pro_media_engine_variants_are_carved_on_a_12_unit_grid(tmp_path: Pa
     node.unprepare(node.ref("pure"))
     node.unprepare(node.ref("plain"))
     assert gpu0.gpu_instances == {} and not gpu0.mig_enabled
+
+
+def test_a_lost_checkpoint_neither_leaks_nor_hands_out_a_mig_device(tmp_path: Path) -> None:
+    """The checkpoint moved aside as corrupt while a partition is carved for a running
+    pod: startup keeps the MIG device and its CDI spec (the pod may still use them), no
+    other claim can be given it (it is not offered, not even as an existing device), and
+    the kubelet's unprepare of its claim destroys it and switches MIG mode back off."""
+    node = start_node(tmp_path)
+    a = node.claim("a", "gpu-0-mig-3g40gb-4")
+    node.prepare(a)
+    (tmp_path / "checkpoint.json").write_text("{ torn")
+    restarted = start_node(tmp_path, node.claims)
+    restarted.driver.reconcile()
+    gpu0 = restarted.fake.machine.gpus[0]
+    assert [(gi.profile.name, gi.start) for gi in gpu0.gpu_instances.values()] == [("3g.40gb", 4)]
+    assert (tmp_path / "cdi" / f"{DRIVER}-claim-{a.uid}.json").exists()
+    offered = restarted.driver.devices()
+    assert not any(n.startswith("gpu-0-mig-3g40gb-4") for n in offered)
+    assert "gpu-0" not in offered  # nor the whole GPU it sits on
+    with pytest.raises(DriverError, match="not published"):
+        restarted.prepare(restarted.claim("b", "gpu-0-mig-3g40gb-4"))
+    restarted.unprepare(a)
+    assert gpu0.gpu_instances == {} and not gpu0.mig_enabled
+    assert not (tmp_path / "cdi" / f"{DRIVER}-claim-{a.uid}.json").exists()
+    assert json.loads((tmp_path / "mig-mode.json").read_text())["instances"] == []

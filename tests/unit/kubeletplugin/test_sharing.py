@@ -270,8 +270,9 @@ def test_a_restart_with_the_daemon_gone_keeps_the_mode_from_before(node: Node) -
 
 
 def test_a_lost_checkpoint_loses_no_sharing_change(node: Node) -> None:
-    """The checkpoint moved aside as corrupt: the ledger still knows the daemon, the
-    compute mode and the interval this driver set, and startup undoes all three."""
+    """The checkpoint moved aside as corrupt: the claims' pods may still run, so startup
+    keeps their daemon, compute mode, interval and CDI specs; the ledger still knows them,
+    and the kubelet's unprepare of each claim undoes them all."""
     nv = node.fake.pynvml
     mps_ref = node.claim("m", "gpu-0", {"strategy": "MPS"})
     ts_ref = node.claim(
@@ -283,18 +284,23 @@ def test_a_lost_checkpoint_loses_no_sharing_change(node: Node) -> None:
     (node.tmp / "checkpoint.json").write_text("{ torn")
     restarted = Node(node.tmp)
     restarted.driver.reconcile()
+    uuid1 = node.fake.machine.gpus[1].uuid
+    assert mps_alive(pid) and restarted.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert restarted.sharing.recorded()[uuid1] == {"timeslice": 3}
+    assert len(list((node.tmp / "cdi").glob("*.json"))) == 2  # live pods' specs stay
+    assert restarted.driver.unprepare([mps_ref, ts_ref]) == {mps_ref.uid: "", ts_ref.uid: ""}
     assert not mps_alive(pid) and restarted.daemons() == []
     assert restarted.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
-    uuid1 = node.fake.machine.gpus[1].uuid
     assert restarted.sharing.recorded()[uuid1] == {"timeslice": 0}
+    assert not list((node.tmp / "cdi").glob("*.json"))
     ledger = json.loads((node.tmp / "sharing-ledger.json").read_text())
     assert ledger["computeMode"] == {} and ledger["mpsDaemons"] == {}
     assert ledger["timeSlice"] == {}
 
 
 def test_a_daemon_started_but_not_recorded_is_still_stopped(node: Node) -> None:
-    """A crash between starting the daemon and saving its PID: the ledger entry made
-    before the start names its pipe directory, through which startup stops it."""
+    """A daemon whose PID never reached the ledger (written before the start, with PID
+    0) is found through its pipe directory when its claim is unprepared."""
     ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
     node.prepare(ref)
     (pid,) = node.daemons()
@@ -306,4 +312,5 @@ def test_a_daemon_started_but_not_recorded_is_still_stopped(node: Node) -> None:
     (node.tmp / "checkpoint.json").unlink()
     restarted = Node(node.tmp)
     restarted.driver.reconcile()
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
     assert not mps_alive(pid)
