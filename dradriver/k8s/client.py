@@ -159,6 +159,9 @@ class Kube:
                 body=data,
                 headers=headers,
                 preload_content=False,
+                # No hidden retries: urllib3's default (3) made one read take up to 4x
+                # the timeout. Callers that want retries loop themselves, on their clock.
+                retries=False,
                 timeout=urllib3.Timeout(connect=t[0], read=t[1])
                 if isinstance(t, tuple)
                 else urllib3.Timeout(total=t),
@@ -176,8 +179,8 @@ class Kube:
         data = resp.data
         return cast(Obj, depth.loads(data)) if data else {}
 
-    def get(self, path: str, **query: Any) -> Obj:
-        return self.request("GET", path, query=query)
+    def get(self, path: str, timeout: float | None = None, **query: Any) -> Obj:
+        return self.request("GET", path, query=query, timeout=timeout)
 
     def list(self, path: str, **query: Any) -> Obj:
         return self.request("GET", path, query=query)

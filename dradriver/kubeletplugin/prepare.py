@@ -33,6 +33,12 @@ from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.prepare")
 
+# The kubelet gives a whole NodePrepareResources call 45 s; one claim read gets far less,
+# so a hung API server fails the claim with time to spare (and the kubelet retries).
+CLAIM_READ_TIMEOUT = 10.0
+# How long an unprepare is remembered against prepares that started before it.
+UNPREPARED_MEMORY = 600.0
+
 
 def _internal(ref: ClaimRef, exc: Exception) -> DriverError:
     """An exception no layer turned into a DriverError, as this claim's error: the other
@@ -73,6 +79,9 @@ class Preparer:
     read_claim: Callable[[ClaimRef], dict[str, Any]] | None = None
     # Why this plugin touches nothing (a checkpoint from a newer release); "" when it may.
     refusal: str = ""
+    # Claim UID -> when it was last unprepared (monotonic), so that a prepare which
+    # started earlier and stalled (API server hung) does not prepare it after all.
+    unprepared_at: dict[str, float] = field(default_factory=dict)
 
     def _load(self) -> Checkpoint:
         """The checkpoint, unless a newer release wrote it: then every call is refused,
@@ -127,6 +136,7 @@ class Preparer:
 
     def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
         check_ref(ref)
+        began = time.monotonic()
         # A claim already prepared answers from the checkpoint, without the API server.
         with self.lock:
             done = self._already_prepared(self._load(), ref)
@@ -135,6 +145,15 @@ class Preparer:
         claim = self._claim(ref)
         local = self.devices()  # one view of the node for this whole prepare
         with self.lock:
+            if self.unprepared_at.get(ref.uid, float("-inf")) >= began:
+                # The kubelet gave up on this prepare and unprepared the claim while it
+                # waited for the API server: preparing now would leave devices nobody
+                # releases.
+                raise ClaimStateError(
+                    f"claim {ref} was unprepared while this prepare waited for the API "
+                    "server; not preparing it (the kubelet asks again if it still wants it)",
+                    reason="unprepared_meanwhile",
+                )
             cp = self._load()
             done = self._already_prepared(cp, ref)  # the other instance may have been faster
             if done is not None:
@@ -196,7 +215,8 @@ class Preparer:
         assert self.kube is not None
         try:
             return self.kube.get(
-                path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name)
+                path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name),
+                timeout=CLAIM_READ_TIMEOUT,
             )
         except NotFound as exc:
             raise ClaimStateError(
@@ -228,6 +248,11 @@ class Preparer:
     def _unprepare_one(self, ref: ClaimRef) -> None:
         check_ref(ref)
         with self.lock:
+            now = time.monotonic()
+            self.unprepared_at[ref.uid] = now
+            for uid, at in list(self.unprepared_at.items()):
+                if now - at > UNPREPARED_MEMORY:
+                    del self.unprepared_at[uid]
             cp = self._load()
             rec = cp.claims.get(ref.uid)
             if rec is None:
