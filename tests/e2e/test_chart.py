@@ -7,6 +7,7 @@ One release is rendered and applied for the whole module, in a namespace of its 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import secrets
 import signal
@@ -142,11 +143,16 @@ def check_references(docs: list[dict[str, Any]], ns: str) -> None:
             assert subject["name"] == sa
     vaps = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert len(vaps) == 2  # own node's slices; own node's claims' status
+    # Own node's slices and own node's claims' status (the plugin); its own webhook's
+    # caBundle only (the controller).
+    assert len(vaps) == 3
+    ctrl_sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     for vap in vaps:
         (cond,) = vap["spec"]["matchConditions"]
+        component = vap["metadata"]["labels"].get("app.kubernetes.io/component")
+        sa = ctrl_sa if component == "controller" else plugin_sa
         assert cond["expression"] == (
-            f'request.userInfo.username == "system:serviceaccount:{ns}:{plugin_sa}"'
+            f'request.userInfo.username == "system:serviceaccount:{ns}:{sa}"'
         )
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(
         v["metadata"]["name"] for v in vaps
@@ -734,3 +740,102 @@ def test_plugin_may_write_only_its_own_claims_device_status(kube: Kube, release:
             kube.delete(f"{claims}/{name}", missing_ok=True)
         for n in (node_a, node_b):
             kube.delete(path_for("v1", "nodes", name=n), missing_ok=True)
+
+
+def test_controller_may_patch_only_its_webhooks_cabundle(kube: Kube, release: Release) -> None:
+    """With a real pod-bound token of the controller's ServiceAccount: the caBundle goes
+    through; pointing the webhook elsewhere, widening its rules or weakening its failure
+    policy is refused, though RBAC alone would allow each."""
+    pod = sa_pod(kube, release.ns, "controller-probe", release.controller_sa)
+    as_ctrl = kube.with_token(request_token(kube, release.ns, release.controller_sa, pod))
+    path = path_for(
+        "admissionregistration.k8s.io/v1",
+        "validatingwebhookconfigurations",
+        name=release.named("ValidatingWebhookConfiguration"),
+    )
+    try:
+        policy = release.named("ValidatingAdmissionPolicy", "controller")
+        bad = [{"op": "replace", "path": "/webhooks/0/clientConfig/service/name", "value": "x"}]
+
+        def refused() -> KubeError | None:
+            try:
+                as_ctrl.patch(path, bad, "json")
+            except KubeError as exc:
+                return exc if "dradriver controller may" in exc.message else None
+            return None
+
+        err = wait_for(refused, f"policy {policy} to refuse a new Service", 30, interval=0.3)
+        assert err is not None and err.status == 403
+        attempts = {
+            "url": [
+                {"op": "remove", "path": "/webhooks/0/clientConfig/service"},
+                {
+                    "op": "add",
+                    "path": "/webhooks/0/clientConfig/url",
+                    "value": "https://evil.example",
+                },
+            ],
+            "rules": [
+                {
+                    "op": "add",
+                    "path": "/webhooks/0/rules/-",
+                    "value": {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["secrets"],
+                    },
+                }
+            ],
+            "failurePolicy": [
+                {
+                    "op": "replace",
+                    "path": "/webhooks/0/failurePolicy",
+                    "value": "Fail"
+                    if kube.get(path)["webhooks"][0]["failurePolicy"] == "Ignore"
+                    else "Ignore",
+                }
+            ],
+        }
+        for what, ops in attempts.items():
+            with pytest.raises(KubeError) as info:
+                as_ctrl.patch(path, ops, "json")
+            assert info.value.status == 403, (what, info.value.message)
+        before = kube.get(path)["webhooks"][0]["clientConfig"].get("caBundle")
+        ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
+        as_ctrl.patch(
+            path,
+            [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": ca.decode()}],
+            "json",
+        )
+        assert kube.get(path)["webhooks"][0]["clientConfig"]["caBundle"] == ca.decode()
+        restore = (
+            {"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": before}
+            if before
+            else {"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}
+        )
+        kube.patch(path, [restore], "json")
+    finally:
+        as_ctrl.close()
+        kube.delete(path_for("v1", "pods", release.ns, "controller-probe"), missing_ok=True)
+
+
+def test_privilege_follows_the_devices(helm: Path) -> None:
+    """Privileged only where NVML and MIG need it; with fake devices nothing is, and no
+    host directory but the plugin's own (kubelet sockets, CDI, state) is mounted."""
+    real = one(render(helm), "DaemonSet")["spec"]["template"]["spec"]
+    (c,) = real["containers"]
+    assert c["securityContext"]["privileged"] is True
+    assert {v["name"] for v in real["volumes"]} >= {"driver-root"}
+    fake = one(render(helm, {"devices": "fake:2xH100-80GB"}), "DaemonSet")["spec"]["template"]
+    (c,) = fake["spec"]["containers"]
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert {v["hostPath"]["path"] for v in fake["spec"]["volumes"] if "hostPath" in v} == {
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins",
+        "/var/run/cdi",
+        "/var/lib/dradriver",
+    }

@@ -77,3 +77,11 @@ here, at render time, with the reason.
 {{- define "dradriver.claimStatusPolicy.name" -}}
 {{- printf "%s-claim-status-own-node" (include "dradriver.fullname" .) -}}
 {{- end -}}
+
+{{- define "dradriver.controller.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "dradriver.controller.name" .) -}}
+{{- end -}}
+
+{{- define "dradriver.webhookPolicy.name" -}}
+{{- printf "%s-webhook-cabundle-only" (include "dradriver.fullname" .) -}}
+{{- end -}}
