@@ -193,6 +193,9 @@ class GpuOffer:
     # without a compute instance): they take their share of the GPU for good, so the
     # counter set is published with that share already used.
     occupied: tuple[Partition, ...] = ()
+    # Partitions carved for a claim whose record was lost: never published, but known to
+    # prepare, so that the kubelet preparing that same claim again gets its device back.
+    unpublished: tuple[NodeDevice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,9 @@ class NodeOffer:
     skipped: tuple[Skipped, ...] = ()
 
     def devices(self) -> dict[str, NodeDevice]:
-        return {d.name: d for g in self.gpus for d in g.devices}
+        """Every device prepare may be asked for: the published ones, and partitions held
+        for claims whose record was lost (prepare gives those to their own claim only)."""
+        return {d.name: d for g in self.gpus for d in (*g.devices, *g.unpublished)}
 
 
 def offer(
@@ -315,7 +320,13 @@ def _dynamic(
         for d in foreign
         if (gpu.uuid, d.profile_id, d.placement_start) not in held
     ]
-    return GpuOffer(gpu, tuple(devices), counters=True, occupied=occupied)
+    by_id = {p.profile_id: p for p in gpu.mig_profiles}
+    unpublished = tuple(
+        partition(gpu, Partition(by_id[d.profile_id], d.placement_start))
+        for d in foreign
+        if (gpu.uuid, d.profile_id, d.placement_start) in held and d.profile_id in by_id
+    )
+    return GpuOffer(gpu, tuple(devices), counters=True, occupied=occupied, unpublished=unpublished)
 
 
 def _occupied(gpu: Gpu, foreign: Iterable[MigDevice]) -> tuple[Partition, ...]:

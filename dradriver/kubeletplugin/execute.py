@@ -135,7 +135,7 @@ class Executor:
         for d in rec.devices:
             if d.carve is not None and self.mig is not None:
                 try:
-                    self.mig.uncarve(d)
+                    self.mig.uncarve(d, rec.uid)
                 except MigError as exc:
                     keep = True
                     log.error(
@@ -170,7 +170,7 @@ class Executor:
         for d in rec.devices:
             if d.carve is not None and self.mig is not None:
                 try:
-                    self.mig.uncarve(d)
+                    self.mig.uncarve(d, rec.uid)
                 except MigError as exc:
                     hint = " (a process still uses it)" if exc.in_use else ""
                     raise exc.retold(

@@ -179,6 +179,8 @@ class MigPreparer:
             self.carver.set_mig_mode(c.gpu_uuid, True)
             log.info("MIG mode enabled", gpu=c.gpu_uuid, device=d.device)
         crashpoint("mig-before-create")
+        if self._adopt_own(d, c, claim):
+            return
         try:
             made = self.carver.create(
                 c.gpu_uuid, c.profile_id, c.placement_start, c.placement_size, c.compute_slices
@@ -205,15 +207,69 @@ class MigPreparer:
         )
         crashpoint("mig-created")
 
-    def uncarve(self, d: PreparedDevice) -> None:
+    def _adopt_own(self, d: PreparedDevice, c: Carve, claim: str) -> bool:
+        """A partition the ledger says was carved for this same claim, whose record was
+        lost: the claim's pods may be using it, so it is taken back as it is (same MIG
+        UUID), never carved anew. One carved for another lost claim is refused."""
+        mine = [
+            i
+            for i in self.ledger.instances()
+            if (i.gpu_uuid, i.profile_id, i.placement_start)
+            == (c.gpu_uuid, c.profile_id, c.placement_start)
+        ]
+        if not mine:
+            return False
+        held = mine[0]
+        if held.claim != claim:
+            raise MigError(
+                f"device {d.device} ({c.profile} at {c.placement_start}) is held for claim "
+                f"UID {held.claim}, whose record was lost; it is released when the kubelet "
+                "unprepares that claim"
+            )
+        made = self.carver.adopt(c.gpu_uuid, held.gpu_instance_id, c.profile_id)
+        if made is None:
+            self.ledger.instance_destroyed(c.gpu_uuid, held.gpu_instance_id)
+            return False  # gone meanwhile: carve it anew
+        c.gpu_instance_id, c.compute_instance_id = made.gpu_instance_id, made.compute_instance_id
+        d.uuid = made.uuid
+        log.warning(
+            "MIG device of this claim kept from before its record was lost; taken back",
+            claim_uid=claim,
+            device=d.device,
+            mig_uuid=made.uuid,
+        )
+        return True
+
+    def uncarve(self, d: PreparedDevice, claim: str = "") -> None:
         c = d.carve
         if c is None:
             return
         if c.gpu_instance_id is None:
-            inst = self.find(c)  # intent only: destroy what exists at that placement
-            if inst is not None:
-                self.carver.destroy(c.gpu_uuid, inst.gpu_instance_id, None)
-                self.ledger.instance_destroyed(c.gpu_uuid, inst.gpu_instance_id)
+            # Intent only: the instance at that placement is this attempt's if the ledger
+            # says this claim made it (it is written right after the create). Anything
+            # else there (another claim's, an admin's) was never ours to destroy.
+            inst = self.find(c)
+            owner = next(
+                (
+                    i.claim
+                    for i in self.ledger.instances()
+                    if inst is not None
+                    and (i.gpu_uuid, i.gpu_instance_id) == (c.gpu_uuid, inst.gpu_instance_id)
+                ),
+                None,
+            )
+            if inst is None:
+                return
+            if owner != claim:
+                log.info(
+                    "not destroying a MIG device this attempt did not create",
+                    device=d.device,
+                    claim_uid=claim,
+                    holder=owner or "not this driver",
+                )
+                return
+            self.carver.destroy(c.gpu_uuid, inst.gpu_instance_id, None)
+            self.ledger.instance_destroyed(c.gpu_uuid, inst.gpu_instance_id)
         else:
             self.carver.destroy(c.gpu_uuid, c.gpu_instance_id, c.compute_instance_id)
             self.ledger.instance_destroyed(c.gpu_uuid, c.gpu_instance_id)
@@ -287,7 +343,7 @@ class MigPreparer:
                 if d.carve is None:
                     continue
                 try:
-                    self.uncarve(d)
+                    self.uncarve(d, rec.uid)
                 except MigError as exc:
                     log.error(
                         "could not destroy an interrupted MIG device",

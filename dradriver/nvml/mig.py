@@ -146,6 +146,23 @@ class MigCarver:
             raise MigError(f"reading the new MIG device ({where})", err) from err
         return Created(gi_id, ci_id, uuid)
 
+    def adopt(self, gpu_uuid: str, gi_id: int, profile_id: int) -> Created | None:
+        """The MIG device of an existing GPU instance (its first compute instance), or
+        None when the GPU instance or its compute instance is gone."""
+        h = self._h(gpu_uuid)
+        try:
+            found = self._instances(gpu_uuid, [profile_id])
+        except self.nvml.NVMLError:
+            return None
+        inst = next((i for i in found if i.gpu_instance_id == gi_id), None)
+        if inst is None or not inst.compute_instance_ids:
+            return None
+        ci_id = inst.compute_instance_ids[0]
+        try:
+            return Created(gi_id, ci_id, self._mig_uuid(h, gi_id, ci_id))
+        except (self.nvml.NVMLError, LookupError):
+            return None
+
     def _mig_uuid(self, h: Any, gi_id: int, ci_id: int) -> str:
         nvml = self.nvml
         for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(h)):

@@ -65,8 +65,9 @@ class CheckpointStore:
         except OSError as exc:
             moved = f"(could not move it: {exc}; the next save overwrites it)"
         log.error(
-            "CHECKPOINT CORRUPT: starting with an empty state; claims recorded in it are "
-            "forgotten and devices they used may need cleaning up by hand",
+            "CHECKPOINT CORRUPT: starting with an empty state; what the claims recorded in "
+            "it hold (MIG devices, sharing setups, CDI specs) is kept, and undone when the "
+            "kubelet unprepares them (the MIG and sharing ledgers know it)",
             path=str(self.path),
             reason=reason,
             moved_to=moved,

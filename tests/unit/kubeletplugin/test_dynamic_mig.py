@@ -17,10 +17,14 @@ import pytest
 
 from dradriver import crashpoints
 from dradriver.errors import DriverError
+from dradriver.inventory.node_devices import MigMode
+from dradriver.kubeletplugin.mig_steps import MigModeLedger, held_instances
 from dradriver.kubeletplugin.plan import ClaimRef
 from dradriver.kubeletplugin.prepare import Preparer
 from dradriver.kubeletplugin.records import owned_partitions
+from dradriver.nvml.library import open_nvml
 from dradriver.nvml.mig import MigCarver
+from dradriver.slices.build import build
 from fakenvml import FakeNvml
 from tests.support.node import DRIVER, NODE, fake_preparer
 
@@ -356,22 +360,31 @@ def test_rtx_pro_media_engine_variants_are_carved_on_a_12_unit_grid(tmp_path: Pa
 def test_a_lost_checkpoint_neither_leaks_nor_hands_out_a_mig_device(tmp_path: Path) -> None:
     """The checkpoint moved aside as corrupt while a partition is carved for a running
     pod: startup keeps the MIG device and its CDI spec (the pod may still use them), no
-    other claim can be given it (it is not offered, not even as an existing device), and
-    the kubelet's unprepare of its claim destroys it and switches MIG mode back off."""
+    other claim can be given it (it is not offered, not even as an existing device), its
+    own claim prepared again gets it back, and the kubelet's unprepare of its claim
+    destroys it and switches MIG mode back off."""
     node = start_node(tmp_path)
     a = node.claim("a", "gpu-0-mig-3g40gb-4")
-    node.prepare(a)
+    (first,) = node.prepare(a)
     (tmp_path / "checkpoint.json").write_text("{ torn")
     restarted = start_node(tmp_path, node.claims)
     restarted.driver.reconcile()
     gpu0 = restarted.fake.machine.gpus[0]
     assert [(gi.profile.name, gi.start) for gi in gpu0.gpu_instances.values()] == [("3g.40gb", 4)]
     assert (tmp_path / "cdi" / f"{DRIVER}-claim-{a.uid}.json").exists()
-    offered = restarted.driver.devices()
-    assert not any(n.startswith("gpu-0-mig-3g40gb-4") for n in offered)
-    assert "gpu-0" not in offered  # nor the whole GPU it sits on
-    with pytest.raises(DriverError, match="not published"):
+    inv = open_nvml(f"fake:{SPEC}", node=NODE, state_dir=tmp_path).discover().inventory
+    ledger = MigModeLedger(tmp_path / "mig-mode.json")
+    built = build(inv, MigMode.DYNAMIC, set(), held_mig=held_instances(ledger, set()))
+    published = {d["name"] for sl in built.slices for d in sl.devices}
+    assert not any(n.startswith("gpu-0-mig-3g40gb-4") for n in published)
+    assert "gpu-0" not in published  # nor the whole GPU it sits on
+    with pytest.raises(DriverError, match="held for claim UID"):
         restarted.prepare(restarted.claim("b", "gpu-0-mig-3g40gb-4"))
+    # The kubelet, restarted too, prepares the same claim again: it gets its own MIG
+    # device back, the one its pod uses (same UUID), not a new one.
+    (again,) = restarted.prepare(a)
+    assert again.uuid == first.uuid
+    assert len(gpu0.gpu_instances) == 1
     restarted.unprepare(a)
     assert gpu0.gpu_instances == {} and not gpu0.mig_enabled
     assert not (tmp_path / "cdi" / f"{DRIVER}-claim-{a.uid}.json").exists()
