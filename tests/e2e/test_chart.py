@@ -826,7 +826,17 @@ def test_privilege_follows_the_devices(helm: Path) -> None:
     real = one(render(helm), "DaemonSet")["spec"]["template"]["spec"]
     (c,) = real["containers"]
     assert c["securityContext"]["privileged"] is True
-    assert {v["name"] for v in real["volumes"]} >= {"driver-root"}
+    (root,) = [v for v in real["volumes"] if v["name"] == "driver-root"]
+    assert root["hostPath"]["path"] == "/usr"  # never the host's /
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "driver-root"]
+    assert mount["readOnly"] is True
+    containerized = one(render(helm, {"driverRoot": "/run/nvidia/driver/"}), "DaemonSet")
+    (root,) = [
+        v
+        for v in containerized["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "driver-root"
+    ]
+    assert root["hostPath"]["path"] == "/run/nvidia/driver/usr"
     fake = one(render(helm, {"devices": "fake:2xH100-80GB"}), "DaemonSet")["spec"]["template"]
     (c,) = fake["spec"]["containers"]
     sc = c["securityContext"]
