@@ -83,7 +83,7 @@ class Executor:
                 for d in rec.devices:
                     # MIG-capable GPUs only; adminAccess never switches anything.
                     if d.kind == "gpu" and d.uuid in profiles and not d.admin_access:
-                        self.mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device)
+                        self.mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device, rec.uid)
             if shared:
                 assert self.sharing is not None
                 self.sharing.apply(rec, lambda: self.store.save(cp))
@@ -209,6 +209,9 @@ class Executor:
                 raise exc.retold(f"MIG layer: claim {ref}: {exc}; the kubelet retries") from exc
             if gpus:
                 self.mig.restore_modes(gpus, self.profiles())
+            off = {g for g, c in self.mig.ledger.disabled_for().items() if c == uid}
+            if off:
+                self.mig.restore_disabled(off, set())
         if self.cdi_writer.exists(uid):
             try:
                 self.cdi_writer.remove(uid)

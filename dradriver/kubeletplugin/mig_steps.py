@@ -90,10 +90,17 @@ class MigModeLedger:
                 continue
         return out
 
+    def disabled_for(self) -> dict[str, str]:
+        """GPU -> the claim it was switched off for (where known)."""
+        raw = self._read().get("disabledFor", {})
+        return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
     def _write(self, enabled: set[str], disabled: set[str], instances: list[OwnedInstance]) -> None:
+        owners = {g: c for g, c in self.disabled_for().items() if g in disabled}
         doc = {
             "enabledByDriver": sorted(enabled),
             "disabledByDriver": sorted(disabled),
+            "disabledFor": owners,
             "instances": [
                 {
                     "gpuUUID": i.gpu_uuid,
@@ -112,6 +119,13 @@ class MigModeLedger:
 
     def save_disabled(self, uuids: set[str]) -> None:
         self._write(self.load(), uuids, self.instances())
+
+    def disabling(self, gpu: str, claim: str) -> None:
+        """Recorded before MIG mode is switched off on `gpu` for `claim`'s whole GPU."""
+        self._write(self.load(), self.load_disabled() | {gpu}, self.instances())
+        data = self._read()
+        data.setdefault("disabledFor", {})[gpu] = claim
+        atomic_write(self.path, json.dumps(data).encode(), 0o600)
 
     def instance_created(self, inst: OwnedInstance) -> None:
         kept = [
@@ -134,7 +148,9 @@ class MigPreparer:
     ledger: MigModeLedger
     switching: MigSwitching = MigSwitching.ON_DEMAND
 
-    def ensure_whole(self, gpu_uuid: str, profile_ids: list[int], device: str) -> None:
+    def ensure_whole(
+        self, gpu_uuid: str, profile_ids: list[int], device: str, claim: str = ""
+    ) -> None:
         """A whole GPU is never handed out in MIG mode: switch it off where this driver
         may and no MIG device is on it, or fail naming the GPU."""
         if not self.carver.mig_enabled(gpu_uuid):
@@ -150,15 +166,27 @@ class MigPreparer:
             )
         # Recorded first: if the switch half-happens, unprepare and startup still know
         # the mode is ours to switch back on.
-        self.ledger.save_disabled(self.ledger.load_disabled() | {gpu_uuid})
+        self.ledger.disabling(gpu_uuid, claim)
         self.carver.set_mig_mode(gpu_uuid, False)
         log.info("MIG mode switched off for a whole-GPU claim", gpu=gpu_uuid, device=device)
 
-    def restore_disabled(self, gpus: set[str], held_whole: set[str]) -> None:
+    def restore_disabled(
+        self, gpus: set[str], held_whole: set[str], keep_for: set[str] | None = None
+    ) -> None:
         """Switch MIG mode back on where this driver switched it off and no claim holds
-        the GPU whole any more."""
+        the GPU whole any more; not where it was switched off for a claim in `keep_for`
+        (one whose record was lost but whose pod may still use the GPU)."""
         disabled = self.ledger.load_disabled()
+        owners = self.ledger.disabled_for()
         for gpu in sorted((gpus & disabled) - held_whole):
+            if keep_for and owners.get(gpu) in keep_for:
+                log.warning(
+                    "MIG mode kept off: switched off for a claim the checkpoint does not "
+                    "hold; switched back on when the kubelet unprepares it",
+                    gpu=gpu,
+                    claim_uid=owners[gpu],
+                )
+                continue
             try:
                 self.carver.set_mig_mode(gpu, True)
             except MigError as exc:

@@ -86,5 +86,6 @@ def reconcile(
     if ex.mig is not None:
         profiles = ex.profiles()
         ex.mig.restore_modes(set(profiles), profiles)
-        ex.mig.restore_disabled(set(profiles), held_whole(cp))
+        lost = set(ex.cdi_writer.list_claims()) - set(cp.claims)
+        ex.mig.restore_disabled(set(profiles), held_whole(cp), keep_for=lost)
     return cp

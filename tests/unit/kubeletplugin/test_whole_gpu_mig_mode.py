@@ -87,3 +87,22 @@ def test_a_switch_refused_because_the_gpu_is_held_names_the_holder(tmp_path: Pat
     assert "MIG layer:" in error and "in use by" in error
     assert "DCGM" in error and "--mig-mode-switching=never" in error
     assert not fake.machine.gpus[0].mig_enabled and prep.store.load().claims == {}
+
+
+def test_a_lost_checkpoint_keeps_mig_off_under_a_running_whole_gpu_claim(tmp_path: Path) -> None:
+    """MIG mode switched off for a whole-GPU claim, then the checkpoint lost: startup
+    does not switch it back on under the claim's pod (the ledger says for which claim it
+    is off, and its CDI spec is still there); the claim's unprepare does."""
+    claims: dict[str, Any] = {}
+    prep, _nvml = fake_preparer(tmp_path, "1xH100-80GB:mig=on", lambda r: claims[r.name])
+    ref = claim(claims, "whole", "gpu-0")
+    assert prep.prepare([ref])[ref.uid].error == ""
+    (tmp_path / "checkpoint.json").write_text("{ torn")
+    restarted, nvml2 = fake_preparer(tmp_path, "1xH100-80GB:mig=on", lambda r: claims[r.name])
+    restarted.reconcile()
+    gpu0 = nvml2.backend.machine.gpus[0]
+    assert not gpu0.mig_enabled
+    assert ledger(tmp_path)["disabledFor"] == {gpu0.uuid: ref.uid}
+    assert restarted.unprepare([ref]) == {ref.uid: ""}
+    assert gpu0.mig_enabled
+    assert ledger(tmp_path)["disabledByDriver"] == [] and ledger(tmp_path)["disabledFor"] == {}
