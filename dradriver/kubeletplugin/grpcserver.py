@@ -4,7 +4,7 @@ registry and the DRA socket (v1 and v1beta1 on one server).
 Socket names carry an instance id so two plugin instances can run side by side during a
 rolling update; the kubelet prefers the newest. If our registration socket disappears
 (someone cleaned the registry), it is recreated within a second, so a kubelet restart
-never leaves the node without the driver.
+never leaves the node without the driver; so is the DRA socket.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class PluginServers:
         self._dra: grpc.Server | None = None
         self._reg: grpc.Server | None = None
         self._reg_inode = 0
+        self._dra_inode = 0
         self._stop = threading.Event()
         self._watch: threading.Thread | None = None
 
@@ -106,6 +107,15 @@ class PluginServers:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
+        self._start_dra()
+        # Registration last: once its socket exists the kubelet may call at once.
+        self._start_registration()
+        self._watch = threading.Thread(
+            target=self._keep_registration, name="reg-watch", daemon=True
+        )
+        self._watch.start()
+
+    def _start_dra(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.dra_socket.unlink(missing_ok=True)
         dra = grpc.server(
@@ -121,12 +131,7 @@ class PluginServers:
         dra.add_insecure_port(f"unix://{self.dra_socket}")
         dra.start()
         self._dra = dra
-        # Registration last: once its socket exists the kubelet may call at once.
-        self._start_registration()
-        self._watch = threading.Thread(
-            target=self._keep_registration, name="reg-watch", daemon=True
-        )
-        self._watch.start()
+        self._dra_inode = os.stat(self.dra_socket).st_ino
 
     def _start_registration(self) -> None:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
@@ -147,8 +152,27 @@ class PluginServers:
         self._reg = reg
         self._reg_inode = os.stat(self.reg_socket).st_ino
 
+    def _socket_alive(self, path: Path, inode: int) -> bool:
+        try:
+            return os.stat(path).st_ino == inode
+        except FileNotFoundError:
+            return False
+
     def _keep_registration(self) -> None:
         while not self._stop.wait(0.5):
+            if not self._socket_alive(self.dra_socket, self._dra_inode) and not self._stop.is_set():
+                # Someone cleaned the plugin directory: the kubelet's next call would find
+                # no socket. A new one at the same path; in-flight calls on the old
+                # server finish.
+                log.warning("DRA socket gone; recreating it", socket=str(self.dra_socket))
+                # The old server first: gRPC unlinks its socket path when it shuts down,
+                # which would be the new socket's. In-flight calls get a few seconds.
+                if self._dra is not None:
+                    self._dra.stop(grace=5).wait(6)
+                try:
+                    self._start_dra()
+                except (OSError, RuntimeError) as exc:
+                    log.error("recreating the DRA socket failed", error=str(exc))
             try:
                 alive = os.stat(self.reg_socket).st_ino == self._reg_inode
             except FileNotFoundError:
@@ -156,7 +180,7 @@ class PluginServers:
             if not alive and not self._stop.is_set():
                 log.warning("registration socket gone; recreating it", socket=str(self.reg_socket))
                 if self._reg is not None:
-                    self._reg.stop(grace=None)
+                    self._reg.stop(grace=None).wait(2)
                 self._on_registered(False, "registration socket recreated")
                 try:
                     self._start_registration()

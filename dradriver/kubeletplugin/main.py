@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dradriver import logs
@@ -68,6 +69,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
     )
     flags.add(p, "--log-level", "info", "debug, info, warning or error")
+
+
+# The kubelet scans its plugin registry within seconds; after this long without being
+# accepted, the likeliest cause is a socket in a directory the kubelet does not watch.
+REGISTRATION_PATIENCE = 45.0
+
+
+def not_registered_message(kubelet_dir: Path, waited: float) -> str:
+    return (
+        f"not registered with the kubelet after {waited:.0f} s: it probably does not watch "
+        f"{kubelet_dir / 'plugins_registry'}, where the registration socket is; set "
+        "--kubelet-dir (Helm kubeletDir) to the kubelet's --root-dir (default /var/lib/kubelet)"
+    )
+
+
+@dataclass
+class _Registration:
+    refused: str = ""  # the kubelet's reason, when it refused us
+    since: float = field(default_factory=time.monotonic)  # waiting since
+    warned: bool = False
 
 
 class DeviceView:
@@ -139,7 +160,15 @@ def run(args: argparse.Namespace) -> int:
     except DevicesSpecError as exc:
         log.error("bad --devices", error=str(exc))
         return 2
-    kube = Kube.from_kubeconfig(args.kubeconfig)
+    try:
+        kube = Kube.from_kubeconfig(args.kubeconfig)
+    except Exception as exc:  # the official library raises its own ConfigException
+        log.error(
+            "cannot load the kubeconfig: pass --kubeconfig, or run in a pod",
+            error=str(exc),
+            kubeconfig=args.kubeconfig or "(in-cluster, then ~/.kube/config)",
+        )
+        return 2
     metrics = Metrics()
     store = CheckpointStore(state_dir / "checkpoint.json", current_boot_id())
     mode = MigMode(args.mig_mode)
@@ -155,6 +184,20 @@ def run(args: argparse.Namespace) -> int:
         lambda owned: held_instances(mig_ledger, owned),
     )
     registered = threading.Event()
+    # Why the kubelet has not accepted us: its refusal, or how long we have waited.
+    registration = _Registration()
+    kubelet_dir = Path(args.kubelet_dir)
+
+    def registration_ready() -> tuple[bool, str]:
+        if registered.is_set():
+            return True, "registered"
+        if registration.refused:
+            return False, f"the kubelet refused the registration: {registration.refused}"
+        waited = time.monotonic() - registration.since
+        if waited > REGISTRATION_PATIENCE:
+            return False, not_registered_message(kubelet_dir, waited)
+        return False, "waiting for the kubelet"
+
     api = _ApiProbe(kube)
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
     loop = PublishLoop(publisher, view.refresh, period=args.rediscover_period)
@@ -185,10 +228,7 @@ def run(args: argparse.Namespace) -> int:
         live={"process": lambda: (True, "serving")},
         ready={
             "discovery": lambda: (view.discovered.is_set(), view.last_error or "ok"),
-            "registration": lambda: (
-                registered.is_set(),
-                "registered" if registered.is_set() else "waiting",
-            ),
+            "registration": registration_ready,
             "api": api.check,
             "slices": slices_ready,
             "checkpoint": checkpoint_ready,
@@ -214,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
             view.refresh()
             break
         except Exception as exc:
+            view.last_error = f"NVML layer: {exc}"
             log.error(
                 "device discovery failed; retrying", error=str(exc), retry_in=f"{backoff:.0f}s"
             )
@@ -251,6 +292,9 @@ def run(args: argparse.Namespace) -> int:
     driver.reconcile()
 
     def on_registered(ok: bool, error: str) -> None:
+        registration.refused = "" if ok else error
+        if not ok and error == "registration socket recreated":
+            registration.refused, registration.since = "", time.monotonic()
         metrics.registered.set(1 if ok else 0)
         if ok:
             registered.set()
@@ -274,6 +318,13 @@ def run(args: argparse.Namespace) -> int:
         "serving", dra_socket=str(servers.dra_socket), registration_socket=str(servers.reg_socket)
     )
     while not stop.wait(1.0):
+        waited = time.monotonic() - registration.since
+        if not registered.is_set() and waited > REGISTRATION_PATIENCE:
+            if not registration.warned:
+                log.warning(not_registered_message(kubelet_dir, waited))
+                registration.warned = True
+        else:
+            registration.warned = False
         if watch.synced.is_set():
             metrics.published_devices.set(watch.devices_held())
         reasons: dict[str, int] = {}

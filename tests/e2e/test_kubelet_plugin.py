@@ -264,6 +264,19 @@ def test_registration_socket_is_recreated_when_removed(gpu_node: GpuNode) -> Non
     )
 
 
+def test_dra_socket_is_recreated_when_removed(gpu_node: GpuNode) -> None:
+    """Someone cleans the plugin directory: the DRA socket comes back at the same path and
+    the real kubelet's next prepare reaches the plugin through it."""
+    n = gpu_node
+    (sock,) = list((n.kubelet.registry_dir.parent / "plugins" / DRIVER).glob("dra*.sock"))
+    sock.unlink()
+    wait_for(sock.exists, "the DRA socket to come back", 10)
+    assert "DRA socket gone; recreating it" in n.plugin.log()
+    n.claim("after-socket")
+    n.pod("p-after-socket", claim="after-socket")
+    n.running("p-after-socket")
+
+
 def test_plugin_sigkill_and_restart_keeps_prepared_claims(gpu_node: GpuNode) -> None:
     n = gpu_node
     n.claim("c")
@@ -578,3 +591,23 @@ def test_admin_access_through_the_scheduler_and_the_kubelet(gpu_node: GpuNode) -
     wait_for(lambda: len(n.checkpoint_claims()) == 1, "the monitor's claim released", 15)
     (left,) = n.checkpoint_claims().values()
     assert left["name"] == "work" and len(n.cdi_specs()) == 1
+
+
+def test_readyz_says_why_nvml_is_not_answering(
+    cluster: Cluster, hollow_node: Callable[..., HollowNode]
+) -> None:
+    """No NVIDIA driver on this machine: /readyz names the NVML layer and NVML's own
+    error, not "not discovered yet"."""
+    kubelet = hollow_node()
+    plugin = PluginProc(cluster.kubeconfig, kubelet, "nvml")
+    plugin.start()
+    try:
+
+        def said() -> str | None:
+            code, body = plugin.http("/readyz")
+            return body if code == 503 and "NVML layer" in body else None
+
+        body = wait_for(said, "/readyz to name the NVML layer", 20)
+        assert "not discovered yet" not in body
+    finally:
+        plugin.stop()
