@@ -264,6 +264,11 @@ class CdiWriter:
             reason = exc.strerror or str(exc)
             if exc.errno == errno.ENOSPC:
                 reason += f" (the filesystem holding {self.cdi_dir} is full)"
+            elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                reason += (
+                    f" ({self.cdi_dir} must be writable by the plugin: mount it read-write, "
+                    "or point --cdi-dir (Helm cdiDir) at the runtime's CDI directory)"
+                )
             raise CdiWriteError(
                 exc.errno,
                 f"CDI layer: cannot write the spec of claim {claim_uid} to {path}: {reason}",

@@ -389,3 +389,25 @@ def test_a_lost_checkpoint_neither_leaks_nor_hands_out_a_mig_device(tmp_path: Pa
     assert gpu0.gpu_instances == {} and not gpu0.mig_enabled
     assert not (tmp_path / "cdi" / f"{DRIVER}-claim-{a.uid}.json").exists()
     assert json.loads((tmp_path / "mig-mode.json").read_text())["instances"] == []
+
+
+def test_a_read_only_cdi_directory_is_a_cdi_layer_error_with_a_clean_rollback(
+    node: Node, monkeypatch: Any
+) -> None:
+    import errno
+
+    from dradriver.kubeletplugin import cdi
+
+    def read_only(*a: Any, **k: Any) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(cdi, "atomic_write", read_only)
+    ref = node.claim("c", "gpu-2-mig-1g10gb-3")
+    r = node.driver.prepare([ref])[ref.uid]
+    assert r.error.startswith("claim team/c: CDI layer: cannot write the spec")
+    assert "must be writable by the plugin" in r.error and "--cdi-dir" in r.error
+    gpu2 = node.fake.machine.gpus[2]
+    assert gpu2.gpu_instances == {} and not gpu2.mig_enabled  # MIG mode back off
+    assert node.driver.store.load().claims == {}
+    ledger = json.loads((node.tmp / "mig-mode.json").read_text())
+    assert ledger["instances"] == [] and gpu2.uuid not in ledger["enabledByDriver"]
