@@ -13,13 +13,20 @@ def _cluster(args: argparse.Namespace) -> int:
 
     state_dir = Path(args.state_dir)
     if args.action == "up":
+        before = None if args.replace else cluster.running(state_dir)
         try:
-            st = cluster.up(state_dir, alpha=args.alpha)
+            st = cluster.up(state_dir, alpha=args.alpha, replace=args.replace)
         except cluster.ClusterError as exc:
             print(f"dev cluster: {exc}", file=sys.stderr)
             return 1
         gates = "alpha DRA gates on" if st.alpha else "GA defaults"
-        print(f"dev cluster: up at {st.server} ({gates})")
+        if before is not None and before.server == st.server:
+            print(
+                f"dev cluster: already running at {st.server} ({gates}); kept as it is "
+                "(--replace, or make cluster-up REPLACE=1, starts a new one)"
+            )
+        else:
+            print(f"dev cluster: up at {st.server} ({gates})")
         print(f"dev cluster: export KUBECONFIG={st.kubeconfig}")
         print(
             f"dev cluster: kubectl {state_dir / 'kubectl'} --kubeconfig {st.kubeconfig} get nodes"
@@ -41,6 +48,11 @@ def add_subcommands(dev: argparse.ArgumentParser) -> None:
 
     cl = dev_sub.add_parser("cluster", help="start or stop the local Kubernetes control plane")
     cl.add_argument("action", choices=["up", "down"])
+    cl.add_argument(
+        "--replace",
+        action="store_true",
+        help="up: stop a cluster already in the state directory and start a new one",
+    )
     cl.add_argument(
         "--state-dir",
         default=".devcluster",

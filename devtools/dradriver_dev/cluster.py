@@ -221,18 +221,31 @@ def up(
     bin_dir: Path | None = None,
     timeout: float = 120.0,
     controllers: str = "*",
+    replace: bool = False,
+    replace_partial: bool = False,
 ) -> ClusterState:
     """Starts the control plane and returns once the API server is ready and the scheduler
-    and controller-manager report healthy."""
+    and controller-manager report healthy. A cluster already running there is kept (and
+    returned) unless `replace`; one that runs only in part is never replaced silently:
+    an error says so, unless `replace` or `replace_partial`."""
     state_dir = state_dir.resolve()
     existing = ClusterState.load(state_dir)
-    if existing and all(_alive(p) for p in existing.pids.values()):
-        if existing.alpha != alpha:
+    if existing and not replace:
+        alive = {name: _alive(p) for name, p in existing.pids.items()}
+        if all(alive.values()):
+            if existing.alpha != alpha:
+                raise ClusterError(
+                    f"a cluster with alpha={existing.alpha} is already running in "
+                    f"{state_dir}; run `make cluster-down` first, or pass --replace"
+                )
+            return existing
+        if any(alive.values()) and not replace_partial:
+            dead = ", ".join(sorted(n for n, ok in alive.items() if not ok))
             raise ClusterError(
-                f"a cluster with alpha={existing.alpha} is already running in "
-                f"{state_dir}; run `make cluster-down` first"
+                f"a cluster in {state_dir} is running only in part ({dead} stopped); "
+                "pass --replace (make cluster-up REPLACE=1) to start a new one, or "
+                "`make cluster-down`"
             )
-        return existing
     if existing:
         down(state_dir)
     bin_dir = bin_dir or build_binaries()
@@ -407,3 +420,11 @@ def down(state_dir: Path, *, remove: bool = True) -> bool:
     if remove and state_dir.exists():
         shutil.rmtree(state_dir, ignore_errors=True)
     return stopped
+
+
+def running(state_dir: Path) -> ClusterState | None:
+    """The cluster fully running in `state_dir`, if any."""
+    existing = ClusterState.load(state_dir.resolve())
+    if existing and existing.pids and all(_alive(p) for p in existing.pids.values()):
+        return existing
+    return None

@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager "
         "(alpha DRA gates on)"
     )
-    st = cluster.up(STATE, alpha=True, bin_dir=bins)
+    st = cluster.up(STATE, alpha=True, bin_dir=bins, replace_partial=True)
     kube = Kube.from_kubeconfig(st.kubeconfig)
     logs = STATE / "logs"
     nodes: dict[str, NodeProcs] = {}

@@ -210,3 +210,62 @@ def test_default_cluster_strips_alpha_fields(kube: Kube) -> None:
     finally:
         kube.delete(path_for("resource.k8s.io/v1", "resourceslices", name=name), missing_ok=True)
         kube.delete(path_for("v1", "nodes", name="ga-node"), missing_ok=True)
+
+
+def test_cluster_up_never_silently_replaces_a_running_cluster(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """`make cluster-up` on a running cluster says it is kept; on one running only in
+    part it refuses without --replace (it used to tear it down and start another)."""
+    import sys
+
+    if cluster.state_dir is None:
+        pytest.skip("an external cluster: no state directory to run against")
+
+    def up(state_dir: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dradriver.cli",
+                "dev",
+                "cluster",
+                "up",
+                "--state-dir",
+                str(state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    kept = up(cluster.state_dir)
+    assert kept.returncode == 0, kept.stderr
+    assert "already running" in kept.stdout and "kept as it is" in kept.stdout
+    # Half a cluster: one live process (this test's sleep) and one that has exited.
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        partial = tmp_path / "partial"
+        partial.mkdir()
+        (partial / "cluster.json").write_text(
+            json.dumps(
+                {
+                    "state_dir": str(partial),
+                    "bin_dir": "/nonexistent",
+                    "kubeconfig": str(partial / "kubeconfig"),
+                    "server": "https://127.0.0.1:1",
+                    "alpha": False,
+                    "pids": {"etcd": sleeper.pid, "kube-apiserver": gone.pid},
+                }
+            )
+        )
+        refused = up(partial)
+        assert refused.returncode == 1
+        assert "running only in part (kube-apiserver stopped)" in refused.stderr
+        assert "--replace" in refused.stderr
+        assert sleeper.poll() is None  # nothing was stopped
+    finally:
+        sleeper.kill()
+        sleeper.wait()
