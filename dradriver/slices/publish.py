@@ -89,6 +89,14 @@ def render(
     ]
 
 
+COUNTERS_DROPPED = (
+    "slices layer: the API server dropped the MIG partitions' shared counters. "
+    "Dynamic MIG mode needs the DRAPartitionableDevices feature gate on "
+    "kube-apiserver, kube-scheduler and kube-controller-manager; enable it or "
+    "run with --mig-mode static or none."
+)
+
+
 @dataclass
 class SlicePublisher:
     kube: Kube
@@ -174,6 +182,9 @@ class SlicePublisher:
             gen += 1
             changed = list(matched)
         stats = SyncStats(generation=gen, devices=sum(len(c.devices) for c in desired))
+        counted = next((c for c in desired if c.shared_counters), None)
+        if counted is not None and (new or changed):
+            self._check_counters_survive(counted, gen, count)
         # Remove first: better to briefly offer fewer devices than devices that are gone.
         for s in obsolete:
             self._deleting(s["metadata"]["name"])
@@ -218,6 +229,15 @@ class SlicePublisher:
             self.driver, self.node, name, c, gen, count, self._owner(), self.field_manager
         )
 
+    def _check_counters_survive(self, c: SliceContent, gen: int, count: int) -> None:
+        """A dry-run create first: without DRAPartitionableDevices the API server drops
+        shared counters, and a slice of partitions without them must never be visible to
+        the scheduler, not even between a write and its check."""
+        probe = self._object(slice_name(self.node, self.driver, "gate-check"), c, gen, count)
+        stored = self.kube.request("POST", SLICES, query={"dryRun": "All"}, body=probe)
+        if not stored.get("spec", {}).get("sharedCounters"):
+            raise PublishError(COUNTERS_DROPPED)
+
     def _check_kept(self, stored: dict[str, Any], c: SliceContent) -> None:
         """An API server without DRAPartitionableDevices silently drops shared counters,
         and partitions without counters would let the scheduler hand out overlapping MIG
@@ -225,12 +245,7 @@ class SlicePublisher:
         if c.shared_counters and not stored["spec"].get("sharedCounters"):
             self._deleting(stored["metadata"]["name"])
             self.kube.delete(f"{SLICES}/{stored['metadata']['name']}", missing_ok=True)
-            raise PublishError(
-                "slices layer: the API server dropped the MIG partitions' shared counters. "
-                "Dynamic MIG mode needs the DRAPartitionableDevices feature gate on "
-                "kube-apiserver, kube-scheduler and kube-controller-manager; enable it or "
-                "run with --mig-mode static or none."
-            )
+            raise PublishError(COUNTERS_DROPPED)
 
     def delete_all(self) -> int:
         n = 0

@@ -128,3 +128,37 @@ def test_api_server_unavailable_is_retried(cluster: Cluster, tmp_path: Path) -> 
         stop.set()
         t.join(5)
     assert not t.is_alive()  # it kept running (retrying) until told to stop
+
+
+def test_partitions_without_their_counters_are_never_visible(
+    cluster: Cluster, kube: Kube, tmp_path: Path
+) -> None:
+    """With DRAPartitionableDevices off (the GA cluster), the API server would store the
+    partitions and drop their shared counters. A dry-run create finds that out first: the
+    sync fails naming the gate, and no slice of the node ever exists, not even briefly."""
+    import pytest
+
+    from dradriver.slices.publish import PublishError
+
+    node = f"gate-off-{int(time.time() * 1000) % 10**8}"
+    listing = kube.list(path_for(RES, "resourceslices"))
+    rv = listing["metadata"]["resourceVersion"]
+    seen: list[str] = []
+
+    def watch() -> None:
+        for ev in kube.watch(
+            path_for(RES, "resourceslices"),
+            resource_version=rv,
+            timeout_seconds=4,
+            fieldSelector=f"spec.nodeName={node}",
+        ):
+            seen.append(str(ev.get("type")))
+
+    t = threading.Thread(target=watch)
+    t.start()
+    inv = open_nvml("fake:1xH100-80GB", node=node, state_dir=tmp_path).discover().inventory
+    pub = SlicePublisher(kube, DRIVER, node)
+    with pytest.raises(PublishError, match="DRAPartitionableDevices"):
+        pub.sync(build(inv, MigMode.DYNAMIC).slices)
+    t.join(10)
+    assert seen == [] and slices(kube, node) == []
