@@ -75,6 +75,45 @@ def _mig(g: Gpu) -> str:
     return f"{state}{devs}"
 
 
+def _placements(starts: tuple[int, ...]) -> str:
+    return ",".join(str(x) for x in starts) or "-"
+
+
+def _profiles(inv: Inventory) -> list[str]:
+    """The MIG profiles of each kind of GPU (once per product), as a claim's CEL names them
+    (`device.attributes["<domain>"].profile`), with what each instance gets."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for g in inv.gpus:
+        if not g.mig_profiles or g.product_name in seen:
+            continue
+        seen.add(g.product_name)
+        rows: list[list[Any]] = [
+            ["PROFILE", "MEMORY", "SMS", "NVDEC", "NVENC", "JPEG", "OFA", "PLACEMENTS", "MAX"]
+        ]
+        for p in g.mig_profiles:
+            rows.append(
+                [
+                    p.name,
+                    _gib(p.memory_bytes),
+                    p.multiprocessors,
+                    p.decoders,
+                    p.encoders,
+                    p.jpeg_engines,
+                    p.ofa_engines,
+                    _placements(p.placements),
+                    p.instance_count,
+                ]
+            )
+        widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+        out += ["", f"MIG profiles of {g.product_name} (GPU {g.index} and alike):"]
+        out += [
+            "  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows
+        ]
+    return out
+
+
 def table(
     args: argparse.Namespace, inv: Inventory, result: BuildResult, problems: list[str]
 ) -> str:
@@ -101,6 +140,7 @@ def table(
     out += [
         "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
+    out += _profiles(inv)
     devices = sum(len(s.devices) for s in result.slices)
     out += [
         "",
