@@ -61,7 +61,7 @@ def quantity_bytes(q: str) -> int:
         raise ValueError(f"{_shown(q)} is not a quantity such as 512Mi or 10Gi")
     whole, _, frac = m.group(1).partition(".")
     unit = _UNITS[m.group(3) or ""]
-    value = int(whole) * unit + (int(frac) * unit) // 10 ** len(frac) if frac else int(whole) * unit
+    value = int(whole) * unit + (int(frac) * unit // 10 ** len(frac) if frac else 0)
     if value > MAX_QUANTITY:
         raise ValueError(f"{_shown(q)} is larger than a quantity can be (2^63-1 bytes)")
     return value

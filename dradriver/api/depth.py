@@ -12,9 +12,11 @@ import sys
 import threading
 from typing import Any
 
-# Far above anything a claim or config needs (a config is at most 5 levels deep, a
-# ResourceClaim about 12, an AdmissionReview around it 3 more).
+# Far above anything a config needs (it is at most 5 levels deep).
 MAX_DEPTH = 64
+# A config sits about 8 levels down in a ResourceClaim (spec.devices.config[].opaque.
+# parameters): a whole object may nest that much more.
+OBJECT_DEPTH = MAX_DEPTH + 16
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> str | None:
@@ -41,6 +43,8 @@ def nesting_message(path: str, limit: int = MAX_DEPTH) -> str:
 # What the API server itself accepts (its JSON decoder stops at 10000 levels): a claim
 # that deep is stored, so reading it must not fail with RecursionError.
 MAX_PARSE_DEPTH = 10_001
+# threading.stack_size is process-wide: one deep parse at a time sets and restores it.
+_stack_lock = threading.Lock()
 
 
 def loads(data: bytes | str) -> Any:
@@ -62,7 +66,7 @@ def loads(data: bytes | str) -> Any:
         except BaseException as exc:  # handed back to the caller's thread
             out["error"] = exc
 
-    with _STACK_LOCK:
+    with _stack_lock:
         old = threading.stack_size(256 << 20)
         try:
             t = threading.Thread(target=run, name="deep-json")
@@ -73,6 +77,3 @@ def loads(data: bytes | str) -> Any:
     if "error" in out:
         raise out["error"]
     return out["value"]
-
-
-_STACK_LOCK = threading.Lock()

@@ -106,9 +106,9 @@ def decide(req: Request, driver: str) -> Decision:
     if req.operation not in CHECKED_OPERATIONS:
         return Decision(True, unchecked=f"operation {req.operation} is not checked")
     # Before anything walks it recursively (the comparison below, validation, messages).
-    deep = depth.too_deep(req.object, depth.MAX_DEPTH + 16)
+    deep = depth.too_deep(req.object, depth.OBJECT_DEPTH)
     if deep is not None:
-        return Decision(False, (Problem(deep, depth.nesting_message(deep, depth.MAX_DEPTH + 16)),))
+        return Decision(False, (Problem(deep, depth.nesting_message(deep, depth.OBJECT_DEPTH)),))
     if req.old_object is not None and devices_of(req.kind, req.object) == devices_of(
         req.kind, req.old_object
     ):

@@ -181,7 +181,7 @@ class PluginServers:
                 log.warning("registration socket gone; recreating it", socket=str(self.reg_socket))
                 if self._reg is not None:
                     self._reg.stop(grace=None).wait(2)
-                self._on_registered(False, "registration socket recreated")
+                self._on_registered(False, "")  # not refused: to be registered anew
                 try:
                     self._start_registration()
                 except (OSError, RuntimeError) as exc:

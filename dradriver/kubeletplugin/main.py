@@ -293,8 +293,8 @@ def run(args: argparse.Namespace) -> int:
 
     def on_registered(ok: bool, error: str) -> None:
         registration.refused = "" if ok else error
-        if not ok and error == "registration socket recreated":
-            registration.refused, registration.since = "", time.monotonic()
+        if not ok and not error:  # the socket was recreated: waiting again
+            registration.since = time.monotonic()
         metrics.registered.set(1 if ok else 0)
         if ok:
             registered.set()

@@ -10,9 +10,8 @@ interrupted.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import MigError
@@ -44,6 +43,14 @@ class OwnedInstance:
     claim: str
 
 
+@dataclass
+class _LedgerDoc:
+    enabled: set[str] = field(default_factory=set)
+    disabled: set[str] = field(default_factory=set)
+    disabled_for: dict[str, str] = field(default_factory=dict)  # GPU -> claim, where known
+    instances: list[OwnedInstance] = field(default_factory=list)
+
+
 class MigModeLedger:
     """What this driver changed in MIG, kept apart from the checkpoint so that a lost
     checkpoint loses nothing:
@@ -53,31 +60,28 @@ class MigModeLedger:
       it changed; a mode an admin chose is never touched;
     - the MIG instances it created, with their claim: never offered to another claim while
       they exist, and destroyed when the kubelet unprepares that claim, even if its record
-      is gone."""
+      is gone.
+    Each change is one read and one atomic write of the file."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def _read(self) -> dict[str, Any]:
+    def _read(self) -> _LedgerDoc:
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError, RecursionError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def load(self) -> set[str]:
-        """GPUs this driver switched MIG mode on."""
-        return set(self._read().get("enabledByDriver", []))
-
-    def load_disabled(self) -> set[str]:
-        """GPUs this driver switched MIG mode off, for a whole-GPU claim."""
-        return set(self._read().get("disabledByDriver", []))
-
-    def instances(self) -> list[OwnedInstance]:
-        out = []
-        for raw in self._read().get("instances", []):
+            return _LedgerDoc()
+        if not isinstance(data, dict):
+            return _LedgerDoc()
+        owners = data.get("disabledFor", {})
+        doc = _LedgerDoc(
+            set(data.get("enabledByDriver", [])),
+            set(data.get("disabledByDriver", [])),
+            {str(k): str(v) for k, v in owners.items()} if isinstance(owners, dict) else {},
+        )
+        for raw in data.get("instances", []):
             try:
-                out.append(
+                doc.instances.append(
                     OwnedInstance(
                         str(raw["gpuUUID"]),
                         int(raw["gpuInstanceId"]),
@@ -88,19 +92,13 @@ class MigModeLedger:
                 )
             except (KeyError, TypeError, ValueError):
                 continue
-        return out
+        return doc
 
-    def disabled_for(self) -> dict[str, str]:
-        """GPU -> the claim it was switched off for (where known)."""
-        raw = self._read().get("disabledFor", {})
-        return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
-
-    def _write(self, enabled: set[str], disabled: set[str], instances: list[OwnedInstance]) -> None:
-        owners = {g: c for g, c in self.disabled_for().items() if g in disabled}
-        doc = {
-            "enabledByDriver": sorted(enabled),
-            "disabledByDriver": sorted(disabled),
-            "disabledFor": owners,
+    def _write(self, doc: _LedgerDoc) -> None:
+        data = {
+            "enabledByDriver": sorted(doc.enabled),
+            "disabledByDriver": sorted(doc.disabled),
+            "disabledFor": {g: c for g, c in doc.disabled_for.items() if g in doc.disabled},
             "instances": [
                 {
                     "gpuUUID": i.gpu_uuid,
@@ -109,37 +107,73 @@ class MigModeLedger:
                     "placementStart": i.placement_start,
                     "claim": i.claim,
                 }
-                for i in instances
+                for i in doc.instances
             ],
         }
-        atomic_write(self.path, json.dumps(doc).encode(), 0o600)
+        atomic_write(self.path, json.dumps(data).encode(), 0o600)
+
+    def load(self) -> set[str]:
+        """GPUs this driver switched MIG mode on."""
+        return self._read().enabled
+
+    def load_disabled(self) -> set[str]:
+        """GPUs this driver switched MIG mode off, for a whole-GPU claim."""
+        return self._read().disabled
+
+    def disabled_for(self) -> dict[str, str]:
+        """GPU -> the claim it was switched off for (where known)."""
+        return self._read().disabled_for
+
+    def instances(self) -> list[OwnedInstance]:
+        return self._read().instances
+
+    def owner(self, gpu_uuid: str, gpu_instance_id: int) -> str | None:
+        """The claim this driver created that GPU instance for, if it did."""
+        return next(
+            (
+                i.claim
+                for i in self.instances()
+                if (i.gpu_uuid, i.gpu_instance_id) == (gpu_uuid, gpu_instance_id)
+            ),
+            None,
+        )
 
     def save(self, uuids: set[str]) -> None:
-        self._write(uuids, self.load_disabled(), self.instances())
+        doc = self._read()
+        doc.enabled = set(uuids)
+        self._write(doc)
 
     def save_disabled(self, uuids: set[str]) -> None:
-        self._write(self.load(), uuids, self.instances())
+        doc = self._read()
+        doc.disabled = set(uuids)
+        self._write(doc)
 
     def disabling(self, gpu: str, claim: str) -> None:
         """Recorded before MIG mode is switched off on `gpu` for `claim`'s whole GPU."""
-        self._write(self.load(), self.load_disabled() | {gpu}, self.instances())
-        data = self._read()
-        data.setdefault("disabledFor", {})[gpu] = claim
-        atomic_write(self.path, json.dumps(data).encode(), 0o600)
+        doc = self._read()
+        doc.disabled.add(gpu)
+        doc.disabled_for[gpu] = claim
+        self._write(doc)
 
     def instance_created(self, inst: OwnedInstance) -> None:
-        kept = [
+        doc = self._read()
+        doc.instances = [
             i
-            for i in self.instances()
+            for i in doc.instances
             if (i.gpu_uuid, i.gpu_instance_id) != (inst.gpu_uuid, inst.gpu_instance_id)
-        ]
-        self._write(self.load(), self.load_disabled(), [*kept, inst])
+        ] + [inst]
+        self._write(doc)
 
     def instance_destroyed(self, gpu_uuid: str, gpu_instance_id: int) -> None:
-        before = self.instances()
-        kept = [i for i in before if (i.gpu_uuid, i.gpu_instance_id) != (gpu_uuid, gpu_instance_id)]
-        if len(kept) != len(before):
-            self._write(self.load(), self.load_disabled(), kept)
+        doc = self._read()
+        kept = [
+            i
+            for i in doc.instances
+            if (i.gpu_uuid, i.gpu_instance_id) != (gpu_uuid, gpu_instance_id)
+        ]
+        if len(kept) != len(doc.instances):
+            doc.instances = kept
+            self._write(doc)
 
 
 @dataclass
@@ -239,15 +273,17 @@ class MigPreparer:
         """A partition the ledger says was carved for this same claim, whose record was
         lost: the claim's pods may be using it, so it is taken back as it is (same MIG
         UUID), never carved anew. One carved for another lost claim is refused."""
-        mine = [
-            i
-            for i in self.ledger.instances()
-            if (i.gpu_uuid, i.profile_id, i.placement_start)
-            == (c.gpu_uuid, c.profile_id, c.placement_start)
-        ]
-        if not mine:
+        held = next(
+            (
+                i
+                for i in self.ledger.instances()
+                if (i.gpu_uuid, i.profile_id, i.placement_start)
+                == (c.gpu_uuid, c.profile_id, c.placement_start)
+            ),
+            None,
+        )
+        if held is None:
             return False
-        held = mine[0]
         if held.claim != claim:
             raise MigError(
                 f"device {d.device} ({c.profile} at {c.placement_start}) is held for claim "
@@ -277,17 +313,9 @@ class MigPreparer:
             # says this claim made it (it is written right after the create). Anything
             # else there (another claim's, an admin's) was never ours to destroy.
             inst = self.find(c)
-            owner = next(
-                (
-                    i.claim
-                    for i in self.ledger.instances()
-                    if inst is not None
-                    and (i.gpu_uuid, i.gpu_instance_id) == (c.gpu_uuid, inst.gpu_instance_id)
-                ),
-                None,
-            )
             if inst is None:
                 return
+            owner = self.ledger.owner(c.gpu_uuid, inst.gpu_instance_id)
             if owner != claim:
                 log.info(
                     "not destroying a MIG device this attempt did not create",

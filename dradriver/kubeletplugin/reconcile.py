@@ -72,20 +72,19 @@ def reconcile(
             log.error(
                 "CDI spec could not be restored", claim=rec.ref, claim_uid=rec.uid, error=str(exc)
             )
-    for uid in ex.cdi_writer.list_claims():
-        if uid not in cp.claims:
-            # Only a lost checkpoint leaves one (a spec is written after its record and
-            # removed before it): its pod may be running. The kubelet's unprepare of the
-            # claim removes it.
-            log.warning(
-                "CDI spec of a claim the checkpoint does not hold: kept until the kubelet "
-                "unprepares the claim",
-                claim_uid=uid,
-            )
+    # A spec without a record: only a lost checkpoint leaves one (a spec is written after
+    # its record and removed before it), and its pod may be running. The kubelet's
+    # unprepare of the claim removes it.
+    lost = set(ex.cdi_writer.list_claims()) - set(cp.claims)
+    for uid in sorted(lost):
+        log.warning(
+            "CDI spec of a claim the checkpoint does not hold: kept until the kubelet "
+            "unprepares the claim",
+            claim_uid=uid,
+        )
     store.save(cp)
     if ex.mig is not None:
         profiles = ex.profiles()
         ex.mig.restore_modes(set(profiles), profiles)
-        lost = set(ex.cdi_writer.list_claims()) - set(cp.claims)
         ex.mig.restore_disabled(set(profiles), held_whole(cp), keep_for=lost)
     return cp

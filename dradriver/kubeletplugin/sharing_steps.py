@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -44,16 +44,11 @@ class SharingSteps:
     nvml: ModuleType  # compute mode goes through NVML
     host: GpuHost  # time-slicing and the MPS daemon lie outside it
     mps_root: Path  # <state dir>/mps: one directory per daemon
-    ledger: SharingLedger | None = None  # None: <mps_root>/../sharing-ledger.json
+    # Beside the MPS root, in the state directory: <state dir>/sharing-ledger.json.
+    ledger: SharingLedger = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.ledger is None:
-            self.ledger = SharingLedger(self.mps_root.parent / "sharing-ledger.json")
-
-    @property
-    def _ledger(self) -> SharingLedger:
-        assert self.ledger is not None
-        return self.ledger
+        self.ledger = SharingLedger(self.mps_root.parent / "sharing-ledger.json")
 
     def apply(self, rec: ClaimRecord, save: Save) -> None:
         """Applies every sharing setup of the claim; `save()` persists the record after
@@ -61,7 +56,7 @@ class SharingSteps:
         for d in rec.devices:
             sh = d.sharing
             if isinstance(sh, TimeSlicing) and d.kind == "gpu":
-                self._ledger.slice_changing(str(d.uuid), rec.uid)
+                self.ledger.slice_changing(str(d.uuid), rec.uid)
                 self.host.set_timeslice(str(d.uuid), sh.interval)
                 sh.applied = True
                 save()
@@ -86,14 +81,14 @@ class SharingSteps:
                 # In the ledger before it changes; an earlier entry (this claim's setup
                 # being redone after a restart) keeps what the GPU had before us.
                 now = get_compute_mode(self.nvml, str(d.uuid))
-                sh.compute_mode_before = self._ledger.mode_changing(str(d.uuid), now, rec.uid)
+                sh.compute_mode_before = self.ledger.mode_changing(str(d.uuid), now, rec.uid)
         save()
         for d in devs:
             if d.kind == "gpu":
                 set_compute_mode(self.nvml, str(d.uuid), exclusive_process(self.nvml))
                 _mps(d).compute_mode_set = True
         save()
-        known = self._ledger.load().daemons.get(key)
+        known = self.ledger.load().daemons.get(key)
         if known is not None and mps_alive(known.pid):
             # Never a second daemon for one group: the one running is the group's.
             pid = known.pid
@@ -101,9 +96,9 @@ class SharingSteps:
         else:
             # Recorded (without a PID yet) before it starts: a crash right after still
             # leaves its pipe directory known, through which it can be told to quit.
-            self._ledger.daemon_started(key, 0, str(pipe), rec.uid)
+            self.ledger.daemon_started(key, 0, str(pipe), rec.uid)
             pid = self.host.start_mps([str(d.uuid) for d in devs], pipe, logs, shm)
-            self._ledger.daemon_started(key, pid, str(pipe), rec.uid)
+            self.ledger.daemon_started(key, pid, str(pipe), rec.uid)
         for d in devs:
             sh = _mps(d)
             sh.pid, sh.applied = pid, True
@@ -120,14 +115,14 @@ class SharingSteps:
         """Stops daemons, restores compute modes and intervals; idempotent."""
         errors: list[str] = []
         stopped: set[str] = set()
-        ledger = self._ledger.load()
+        ledger = self.ledger.load()
         for d in rec.devices:
             sh = d.sharing
             try:
                 if isinstance(sh, TimeSlicing):
                     if d.kind == "gpu" and (sh.applied or d.uuid in ledger.time_slice):
                         self.host.set_timeslice(str(d.uuid), "Default")
-                        self._ledger.slice_restored(str(d.uuid))
+                        self.ledger.slice_restored(str(d.uuid))
                     continue
                 if not isinstance(sh, Mps) or not sh.pipe_dir:
                     continue
@@ -138,7 +133,7 @@ class SharingSteps:
                     if pid or known is not None:
                         self.host.stop_mps(pid, Path(sh.pipe_dir))
                         log.info("MPS control daemon stopped", claim_uid=rec.uid, pid=pid)
-                    self._ledger.daemon_stopped(key)
+                    self.ledger.daemon_stopped(key)
                     stopped.add(key)
                 change = ledger.compute_mode.get(str(d.uuid))
                 if change is not None or (
@@ -147,7 +142,7 @@ class SharingSteps:
                     before = change.before if change is not None else sh.compute_mode_before
                     assert before is not None
                     set_compute_mode(self.nvml, str(d.uuid), before)
-                    self._ledger.mode_restored(str(d.uuid))
+                    self.ledger.mode_restored(str(d.uuid))
                 shutil.rmtree(Path(sh.pipe_dir).parent, ignore_errors=True)
             except SharingError as exc:
                 errors.append(f"device {d.device}: {exc}")
@@ -158,7 +153,7 @@ class SharingSteps:
         """Startup: says what the ledger holds for claims the checkpoint does not (it was
         lost or moved aside). Left running: the claim's pods may still use it; the
         kubelet's unprepare of the claim undoes it (undo_forgotten_claim)."""
-        e = self._ledger.load()
+        e = self.ledger.load()
         for claim in sorted(e.claims() - known_claims):
             log.warning(
                 "sharing setup of a claim the checkpoint does not hold: kept until the "
@@ -175,7 +170,7 @@ class SharingSteps:
         """Undoes what the ledger holds for `claim`, whose record is gone: daemons
         stopped, compute modes and intervals back to what they were. Raises SharingError
         (the kubelet retries) if something could not be undone."""
-        e = self._ledger.load()
+        e = self.ledger.load()
         errors: list[str] = []
         for key, daemon in e.daemons.items():
             if daemon.claim != claim:
@@ -186,7 +181,7 @@ class SharingSteps:
                 errors.append(f"MPS daemon {daemon.pid}: {exc}")
                 continue
             shutil.rmtree(Path(daemon.pipe_dir).parent, ignore_errors=True)
-            self._ledger.daemon_stopped(key)
+            self.ledger.daemon_stopped(key)
             log.info("MPS daemon of a forgotten claim stopped", claim_uid=claim, pid=daemon.pid)
         for gpu, change in e.compute_mode.items():
             if change.claim != claim:
@@ -196,7 +191,7 @@ class SharingSteps:
             except SharingError as exc:
                 errors.append(f"GPU {gpu}: {exc}")
                 continue
-            self._ledger.mode_restored(gpu)
+            self.ledger.mode_restored(gpu)
             log.info("compute mode of a forgotten claim restored", claim_uid=claim, gpu=gpu)
         for gpu, holder in e.time_slice.items():
             if holder != claim:
@@ -206,7 +201,7 @@ class SharingSteps:
             except SharingError as exc:
                 errors.append(f"GPU {gpu}: {exc}")
                 continue
-            self._ledger.slice_restored(gpu)
+            self.ledger.slice_restored(gpu)
         if errors:
             raise SharingError("; ".join(errors), reason="undo")
 

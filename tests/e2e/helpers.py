@@ -405,6 +405,48 @@ class NodeUnderTest:
         )
         return [str(d["metadata"]["name"]) for d in docs if d["kind"] == "Pod"]
 
+    def claim_and_pod(
+        self, name: str, selector: str, device_class: str = "mig.dradriver.io", request: str = "mig"
+    ) -> None:
+        """A claim for one device of `device_class` matching the CEL `selector`, and a pod
+        on this node (named like the claim) whose container uses it."""
+        self.kube.create(
+            path_for(RES, "resourceclaims", self.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": request,
+                                "exactly": {
+                                    "deviceClassName": device_class,
+                                    "selectors": [{"cel": {"expression": selector}}],
+                                },
+                            }
+                        ]
+                    }
+                },
+            },
+        )
+        self.kube.create(
+            path_for("v1", "pods", self.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": self.kubelet.node},
+                    "resourceClaims": [{"name": request, "resourceClaimName": name}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": request}]},
+                        }
+                    ],
+                },
+            },
+        )
+
     def running(self, pod: str, timeout: float = 60) -> dict[str, Any]:
         path = path_for("v1", "pods", self.ns, pod)
         return wait_for(

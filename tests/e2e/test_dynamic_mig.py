@@ -160,7 +160,7 @@ def test_a_3g_then_a_4g_claim_both_fit_on_one_gpu(mig_node: MigNode) -> None:
     pods = []
     for i, profile in enumerate(["3g.40gb", "4g.40gb"]):
         name = f"c{i}"
-        _claim_and_pod(n, name, profile)
+        n.claim_and_pod(name, _profile_is(profile))
         # One at a time, as a stream arrives: each allocated before the next is created.
         wait_for(
             lambda name=name: (
@@ -180,45 +180,8 @@ def test_a_3g_then_a_4g_claim_both_fit_on_one_gpu(mig_node: MigNode) -> None:
     wait_for(lambda: n.layout() == set(), "every MIG device to be destroyed", 30)
 
 
-def _claim_and_pod(n: MigNode, name: str, profile: str) -> None:
-    """A claim for one MIG partition of `profile`, and a pod on the node that uses it."""
-    expr = f'device.attributes["gpu.dradriver.io"].profile == "{profile}"'
-    n.kube.create(
-        path_for(RES, "resourceclaims", n.ns),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "mig",
-                            "exactly": {
-                                "deviceClassName": "mig.dradriver.io",
-                                "selectors": [{"cel": {"expression": expr}}],
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    )
-    n.kube.create(
-        path_for("v1", "pods", n.ns),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": n.kubelet.node},
-                "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"claims": [{"name": "mig"}]},
-                    }
-                ],
-            },
-        },
-    )
+def _profile_is(profile: str) -> str:
+    return f'device.attributes["gpu.dradriver.io"].profile == "{profile}"'
 
 
 def _unschedulable(n: MigNode, pod: str) -> bool:
@@ -236,10 +199,10 @@ def test_the_scheduler_never_puts_an_engine_beside_me_all(mig_node: MigNode) -> 
     reading only the published counters, does exactly that: the plain 1g waits, the -me
     1g runs, and the plain one runs as soon as the +me.all claim is gone."""
     n = mig_node
-    _claim_and_pod(n, "all", "1g.24gb+me.all")
+    n.claim_and_pod("all", _profile_is("1g.24gb+me.all"))
     n.running("all", timeout=90)
-    _claim_and_pod(n, "plain", "1g.24gb")
-    _claim_and_pod(n, "pure", "1g.24gb-me")
+    n.claim_and_pod("plain", _profile_is("1g.24gb"))
+    n.claim_and_pod("pure", _profile_is("1g.24gb-me"))
     n.running("pure", timeout=90)
     wait_for(lambda: _unschedulable(n, "plain"), "the plain 1g to be unschedulable", 30)
     assert sorted(p for _, p, _ in n.layout()) == ["1g.24gb+me.all", "1g.24gb-me"]

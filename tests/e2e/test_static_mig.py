@@ -45,38 +45,7 @@ def test_each_compute_instance_goes_to_its_own_claim(mig_node: NodeUnderTest) ->
     n = mig_node
     selector = f'device.attributes["{DRIVER}"].profile == "1c.3g.40gb"'
     for name in ("a", "b"):
-        n.kube.create(
-            path_for(RES, "resourceclaims", n.ns),
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "ci",
-                                "exactly": {
-                                    "deviceClassName": "mig.dradriver.io",
-                                    "selectors": [{"cel": {"expression": selector}}],
-                                },
-                            }
-                        ]
-                    }
-                },
-            },
-        )
-        n.kube.create(
-            path_for("v1", "pods", n.ns),
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": n.kubelet.node},
-                    "resourceClaims": [{"name": "ci", "resourceClaimName": name}],
-                    "containers": [
-                        {"name": "main", "image": PAUSE, "resources": {"claims": [{"name": "ci"}]}}
-                    ],
-                },
-            },
-        )
+        n.claim_and_pod(name, selector, request="ci")
     running = [n.running(name) for name in ("a", "b")]
     devices = [
         n.kube.get(path_for(RES, "resourceclaims", n.ns, c))["status"]["allocation"]["devices"][

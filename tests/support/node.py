@@ -4,6 +4,7 @@ API server."""
 
 from __future__ import annotations
 
+import uuid as uuidlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,3 +76,19 @@ def fake_preparer(
         read_claim=read_claim,
     )
     return preparer, nvml
+
+
+def allocated_claim(name: str, device: str) -> dict[str, Any]:
+    """A claim in namespace "team" allocated `device` of this node's pool, reserved for a
+    pod, as prepare reads it from the API server."""
+    return {
+        "metadata": {"uid": str(uuidlib.uuid4()), "namespace": "team", "name": name},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "r", "driver": DRIVER, "pool": NODE, "device": device}]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
+        },
+    }

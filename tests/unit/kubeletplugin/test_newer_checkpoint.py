@@ -5,26 +5,11 @@ state it does not know once tore running claims down), and says what to do."""
 from __future__ import annotations
 
 import json
-import uuid as uuidlib
 from pathlib import Path
 from typing import Any
 
 from dradriver.kubeletplugin.plan import ClaimRef
-from tests.support.node import DRIVER, NODE, fake_preparer
-
-
-def _claim(name: str, device: str) -> dict[str, Any]:
-    return {
-        "metadata": {"uid": str(uuidlib.uuid4()), "namespace": "team", "name": name},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [{"request": "r", "driver": DRIVER, "pool": NODE, "device": device}]
-                }
-            },
-            "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
-        },
-    }
+from tests.support.node import DRIVER, allocated_claim, fake_preparer
 
 
 def _ref(c: dict[str, Any]) -> ClaimRef:
@@ -32,7 +17,7 @@ def _ref(c: dict[str, Any]) -> ClaimRef:
 
 
 def test_a_newer_checkpoint_is_refused_and_left_untouched(tmp_path: Path) -> None:
-    claims = {"a": _claim("a", "gpu-0-mig-3g40gb-4"), "b": _claim("b", "gpu-1")}
+    claims = {"a": allocated_claim("a", "gpu-0-mig-3g40gb-4"), "b": allocated_claim("b", "gpu-1")}
     driver, _nvml = fake_preparer(tmp_path, "2xH100-80GB", lambda ref: claims[ref.name])
     assert driver.prepare([_ref(claims["a"])])[_ref(claims["a"]).uid].error == ""
     # What a newer release would write (same payload, a higher version).

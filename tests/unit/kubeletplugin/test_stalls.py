@@ -19,7 +19,7 @@ from dradriver.k8s import Kube
 from dradriver.kubeletplugin import prepare as prepare_mod
 from dradriver.kubeletplugin.main import _ApiProbe
 from dradriver.kubeletplugin.plan import ClaimRef
-from tests.support.node import DRIVER, NODE, fake_preparer
+from tests.support.node import allocated_claim, fake_preparer
 
 
 @pytest.fixture
@@ -54,22 +54,8 @@ def hung_api() -> Iterator[Kube]:
     kube.close()
 
 
-def _claim(name: str, device: str) -> dict[str, Any]:
-    return {
-        "metadata": {"uid": str(uuidlib.uuid4()), "namespace": "team", "name": name},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [{"request": "r", "driver": DRIVER, "pool": NODE, "device": device}]
-                }
-            },
-            "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
-        },
-    }
-
-
 def test_an_unprepare_during_a_stalled_prepare_wins(tmp_path: Path) -> None:
-    claim = _claim("c", "gpu-0-mig-1g10gb-0")
+    claim = allocated_claim("c", "gpu-0-mig-1g10gb-0")
     ref = ClaimRef("team", claim["metadata"]["uid"], "c")
     reading, release = threading.Event(), threading.Event()
 
