@@ -24,6 +24,18 @@ def _devices(args: argparse.Namespace) -> int:
     return devices.run(args)
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from dradriver.commands import explain
+
+    return explain.run(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from dradriver.commands import doctor
+
+    return doctor.run(args)
+
+
 def _kubelet_plugin(args: argparse.Namespace) -> int:
     from dradriver.kubeletplugin.main import run
 
@@ -55,6 +67,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     devices.add_arguments(dv)
     dv.set_defaults(func=_devices)
+
+    from dradriver.commands import doctor, explain
+
+    ex = sub.add_parser(
+        "explain",
+        help="why a pod's or claim's devices cannot be allocated (read-only)",
+        description="Evaluates each request of the claims (DeviceClass and request CEL "
+        "selectors, as the scheduler does) against every published device, counts per node "
+        "what matches, is taken or blocked, and names the first step that fails, with its "
+        "layer and its fix. Exit status: 0 nothing blocks, 1 a cause was found, 2 an error.",
+    )
+    explain.add_arguments(ex)
+    ex.set_defaults(func=_explain)
+
+    dr = sub.add_parser(
+        "doctor",
+        help="walk a GPU node's layers bottom-up and name the first broken one",
+        description="Checks, in order: the NVIDIA driver and NVML, the CDI directories and "
+        "the runtime's CDI setting, the plugin's registration with the kubelet (/readyz), "
+        "the published ResourceSlices against NVML, the node (cordon, taints), the "
+        "DeviceClasses and the feature gates the MIG mode needs. One line per layer; exit "
+        "status 1 at the first broken layer, 0 when all are ok.",
+    )
+    doctor.add_arguments(dr)
+    dr.set_defaults(func=_doctor)
 
     kp = sub.add_parser(
         "kubelet-plugin",

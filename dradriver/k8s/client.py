@@ -179,6 +179,10 @@ class Kube:
         data = resp.data
         return cast(Obj, depth.loads(data)) if data else {}
 
+    def text(self, path: str, timeout: float | None = None) -> str:
+        """A non-JSON endpoint (the API server's /metrics)."""
+        return str(self._call("GET", path, timeout=timeout).data.decode(errors="replace"))
+
     def get(self, path: str, timeout: float | None = None, **query: Any) -> Obj:
         return self.request("GET", path, query=query, timeout=timeout)
 

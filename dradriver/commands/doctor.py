@@ -1,0 +1,275 @@
+"""`dradriver doctor`: gathers each layer's facts (NVML and the CDI directory when run on
+the node, the plugin's /readyz, the API server's objects and gates) and prints the walk."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dradriver import DEFAULT_DRIVER_NAME
+from dradriver.diagnose import doctor as judge
+from dradriver.diagnose.doctor import Layer, State
+
+# The Kubernetes client loads when the command runs, not whenever the parser is built.
+if TYPE_CHECKING:
+    from dradriver.k8s import Kube
+
+Obj = Mapping[str, Any]
+
+
+def _env(flag: str, default: str | None = None) -> str | None:
+    return os.environ.get("DRADRIVER_" + flag.upper().replace("-", "_"), default)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--node",
+        default=os.environ.get("NODE_NAME") or _env("node-name") or socket.gethostname(),
+        help="the node to check (default: $NODE_NAME, else this host's name)",
+    )
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG)")
+    p.add_argument(
+        "--driver-name",
+        default=_env("driver-name", DEFAULT_DRIVER_NAME),
+        help="the driver's name (default: $DRADRIVER_DRIVER_NAME, else %(default)s)",
+    )
+    p.add_argument(
+        "--devices",
+        default=_env("devices"),
+        help="check NVML and the CDI directory here, on the node, with this device backend "
+        "(nvml, or fake:<spec> as the plugin was given; default: $DRADRIVER_DEVICES, set in "
+        "the plugin pod; without it only the cluster side is checked)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=_env("state-dir", "/var/lib/dradriver"),
+        help="the plugin's state directory (fake devices keep their MIG state there)",
+    )
+    p.add_argument(
+        "--cdi-dir",
+        default=_env("cdi-dir", "/var/run/cdi"),
+        help="the CDI directory the plugin writes to (default: %(default)s)",
+    )
+    p.add_argument(
+        "--mig-mode",
+        choices=["none", "static", "dynamic"],
+        default=_env("mig-mode"),
+        help="the plugin's MIG mode, for the feature-gate check (default: $DRADRIVER_MIG_MODE,"
+        " else read from the published slices)",
+    )
+    p.add_argument(
+        "--readyz",
+        default=None,
+        help="URL of the plugin's /readyz (default: http://127.0.0.1:$DRADRIVER_HEALTHZ_PORT"
+        "/readyz on the node; through the API server's pod proxy otherwise)",
+    )
+    p.add_argument(
+        "--containerd-config",
+        default="/etc/containerd/config.toml",
+        help="containerd's config, read for its CDI setting when it exists (default: %(default)s)",
+    )
+    p.add_argument(
+        "-o", "--output", choices=["text", "json"], default="text", help="text or json lines"
+    )
+
+
+def _nvml(args: argparse.Namespace) -> tuple[Layer, set[str] | None]:
+    if not args.devices:
+        return judge.nvml(None, None, ""), None
+    from dradriver.nvml.library import open_nvml
+
+    try:
+        backend = open_nvml(args.devices, node=args.node, state_dir=Path(args.state_dir))
+        found = backend.discover()
+    except Exception as exc:  # NVML raises its own error classes, one per return code
+        return judge.nvml(args.devices, None, f"{type(exc).__name__}: {exc}"), None
+    inv = found.inventory
+    layer = judge.nvml(
+        args.devices, (inv.driver_version, inv.cuda_driver_version, len(inv.gpus)), ""
+    )
+    return layer, {g.uuid for g in inv.gpus}
+
+
+def _cdi(args: argparse.Namespace) -> Layer:
+    if not args.devices:
+        return Layer("cdi", State.SKIP, "not on the node (pass --devices to check it here)")
+    error: str | None = None
+    d = Path(args.cdi_dir)
+    if not d.is_dir():
+        error = "it does not exist"
+    else:
+        try:
+            with tempfile.NamedTemporaryFile(dir=d, prefix=".dradriver-doctor-"):
+                pass
+        except OSError as exc:
+            error = exc.strerror or str(exc)
+    runtime = None
+    conf = Path(args.containerd_config)
+    with contextlib.suppress(OSError):  # not on this machine, or not ours to read
+        runtime = (str(conf), conf.read_text())
+    return judge.cdi(str(d), error, runtime)
+
+
+def _http(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return int(r.status), r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode(errors="replace")
+    except OSError as e:
+        return 0, str(getattr(e, "reason", e))
+
+
+def _plugin(args: argparse.Namespace, kube: Kube) -> Layer:
+    from dradriver.commands.cluster_facts import items
+    from dradriver.k8s import KubeError, path_for
+
+    url = args.readyz
+    if not url and args.devices:
+        url = f"http://127.0.0.1:{_env('healthz-port', '8081')}/readyz"
+    if url:
+        code, body = _http(url)
+        return judge.registration(url, code, body)
+    # From afar: the plugin pod on that node, through the API server's pod proxy.
+    pods = items(
+        kube,
+        path_for("v1", "pods"),
+        labelSelector="app.kubernetes.io/component=kubelet-plugin",
+        fieldSelector=f"spec.nodeName={args.node}",
+    )
+    if not pods:
+        return Layer(
+            "plugin",
+            State.FAIL,
+            f"no kubelet-plugin pod runs on node {args.node}.",
+            "check the DaemonSet's node selector and tolerations (Helm kubeletPlugin.*), or "
+            "pass --readyz URL when the plugin runs outside a pod",
+        )
+    pod = pods[0]
+    meta = pod["metadata"]
+    port = next(
+        (
+            p["containerPort"]
+            for c in pod["spec"]["containers"]
+            for p in c.get("ports") or []
+            if "health" in p.get("name", "")
+        ),
+        8081,
+    )
+    where = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}:{port}/proxy/readyz"
+    try:
+        return judge.registration(where, 200, kube.text(where, timeout=5))
+    except KubeError as exc:
+        if exc.status == 503:
+            return Layer(
+                "plugin",
+                State.FAIL,
+                f"pod {meta['namespace']}/{meta['name']} is not ready.",
+                f"run doctor in it for the reason: kubectl -n {meta['namespace']} exec "
+                f"{meta['name']} -- dradriver doctor",
+            )
+        return judge.registration(where, 0, exc.message)
+
+
+def _mig_mode(args: argparse.Namespace, published: list[Obj]) -> str | None:
+    if args.mig_mode:
+        return str(args.mig_mode)
+    if any(s.get("spec", {}).get("sharedCounters") for s in published):
+        return "dynamic"
+    return None
+
+
+def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
+    from dradriver.commands.cluster_facts import (
+        RES,
+        FactsError,
+        connect,
+        feature_gates,
+        get,
+        items,
+    )
+    from dradriver.k8s import NotFound, path_for
+
+    def step(layer: Layer) -> bool:
+        emit(layer)
+        return layer.state is not State.FAIL
+
+    nvml_layer, uuids = _nvml(args)
+    if not step(nvml_layer) or not step(_cdi(args)):
+        return 1
+    try:
+        kube = connect(args.kubeconfig)
+    except FactsError as exc:
+        step(Layer("api-server", State.FAIL, str(exc)))
+        return 1
+    try:
+        try:
+            version = get(kube, "/version")
+        except (FactsError, NotFound) as exc:
+            step(Layer("api-server", State.FAIL, str(exc)))
+            return 1
+        step(
+            Layer(
+                "api-server",
+                State.OK,
+                f"{kube.host} answers (Kubernetes {version.get('gitVersion', '?')})",
+            )
+        )
+        if not step(_plugin(args, kube)):
+            return 1
+        published = [
+            s
+            for s in items(kube, path_for(RES, "resourceslices"))
+            if s["spec"].get("driver") == args.driver_name
+            and s["spec"].get("nodeName") == args.node
+        ]
+        if not step(judge.slices(args.driver_name, args.node, published, uuids)):
+            return 1
+        try:
+            node_obj: Obj | None = get(kube, path_for("v1", "nodes", name=args.node))
+        except NotFound:
+            node_obj = None
+        if not step(judge.node(args.node, node_obj)):
+            return 1
+        if not step(
+            judge.device_classes(args.driver_name, items(kube, path_for(RES, "deviceclasses")))
+        ):
+            return 1
+        if not step(judge.feature_gates(_mig_mode(args, published), feature_gates(kube))):
+            return 1
+    except FactsError as exc:
+        step(Layer("api-server", State.FAIL, str(exc)))
+        return 1
+    finally:
+        kube.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    def emit(layer: Layer) -> None:
+        if args.output == "json":
+            print(
+                json.dumps(
+                    {
+                        "layer": layer.name,
+                        "state": layer.state.value,
+                        "text": layer.text,
+                        "fix": layer.fix,
+                    }
+                )
+            )
+        else:
+            print(layer.line())
+        sys.stdout.flush()
+
+    return walk(args, emit)

@@ -1,0 +1,193 @@
+"""`dradriver explain POD|CLAIM`: reads the pod, its claims and everything published,
+and says why the claims fit nowhere (read-only; any cluster with a kubeconfig)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+# The CEL runtime and the Kubernetes client load when the command runs, not whenever the
+# parser is built (every `dradriver` start, the kubelet plugin's included).
+if TYPE_CHECKING:
+    from dradriver.diagnose.explain import ClaimRef, Report
+    from dradriver.k8s import Kube
+
+Obj = Mapping[str, Any]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "target",
+        metavar="POD|CLAIM",
+        help="a pod (NAME or pod/NAME) or a ResourceClaim (claim/NAME or resourceclaim/NAME);"
+        " a bare NAME is looked up as a pod first",
+    )
+    p.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG)")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["text", "json"],
+        default="text",
+        help="text (a table per request and the verdict) or json",
+    )
+
+
+def _split(target: str) -> tuple[str, str]:
+    from dradriver.commands.cluster_facts import FactsError
+
+    kind, sep, name = target.partition("/")
+    if not sep:
+        return "", target
+    kind = kind.lower()
+    if kind in ("pod", "pods", "po"):
+        return "pod", name
+    if kind in ("claim", "resourceclaim", "resourceclaims"):
+        return "claim", name
+    raise FactsError(f"explain: {kind!r} is neither a pod nor a claim (use pod/NAME or claim/NAME)")
+
+
+def _pod_claims(kube: Kube, pod: Obj, ns: str) -> list[ClaimRef]:
+    from dradriver.commands.cluster_facts import RES, get
+    from dradriver.diagnose.explain import ClaimRef
+    from dradriver.k8s import NotFound, path_for
+
+    statuses = {
+        s["name"]: s.get("resourceClaimName")
+        for s in pod.get("status", {}).get("resourceClaimStatuses") or []
+    }
+    refs = []
+    for entry in pod.get("spec", {}).get("resourceClaims") or []:
+        name = entry.get("resourceClaimName") or statuses.get(entry["name"])
+        if not name:
+            template = entry.get("resourceClaimTemplateName", "")
+            missing = f"the pod's claim {entry['name']} has not been created yet"
+            try:
+                get(kube, path_for(RES, "resourceclaimtemplates", ns, template))
+            except NotFound:
+                missing = (
+                    f"ResourceClaimTemplate {ns}/{template} (claim {entry['name']} of the pod) "
+                    "does not exist. Fix: create it, or correct resourceClaimTemplateName"
+                )
+            refs.append(ClaimRef(f"{ns}/{entry['name']}", None, missing))
+            continue
+        try:
+            refs.append(
+                ClaimRef(f"{ns}/{name}", get(kube, path_for(RES, "resourceclaims", ns, name)))
+            )
+        except NotFound:
+            refs.append(
+                ClaimRef(
+                    f"{ns}/{name}",
+                    None,
+                    f"ResourceClaim {ns}/{name} does not exist. Fix: create it, or correct "
+                    "resourceClaimName in the pod",
+                )
+            )
+    return refs
+
+
+def gather(kube: Kube, target: str, ns: str) -> Report:
+    from dradriver.commands.cluster_facts import (
+        RES,
+        FactsError,
+        cluster_lists,
+        feature_gates,
+        get,
+        items,
+    )
+    from dradriver.diagnose.explain import ClaimRef, explain
+    from dradriver.diagnose.world import build_world
+    from dradriver.k8s import NotFound, path_for
+
+    kind, name = _split(target)
+    pod: Obj | None = None
+    refs: list[ClaimRef]
+    events: list[Obj] = []
+    if kind in ("", "pod"):
+        try:
+            pod = get(kube, path_for("v1", "pods", ns, name))
+        except NotFound:
+            if kind == "pod":
+                raise FactsError(f"explain: pod {ns}/{name} not found") from None
+    if pod is not None:
+        refs = _pod_claims(kube, pod, ns)
+        if not refs:
+            raise FactsError(f"explain: pod {ns}/{name} uses no ResourceClaims")
+        events = items(
+            kube,
+            path_for("v1", "events", ns),
+            fieldSelector=f"involvedObject.kind=Pod,involvedObject.name={name}",
+        )
+        label = f"pod {ns}/{name}"
+    else:
+        try:
+            refs = [ClaimRef(f"{ns}/{name}", get(kube, path_for(RES, "resourceclaims", ns, name)))]
+        except NotFound:
+            raise FactsError(f"explain: no pod or ResourceClaim {ns}/{name}") from None
+        label = f"claim {ns}/{name}"
+    lists = cluster_lists(kube)
+    world = build_world(
+        lists["slices"], lists["classes"], lists["claims"], lists["nodes"], feature_gates(kube)
+    )
+    return explain(label, refs, world, pod, events)
+
+
+def render(report: Report) -> str:
+    out = [f"{report.target}:"]
+    out += [f"  {n}" for n in report.notes]
+    for r in report.requests:
+        if not r.request:
+            continue
+        out.append(
+            f"  claim {r.claim} request {r.request}: class {r.device_class or '-'}, "
+            f"count {r.count or '-'}"
+        )
+        if r.rows:
+            head = ("NODE", "PUBLISHED", "IN-CLASS", "MATCHING", "TAKEN", "COUNTERS", "FREE", "")
+            table = [head] + [
+                (
+                    x.node,
+                    str(x.published),
+                    str(x.in_class),
+                    str(x.matching),
+                    str(x.taken),
+                    str(x.counters),
+                    str(x.free),
+                    x.refused,
+                )
+                for x in r.rows
+            ]
+            widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+            for row in table:
+                out.append(
+                    "    "
+                    + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                )
+    if report.finding:
+        out.append(f"=> {report.finding.line()}")
+    else:
+        out.append("=> ok: nothing found that keeps these claims from being allocated")
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dradriver.commands.cluster_facts import FactsError, connect
+
+    try:
+        kube = connect(args.kubeconfig)
+        try:
+            report = gather(kube, args.target, args.namespace)
+        finally:
+            kube.close()
+    except FactsError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if args.output == "json":
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(render(report))
+    return 1 if report.finding else 0

@@ -1,0 +1,110 @@
+"""doctor's judgement of each layer from plain facts: one line, ok or the fault and fix."""
+
+from __future__ import annotations
+
+import json
+
+from dradriver.diagnose import doctor as judge
+from dradriver.diagnose.doctor import State
+
+D = "gpu.dradriver.io"
+
+
+def test_nvml_layer() -> None:
+    assert judge.nvml(None, None, "").state is State.SKIP
+    ok = judge.nvml("nvml", ("570.86.15", "12.8.0", 8), "")
+    assert ok.line() == "ok    nvml: driver 570.86.15, CUDA 12.8.0, 8 GPUs"
+    missing = judge.nvml("nvml", None, "libnvidia-ml.so.1 was not found.")
+    assert missing.state is State.FAIL and "install the NVIDIA driver" in missing.line()
+    mismatch = judge.nvml("nvml", None, "Driver/library version mismatch")
+    assert "reboot, or reload the nvidia module" in mismatch.line()
+    assert judge.nvml("nvml", ("570.1.0", "12.8.0", 0), "").state is State.FAIL
+
+
+CONTAINERD_17_OFF = """
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  enable_cdi = false
+"""
+CONTAINERD_17_ON = """
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+"""
+CONTAINERD_2 = """
+version = 3
+[plugins.'io.containerd.cri.v1.runtime']
+  cdi_spec_dirs = ["/etc/cdi"]
+"""
+
+
+def test_cdi_layer_reads_containerds_setting() -> None:
+    assert judge.cdi("/var/run/cdi", "Read-only file system", None).state is State.FAIL
+    assert judge.cdi("/var/run/cdi", None, None).state is State.OK
+    off = judge.cdi("/var/run/cdi", None, ("/etc/containerd/config.toml", CONTAINERD_17_OFF))
+    assert off.state is State.FAIL and "CDI is off in containerd" in off.line()
+    assert "enable_cdi = true" in off.line()
+    assert judge.cdi("/var/run/cdi", None, ("c", CONTAINERD_17_ON)).state is State.OK
+    # containerd 1.7 defaults to off, 2.x to on.
+    assert judge.containerd_cdi("version = 2\n", "/var/run/cdi")
+    other_dir = judge.containerd_cdi(CONTAINERD_2, "/var/run/cdi")
+    assert other_dir == "containerd reads CDI specs from /etc/cdi, not /var/run/cdi"
+    assert judge.containerd_cdi("version = [", "/x").startswith("not valid TOML")
+
+
+def readyz(**checks: tuple[bool, str]) -> str:
+    return json.dumps({k: {"ok": ok, "detail": d} for k, (ok, d) in checks.items()})
+
+
+def test_plugin_layer_from_readyz() -> None:
+    url = "http://127.0.0.1:8081/readyz"
+    down = judge.registration(url, 0, "Connection refused")
+    assert down.state is State.FAIL and "does not answer" in down.line()
+    waiting = judge.registration(
+        url, 503, readyz(registration=(False, "waiting for the kubelet"), api=(True, "ok"))
+    )
+    assert "registration: waiting for the kubelet" in waiting.line()
+    assert "--kubelet-dir" in waiting.line()
+    # Discovery fails first when both do: the lower layer is the cause.
+    both = judge.registration(
+        url, 503, readyz(registration=(False, "x"), discovery=(False, "NVML layer: gone"))
+    )
+    assert "/readyz discovery: NVML layer: gone" in both.line()
+    assert judge.registration(url, 200, readyz(registration=(True, "registered"))).state is State.OK
+
+
+def gpu(uuid: str) -> dict[str, object]:
+    return {"name": "gpu-0", "attributes": {"uuid": {"string": uuid}}}
+
+
+def test_slices_layer_compares_with_nvml() -> None:
+    assert judge.slices(D, "n1", [], None).state is State.FAIL
+    published = [{"spec": {"devices": [gpu("GPU-a")]}}]
+    assert judge.slices(D, "n1", published, {"GPU-a"}).state is State.OK
+    stale = judge.slices(D, "n1", published, {"GPU-a", "GPU-b"})
+    assert stale.state is State.FAIL and "GPU-b" in stale.line() and "SIGHUP" in stale.line()
+
+
+def test_node_layer() -> None:
+    assert "pass --node" in judge.node("n1", None).line()
+    cordoned = judge.node("n1", {"spec": {"unschedulable": True}})
+    assert cordoned.line() == (
+        "FAIL  node: cordoned: no new pods are scheduled here. Fix: kubectl uncordon n1"
+    )
+    tainted = judge.node("n1", {"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}})
+    assert tainted.state is State.WARN and "kubectl taint nodes n1 k-" in tainted.line()
+    not_ready = {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
+    assert "kubelet" in judge.node("n1", not_ready).line()
+    assert judge.node("n1", {"spec": {}}).state is State.OK
+
+
+def test_device_classes_and_gates() -> None:
+    ours = {"metadata": {"name": D}, "spec": {"selectors": [{"cel": {"expression": D}}]}}
+    other = {"metadata": {"name": "x"}, "spec": {"selectors": [{"cel": {"expression": "1"}}]}}
+    assert judge.device_classes(D, [ours, other]).line() == f"ok    deviceclasses: {D}"
+    assert "deploy/deviceclasses.yaml" in judge.device_classes(D, [other]).line()
+    off = {"DRAPartitionableDevices": False, "DynamicResourceAllocation": True}
+    assert judge.feature_gates("dynamic", off).state is State.FAIL
+    assert judge.feature_gates("static", off).state is State.OK
+    assert judge.feature_gates("dynamic", {}).state is State.SKIP

@@ -1,0 +1,206 @@
+"""explain's judgement, on slices built by the driver's own code from fake GPUs that
+follow NVIDIA's geometry, and claims and nodes as the API server returns them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dradriver.diagnose.explain import ClaimRef, Report, explain
+from dradriver.diagnose.world import build_world
+from dradriver.inventory.node_devices import MigMode
+from dradriver.nvml.library import open_nvml
+from dradriver.slices.build import build
+from dradriver.slices.publish import render
+
+D = "gpu.dradriver.io"
+REPO = Path(__file__).resolve().parents[3]
+CLASSES = list(yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()))
+
+
+def slices(node: str, spec: str, mode: MigMode = MigMode.NONE) -> list[dict[str, Any]]:
+    found = open_nvml(f"fake:{spec}", node=node, state_dir=None).discover()
+    return render(D, node, build(found.inventory, mode).slices)
+
+
+def node(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": spec,
+    }
+
+
+def claim(
+    name: str,
+    selector: str = "",
+    count: int = 1,
+    device_class: str = D,
+    allocated: list[tuple[str, str]] | None = None,
+    node_name: str = "n1",
+) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    c: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+    if allocated:
+        c["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": D, "pool": pool, "device": dev}
+                        for pool, dev in allocated
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "values": [node_name]}]}
+                    ]
+                },
+            }
+        }
+    return c
+
+
+def pod(name: str, claim_name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}], **spec},
+        "status": {"phase": "Pending"},
+    }
+
+
+def run(
+    c: dict[str, Any],
+    all_slices: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    others: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    p: dict[str, Any] | None = None,
+    gates: dict[str, bool] | None = None,
+) -> Report:
+    world = build_world(all_slices, CLASSES, [c, *others], nodes, gates)
+    return explain("x", [ClaimRef("default/" + c["metadata"]["name"], c)], world, p)
+
+
+def line(r: Report) -> str:
+    assert r.finding is not None, "expected a finding"
+    return r.finding.line()
+
+
+def test_nothing_published_anywhere() -> None:
+    r = run(claim("c"), [], [node("n1")])
+    assert line(r).startswith("slices: no ResourceSlices from any DRA driver on any node")
+    assert "dradriver doctor" in line(r)
+
+
+def test_a_typo_in_the_device_class_is_named_with_the_nearest_name() -> None:
+    r = run(claim("c", device_class="gpu.dradriver.oi"), slices("n1", "2xH100-80GB"), [node("n1")])
+    assert line(r).startswith("deviceclass: request gpu names DeviceClass gpu.dradriver.oi")
+    assert "did you mean gpu.dradriver.io?" in line(r) and "Fix:" in line(r)
+
+
+def test_80gb_is_not_80gi_and_the_nearest_miss_says_so() -> None:
+    sel = f'device.capacity["{D}"].memory.compareTo(quantity("80Gi")) >= 0'
+    r = run(claim("c", sel), slices("n1", "2xH100-80GB+2xL4"), [node("n1")])
+    text = line(r)
+    assert text.startswith(f"selector: 0 of 4 devices of class {D} match `{sel}`")
+    assert f"the largest {D}/memory is 79.6Gi (NVIDIA H100 80GB HBM3)" in text
+    assert r.requests[0].rows[0].in_class == 4 and r.requests[0].rows[0].matching == 0
+
+
+def test_the_failing_condition_of_several_is_the_one_named() -> None:
+    sel = (
+        f'device.attributes["{D}"].migCapable && '
+        f'device.attributes["{D}"].productName == "NVIDIA A100-SXM4-80GB"'
+    )
+    r = run(claim("c", sel), slices("n1", "2xH100-80GB+2xL4"), [node("n1")])
+    assert "match `device.attributes" in line(r) and 'productName == "NVIDIA A100' in line(r)
+    assert f'{D}/productName has "NVIDIA H100 80GB HBM3" (2), "NVIDIA L4" (2)' in line(r)
+
+
+def test_a_missing_attribute_is_the_cel_error_that_stops_the_scheduler() -> None:
+    r = run(
+        claim("c", f'device.attributes["{D}"].memoryGB > 40'), slices("n1", "2xL4"), [node("n1")]
+    )
+    text = line(r)
+    assert text.startswith("selector: request gpu selector #0 fails with a CEL runtime error")
+    assert "on 2 of 2 devices" in text and "memoryGB" in text and "has(" in text
+
+
+def test_more_than_any_node_has() -> None:
+    r = run(
+        claim("c", count=3), slices("n1", "2xL4") + slices("n2", "2xL4"), [node("n1"), node("n2")]
+    )
+    assert line(r).startswith(
+        "capacity: request gpu asks for 3 devices, and the most any node has that match is 2"
+    )
+
+
+def test_every_matching_device_taken_names_the_holders() -> None:
+    s = slices("n1", "2xL4")
+    held = claim("holder", allocated=[("n1", "gpu-0"), ("n1", "gpu-1")])
+    r = run(claim("c"), s, [node("n1")], [held])
+    text = line(r)
+    assert text.startswith("allocation: all 2 devices matching request gpu are taken")
+    assert "default/holder (2)" in text
+    row = r.requests[0].rows[0]
+    assert (row.matching, row.taken, row.free) == (2, 2, 0)
+
+
+def test_a_carved_partition_blocks_the_rest_of_its_gpu_by_counters() -> None:
+    s = slices("n1", "1xH100-80GB", MigMode.DYNAMIC)
+    whole = next(d["name"] for sl in s for d in sl["spec"]["devices"] if "7g" in d["name"])
+    held = claim("holder", device_class="mig.dradriver.io", allocated=[("n1", whole)])
+    r = run(claim("c", device_class="mig.dradriver.io"), s, [node("n1")], [held])
+    text = line(r)
+    assert text.startswith("allocation: all ")
+    assert "blocked because the GPU they are carved from is used" in text
+    row = r.requests[0].rows[0]
+    assert row.taken == 1 and row.counters == row.matching - 1 and row.free == 0
+
+
+def test_mig_class_without_partitions_when_the_gate_is_off() -> None:
+    r = run(
+        claim("c", device_class="mig.dradriver.io"),
+        slices("n1", "2xH100-80GB"),
+        [node("n1")],
+        gates={"DRAPartitionableDevices": False},
+    )
+    assert line(r).startswith("feature-gate: no MIG devices are published")
+    assert "enable DRAPartitionableDevices" in line(r)
+
+
+def test_node_level_reasons() -> None:
+    s = slices("n1", "1xL4")
+    c = claim("c")
+    cases = [
+        (node("n1", unschedulable=True), {}, "n1: cordoned"),
+        (
+            node("n1", taints=[{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]),
+            {},
+            "n1: taint gpu=yes:NoSchedule not tolerated",
+        ),
+        (node("n1"), {"nodeSelector": {"zone": "b"}}, "n1: node selector zone=b does not match"),
+    ]
+    for n, spec, reason in cases:
+        r = run(c, s, [n], p=pod("p", "c", **spec))
+        assert line(r).startswith("node: only nodes the pod may not use have the devices")
+        assert reason in line(r) and "uncordon" in line(r)
+    tolerated = pod("p", "c", tolerations=[{"key": "gpu", "operator": "Exists"}])
+    r = run(c, s, [node("n1", taints=[{"key": "gpu", "effect": "NoSchedule"}])], p=tolerated)
+    assert r.finding is None and r.requests[0].fits_on == ["n1"]
+
+
+def test_a_claim_that_fits_has_no_finding() -> None:
+    r = run(claim("c", count=2), slices("n1", "2xL4"), [node("n1")])
+    assert r.finding is None and r.requests[0].fits_on == ["n1"]
+
+
+def test_an_allocated_claim_is_reported_with_its_devices() -> None:
+    c = claim("c", allocated=[("n1", "gpu-0")])
+    r = run(c, slices("n1", "2xL4"), [node("n1")])
+    assert r.notes == ["claim default/c is allocated on n1: n1/gpu-0"] and r.finding is None
