@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import secrets
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dradriver import cli
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 
 from .helpers import (
@@ -330,6 +332,8 @@ def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> No
             "verbs": ["create", "delete", "list", "update", "watch"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        # `dradriver doctor` in the plugin pod reads the DeviceClasses.
+        {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["list"]},
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceclaims/status"],
@@ -441,6 +445,23 @@ def test_plugin_works_with_only_the_chart_rbac(
         assert rec is not None
         env = dict(e.split("=", 1) for e in rec["env"])
         assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+        # `dradriver doctor` in the plugin pod walks every layer with the chart's RBAC.
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = cli.main(
+                [
+                    "doctor",
+                    f"--node={kubelet.node}",
+                    f"--kubeconfig={kcfg}",
+                    "--devices=fake:2xH100-80GB",
+                    f"--state-dir={plugin.state_dir}",
+                    f"--cdi-dir={kubelet.cdi_dir}",
+                    f"--readyz=http://127.0.0.1:{plugin.port}/readyz",
+                    f"--containerd-config={kubelet.root / 'none.toml'}",
+                ]
+            )
+        assert rc == 0, out.getvalue()
+        assert "ok    deviceclasses:" in out.getvalue()
         # resourceclaims/status patch worked: status.devices carries the prepared device.
         claim_path = path_for(RES, "resourceclaims", namespace, "gpu")
         wait_for(

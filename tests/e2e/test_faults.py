@@ -1,0 +1,457 @@
+"""The catalogue of "why is my GPU pod Pending": each fault a new user met, injected on the
+real control plane and a hollow node (the real kubelet), and `dradriver explain` or
+`dradriver doctor` naming its layer and its fix in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dradriver.cli import main
+from dradriver.k8s import Kube, KubeError, path_for
+
+from .helpers import (
+    RES,
+    Cluster,
+    HollowNode,
+    PluginProc,
+    ensure_device_classes,
+    free_port,
+    get_or_none,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+D = "gpu.dradriver.io"
+PAUSE = "registry.k8s.io/pause:3.10"
+
+
+@dataclass
+class Faulty:
+    """One hollow node with the plugin on two fake H100s, shared by the catalogue's tests
+    (each puts back what it broke)."""
+
+    kube: Kube
+    cluster: Cluster
+    ns: str
+    kubelet: HollowNode
+    plugin: PluginProc
+    tmp: Path
+
+    def claim(
+        self, name: str, selector: str = "", count: int = 1, cls: str = D, config: Any = None
+    ) -> None:
+        exactly: dict[str, Any] = {"deviceClassName": cls, "count": count}
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+        devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+        if config is not None:
+            devices["config"] = [
+                {"requests": ["gpu"], "opaque": {"driver": D, "parameters": config}}
+            ]
+        self.kube.create(
+            path_for(RES, "resourceclaims", self.ns),
+            {"metadata": {"name": name}, "spec": {"devices": devices}},
+        )
+
+    def pod(self, name: str, claim: str, **spec: Any) -> None:
+        self.kube.create(
+            path_for("v1", "pods", self.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": self.kubelet.node},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                    "containers": [
+                        {"name": "main", "image": PAUSE, "resources": {"claims": [{"name": "gpu"}]}}
+                    ],
+                    **spec,
+                },
+            },
+        )
+
+    def phase(self, pod: str) -> str:
+        p = get_or_none(self.kube, path_for("v1", "pods", self.ns, pod))
+        return str((p or {}).get("status", {}).get("phase", ""))
+
+    def unschedulable(self, pod: str) -> bool:
+        p = get_or_none(self.kube, path_for("v1", "pods", self.ns, pod)) or {}
+        return any(
+            c.get("type") == "PodScheduled" and c.get("status") == "False"
+            for c in p.get("status", {}).get("conditions") or []
+        )
+
+    def doctor(self, *extra: str, **flags: str) -> tuple[int, list[str]]:
+        args = {
+            "node": self.kubelet.node,
+            "kubeconfig": self.cluster.kubeconfig,
+            "devices": "fake:2xH100-80GB",
+            "state-dir": str(self.plugin.state_dir),
+            "cdi-dir": str(self.kubelet.cdi_dir),
+            "readyz": f"http://127.0.0.1:{self.plugin.port}/readyz",
+            "containerd-config": str(self.tmp / "no-containerd.toml"),
+            **flags,
+        }
+        argv = ["doctor"] + [x for k, v in args.items() if v for x in (f"--{k}", v)]
+        return _run([*argv, *extra])
+
+    def explain(self, target: str, kubeconfig: str | None = None) -> tuple[int, list[str]]:
+        kubeconfig = kubeconfig or self.cluster.kubeconfig
+        return _run(["explain", target, "-n", self.ns, "--kubeconfig", kubeconfig])
+
+    def delete_pods(self, *pods: str) -> None:
+        """Pods left Pending would take the GPUs once the fault is put right."""
+        for p in pods:
+            self.kube.delete(path_for("v1", "pods", self.ns, p), missing_ok=True)
+        for p in pods:
+            path = path_for("v1", "pods", self.ns, p)
+            wait_for(lambda path=path: get_or_none(self.kube, path) is None, f"pod {p} gone", 30)
+
+
+def _run(argv: list[str]) -> tuple[int, list[str]]:
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(out):
+        rc = main(argv)
+    return rc, out.getvalue().splitlines()
+
+
+def verdict(lines: list[str]) -> str:
+    """explain's one-line answer."""
+    (line,) = [x for x in lines if x.startswith("=> ")]
+    return line[3:]
+
+
+def failing(lines: list[str]) -> str:
+    """doctor's first broken layer, in one line."""
+    bad = [x for x in lines if x.startswith("FAIL")]
+    assert bad, "doctor found nothing wrong:\n" + "\n".join(lines)
+    return bad[0]
+
+
+@pytest.fixture(scope="module")
+def faulty(cluster: Cluster) -> Iterator[Faulty]:
+    kube = Kube.from_kubeconfig(cluster.kubeconfig)
+    ensure_device_classes(kube)
+    ns = f"faults-{secrets.token_hex(3)}"
+    kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+    tmp = Path(tempfile.mkdtemp(prefix="drf-"))
+    node = f"faulty-{secrets.token_hex(3)}"
+    kubelet = HollowNode(cluster.kubeconfig, node, tmp / node)
+    kubelet.start()
+    plugin = PluginProc(cluster.kubeconfig, kubelet, "fake:2xH100-80GB")
+    try:
+        kubelet.wait_node_ready(kube)
+        plugin.start()
+        wait_for(plugin.ready, "the plugin to be ready", 30)
+        wait_for(
+            lambda: get_or_none(kube, path_for("v1", "serviceaccounts", ns, "default")),
+            "the namespace's ServiceAccount",
+            30,
+        )
+        yield Faulty(kube, cluster, ns, kubelet, plugin, tmp)
+    finally:
+        plugin.stop()
+        kubelet.stop()
+        with contextlib.suppress(KubeError):
+            kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+            kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
+        kube.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_healthy_node_is_ok_on_every_layer(faulty: Faulty) -> None:
+    rc, lines = faulty.doctor()
+    layers = [x.split()[1].rstrip(":") for x in lines]
+    assert layers == [
+        "nvml", "cdi", "api-server", "plugin", "slices", "node", "deviceclasses", "feature-gates"
+    ], lines  # fmt: skip
+    assert rc == 0 and all(x.split()[0] in ("ok", "skip") for x in lines), lines
+    assert lines[0] == "ok    nvml: driver 570.86.15, CUDA 12.8.0, 2 GPUs (fake devices)"
+
+
+# --- the node's layers: doctor ---
+
+
+def test_driver_missing(faulty: Faulty) -> None:
+    rc, lines = faulty.doctor(devices="nvml")
+    assert rc == 1 and len(lines) == 1
+    assert lines[0].startswith("FAIL  nvml: NVML does not answer:")
+    assert "libnvidia-ml.so.1" in lines[0] and "Fix: install the NVIDIA driver" in lines[0]
+
+
+def test_cdi_dir_unwritable(faulty: Faulty) -> None:
+    # sysfs takes no new files, not even from root (CI runs as root: mode bits would not do).
+    rc, lines = faulty.doctor(**{"cdi-dir": "/sys/kernel"})
+    assert rc == 1
+    assert failing(lines).startswith("FAIL  cdi: /sys/kernel is not writable:")
+    assert "Fix: mount the CDI directory read-write" in failing(lines)
+
+
+def test_runtime_cdi_off(faulty: Faulty) -> None:
+    conf = faulty.tmp / "containerd.toml"
+    conf.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = false\n')
+    rc, lines = faulty.doctor(**{"containerd-config": str(conf)})
+    assert rc == 1
+    assert failing(lines).startswith(f"FAIL  cdi: {conf}: CDI is off in containerd")
+    assert "Fix: set enable_cdi = true" in failing(lines)
+
+
+def test_plugin_not_running(faulty: Faulty) -> None:
+    url = f"http://127.0.0.1:{free_port()}/readyz"
+    rc, lines = faulty.doctor(readyz=url)
+    assert rc == 1
+    assert failing(lines).startswith(f"FAIL  plugin: the kubelet plugin does not answer at {url}")
+    assert "Fix: check the plugin pod on this node" in failing(lines)
+
+
+def test_wrong_kubelet_dir(faulty: Faulty) -> None:
+    """A plugin whose sockets are where the kubelet does not look is never registered."""
+    elsewhere = HollowNode(faulty.cluster.kubeconfig, faulty.kubelet.node, faulty.tmp / "wrong")
+    plugin = PluginProc(
+        faulty.cluster.kubeconfig, elsewhere, "fake:1xL4", state_dir=faulty.tmp / "wrong-state"
+    )
+    plugin.start()
+    try:
+        readyz = f"http://127.0.0.1:{plugin.port}/readyz"
+        wait_for(lambda: plugin.http("/readyz")[0] == 503, "the plugin to answer /readyz", 20)
+        rc, lines = faulty.doctor(readyz=readyz, devices="fake:1xL4", **{"state-dir": ""})
+        assert rc == 1
+        line = failing(lines)
+        assert line.startswith("FAIL  plugin: /readyz registration: waiting for the kubelet")
+        assert "--kubelet-dir (Helm kubeletDir)" in line
+    finally:
+        plugin.stop()
+
+
+def test_socket_deleted(faulty: Faulty) -> None:
+    (sock,) = list((faulty.kubelet.plugins_dir / D).glob("dra*.sock"))
+    sock.unlink()
+    wait_for(sock.exists, "the DRA socket to come back", 10)
+    rc, lines = faulty.doctor()
+    assert rc == 0 and "ok    plugin: running and registered with the kubelet" in lines[3]
+
+
+def test_slices_deleted(faulty: Faulty) -> None:
+    for s in faulty.kube.list(path_for(RES, "resourceslices")).get("items", []):
+        if s["spec"].get("nodeName") == faulty.kubelet.node:
+            faulty.kube.delete(path_for(RES, "resourceslices", name=s["metadata"]["name"]))
+    # The plugin watches its slices and puts them back within seconds.
+    wait_for(lambda: faulty.doctor()[0] == 0, "doctor ok again (slices republished)", 15)
+    assert faulty.doctor()[1][4].startswith("ok    slices: 1 slices, 2 devices published")
+
+
+def test_node_cordoned(faulty: Faulty) -> None:
+    node = path_for("v1", "nodes", name=faulty.kubelet.node)
+    faulty.kube.patch(node, {"spec": {"unschedulable": True}})
+    try:
+        rc, lines = faulty.doctor()
+        assert rc == 1
+        assert failing(lines) == (
+            "FAIL  node: cordoned: no new pods are scheduled here. "
+            f"Fix: kubectl uncordon {faulty.kubelet.node}"
+        )
+        faulty.claim("cordon")
+        faulty.pod("cordon", "cordon")
+        wait_for(lambda: faulty.unschedulable("cordon"), "the scheduler to give up", 20)
+        rc, lines = faulty.explain("cordon")
+        assert rc == 1
+        assert verdict(lines).startswith("node: only nodes the pod may not use have the devices")
+        assert f"{faulty.kubelet.node}: cordoned" in verdict(lines)
+        assert "Fix: uncordon the node" in verdict(lines)
+    finally:
+        faulty.delete_pods("cordon")
+        faulty.kube.patch(node, {"spec": {"unschedulable": None}})
+
+
+def test_node_tainted(faulty: Faulty) -> None:
+    node = path_for("v1", "nodes", name=faulty.kubelet.node)
+    taint = {"key": "example.com/maintenance", "value": "yes", "effect": "NoSchedule"}
+    faulty.kube.patch(node, {"spec": {"taints": [taint]}})
+    try:
+        faulty.claim("taint")
+        faulty.pod("taint", "taint")
+        wait_for(lambda: faulty.unschedulable("taint"), "the scheduler to give up", 20)
+        rc, lines = faulty.explain("pod/taint")
+        assert rc == 1
+        assert "taint example.com/maintenance=yes:NoSchedule not tolerated" in verdict(lines)
+        assert "add a toleration for its taint to the pod" in verdict(lines)
+        rc, lines = faulty.doctor()
+        assert rc == 0 and any(x.startswith("warn  node: tainted") for x in lines)
+    finally:
+        faulty.delete_pods("taint")
+        faulty.kube.patch(node, {"spec": {"taints": None}})
+
+
+def test_kubelet_restart(faulty: Faulty) -> None:
+    faulty.kubelet.restart()
+    faulty.kubelet.wait_node_ready(faulty.kube)
+    wait_for(lambda: faulty.doctor()[0] == 0, "doctor ok again after the kubelet restart", 30)
+
+
+def test_api_server_down(faulty: Faulty) -> None:
+    doc = yaml.safe_load(Path(faulty.cluster.kubeconfig).read_text())
+    for c in doc["clusters"]:
+        c["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    dead = faulty.tmp / "dead-kubeconfig"
+    dead.write_text(yaml.safe_dump(doc))
+    rc, lines = faulty.doctor(kubeconfig=str(dead))
+    assert rc == 1 and failing(lines).startswith("FAIL  api-server: api-server: cannot reach")
+    assert "Fix: check that the API server runs" in failing(lines)
+    rc, lines = faulty.explain("anything", kubeconfig=str(dead))
+    assert rc == 2 and lines[-1].startswith("api-server: cannot reach https://127.0.0.1:")
+
+
+def test_missing_kubeconfig_is_one_line(faulty: Faulty) -> None:
+    rc, lines = faulty.explain("anything", kubeconfig=str(faulty.tmp / "nope"))
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("kubeconfig: cannot load")
+
+
+# --- scheduling: explain ---
+
+
+def test_selector_matches_nothing(faulty: Faulty) -> None:
+    """An "80GB" H100 has 79.6 GiB: the classic selector that matches no device."""
+    faulty.claim("mem80", f'device.capacity["{D}"].memory.compareTo(quantity("80Gi")) >= 0')
+    faulty.pod("mem80", "mem80")
+    wait_for(lambda: faulty.unschedulable("mem80"), "the scheduler to give up", 20)
+    rc, lines = faulty.explain("mem80")
+    v = verdict(lines)
+    assert rc == 1 and v.startswith("selector: 0 of ") and f"devices of class {D} match" in v
+    assert f"the largest {D}/memory is 79.6Gi (NVIDIA H100 80GB HBM3)" in v
+    assert "Fix: relax the request's selector" in v
+    # The per-node table counts this node's two GPUs.
+    (row,) = [x for x in lines if x.strip().startswith(faulty.kubelet.node)]
+    assert row.split()[1:7] == ["2", "2", "0", "0", "0", "0"]
+
+
+def test_missing_attribute(faulty: Faulty) -> None:
+    faulty.claim("attr", f'device.attributes["{D}"].memoryGB >= 80')
+    faulty.pod("attr", "attr")
+    wait_for(lambda: faulty.unschedulable("attr"), "the scheduler to give up", 20)
+    rc, lines = faulty.explain("attr")
+    v = verdict(lines)
+    assert rc == 1 and v.startswith("selector: request gpu selector #0 fails with a CEL runtime")
+    assert "memoryGB" in v and "Fix: guard attributes some devices lack with has(" in v
+
+
+def test_too_many_gpus(faulty: Faulty) -> None:
+    faulty.claim("many", f'device.attributes["{D}"].productName.startsWith("NVIDIA H100")', 3)
+    rc, lines = faulty.explain("claim/many")
+    v = verdict(lines)
+    assert rc == 1 and v.startswith("capacity: request gpu asks for 3 devices")
+    assert "Fix: ask for fewer devices per claim" in v
+
+
+def test_capacity_exhausted(faulty: Faulty) -> None:
+    faulty.claim("both", count=2)
+    faulty.pod("both", "both")
+    wait_for(lambda: faulty.phase("both") == "Running", "the pod holding both GPUs", 60)
+    faulty.claim("third")
+    faulty.pod("third", "third")
+    try:
+        wait_for(lambda: faulty.unschedulable("third"), "the scheduler to give up", 20)
+        rc, lines = faulty.explain("third")
+        v = verdict(lines)
+        assert rc == 1 and v.startswith("allocation: all ")
+        assert f"{faulty.ns}/both (2)" in v and "Fix: wait for those claims to be released" in v
+    finally:
+        faulty.delete_pods("both", "third")
+
+
+def test_typod_device_class(faulty: Faulty) -> None:
+    faulty.claim("typo", cls="gpu.dradriver.oi")
+    rc, lines = faulty.explain("claim/typo")
+    v = verdict(lines)
+    assert rc == 1 and v.startswith("deviceclass: request gpu names DeviceClass gpu.dradriver.oi")
+    assert f"did you mean {D}?" in v and "Fix: correct deviceClassName" in v
+
+
+def test_no_slices_from_the_driver(faulty: Faulty) -> None:
+    """A DeviceClass for a driver no node runs: the node publishes nothing for it."""
+    name = f"other-{secrets.token_hex(3)}.example.com"
+    faulty.kube.create(
+        path_for(RES, "deviceclasses"),
+        {
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{name}"'}}]},
+        },
+    )
+    try:
+        faulty.claim("other", cls=name)
+        rc, lines = faulty.explain("claim/other")
+        v = verdict(lines)
+        assert rc == 1 and v.startswith(f"slices: no ResourceSlices from driver {name} on any node")
+        assert "Fix: check that the kubelet plugin of that driver runs" in v
+    finally:
+        faulty.kube.delete(path_for(RES, "deviceclasses", name=name), missing_ok=True)
+
+
+def test_bad_config_without_webhook(faulty: Faulty) -> None:
+    """No admission webhook: the API server stores a config the driver refuses, the pod
+    is scheduled, and the kubelet's prepare fails with the driver's reason."""
+    bad = {
+        "apiVersion": f"{D}/v1alpha1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "Sometimes"},
+    }
+    faulty.claim("badcfg", config=bad)
+    faulty.pod("badcfg", "badcfg")
+
+    def said() -> str | None:
+        _, lines = faulty.explain("badcfg")
+        v = verdict(lines)
+        return v if v.startswith("prepare:") else None
+
+    v = wait_for(said, "explain to name the failed prepare", 60, interval=1)
+    assert "could not prepare its devices" in v and "Sometimes" in v
+    assert "install the admission webhook" in v
+    faulty.delete_pods("badcfg")
+
+
+def test_dynamic_mig_with_the_gate_off(cluster: Cluster, faulty: Faulty) -> None:
+    """The GA cluster has DRAPartitionableDevices off: a plugin in dynamic MIG mode
+    refuses to publish partitions, and both tools name the gate."""
+    kubelet = HollowNode(cluster.kubeconfig, f"nogate-{secrets.token_hex(3)}", faulty.tmp / "ng")
+    kubelet.start()
+    plugin = PluginProc(cluster.kubeconfig, kubelet, "fake:1xH100-80GB", "dynamic")
+    try:
+        kubelet.wait_node_ready(faulty.kube)
+        plugin.start()
+
+        def gate_named() -> list[str] | None:
+            rc, lines = faulty.doctor(
+                node=kubelet.node,
+                devices="fake:1xH100-80GB",
+                **{
+                    "state-dir": str(plugin.state_dir),
+                    "cdi-dir": str(kubelet.cdi_dir),
+                    "readyz": f"http://127.0.0.1:{plugin.port}/readyz",
+                    "mig-mode": "dynamic",
+                },
+            )
+            return lines if rc == 1 and "DRAPartitionableDevices" in failing(lines) else None
+
+        lines = wait_for(gate_named, "doctor to name the gate", 30, interval=1)
+        assert "Fix:" in failing(lines) or "enable it" in failing(lines)
+        faulty.claim("mig", cls="mig.dradriver.io")
+        rc, lines = faulty.explain("claim/mig")
+        v = verdict(lines)
+        assert rc == 1 and v.startswith("feature-gate: no MIG devices are published")
+        assert "Fix: enable DRAPartitionableDevices on kube-apiserver" in v
+    finally:
+        plugin.stop()
+        kubelet.stop()
+        with contextlib.suppress(KubeError):
+            faulty.kube.delete(path_for("v1", "nodes", name=kubelet.node), missing_ok=True)
