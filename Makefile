@@ -67,7 +67,7 @@ e2e: venv controlplane hollow-node cdi-tool helm
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 cluster-up: venv controlplane
-	@$(PY) -m dradriver.cli dev cluster up --state-dir $(STATE) $(if $(filter 1 true yes,$(ALPHA)),--alpha) $(if $(filter 1 true yes,$(REPLACE)),--replace)
+	@$(PY) -m dradriver.cli dev cluster up --state-dir $(STATE) $(if $(filter 1 true yes,$(ALPHA)),--alpha) $(if $(filter 1 true yes,$(REPLACE)),--replace) $(if $(filter 1 true yes,$(WEBHOOK)),--webhook)
 
 cluster-down: venv
 	@$(PY) -m dradriver.cli dev cluster down --state-dir $(STATE)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 
 def _cluster(args: argparse.Namespace) -> int:
-    from dradriver_dev import cluster
+    from dradriver_dev import addons, cluster
 
     state_dir = Path(args.state_dir)
     if args.action == "up":
         before = None if args.replace else cluster.running(state_dir)
         try:
-            st = cluster.up(state_dir, alpha=args.alpha, replace=args.replace)
+            st = cluster.up(state_dir, alpha=args.alpha, replace=args.replace, webhook=args.webhook)
         except cluster.ClusterError as exc:
             print(f"dev cluster: {exc}", file=sys.stderr)
             return 1
@@ -27,6 +27,15 @@ def _cluster(args: argparse.Namespace) -> int:
             )
         else:
             print(f"dev cluster: up at {st.server} ({gates})")
+        classes = ", ".join(d["metadata"]["name"] for d in addons.device_classes())
+        print(f"dev cluster: DeviceClasses {classes} applied")
+        if addons.WEBHOOK_PROCESS in st.pids:
+            print(
+                f"dev cluster: admission webhook (dradriver controller) at "
+                f"https://127.0.0.1:{st.ports['webhook']}/validate, readyz "
+                f"http://127.0.0.1:{st.ports['webhook-healthz']}/readyz, log "
+                f"{state_dir / 'logs' / addons.WEBHOOK_PROCESS}.log"
+            )
         print(f"dev cluster: export KUBECONFIG={st.kubeconfig}")
         print(
             f"dev cluster: kubectl {state_dir / 'kubectl'} --kubeconfig {st.kubeconfig} get nodes"
@@ -46,8 +55,21 @@ def _kubelet(args: argparse.Namespace) -> int:
 def add_subcommands(dev: argparse.ArgumentParser) -> None:
     dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="TOOL")
 
-    cl = dev_sub.add_parser("cluster", help="start or stop the local Kubernetes control plane")
-    cl.add_argument("action", choices=["up", "down"])
+    cl = dev_sub.add_parser(
+        "cluster",
+        help="start or stop the local Kubernetes control plane",
+        description="Starts (up) or stops (down) etcd, kube-apiserver, kube-scheduler and "
+        "kube-controller-manager of Kubernetes 1.34 on loopback ports, built from their Go "
+        "modules on first use (needs Go). `up` also applies the driver's DeviceClasses "
+        "(deploy/deviceclasses.yaml) and, with --webhook, runs the admission webhook; "
+        "`down` stops every process `up` (or `KEEP=1 make demo`) started there.",
+    )
+    cl.add_argument(
+        "action",
+        choices=["up", "down"],
+        help="up: start (a running cluster is kept, its DeviceClasses applied again); "
+        "down: stop everything and remove the state directory",
+    )
     cl.add_argument(
         "--replace",
         action="store_true",
@@ -62,6 +84,13 @@ def add_subcommands(dev: argparse.ArgumentParser) -> None:
         "--alpha",
         action="store_true",
         help="turn on the alpha DRA feature gates and resource.k8s.io/v1alpha3",
+    )
+    cl.add_argument(
+        "--webhook",
+        action="store_true",
+        help="up: also run the admission webhook (`dradriver controller`) on loopback with "
+        "the chart's webhook configuration, so claims with a bad config for the driver are "
+        "refused at apply time; `down` stops it",
     )
     cl.set_defaults(func=_cluster)
 

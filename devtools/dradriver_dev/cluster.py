@@ -3,7 +3,9 @@
 Runs the real etcd, kube-apiserver, kube-scheduler and kube-controller-manager (built
 from their Go modules by tools/controlplane/build.sh) on loopback ports, with
 Node,RBAC authorization and working ServiceAccount tokens. Nodes are added with
-`dradriver dev kubelet` (hollow nodes running the real kubelet, hollow_node.py).
+`dradriver dev kubelet` (hollow nodes running the real kubelet, hollow_node.py). `up`
+also applies the driver's DeviceClasses and, when asked, starts the admission webhook
+(addons.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ ALPHA_GATES = (
 )
 ALPHA_RUNTIME_CONFIG = "resource.k8s.io/v1alpha3=true"
 SERVICE_CIDR = "10.96.0.0/24"
+# Processes `up` starts beside the control plane (addons.py) when asked. One that has
+# exited leaves the cluster usable: `up` restarts it (or takes its configuration away)
+# instead of calling the cluster broken.
+WEBHOOK_PROCESS = "dradriver-controller"
+ADDON_PROCESSES = frozenset({WEBHOOK_PROCESS})
 
 
 class ClusterError(RuntimeError):
@@ -184,7 +191,16 @@ def _alive(pid: int) -> bool:
         done, _ = os.waitpid(pid, os.WNOHANG)
         return done == 0
     except ChildProcessError:
-        return True
+        pass
+    # Another's zombie too: a process started by an earlier `up`, whose parent has exited,
+    # waits as one until its new parent reaps it, which some init processes never do.
+    if not Path("/proc/self/stat").exists():
+        return True  # no /proc (macOS): kill(0) is all there is to go by
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # gone since kill(0)
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _wait_http(
@@ -223,21 +239,27 @@ def up(
     controllers: str = "*",
     replace: bool = False,
     replace_partial: bool = False,
+    webhook: bool = False,
 ) -> ClusterState:
-    """Starts the control plane and returns once the API server is ready and the scheduler
-    and controller-manager report healthy. A cluster already running there is kept (and
-    returned) unless `replace`; one that runs only in part is never replaced silently:
+    """Starts the control plane and returns once the API server is ready, the scheduler
+    and controller-manager report healthy and the DeviceClasses are applied (with
+    `webhook`, once the admission webhook refuses bad configs). A cluster already running
+    there is kept (and returned, its DeviceClasses applied again, the webhook started if
+    asked for) unless `replace`; one that runs only in part is never replaced silently:
     an error says so, unless `replace` or `replace_partial`."""
+    from dradriver_dev import addons
+
     state_dir = state_dir.resolve()
     existing = ClusterState.load(state_dir)
     if existing and not replace:
-        alive = {name: _alive(p) for name, p in existing.pids.items()}
+        alive = {n: _alive(p) for n, p in existing.pids.items() if n not in ADDON_PROCESSES}
         if all(alive.values()):
             if existing.alpha != alpha:
                 raise ClusterError(
                     f"a cluster with alpha={existing.alpha} is already running in "
                     f"{state_dir}; run `make cluster-down` first, or pass --replace"
                 )
+            addons.install(existing, webhook=webhook, deadline=time.monotonic() + timeout)
             return existing
         if any(alive.values()) and not replace_partial:
             dead = ", ".join(sorted(n for n, ok in alive.items() if not ok))
@@ -385,6 +407,7 @@ def up(
             deadline,
             insecure,
         )
+        addons.install(st, webhook=webhook, deadline=deadline)
     except BaseException:
         down(state_dir, remove=False)
         raise
@@ -425,6 +448,7 @@ def down(state_dir: Path, *, remove: bool = True) -> bool:
 def running(state_dir: Path) -> ClusterState | None:
     """The cluster fully running in `state_dir`, if any."""
     existing = ClusterState.load(state_dir.resolve())
-    if existing and existing.pids and all(_alive(p) for p in existing.pids.values()):
+    core = [p for n, p in (existing.pids if existing else {}).items() if n not in ADDON_PROCESSES]
+    if existing and core and all(_alive(p) for p in core):
         return existing
     return None

@@ -1,9 +1,10 @@
 """`make demo`: the whole driver on one machine, no GPUs and no cluster needed.
 
-A local Kubernetes 1.34 control plane (alpha DRA gates on), two hollow nodes (the
-kubelet's own code, with a runtime that resolves CDI) with fake GPUs, one kubelet plugin
-per node, every example claim applied, and a summary of what each pod received.
-`KEEP=1 make demo` leaves everything running for kubectl.
+A local Kubernetes 1.34 control plane (alpha DRA gates on) with the DeviceClasses and
+the admission webhook, two hollow nodes (the kubelet's own code, with a runtime that
+resolves CDI) with fake GPUs, one kubelet plugin per node, a claim with a bad config
+refused at apply time, every example claim applied, and a summary of what each pod
+received. `KEEP=1 make demo` leaves everything running for kubectl.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ from typing import Any
 import yaml
 
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
-from dradriver_dev import cluster
+from dradriver_dev import addons, cluster
 from dradriver_dev import hollow_node as hollow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +59,23 @@ class NodeProcs:
     root: Path
     state: Path
     procs: list[subprocess.Popen[bytes]]
+    healthz_port: int  # the plugin's /healthz, /readyz and /metrics
+
+    def endpoints(self) -> str:
+        base = f"http://127.0.0.1:{self.healthz_port}"
+        return f"node {self.name}: readyz {base}/readyz metrics {base}/metrics"
+
+    def readyz(self) -> str:
+        """What the plugin's /readyz answers now, proof the address shown is its own."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.healthz_port}/readyz", timeout=2
+            ) as r:
+                return f"{r.status} ready"
+        except urllib.error.HTTPError as e:
+            return f"{e.code} not ready yet: {e.read().decode(errors='replace').strip()}"
+        except OSError as e:
+            return f"not answering: {e}"
 
 
 def start_node(
@@ -87,6 +107,9 @@ def start_node(
     )
     # A starting kubelet deletes its node's slices: let it, before the plugin publishes.
     wait(f"node {name} Ready", lambda: _node_ready(kube, name, kubelet))
+    # Chosen here rather than 0 ("any"), so the address the demo prints is known without
+    # reading the plugin's log; the plugin exits if another process took it meanwhile.
+    (healthz_port,) = cluster._free_ports(1)
     plugin = subprocess.Popen(
         [
             *common,
@@ -105,15 +128,17 @@ def start_node(
             str(root / "cdi"),
             "--state-dir",
             str(state),
+            "--healthz-address",
+            "127.0.0.1",
             "--healthz-port",
-            "0",
+            str(healthz_port),
         ],
         stdout=open(logs / f"{name}-plugin.log", "ab"),  # noqa: SIM115
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
     )
-    return NodeProcs(name, root, state, [kubelet, plugin])
+    return NodeProcs(name, root, state, [kubelet, plugin], healthz_port)
 
 
 def _node_ready(kube: Kube, name: str, kubelet: subprocess.Popen[bytes]) -> bool:
@@ -233,8 +258,9 @@ def mig_layout(nodes: dict[str, NodeProcs]) -> str:
 
 HELM_BUILD = REPO / "tools" / "helm" / "build.sh"
 CHART = REPO / "deploy" / "helm" / "dradriver"
-# What the demo takes from the chart. The rest (DaemonSet, RBAC, webhook) is for a real
-# cluster with the image; here the plugins run as processes beside the hollow nodes.
+# What the demo takes from the chart. The rest (DaemonSet, Deployment, RBAC) is for a real
+# cluster with the image; here the plugins and the webhook run as processes on loopback
+# (the webhook's configuration is the chart's, addons.webhook_configuration).
 CHART_OBJECTS = {
     "DeviceClass": "deviceclasses",
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
@@ -281,9 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     cluster.down(STATE)
     say(
         "starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager "
-        "(alpha DRA gates on)"
+        "(alpha DRA gates on), the DeviceClasses and the admission webhook (dradriver "
+        "controller)"
     )
-    st = cluster.up(STATE, alpha=True, bin_dir=bins, replace_partial=True)
+    st = cluster.up(STATE, alpha=True, bin_dir=bins, replace_partial=True, webhook=True)
     kube = Kube.from_kubeconfig(st.kubeconfig)
     logs = STATE / "logs"
     nodes: dict[str, NodeProcs] = {}
@@ -301,11 +328,17 @@ def main(argv: list[str] | None = None) -> int:
                     path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={n}"
                 )["items"],
             )
+        for n in nodes.values():
+            # Registration with the kubelet can trail the slices by a moment.
+            with contextlib.suppress(TimeoutError):
+                wait(f"{n.name}'s plugin ready", lambda n=n: n.readyz().endswith(" ready"), 20)
+            say(f"{n.endpoints()} ({n.readyz()})")
         kube.create(path_for("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
         wait(
             "the demo namespace's ServiceAccount",
             lambda: _exists(kube, path_for("v1", "serviceaccounts", NAMESPACE, "default")),
         )
+        show_refusal()
         pods = apply_examples(kube)
         say(f"applied {len(pods)} example pods from examples/claims; waiting for them")
         try:
@@ -328,8 +361,10 @@ def main(argv: list[str] | None = None) -> int:
             say(
                 f"left running: export KUBECONFIG={st.kubeconfig}; "
                 f"{STATE / 'kubectl'} get pods -n {NAMESPACE}; `make cluster-down` stops it "
-                "(the node processes too)"
+                "(the node processes and the webhook too)"
             )
+            for n in nodes.values():
+                say(n.endpoints())
             _record_pids(nodes)
             return 0
     finally:
@@ -340,6 +375,30 @@ def main(argv: list[str] | None = None) -> int:
                     _stop(proc)
             cluster.down(STATE)
     return 0
+
+
+def show_refusal() -> None:
+    """`kubectl apply` of a claim whose config for the driver is wrong, as a user would
+    type it: the admission webhook refuses it, naming the field, before it is stored."""
+    manifest = STATE / "bad-config-claim.yaml"
+    manifest.write_text(yaml.safe_dump(addons.bad_claim("bad-config"), sort_keys=False))
+    shown = manifest.relative_to(REPO)
+    say(
+        "the admission webhook checks each claim's config for the driver at apply time; "
+        f"one asking for sharing strategy {addons.BAD_STRATEGY!r}:"
+    )
+    print(f"  $ kubectl apply -n {NAMESPACE} -f {shown}", flush=True)
+    applied = subprocess.run(
+        [str(STATE / "kubectl"), "apply", "-n", NAMESPACE, "-f", str(shown)],
+        cwd=REPO,
+        env={**os.environ, "KUBECONFIG": str(STATE / "kubeconfig")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    print("  " + (applied.stderr or applied.stdout).strip(), flush=True)
+    if applied.returncode == 0 or "denied the request" not in applied.stderr:
+        raise RuntimeError("the admission webhook did not refuse a claim with a bad config")
 
 
 def _release_claims(kube: Kube) -> None:

@@ -81,7 +81,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="",
         help="more kubelet feature gates, e.g. SomeGate=true (added after --alpha's)",
     )
-    p.add_argument("--log-level", default="info", choices=sorted(LOG_VERBOSITY))
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=sorted(LOG_VERBOSITY),
+        help="the kubelet's log verbosity; debug shows the DRA manager's slice wipes and "
+        "plugin changes (default: %(default)s)",
+    )
 
 
 def build() -> Path:

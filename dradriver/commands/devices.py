@@ -22,7 +22,15 @@ from dradriver.slices.publish import render
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_node_flags(p)
-    p.add_argument("-o", "--output", default="table", choices=["table", "json", "yaml"])
+    p.add_argument(
+        "-o",
+        "--output",
+        default="table",
+        choices=["table", "json", "yaml"],
+        help="table for people (sizes in binary units, GiB); json or yaml for programs, "
+        "with exact byte counts and camelCase keys as in Kubernetes objects "
+        "(default: %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         "node": args.node_name,
         "driver": args.driver_name,
         "migMode": args.mig_mode,
-        "inventory": found.inventory.to_json(),
+        "inventory": camel_keys(found.inventory.to_json()),
         "problems": found.problems,
         "skipped": [
             {"uuid": k.uuid, "reason": k.reason, "message": k.message} for k in result.skipped
@@ -63,8 +71,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
+def camel_keys(value: Any) -> Any:
+    """The inventory's dataclass fields (snake_case) as camelCase keys, so the whole
+    document reads like the Kubernetes objects beside it. Only keys change: the inventory
+    holds no maps keyed by data, so no value is ever renamed."""
+    if isinstance(value, dict):
+        return {_camel(k): camel_keys(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [camel_keys(v) for v in value]
+    return value
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(n: int) -> str:
+    """A byte count as people read one: the largest binary unit that keeps the number at
+    1 or more, one decimal, none when it is whole ("80 GiB", "79.6 GiB", "512 B")."""
+    value, unit = float(n), 0
+    # Compared after rounding, so 1023.97 MiB reads "1 GiB", not "1024 MiB".
+    while round(abs(value), 1) >= 1024 and unit < len(_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    text = f"{value:.1f}"
+    if text.endswith(".0"):
+        text = text[:-2]
+    return f"{text} {_UNITS[unit]}"
 
 
 def _mig(g: Gpu) -> str:
@@ -95,7 +132,7 @@ def _profiles(inv: Inventory) -> list[str]:
             rows.append(
                 [
                     p.name,
-                    _gib(p.memory_bytes),
+                    human_bytes(p.memory_bytes),
                     p.multiprocessors,
                     p.decoders,
                     p.encoders,
@@ -123,7 +160,7 @@ def table(
             [
                 g.index,
                 g.product_name,
-                _gib(g.memory_bytes),
+                human_bytes(g.memory_bytes),
                 g.cuda_compute_capability,
                 "-" if g.numa_node is None else g.numa_node,
                 g.nvlink_domain or "-",

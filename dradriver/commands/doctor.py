@@ -89,7 +89,9 @@ def _nvml(args: argparse.Namespace) -> tuple[Layer, set[str] | None]:
     from dradriver.nvml.library import open_nvml
 
     try:
-        backend = open_nvml(args.devices, node=args.node, state_dir=Path(args.state_dir))
+        # Only a state directory the plugin made: doctor must not create one.
+        state = Path(args.state_dir) if Path(args.state_dir).is_dir() else None
+        backend = open_nvml(args.devices, node=args.node, state_dir=state)
         found = backend.discover()
     except Exception as exc:  # NVML raises its own error classes, one per return code
         return judge.nvml(args.devices, None, f"{type(exc).__name__}: {exc}"), None

@@ -1,10 +1,15 @@
 """The local control plane is real Kubernetes 1.34: version, DRA API, authorization,
-ServiceAccount tokens bound to pods, and the alpha gates when asked for."""
+ServiceAccount tokens bound to pods, and the alpha gates when asked for. `dradriver dev
+cluster up` also applies the DeviceClasses and, with --webhook, runs the admission webhook,
+which `down` stops."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,9 +17,23 @@ from typing import Any
 import pytest
 
 from dradriver.k8s import Kube, KubeError, path_for
+from dradriver_dev import addons
 from dradriver_dev import cluster as devcluster
 
-from .helpers import Cluster
+from .helpers import Cluster, load_yaml, wait_for
+
+CLASSES = [d["metadata"]["name"] for d in load_yaml(addons.DEVICE_CLASSES)]
+
+
+def dev_cluster(action: str, state_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`dradriver dev cluster ACTION` as `make cluster-up` / `make cluster-down` run it."""
+    cli = [sys.executable, "-m", "dradriver.cli", "dev", "cluster"]
+    return subprocess.run(
+        [*cli, action, "--state-dir", str(state_dir), *flags],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def kubectl(c: Cluster, *args: str) -> str:
@@ -213,35 +232,29 @@ def test_default_cluster_strips_alpha_fields(kube: Kube) -> None:
 
 
 def test_cluster_up_never_silently_replaces_a_running_cluster(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, kube: Kube, tmp_path: Path
 ) -> None:
-    """`make cluster-up` on a running cluster says it is kept; on one running only in
-    part it refuses without --replace (it used to tear it down and start another)."""
-    import sys
-
+    """`make cluster-up` on a running cluster says it is kept (and puts back a DeviceClass
+    deleted since); on one running only in part it refuses without --replace (it used to
+    tear it down and start another)."""
     if cluster.state_dir is None:
         pytest.skip("an external cluster: no state directory to run against")
 
     def up(state_dir: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dradriver.cli",
-                "dev",
-                "cluster",
-                "up",
-                "--state-dir",
-                str(state_dir),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return dev_cluster("up", state_dir)
 
+    # `up` applied the DeviceClasses when it started the cluster; one deleted since is
+    # applied again by the next `up`, which changes nothing else.
+    assert set(CLASSES) == {"gpu.dradriver.io", "mig.dradriver.io"}
+    for name in CLASSES:
+        kube.get(path_for("resource.k8s.io/v1", "deviceclasses", name=name))
+    kube.delete(path_for("resource.k8s.io/v1", "deviceclasses", name=CLASSES[1]))
     kept = up(cluster.state_dir)
     assert kept.returncode == 0, kept.stderr
     assert "already running" in kept.stdout and "kept as it is" in kept.stdout
+    assert f"DeviceClasses {', '.join(CLASSES)} applied" in kept.stdout
+    for name in CLASSES:
+        kube.get(path_for("resource.k8s.io/v1", "deviceclasses", name=name))
     # Half a cluster: one live process (this test's sleep) and one that has exited.
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     gone = subprocess.Popen(["true"])
@@ -269,3 +282,75 @@ def test_cluster_up_never_silently_replaces_a_running_cluster(
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_cluster_up_webhook_refuses_bad_configs_and_down_stops_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """`make cluster-up WEBHOOK=1`: a fresh cluster with the DeviceClasses and the admission
+    webhook; a claim with a bad config for the driver is refused at apply time, one
+    without is admitted; `up` again keeps the webhook, or restarts one that died; `make
+    cluster-down` leaves no process behind."""
+    if cluster.bin_dir is None:
+        pytest.skip("external cluster: no locally built control plane to start another")
+    state_dir = tmp_path / "dev"
+    try:
+        started = dev_cluster("up", state_dir, "--webhook")
+        assert started.returncode == 0, started.stderr
+        st = devcluster.ClusterState.load(state_dir)
+        assert st is not None
+        port, healthz = st.ports["webhook"], st.ports["webhook-healthz"]
+        assert (
+            f"admission webhook (dradriver controller) at https://127.0.0.1:{port}/validate, "
+            f"readyz http://127.0.0.1:{healthz}/readyz" in started.stdout
+        )
+        kube = Kube.from_kubeconfig(st.kubeconfig)
+        claims = path_for("resource.k8s.io/v1", "resourceclaims", "default")
+        for name in CLASSES:
+            kube.get(path_for("resource.k8s.io/v1", "deviceclasses", name=name))
+
+        manifest = tmp_path / "bad.yaml"
+        manifest.write_text(json.dumps(addons.bad_claim("bad")))
+        kubectl = [str(state_dir / "kubectl"), "--kubeconfig", st.kubeconfig]
+        applied = subprocess.run(
+            [*kubectl, "apply", "-f", str(manifest)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert applied.returncode == 1, applied
+        assert (
+            f'admission webhook "{addons.WEBHOOK_NAME}" denied the request: ResourceClaim '
+            '"bad": spec.devices.config[0].opaque.parameters.sharing.strategy: Input should '
+            "be 'TimeSlicing' or 'MPS' (got 'Spatial')" in applied.stderr
+        )
+        plain = addons.bad_claim("plain")
+        del plain["spec"]["devices"]["config"]
+        kube.create(claims, plain)  # no config for the driver: never sent to the webhook
+
+        controller = st.pids[addons.WEBHOOK_PROCESS]
+        again = dev_cluster("up", state_dir, "--webhook")
+        assert again.returncode == 0, again.stderr
+        assert "kept as it is" in again.stdout
+        reloaded = devcluster.ClusterState.load(state_dir)
+        assert reloaded is not None and reloaded.pids[addons.WEBHOOK_PROCESS] == controller
+
+        # A webhook that died is started again, on new ports, and refuses again.
+        os.killpg(controller, signal.SIGKILL)
+        wait_for(lambda: not devcluster._alive(controller), "the controller gone", 10)
+        restarted = dev_cluster("up", state_dir, "--webhook")
+        assert restarted.returncode == 0, restarted.stderr
+        st = devcluster.ClusterState.load(state_dir)
+        assert st is not None and st.pids[addons.WEBHOOK_PROCESS] != controller
+        with pytest.raises(KubeError) as refused:
+            kube.create(claims, addons.bad_claim("bad-again"))
+        assert "denied the request" in refused.value.message
+        kube.close()
+    finally:
+        last = devcluster.ClusterState.load(state_dir)
+        pids = list(last.pids.values()) if last else []
+        stopped = dev_cluster("down", state_dir)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip() == "dev cluster: stopped and removed"
+    assert [p for p in pids if devcluster._alive(p)] == []
+    assert not state_dir.exists()

@@ -226,7 +226,9 @@ def test_wrong_kubelet_dir(faulty: Faulty) -> None:
     try:
         readyz = f"http://127.0.0.1:{plugin.port}/readyz"
         wait_for(lambda: plugin.http("/readyz")[0] == 503, "the plugin to answer /readyz", 20)
-        rc, lines = faulty.doctor(readyz=readyz, devices="fake:1xL4", **{"state-dir": ""})
+        rc, lines = faulty.doctor(
+            readyz=readyz, devices="fake:1xL4", **{"state-dir": str(plugin.state_dir)}
+        )
         assert rc == 1
         line = failing(lines)
         assert line.startswith("FAIL  plugin: /readyz registration: waiting for the kubelet")

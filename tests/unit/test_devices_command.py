@@ -3,7 +3,10 @@ selects by (with what each instance gets, in human units), and the slices."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from dradriver.cli import main
 
@@ -19,3 +22,88 @@ def test_the_table_lists_each_products_mig_profiles(capsys: pytest.CaptureFixtur
     assert rows["1g.10gb+me"][-3:] == ["1", "0,1,2,3,4,5,6", "1"]  # the one OFA; once per GPU
     assert rows["3g.40gb"][-2:] == ["0,4", "2"]
     assert rows["7g.80gb"][3] == "132"  # SMs
+
+
+def test_the_table_gives_sizes_in_binary_units(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--devices", "fake:1xH100-80GB+1xA100-40GB"]) == 0
+    out = capsys.readouterr().out
+    gpus = {line.split()[0]: line for line in out.splitlines() if line[:1].isdigit()}
+    assert "  79.6 GiB  " in gpus["0"]  # 81559 MiB, as nvidia-smi reports an H100 80GB
+    assert "  40 GiB  " in gpus["1"]  # exactly 40 GiB: no ".0"
+    assert "85520809984" not in out and "42949672960" not in out  # no raw byte counts
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1 KiB"),
+        (1536, "1.5 KiB"),
+        (80 * 2**30, "80 GiB"),
+        (85520809984, "79.6 GiB"),
+        (2**40 - 2**20, "1 TiB"),  # rounds up to the next unit, never "1024 GiB"
+    ],
+)
+def test_human_bytes(n: int, text: str) -> None:
+    from dradriver.commands.devices import human_bytes
+
+    assert human_bytes(n) == text
+
+
+def _keys(value: object, where: str = "") -> list[str]:
+    if isinstance(value, dict):
+        return [f"{where}.{k}" for k in value] + [
+            key for k, v in value.items() for key in _keys(v, f"{where}.{k}")
+        ]
+    if isinstance(value, list):
+        return [key for i, v in enumerate(value) for key in _keys(v, f"{where}[{i}]")]
+    return []
+
+
+def test_json_and_yaml_are_the_same_document_with_camel_case_keys_and_exact_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # MIG on with a MIG device and a GPU instance without compute instances, so every
+    # part of the inventory (profiles, MIG devices, idle GPU instances) has entries.
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        yaml.safe_dump(
+            {
+                "gpus": [
+                    {
+                        "product": "H100-80GB",
+                        "mig": True,
+                        "migDevices": [
+                            {"gpu": 0, "profile": "3g.40gb", "placement": 0},
+                            {
+                                "gpu": 0,
+                                "profile": "3g.40gb",
+                                "placement": 4,
+                                "computeInstances": [],
+                            },
+                        ],
+                    },
+                    {"product": "L4"},
+                ]
+            }
+        )
+    )
+    docs = {}
+    for fmt in ("json", "yaml"):
+        argv = ["devices", "--devices", f"fake:@{fleet}", "--mig-mode", "static", "-o", fmt]
+        assert main(argv) == 0
+        docs[fmt] = yaml.safe_load(capsys.readouterr().out)  # JSON is YAML too
+    assert docs["json"] == docs["yaml"]
+    doc = docs["json"]
+    snake = [k for k in _keys(doc) if "_" in k.rsplit(".", 1)[-1]]
+    assert snake == []
+    inv = doc["inventory"]
+    assert inv["driverVersion"] and inv["cudaDriverVersion"]
+    h100 = inv["gpus"][0]
+    assert h100["memoryBytes"] == 85520809984  # exact bytes, not "79.6 GiB"
+    assert h100["migDevices"][0]["parentUuid"] == h100["uuid"]
+    assert h100["idleGpuInstances"][0]["placementStart"] == 4
+    assert h100["migProfiles"][0]["instanceCount"] == 7
+    # The slices are the ones published, unchanged.
+    assert doc["resourceSlices"][0]["apiVersion"] == "resource.k8s.io/v1"
