@@ -1,46 +1,39 @@
 """A thin JSON client for the Kubernetes API.
 
 The official client's typed models drop fields they do not know and choke on alpha
-fields (consumesCounters, binding conditions), and a DRA driver lives on exactly those.
-So we keep the official library for what it does well (kubeconfig and in-cluster
-config, auth plugins, TLS, connection pooling) and exchange plain dicts, as the API
-server itself does.
+fields (consumesCounters, binding conditions), and a DRA driver lives on exactly those;
+importing it also costs ~400 ms and ~32 MiB, more than the kubelet plugin may spend
+starting. So we exchange plain dicts, as the API server itself does, over our own
+config loading (config.py), credentials (auth.py) and connection pool (transport.py).
 """
 
 from __future__ import annotations
 
-import copy
 import json
+import threading
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
-import urllib3
-from kubernetes import client as kclient
-from kubernetes import config as kconfig
-from kubernetes.client.exceptions import ApiException
-
 from dradriver.api import depth
+from dradriver.k8s import config as kubeconfig
+from dradriver.k8s.auth import Credentials
+from dradriver.k8s.config import ClientCert, KubeConfig
+from dradriver.k8s.errors import (
+    Conflict,
+    CredentialError,
+    KubeError,
+    NotFound,
+    error_from_response,
+)
+
+if TYPE_CHECKING:
+    from dradriver.k8s.transport import Pool, Response
+
+__all__ = ["Conflict", "Kube", "KubeError", "NotFound", "Obj", "path_for"]
 
 Obj = dict[str, Any]
-
-
-class KubeError(Exception):
-    """An API request failed; `status` is the HTTP status (0 when the server was unreachable)."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"kubernetes API: {status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
-class NotFound(KubeError):
-    pass
-
-
-class Conflict(KubeError):
-    pass
+USER_AGENT = "dradriver"
 
 
 def path_for(
@@ -66,67 +59,53 @@ def path_for(
     return "/".join(parts)
 
 
-def _error_from_response(status: int, reason: str, body: bytes) -> KubeError:
-    return _error_from(
-        ApiException(status=status, reason=reason, body=body.decode(errors="replace"))
-    )
-
-
-def _error_from(exc: ApiException) -> KubeError:
-    status = int(exc.status or 0)
-    reason = str(exc.reason or "")
-    message = reason
-    body = getattr(exc, "body", None)
-    if body:
-        try:
-            decoded = json.loads(body)
-            message = str(decoded.get("message", message))
-            reason = str(decoded.get("reason", reason))
-        except (ValueError, AttributeError):
-            message = str(body)[:500]
-    if status == 404:
-        return NotFound(status, reason, message)
-    if status == 409:
-        return Conflict(status, reason, message)
-    return KubeError(status, reason, message)
-
-
 class Kube:
     """Plain-dict access to the API server. Thread-safe: the underlying pool is."""
 
-    def __init__(self, api_client: Any, default_timeout: float = 30.0) -> None:
-        self._api = api_client
+    def __init__(self, config: KubeConfig | Any, default_timeout: float = 30.0) -> None:
+        """`config`: a KubeConfig, or an official `kubernetes.client.ApiClient` (read once:
+        its server, TLS settings and credentials hook)."""
+        if not isinstance(config, KubeConfig):
+            from dradriver.k8s.legacy import from_official
+
+            config = from_official(config.configuration)
+        self._config = config
         self._timeout = default_timeout
+        self._creds = Credentials(config)
+        # Made at the first request: ssl and http.client are not imported before.
+        self._pool: Pool | None = None
+        self._pool_lock = threading.Lock()
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None) -> Kube:
         """Loads `path`, or the in-cluster config when `path` is None and we run in a pod,
-        or the default kubeconfig otherwise."""
-        cfg = kclient.Configuration()
-        if path:
-            kconfig.load_kube_config(config_file=path, client_configuration=cfg)
-        else:
-            try:
-                kconfig.load_incluster_config(client_configuration=cfg)
-            except kconfig.ConfigException:
-                kconfig.load_kube_config(client_configuration=cfg)
-        return cls(kclient.ApiClient(cfg))
+        or the default kubeconfig otherwise. Raises kubeconfig.ConfigError (one line)."""
+        return cls(kubeconfig.load(path))
 
     def with_token(self, token: str) -> Kube:
-        """The same server and trust, authenticated as someone else (a ServiceAccount token)."""
-        cfg = copy.copy(self._api.configuration)
-        cfg.api_key = {"BearerToken": f"Bearer {token}"}
-        cfg.api_key_prefix = {}
-        cfg.refresh_api_key_hook = None  # it would put the kubeconfig's credentials back
-        cfg.cert_file = cfg.key_file = None
-        return Kube(kclient.ApiClient(cfg), self._timeout)
+        """The same server and trust, authenticated as someone else (a ServiceAccount token):
+        no client certificate, nothing that could put the kubeconfig's credentials back."""
+        return Kube(self._config.with_token(token), self._timeout)
 
     @property
     def host(self) -> str:
-        return str(self._api.configuration.host)
+        return self._config.server
 
     def close(self) -> None:
-        self._api.close()
+        with self._pool_lock:
+            pool = self._pool
+        if pool is not None:
+            pool.close()
+
+    def _pool_for(self, cert: ClientCert | None) -> Pool:
+        with self._pool_lock:
+            if self._pool is None:
+                from dradriver.k8s.transport import Pool
+
+                self._pool = Pool(self._config, cert)
+            pool = self._pool
+        pool.use_client_cert(cert)  # an exec plugin may have renewed it
+        return pool
 
     def _call(
         self,
@@ -137,51 +116,47 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float | tuple[float, float] | None = None,
-    ) -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+    ) -> Response:
+        from dradriver.k8s.transport import TransportError
+
+        headers = {
+            "Accept": "application/json",
+            "Content-Type": content_type,
+            "User-Agent": USER_AGENT,
+        }
+        target = path + _query(query)
         # Encoded here, compactly: the API server keeps opaque config parameters byte for
         # byte, and a later PATCH (which re-encodes them compactly) must not look like a
         # change to an immutable field.
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         t = timeout if timeout is not None else self._timeout
         try:
-            method, url, headers, _, _ = self._api.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=params,
-                header_params=headers,
-                auth_settings=["BearerToken"],
-            )
-            resp = self._api.rest_client.pool_manager.request(
-                method,
-                url,
-                body=data,
-                headers=headers,
-                preload_content=False,
-                # No hidden retries: urllib3's default (3) made one read take up to 4x
-                # the timeout. Callers that want retries loop themselves, on their clock.
-                retries=False,
-                timeout=urllib3.Timeout(connect=t[0], read=t[1])
-                if isinstance(t, tuple)
-                else urllib3.Timeout(total=t),
-            )
-        except OSError as exc:
-            raise KubeError(0, "Unreachable", str(exc)) from exc
-        except urllib3.exceptions.HTTPError as exc:
+            authorization, cert = self._creds.current()
+            if authorization is not None:
+                headers["authorization"] = authorization
+            # No hidden retries: a read must not take a multiple of its timeout. Callers
+            # that want retries loop themselves, on their clock.
+            resp = self._pool_for(cert).request(method, target, headers, data, t)
+        except CredentialError as exc:
+            raise KubeError(0, "NoCredentials", str(exc)) from exc
+        except TransportError as exc:
             raise KubeError(0, "Unreachable", str(exc)) from exc
         if not 200 <= resp.status < 300:
-            raise _error_from_response(resp.status, str(resp.reason or ""), resp.data)
+            if resp.status == 401:
+                self._creds.unauthorized()
+            raise error_from_response(resp.status, str(resp.reason or ""), _body(resp))
         return resp
 
+    def _data(self, method: str, path: str, **kwargs: Any) -> bytes:
+        return _body(self._call(method, path, **kwargs))
+
     def request(self, method: str, path: str, **kwargs: Any) -> Obj:
-        resp = self._call(method, path, **kwargs)
-        data = resp.data
+        data = self._data(method, path, **kwargs)
         return cast(Obj, depth.loads(data)) if data else {}
 
     def text(self, path: str, timeout: float | None = None) -> str:
         """A non-JSON endpoint (the API server's /metrics)."""
-        return str(self._call("GET", path, timeout=timeout).data.decode(errors="replace"))
+        return self._data("GET", path, timeout=timeout).decode(errors="replace")
 
     def get(self, path: str, timeout: float | None = None, **query: Any) -> Obj:
         return self.request("GET", path, query=query, timeout=timeout)
@@ -257,22 +232,46 @@ class Kube:
             resourceVersion=resource_version,
         )
         resp = self._call("GET", path, query=q, timeout=(10.0, timeout_seconds + 10.0))
+        from dradriver.k8s.transport import TransportError
+
         try:
-            buf = b""
-            for chunk in resp.stream(4096, decode_content=True):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    event = cast(Obj, json.loads(line))
-                    if event.get("type") == "ERROR":
-                        status = event.get("object", {})
-                        raise KubeError(
-                            int(status.get("code", 0)),
-                            str(status.get("reason", "")),
-                            str(status.get("message", "")),
-                        )
-                    yield event
+            for line in resp.lines():
+                if not line.strip():
+                    continue
+                event = cast(Obj, json.loads(line))
+                if event.get("type") == "ERROR":
+                    status = event.get("object", {})
+                    raise KubeError(
+                        int(status.get("code", 0)),
+                        str(status.get("reason", "")),
+                        str(status.get("message", "")),
+                    )
+                yield event
+        except TransportError as exc:  # the stream broke or went silent past its timeout
+            raise KubeError(0, "Unreachable", str(exc)) from exc
         finally:
-            resp.release_conn()
+            resp.close()
+
+
+def _body(resp: Response) -> bytes:
+    from dradriver.k8s.transport import TransportError
+
+    try:
+        return resp.read()
+    except TransportError as exc:
+        raise KubeError(0, "Unreachable", str(exc)) from exc
+
+
+def _query(query: dict[str, Any] | None) -> str:
+    """The query string as the official client encoded it ("?k=v&..."): None dropped,
+    booleans lowercase, dicts as JSON, values percent-quoted ("/" kept), keys as given."""
+    parts = []
+    for k, v in (query or {}).items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            v = str(v).lower()
+        elif isinstance(v, dict):
+            v = json.dumps(v)
+        parts.append(f"{k}={quote(str(v))}")
+    return "?" + "&".join(parts) if parts else ""

@@ -1,0 +1,48 @@
+"""The API's failures as typed errors: callers branch on NotFound and Conflict, and on
+status 0 for a server that never answered."""
+
+from __future__ import annotations
+
+import json
+
+
+class KubeError(Exception):
+    """An API request failed; `status` is the HTTP status (0 when the server was unreachable)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"kubernetes API: {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    pass
+
+
+class CredentialError(Exception):
+    """No credentials for a request (an exec plugin failed, the token file vanished);
+    str() is one line. Kube raises it as a KubeError with status 0."""
+
+
+def error_from_response(status: int, reason: str, body: bytes) -> KubeError:
+    """The error for a non-2xx answer; a Status body's message and reason win over the
+    HTTP reason phrase, which says nothing ("Not Found") about what was missing."""
+    message = reason
+    if body:
+        text = body.decode(errors="replace")
+        try:
+            decoded = json.loads(text)
+            message = str(decoded.get("message", message))
+            reason = str(decoded.get("reason", reason))
+        except (ValueError, AttributeError):
+            message = text[:500]
+    if status == 404:
+        return NotFound(status, reason, message)
+    if status == 409:
+        return Conflict(status, reason, message)
+    return KubeError(status, reason, message)

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.k8s.certs import TestCA
+from tests.unit.k8s.fakeapi import FakeAPI
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[FakeAPI]:
+    srv = FakeAPI(tmp_path)
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def client_ca() -> TestCA:
+    return TestCA("client CA")
+
+
+@pytest.fixture
+def mtls_api(tmp_path: Path, client_ca: TestCA) -> Iterator[FakeAPI]:
+    """Asks for a client certificate (optional, so token-only clients get in too)."""
+    srv = FakeAPI(tmp_path, client_ca=client_ca)
+    yield srv
+    srv.close()
+
+
+WriteKubeconfig = Callable[..., Path]
+
+
+@pytest.fixture
+def write_kubeconfig(tmp_path: Path) -> WriteKubeconfig:
+    """A one-context kubeconfig; `cluster` and `user` are the entries' bodies."""
+
+    def write(
+        cluster: dict[str, Any], user: dict[str, Any] | None = None, name: str = "kubeconfig"
+    ) -> Path:
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "ctx",
+            "clusters": [{"name": "c", "cluster": cluster}],
+            "users": [{"name": "u", "user": user or {}}],
+            "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        }
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    return write
