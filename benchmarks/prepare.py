@@ -1,10 +1,19 @@
-"""Prepare + unprepare latency and throughput of the kubelet plugin, next to a floor.
+"""Prepare and unprepare of the kubelet plugin next to a floor, in one run on one machine.
 
-Runs the real plugin process (fake GPUs) against the real local control plane and calls
-it over its real Unix socket the way the kubelet does; the plugin reads every claim from
-the API server. The floor, measured in the same run on the same machine, is what one
-prepare cannot avoid: a bare gRPC round trip on the same socket, one GET of the same
-claim, and one fsync'd write of a checkpoint-sized file.
+Runs the real plugin process (fake GPUs) against the real local control plane, registered
+with a hollow node (the real kubelet), and calls it over its real Unix socket the way the
+kubelet does; the plugin reads every claim from the API server. Reports:
+
+- the floor: a bare gRPC round trip on the plugin's socket + one GET of the claim with a
+  raw HTTP client on a kept-alive connection + one fsync'd 1 KiB write, i.e. what one
+  prepare cannot avoid;
+- prepare and unprepare p50/p99, and prepare+unprepare cycles/s at concurrency 1, 4, 16
+  (distinct claims and devices);
+- process start to registration socket, to GetInfo answering, to first ResourceSlice;
+- RSS after the cycles, CPU seconds per 100 cycles of the plugin and of the API server +
+  etcd, API requests per cycle by verb; the same API server + etcd CPU with claim status
+  off (a driver that writes no status), for the ratio;
+- each of issue Q6's targets, met or not.
 
     .venv/bin/python benchmarks/prepare.py [--claims 1000]
 """
@@ -12,7 +21,12 @@ claim, and one fsync'd write of a checkpoint-sized file.
 from __future__ import annotations
 
 import argparse
+import base64
+import http.client
+import itertools
 import os
+import re
+import ssl
 import statistics
 import subprocess
 import sys
@@ -20,11 +34,15 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import grpc
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -37,6 +55,9 @@ RES = "resource.k8s.io/v1"
 DRIVER = "gpu.dradriver.io"
 NODE = "bench-node"
 GPUS = 64
+CONCURRENCY = (1, 4, 16)
+# The Go reference driver on this machine (issue Q6): concurrency-16 cycles/s today x 3.5.
+TODAY_C16 = 89.0
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -48,22 +69,45 @@ def ms(x: float) -> str:
     return f"{x * 1000:.2f} ms"
 
 
-def make_claims(kube: Kube, ns: str, n: int, workers: int) -> list[tuple[str, str]]:
+class RawGet:
+    """GETs on one kept-alive HTTPS connection, without any client library: the floor."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        doc = yaml.safe_load(Path(kubeconfig).read_text())
+        c = doc["clusters"][0]["cluster"]
+        u = urlparse(c["server"])
+        ctx = ssl.create_default_context(
+            cadata=base64.b64decode(c["certificate-authority-data"]).decode()
+        )
+        self.conn = http.client.HTTPSConnection(u.hostname or "", u.port, context=ctx)
+        self.headers = {
+            "Authorization": f"Bearer {doc['users'][0]['user']['token']}",
+            "Accept": "application/json",
+        }
+
+    def get(self, path: str) -> bytes:
+        self.conn.request("GET", path, headers=self.headers)
+        r = self.conn.getresponse()
+        body = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"GET {path}: {r.status}")
+        return body
+
+
+def make_claims(kube: Kube, ns: str, n: int) -> list[tuple[str, str]]:
     """Claims allocated and reserved by hand: scheduling is not what is measured here.
     (The cluster runs without the resourceclaim controller, which would otherwise drop
-    reservations for pods that do not exist.)"""
+    reservations for pods that do not exist.) Claim i gets GPU i mod 64, so concurrent
+    workers, which take claims round-robin, hold distinct GPUs."""
     out = []
     for i in range(n):
-        gpu = (i % workers) + workers * ((i // workers) % (GPUS // workers))
         c = kube.create(
             path_for(RES, "resourceclaims", ns),
             {
                 "metadata": {"name": f"c{i}"},
                 "spec": {
                     "devices": {
-                        "requests": [
-                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.dradriver.io"}}
-                        ]
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
                     }
                 },
             },
@@ -72,7 +116,12 @@ def make_claims(kube: Kube, ns: str, n: int, workers: int) -> list[tuple[str, st
             "allocation": {
                 "devices": {
                     "results": [
-                        {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{gpu}"}
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": NODE,
+                            "device": f"gpu-{i % GPUS}",
+                        }
                     ]
                 }
             },
@@ -85,50 +134,66 @@ def make_claims(kube: Kube, ns: str, n: int, workers: int) -> list[tuple[str, st
     return out
 
 
-def cycle(stub: Any, ns: str, name: str, uid: str) -> float:
-    m = kapi.dra_v1
-    claim = m.Claim(namespace=ns, uid=uid, name=name)
-    t = time.perf_counter()
-    r = stub.NodePrepareResources(m.NodePrepareResourcesRequest(claims=[claim]), timeout=45)
-    if r.claims[uid].error:
-        raise RuntimeError(r.claims[uid].error)
-    u = stub.NodeUnprepareResources(m.NodeUnprepareResourcesRequest(claims=[claim]), timeout=45)
-    if u.claims[uid].error:
-        raise RuntimeError(u.claims[uid].error)
-    return time.perf_counter() - t
+@dataclass
+class Run:
+    workers: int
+    prepare: list[float] = field(default_factory=list)
+    unprepare: list[float] = field(default_factory=list)
+    wall: float = 0.0
+
+    @property
+    def cycles_per_s(self) -> float:
+        return len(self.prepare) / self.wall
 
 
-def run_at(
-    sock: str, ns: str, claims: list[tuple[str, str]], workers: int
-) -> tuple[list[float], float]:
-    lat: list[float] = []
+def run_at(sock: str, ns: str, claims: list[tuple[str, str]], workers: int) -> Run:
+    """Each worker owns the claims i with i mod workers == w: no two in flight share a GPU."""
+    run = Run(workers)
     lock = threading.Lock()
-    chunks = [claims[w::workers] for w in range(workers)]
+    m = kapi.dra_v1
 
     def worker(chunk: list[tuple[str, str]]) -> None:
         with grpc.insecure_channel(f"unix://{sock}") as ch:
             stub = kapi.dra_v1_grpc.DRAPluginStub(ch)
             for name, uid in chunk:
-                d = cycle(stub, ns, name, uid)
+                claim = m.Claim(namespace=ns, uid=uid, name=name)
+                t = time.perf_counter()
+                r = stub.NodePrepareResources(
+                    m.NodePrepareResourcesRequest(claims=[claim]), timeout=45
+                )
+                t1 = time.perf_counter()
+                if r.claims[uid].error:
+                    raise RuntimeError(r.claims[uid].error)
+                u = stub.NodeUnprepareResources(
+                    m.NodeUnprepareResourcesRequest(claims=[claim]), timeout=45
+                )
+                t2 = time.perf_counter()
+                if u.claims[uid].error:
+                    raise RuntimeError(u.claims[uid].error)
                 with lock:
-                    lat.append(d)
+                    run.prepare.append(t1 - t)
+                    run.unprepare.append(t2 - t1)
 
+    # Claims are spread over the workers so that none two in flight share a GPU.
+    chunks = [claims[w::workers] for w in range(workers)]
     t = time.perf_counter()
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(worker, chunks))
-    return lat, time.perf_counter() - t
+    run.wall = time.perf_counter() - t
+    return run
 
 
-def floor(sock: str, kube: Kube, ns: str, name: str, state: Path, n: int = 200) -> list[float]:
+def floor(sock: str, raw: RawGet, ns: str, name: str, state: Path, n: int = 300) -> list[float]:
     m = kapi.dra_v1
     payload = b"x" * 1024
+    path = path_for(RES, "resourceclaims", ns, name)
     out = []
     with grpc.insecure_channel(f"unix://{sock}") as ch:
         stub = kapi.dra_v1_grpc.DRAPluginStub(ch)
         for _ in range(n):
             t = time.perf_counter()
             stub.NodeUnprepareResources(m.NodeUnprepareResourcesRequest(), timeout=10)
-            kube.get(path_for(RES, "resourceclaims", ns, name))
+            raw.get(path)
             tmp = state / "floor.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.write(fd, payload)
@@ -165,40 +230,47 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--claims", type=int, default=1000)
-    args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="drbench-"))
-    print(f"bench: control plane in {work}", flush=True)
-    st = cluster.up(work / "cluster", controllers="*,-resourceclaim-controller")
-    kube = Kube.from_kubeconfig(st.kubeconfig)
-    root, state = work / "kubelet", work / "state"
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        # The real kubelet (a hollow node) registers the plugin, as on a node.
-        kubelet = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dradriver.cli",
-                "dev",
-                "kubelet",
-                "--node",
-                NODE,
-                "--root",
-                str(root),
-                "--kubeconfig",
-                st.kubeconfig,
-            ],
-            stdout=open(work / "kubelet.log", "wb"),  # noqa: SIM115 - the child keeps it
-            stderr=subprocess.STDOUT,
+def cpu_seconds(*pids: int) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+_REQ = re.compile(r"^apiserver_request_total\{([^}]*)\} (\S+)$", re.M)
+
+
+def api_requests(kube: Kube) -> Counter[str]:
+    """verb resource[/subresource] -> requests so far, for resource.k8s.io objects."""
+    out: Counter[str] = Counter()
+    for labels, value in _REQ.findall(kube.text("/metrics")):
+        d = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if d.get("group") != "resource.k8s.io":
+            continue
+        what = d.get("resource", "") + ("/" + d["subresource"] if d.get("subresource") else "")
+        out[f"{d.get('verb')} {what}"] += int(float(value))
+    return out
+
+
+class Plugin:
+    """The plugin process, timed from its start to each milestone."""
+
+    def __init__(
+        self, work: Path, kube: Kube, kubeconfig: str, root: Path, state: Path, status: str
+    ) -> None:
+        # The first slice is this process's: none of a previous one is left.
+        kube.delete_collection(
+            path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={NODE}"
         )
-        procs.append(kubelet)
-        wait_node_ready(kube, kubelet, work)
-        port = 18000 + os.getpid() % 1000
-        t0 = time.perf_counter()
-        plugin = subprocess.Popen(
+        self.port = 18000 + os.getpid() % 1000
+        self.root = root
+        log = open(work / f"plugin-status-{status}.log", "wb")  # noqa: SIM115 - the child's
+        for old in (root / "plugins_registry").glob("*.sock"):
+            old.unlink()
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -209,7 +281,7 @@ def main() -> int:
                 "--devices",
                 f"fake:{GPUS}xH100-80GB",
                 "--kubeconfig",
-                st.kubeconfig,
+                kubeconfig,
                 "--kubelet-dir",
                 str(root),
                 "--cdi-dir",
@@ -219,59 +291,185 @@ def main() -> int:
                 "--healthz-address",
                 "127.0.0.1",
                 "--healthz-port",
-                str(port),
+                str(self.port),
+                "--claim-status",
+                status,
                 "--log-level",
                 "warning",
             ],
-            stdout=open(work / "plugin.log", "wb"),  # noqa: SIM115 - the child keeps it
+            stdout=log,
             stderr=subprocess.STDOUT,
         )
-        procs.append(plugin)
+
+    def until(self, what: str, ok: Any, timeout: float = 60) -> float:
         while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the plugin exited before {what}")
+            if ok():
+                return time.perf_counter() - self.t0
+            if time.perf_counter() - self.t0 > timeout:
+                raise RuntimeError(f"plugin: no {what} in {timeout}s")
+            time.sleep(0.002)
+
+    def milestones(self, kube: Kube) -> dict[str, float]:
+        reg = self.root / "plugins_registry"
+        out = {"registration socket": self.until("socket", lambda: any(reg.glob("*-reg.sock")))}
+        sock = str(next(reg.glob("*-reg.sock")))
+
+        def info() -> bool:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
+                with grpc.insecure_channel(f"unix://{sock}") as ch:
+                    stub = kapi.registration_grpc.RegistrationStub(ch)
+                    stub.GetInfo(kapi.registration.InfoRequest(), timeout=0.5)
+                return True
+            except grpc.RpcError:
+                return False
+
+        out["GetInfo answering"] = self.until("GetInfo", info)
+
+        def sliced() -> bool:
+            got = kube.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={NODE}")
+            return bool(got.get("items"))
+
+        out["first ResourceSlice"] = self.until("slice", sliced)
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as r:
+                    return bool(r.status == 200)
             except OSError:
-                pass
-            if time.perf_counter() - t0 > 60:
-                raise RuntimeError("plugin not ready in 60s; see " + str(work / "plugin.log"))
-            time.sleep(0.02)
-        startup = time.perf_counter() - t0
-        sock = str(next((root / "plugins" / DRIVER).glob("dra*.sock")))
+                return False
+
+        out["ready (/readyz)"] = self.until("readiness", ready)
+        return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--claims", type=int, default=1000, help="claims per run")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="drbench-"))
+    print(f"bench: control plane in {work}", flush=True)
+    st = cluster.up(work / "cluster", controllers="*,-resourceclaim-controller")
+    kube = Kube.from_kubeconfig(st.kubeconfig)
+    control = (st.pids["kube-apiserver"], st.pids["etcd"])
+    root, state = work / "kubelet", work / "state"
+    kubelet = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dradriver.cli",
+            "dev",
+            "kubelet",
+            "--node",
+            NODE,
+            "--root",
+            str(root),
+            "--kubeconfig",
+            st.kubeconfig,
+        ],
+        stdout=open(work / "kubelet.log", "wb"),  # noqa: SIM115 - the child keeps it
+        stderr=subprocess.STDOUT,
+    )
+    plugin: Plugin | None = None
+    try:
+        wait_node_ready(kube, kubelet, work)
         ns = "bench"
         kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
         print(f"bench: creating {args.claims} allocated claims", flush=True)
-        claims = make_claims(kube, ns, args.claims, 16)
-        base = floor(sock, kube, ns, claims[0][0], state)
-        rows = []
-        for workers in (1, 16):
-            cycle_lat, wall = run_at(sock, ns, claims, workers)
-            rows.append((workers, cycle_lat, wall))
-        rss = rss_mib(plugin.pid)
-        f50 = statistics.median(base)
-        print()
-        print(
-            f"floor (gRPC round trip + claim GET + fsync'd 1 KiB write): p50 {ms(f50)}, "
-            f"p99 {ms(pct(base, 99))}"
-        )
-        print("prepare+unprepare per claim (one cycle = two gRPC calls):")
-        for workers, lat, wall in rows:
-            p50, p99 = statistics.median(lat), pct(lat, 99)
-            print(
-                f"  concurrency {workers:2d}: p50 {ms(p50)}, p99 {ms(p99)}, "
-                f"{len(lat) / wall:.0f} claims/s, p50/floor {p50 / f50:.1f}x"
-            )
-        print(f"startup to ready (registered, slices published): {startup:.2f} s")
-        print(f"plugin RSS after {2 * args.claims} cycles: {rss:.0f} MiB")
+        claims = make_claims(kube, ns, args.claims)
+
+        # A driver that writes no claim status: what the API server and etcd spend then.
+        plugin = Plugin(work, kube, st.kubeconfig, root, state, "off")
+        plugin.milestones(kube)
+        sock = str(next((root / "plugins" / DRIVER).glob("dra*.sock")))
+        c0 = cpu_seconds(*control)
+        quiet = run_at(sock, ns, claims, 1)
+        time.sleep(2)  # what the run left for the API server to do
+        quiet_cpu = (cpu_seconds(*control) - c0) / len(quiet.prepare) * 100
+        plugin.stop()
+
+        plugin = Plugin(work, kube, st.kubeconfig, root, state, "on")
+        starts = plugin.milestones(kube)
+        sock = str(next((root / "plugins" / DRIVER).glob("dra*.sock")))
+        raw = RawGet(st.kubeconfig)
+        base = floor(sock, raw, ns, claims[0][0], state)
+        req0, p0, c0 = api_requests(kube), cpu_seconds(plugin.proc.pid), cpu_seconds(*control)
+        runs = [run_at(sock, ns, claims, w) for w in CONCURRENCY]
+        time.sleep(2)  # claim status is written in the background, coalesced
+        cycles = sum(len(r.prepare) for r in runs)
+        plugin_cpu = (cpu_seconds(plugin.proc.pid) - p0) / cycles * 100
+        control_cpu = (cpu_seconds(*control) - c0) / cycles * 100
+        requests = api_requests(kube) - req0
+        rss = rss_mib(plugin.proc.pid)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        if plugin is not None:
+            plugin.stop()
+        kubelet.terminate()
+        kubelet.wait(10)
         cluster.down(work / "cluster")
+
+    f50, f99 = statistics.median(base), pct(base, 99)
+    c1 = runs[0]
+    p50, p99 = statistics.median(c1.prepare), pct(c1.prepare, 99)
+    u50, u99 = statistics.median(c1.unprepare), pct(c1.unprepare, 99)
+    print()
+    print(
+        "floor (gRPC round trip + raw claim GET + fsync'd 1 KiB write): "
+        f"p50 {ms(f50)}, p99 {ms(f99)}"
+    )
+    for r in runs:
+        print(
+            f"concurrency {r.workers:2d}: prepare p50 {ms(statistics.median(r.prepare))} "
+            f"p99 {ms(pct(r.prepare, 99))}, unprepare p50 {ms(statistics.median(r.unprepare))} "
+            f"p99 {ms(pct(r.unprepare, 99))}, {r.cycles_per_s:.0f} cycles/s"
+        )
+    for k, v in starts.items():
+        print(f"start to {k}: {v:.3f} s")
+    print(f"plugin RSS after {cycles} cycles: {rss:.0f} MiB")
+    print(
+        f"CPU per 100 cycles: plugin {plugin_cpu:.2f} s, API server + etcd {control_cpu:.2f} s "
+        f"({quiet_cpu:.2f} s with claim status off)"
+    )
+    print(
+        "API requests per cycle: "
+        + ", ".join(f"{k} {v / cycles:.2f}" for k, v in sorted(requests.items()) if v)
+    )
+    c16 = runs[-1].cycles_per_s
+    growing = all(a.cycles_per_s < b.cycles_per_s for a, b in itertools.pairwise(runs))
+    writes = sum(v for k, v in requests.items() if not k.startswith(("GET", "LIST", "WATCH")))
+    targets = [
+        (f"prepare p50 <= 1.1x floor ({p50 / f50:.2f}x)", p50 <= 1.1 * f50),
+        (f"prepare p99 <= 2x floor p99 ({p99 / f99:.2f}x)", p99 <= 2 * f99),
+        (f"unprepare p50 <= 1.5 ms ({ms(u50)}; p99 {ms(u99)})", u50 <= 0.0015),
+        (f"concurrency 16 >= 3.5x {TODAY_C16:.0f}/s ({c16:.0f}/s)", c16 >= 3.5 * TODAY_C16),
+        ("cycles/s grow from concurrency 1 to 4 to 16", growing),
+        (
+            f"start to registration socket < 0.15 s ({starts['registration socket']:.3f} s)",
+            starts["registration socket"] < 0.15,
+        ),
+        (
+            f"start to first slice < 0.6 s ({starts['first ResourceSlice']:.3f} s)",
+            starts["first ResourceSlice"] < 0.6,
+        ),
+        (f"RSS < 50 MiB after {cycles} cycles ({rss:.0f} MiB)", rss < 50),
+        (f"no API write per cycle ({writes / cycles:.2f})", writes / cycles < 0.01),
+        (
+            f"API server + etcd CPU <= 1.2x a driver without status "
+            f"({control_cpu / quiet_cpu:.2f}x)",
+            control_cpu <= 1.2 * quiet_cpu,
+        ),
+    ]
+    print()
+    for text, met in targets:
+        print(f"  [{'met' if met else 'NOT met'}] {text}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from dradriver import __version__
 
@@ -37,7 +38,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _kubelet_plugin(args: argparse.Namespace) -> int:
-    from dradriver.kubeletplugin.main import run
+    from dradriver.kubeletplugin.startup import run
 
     return run(args)
 
@@ -48,16 +49,37 @@ def _controller(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_kubelet_plugin(sub: Any) -> None:
+    from dradriver.kubeletplugin.options import add_arguments as plugin_arguments
+
+    kp = sub.add_parser(
+        "kubelet-plugin",
+        help="the node component: publish this node's GPUs and prepare claimed devices",
+        description="Discovers the node's GPUs, publishes them as ResourceSlices, registers "
+        "with the kubelet and serves the DRA gRPC API (v1 and v1beta1): prepares claimed "
+        "devices with one CDI spec per claim, and unprepares them. Every flag can also be "
+        "set through the DRADRIVER_* environment variable named after it.",
+    )
+    plugin_arguments(kp)
+    kp.set_defaults(func=_kubelet_plugin)
+
+
+def build_parser(dev_tools: bool = True, only: str = "") -> argparse.ArgumentParser:
+    """`dev_tools` False: `dradriver dev` is left without its subcommands, whose modules
+    are not imported (main() knows when the command line is not `dev`). `only`
+    "kubelet-plugin": that command alone, so that the plugin's first instants go to its
+    sockets, not to the other commands' parsers."""
     parser = argparse.ArgumentParser(
         prog="dradriver",
         description="A Kubernetes Dynamic Resource Allocation driver for NVIDIA GPUs.",
     )
     parser.add_argument("--version", action="version", version=f"dradriver {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if only == "kubelet-plugin":
+        _add_kubelet_plugin(sub)
+        return parser
 
     from dradriver.commands import devices
-    from dradriver.kubeletplugin.main import add_arguments as plugin_arguments
 
     dv = sub.add_parser(
         "devices",
@@ -93,16 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_arguments(dr)
     dr.set_defaults(func=_doctor)
 
-    kp = sub.add_parser(
-        "kubelet-plugin",
-        help="the node component: publish this node's GPUs and prepare claimed devices",
-        description="Discovers the node's GPUs, publishes them as ResourceSlices, registers "
-        "with the kubelet and serves the DRA gRPC API (v1 and v1beta1): prepares claimed "
-        "devices with one CDI spec per claim, and unprepares them. Every flag can also be "
-        "set through the DRADRIVER_* environment variable named after it.",
-    )
-    plugin_arguments(kp)
-    kp.set_defaults(func=_kubelet_plugin)
+    _add_kubelet_plugin(sub)
 
     from dradriver.controller.main import add_arguments as controller_arguments
 
@@ -126,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         "not with the product.",
     )
     try:
+        if not dev_tools:
+            raise ImportError("not needed for this command")
         from dradriver_dev.cli import add_subcommands
     except ImportError:
         dev.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -136,7 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    # Only `dev` (or help on everything) needs the developer tools' parsers.
+    first = words[0] if words else ""
+    parser = build_parser(dev_tools=first in ("", "dev"), only=first)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

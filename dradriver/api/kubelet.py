@@ -15,16 +15,44 @@ The code itself lives in :mod:`dradriver.api.gen` and is generated from
 
 from __future__ import annotations
 
-from typing import Final
+import importlib
+from typing import TYPE_CHECKING, Any, Final
 
-from dradriver.api.gen.kubelet.dra.v1 import api_pb2 as dra_v1
-from dradriver.api.gen.kubelet.dra.v1 import api_pb2_grpc as dra_v1_grpc
-from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2 as dra_v1beta1
-from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
-from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2 as registration
-from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+# Loaded on first use: the plugin's startup needs the registration and DRA modules
+# before anything else, and no process needs all eight.
+_MODULES = {
+    "dra_v1": "dra.v1.api_pb2",
+    "dra_v1_grpc": "dra.v1.api_pb2_grpc",
+    "dra_v1beta1": "dra.v1beta1.api_pb2",
+    "dra_v1beta1_grpc": "dra.v1beta1.api_pb2_grpc",
+    "health_v1alpha1": "drahealth.v1alpha1.api_pb2",
+    "health_v1alpha1_grpc": "drahealth.v1alpha1.api_pb2_grpc",
+    "registration": "pluginregistration.v1.api_pb2",
+    "registration_grpc": "pluginregistration.v1.api_pb2_grpc",
+}
+
+if TYPE_CHECKING:
+    from dradriver.api.gen.kubelet.dra.v1 import api_pb2 as dra_v1
+    from dradriver.api.gen.kubelet.dra.v1 import api_pb2_grpc as dra_v1_grpc
+    from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2 as dra_v1beta1
+    from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+    from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+    from dradriver.api.gen.kubelet.drahealth.v1alpha1 import (
+        api_pb2_grpc as health_v1alpha1_grpc,
+    )
+    from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2 as registration
+    from dradriver.api.gen.kubelet.pluginregistration.v1 import (
+        api_pb2_grpc as registration_grpc,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"dradriver.api.gen.kubelet.{_MODULES[name]}")
+    globals()[name] = module
+    return module
+
 
 #: PluginInfo.type announced by a DRA driver to the kubelet's plugin watcher.
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"

@@ -22,7 +22,7 @@ class FactsError(Exception):
 def connect(kubeconfig: str | None) -> Kube:
     try:
         return Kube.from_kubeconfig(kubeconfig or os.environ.get("KUBECONFIG"))
-    except Exception as exc:  # the official library raises its own ConfigException
+    except Exception as exc:  # ConfigError, or what the official fallback (auth-provider) raises
         raise FactsError(
             f"kubeconfig: cannot load {kubeconfig or '~/.kube/config (or in-cluster)'}: "
             f"{str(exc).rstrip(' .')}. Fix: pass --kubeconfig or set KUBECONFIG"

@@ -7,17 +7,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from dradriver.commands import flags
-from dradriver.inventory.model import Gpu, Inventory
-from dradriver.inventory.node_devices import MigSwitching
-from dradriver.nvml.explain import NvmlUnavailable
-from dradriver.nvml.library import DevicesSpecError, open_nvml
-from dradriver.slices.build import BuildResult, MigMode, build
-from dradriver.slices.publish import render
+
+# Loaded when the command runs: building the CLI's parser (every `dradriver` start, the
+# kubelet plugin's included) must not import NVML, the slice builder or YAML.
+if TYPE_CHECKING:
+    from dradriver.inventory.model import Gpu, Inventory
+    from dradriver.slices.build import BuildResult
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from dradriver.inventory.node_devices import MigSwitching
+    from dradriver.nvml.explain import NvmlUnavailable
+    from dradriver.nvml.library import DevicesSpecError, open_nvml
+    from dradriver.slices.build import MigMode, build
+    from dradriver.slices.publish import render
+
     try:
         nvml = open_nvml(
             args.devices,

@@ -9,19 +9,15 @@ import json
 import os
 import socket
 import sys
-import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dradriver import DEFAULT_DRIVER_NAME
-from dradriver.diagnose import doctor as judge
-from dradriver.diagnose.doctor import Layer, State
 
 # The Kubernetes client loads when the command runs, not whenever the parser is built.
 if TYPE_CHECKING:
+    from dradriver.diagnose.doctor import Layer
     from dradriver.k8s import Kube
 
 Obj = Mapping[str, Any]
@@ -84,6 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _nvml(args: argparse.Namespace) -> tuple[Layer, set[str] | None]:
+    from dradriver.diagnose import doctor as judge
+
     if not args.devices:
         return judge.nvml(None, None, ""), None
     from dradriver.nvml.library import open_nvml
@@ -103,6 +101,9 @@ def _nvml(args: argparse.Namespace) -> tuple[Layer, set[str] | None]:
 
 
 def _cdi(args: argparse.Namespace) -> Layer:
+    from dradriver.diagnose import doctor as judge
+    from dradriver.diagnose.doctor import Layer, State
+
     if not args.devices:
         return Layer("cdi", State.SKIP, "not on the node (pass --devices to check it here)")
     error: str | None = None
@@ -110,6 +111,8 @@ def _cdi(args: argparse.Namespace) -> Layer:
     if not d.is_dir():
         error = "it does not exist"
     else:
+        import tempfile
+
         try:
             with tempfile.NamedTemporaryFile(dir=d, prefix=".dradriver-doctor-"):
                 pass
@@ -123,6 +126,9 @@ def _cdi(args: argparse.Namespace) -> Layer:
 
 
 def _http(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=3) as r:
             return int(r.status), r.read().decode(errors="replace")
@@ -134,6 +140,8 @@ def _http(url: str) -> tuple[int, str]:
 
 def _plugin(args: argparse.Namespace, kube: Kube) -> Layer:
     from dradriver.commands.cluster_facts import items
+    from dradriver.diagnose import doctor as judge
+    from dradriver.diagnose.doctor import Layer, State
     from dradriver.k8s import KubeError, path_for
 
     url = args.readyz
@@ -200,6 +208,8 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
         get,
         items,
     )
+    from dradriver.diagnose import doctor as judge
+    from dradriver.diagnose.doctor import Layer, State
     from dradriver.k8s import NotFound, path_for
 
     def step(layer: Layer) -> bool:

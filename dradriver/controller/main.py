@@ -102,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if serving.ca_pem is not None:
         try:
             kube = Kube.from_kubeconfig(args.kubeconfig)
-        except Exception as exc:  # the official library raises its own ConfigException
+        except (
+            Exception
+        ) as exc:  # ConfigError, or what the official fallback (auth-provider) raises
             log.error("cannot load the kubeconfig", error=str(exc), kubeconfig=args.kubeconfig)
             serving.close()
             return 2

@@ -259,7 +259,10 @@ class CdiWriter:
         try:
             self.cdi_dir.mkdir(parents=True, exist_ok=True)
             # Runtimes read specs as root, but 0644 lets node tools inspect them too.
-            atomic_write(path, data, mode=0o644)
+            # Not fsync'd: the checkpoint saved after it is the durable record, and
+            # startup rewrites every prepared claim's spec from it, so a spec a power
+            # loss emptied (or a reboot wiped from tmpfs) is whole again before any call.
+            atomic_write(path, data, mode=0o644, durable=False)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             if exc.errno == errno.ENOSPC:

@@ -1,32 +1,55 @@
-"""Claim status: status.devices entries for our devices, written in the background.
+"""Claim status: status.devices entries for our devices, off the prepare path.
 
-Best effort by design: a prepare never waits for or fails on this write. Server-side
-apply with the driver name as field manager makes the entries ours alone, so other
-drivers' entries in the same claim are left untouched, and applying an empty list
-removes exactly ours at unprepare.
+Best effort by design: a prepare never waits for or fails on this write. Each prepared
+claim is written once, COALESCE seconds after its prepare, and only if it is still
+prepared then: a claim unprepared sooner needs no write at all. Nothing is written at
+unprepare: the API server drops status.devices entries of devices that are no longer
+allocated when the claim is deallocated (dropDeallocatedStatusDevices in the
+resourceclaim registry strategy), and the kubelet unprepares a claim only once no pod
+on the node uses it, which is when the resourceclaim controller deallocates it.
+
+Server-side apply with the driver name as field manager makes the entries ours alone,
+so other drivers' entries in the same claim are left untouched.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
-from dradriver.kubeletplugin.plan import ClaimRef
+from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.records import PreparedDevice
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.status")
 
+# Long enough that a prepare followed by an unprepare (a pod that failed at once, a
+# benchmark) costs the API server nothing; short next to a container's start.
+COALESCE = 1.0
+
+
+@dataclass
+class _Pending:
+    ref: ClaimRef
+    entries: list[dict[str, Any]]
+    due: float
+
 
 class StatusWriter:
-    def __init__(self, kube: Kube, driver: str, retries: int = 3) -> None:
+    def __init__(
+        self, kube: Kube, driver: str, retries: int = 3, coalesce: float = COALESCE
+    ) -> None:
         self.kube = kube
         self.driver = driver
         self.retries = retries
-        self._q: queue.Queue[tuple[ClaimRef, list[dict[str, Any]]] | None] = queue.Queue()
+        self.coalesce = coalesce
+        self._pending: dict[str, _Pending] = {}  # claim UID -> what to write, and when
+        self._cond = threading.Condition()
+        self._closed = False
+        self.writes = 0  # for tests: API writes made
         self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
         self._thread.start()
 
@@ -50,24 +73,40 @@ class StatusWriter:
             }
             for d in devices
         ]
-        self._q.put((ref, entries))
+        with self._cond:
+            self._pending[ref.uid] = _Pending(ref, entries, time.monotonic() + self.coalesce)
+            self._cond.notify()
 
     def unprepared(self, ref: ClaimRef) -> None:
-        self._q.put((ref, []))
+        """A write not made yet is not needed any more; one made is dropped by the API
+        server with the allocation."""
+        with self._cond:
+            self._pending.pop(ref.uid, None)
 
     def close(self, timeout: float = 5.0) -> None:
-        self._q.put(None)
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
         self._thread.join(timeout)
 
+    def _next(self) -> _Pending | None:
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                due = [p for p in self._pending.values() if p.due <= now]
+                if due:
+                    first = min(due, key=lambda p: p.due)
+                    del self._pending[first.ref.uid]
+                    return first
+                wait = min((p.due for p in self._pending.values()), default=now + 3600) - now
+                self._cond.wait(max(wait, 0.001))
+            return None
+
     def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            ref, entries = item
+        while (item := self._next()) is not None:
             for attempt in range(self.retries):
                 try:
-                    self._apply(ref, entries)
+                    self._apply(item.ref, item.entries)
                     break
                 except NotFound:
                     break  # the claim is gone: nothing to report on
@@ -77,16 +116,16 @@ class StatusWriter:
                         # allocated here (deallocated before this write): nothing to do.
                         log.info(
                             "claim status not written: refused",
-                            claim=str(ref),
-                            claim_uid=ref.uid,
+                            claim=str(item.ref),
+                            claim_uid=item.ref.uid,
                             error=exc.message,
                         )
                         break
                     if attempt == self.retries - 1:
                         log.warning(
                             "claim status not written",
-                            claim=str(ref),
-                            claim_uid=ref.uid,
+                            claim=str(item.ref),
+                            claim_uid=item.ref.uid,
                             error=exc.message,
                         )
                     time.sleep(0.2 * 2**attempt)
@@ -98,6 +137,7 @@ class StatusWriter:
             "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
             "status": {"devices": entries},
         }
+        self.writes += 1
         self.kube.apply(
             path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name, "status"),
             body,

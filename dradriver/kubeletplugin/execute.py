@@ -59,9 +59,12 @@ class Executor:
     sharing: SharingSteps | None = None
 
     # -- prepare ---------------------------------------------------------------------------
-    def apply(self, cp: Checkpoint, rec: ClaimRecord, now: Callable[[], float]) -> None:
+    def apply(
+        self, cp: Checkpoint, rec: ClaimRecord, now: Callable[[], float], save: bool = True
+    ) -> None:
         """Applies `rec` (in state PrepareStarted) and marks it completed. On failure
-        everything it did is undone and the error (a DriverError) names the layer."""
+        everything it did is undone and the error (a DriverError) names the layer.
+        `save` False: the caller saves the completed record (a group commit)."""
         carving = [d for d in rec.devices if d.carve is not None]
         shared = [d for d in rec.devices if d.sharing is not None]
         if carving and self.mig is None:
@@ -92,7 +95,8 @@ class Executor:
             crashpoint("cdi-written")
             rec.state = PREPARE_COMPLETED
             rec.updated_at = now()
-            self.store.save(cp)
+            if save:
+                self.store.save(cp)
         except Exception as exc:
             self.rollback(cp, rec)
             raise _layered(exc, rec.ref) from exc
@@ -157,9 +161,15 @@ class Executor:
             log.error("rollback could not save the checkpoint", claim_uid=rec.uid, error=str(exc))
 
     # -- unprepare -------------------------------------------------------------------------
-    def release(self, cp: Checkpoint, rec: ClaimRecord) -> None:
+    def simple(self, rec: ClaimRecord) -> bool:
+        """Nothing but a CDI spec and the record: no MIG device, MIG mode or sharing
+        setup, so its checkpoint save may be shared with others (a group commit)."""
+        return self.mig is None and all(d.carve is None and d.sharing is None for d in rec.devices)
+
+    def release(self, cp: Checkpoint, rec: ClaimRecord, save: bool = True) -> None:
         """Undoes a prepared (or half-prepared) claim and forgets it. A step that fails
-        raises a DriverError and leaves the record, so the kubelet's retry finishes it."""
+        raises a DriverError and leaves the record, so the kubelet's retry finishes it.
+        `save` False (a simple claim only): the caller saves (a group commit)."""
         if self.sharing is not None:
             try:
                 self.sharing.undo(rec)
@@ -184,6 +194,8 @@ class Executor:
                 f"CDI layer: removing the spec of claim {rec.ref} failed: {exc}", reason="cdi"
             ) from exc
         del cp.claims[rec.uid]
+        if not save:
+            return
         try:
             self.store.save(cp)
         except OSError as exc:

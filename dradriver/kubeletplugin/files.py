@@ -34,11 +34,13 @@ def fsync_dir(directory: Path) -> None:
         log.warning("could not fsync directory", path=str(directory), error=str(exc))
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Replaces `path` with `data` so that a reader (or the file after a crash or power
-    loss) sees either the old content or the new, never a mix. The temp file is a dot
-    file ending in .tmp in the same directory (a rename cannot cross filesystems, and
-    CDI scanners only read *.json and *.yaml); it is removed if anything fails."""
+def atomic_write(path: Path, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+    """Replaces `path` with `data` so that a reader (or, when `durable`, the file after a
+    crash or power loss) sees either the old content or the new, never a mix. The temp
+    file is a dot file ending in .tmp in the same directory (a rename cannot cross
+    filesystems, and CDI scanners only read *.json and *.yaml); it is removed if anything
+    fails. Not `durable`: no fsync, for files rebuilt from a durable record after a
+    crash (a power loss may leave them empty or gone)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         try:
@@ -46,7 +48,8 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -54,7 +57,8 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def remove_stale_temps(path: Path, older_than: float = STALE_TEMP_SECONDS) -> list[Path]:
@@ -86,13 +90,15 @@ class FileLock:
         self.path = Path(path)
         self.timeout = timeout
         # flock excludes other open files, hence other processes and other FileLock
-        # objects; this excludes threads sharing this object (and its one fd slot).
+        # objects; this excludes threads sharing this object (and its one open file).
         self._thread_lock = threading.Lock()
-        self._fd: int | None = None
+        self._file: int | None = None  # kept open: reopening cost more than the flock
+        self._held = False
+        self._note = f"pid {os.getpid()} on {socket.gethostname()}".ljust(80)[:80].encode()
 
     @property
     def locked(self) -> bool:
-        return self._fd is not None
+        return self._held
 
     def acquire(self, timeout: float | None = None) -> None:
         """Blocks until held; with a timeout (seconds; else the constructor's) raises
@@ -105,15 +111,29 @@ class FileLock:
                 "(held in this process: by another thread, or by this one, as it is not reentrant)"
             )
         try:
-            self._fd = self._lock_file(deadline, timeout)
+            self._lock_file(deadline, timeout)
+            self._held = True
         except BaseException:
             self._thread_lock.release()
             raise
 
-    def _lock_file(self, deadline: float | None, timeout: float | None) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    def _open(self) -> int:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return self._file
+
+    def _replaced(self, fd: int) -> bool:
+        """Someone removed or replaced the lock file: a lock on the old inode excludes
+        nobody who opens the new one."""
         try:
+            return os.fstat(fd).st_ino != os.stat(self.path).st_ino
+        except FileNotFoundError:
+            return True
+
+    def _lock_file(self, deadline: float | None, timeout: float | None) -> None:
+        while True:
+            fd = self._open()
             if deadline is None:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             else:
@@ -131,14 +151,14 @@ class FileLock:
                             ) from None
                         time.sleep(min(delay, remaining))
                         delay = min(delay * 2, 0.05)
-            # Who holds it, for the next waiter's timeout message.
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-            return fd
-        except BaseException:
+            if not self._replaced(fd):
+                break
+            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
-            raise
+            self._file = None
+        # Who holds it, for the next waiter's timeout message (fixed width: no truncate).
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, self._note + b"\n", 0)
 
     def _holder(self) -> str:
         try:
@@ -147,14 +167,20 @@ class FileLock:
             return "an unknown process"
 
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is None:
+        if not self._held or self._file is None:
             raise RuntimeError(f"lock {self.path} released but not held")
+        self._held = False
         try:
-            # Closing drops the flock; the holder note stays, harmlessly stale.
-            os.close(fd)
+            # The holder note stays, harmlessly stale.
+            fcntl.flock(self._file, fcntl.LOCK_UN)
         finally:
             self._thread_lock.release()
+
+    def close(self) -> None:
+        """Closes the kept-open file (which also drops a lock still held)."""
+        if self._file is not None:
+            os.close(self._file)
+            self._file = None
 
     def __enter__(self) -> FileLock:
         self.acquire()

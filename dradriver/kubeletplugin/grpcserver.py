@@ -11,26 +11,104 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from dradriver.api import kubelet as kapi
-from dradriver.kubeletplugin.plan import ClaimRef
-from dradriver.kubeletplugin.prepare import Preparer
+from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.grpc")
+
+
+class Result(Protocol):
+    error: str
+
+    @property
+    def devices(self) -> Sequence[Any]: ...
+
+
+class Driver(Protocol):
+    """What the DRA socket serves: prepare.Preparer."""
+
+    def prepare(self, refs: list[ClaimRef]) -> Mapping[str, Result]: ...
+
+    def unprepare(self, refs: list[ClaimRef]) -> Mapping[str, str]: ...
+
+
+@dataclass
+class _NotReady:
+    error: str
+    devices: list[Any] = field(default_factory=list)
+
+
+class LateDriver:
+    """The DRA socket's driver from the process's first instant: the sockets are up
+    before discovery, the checkpoint and the API client are, and a call that comes
+    meanwhile waits for them (within its deadline) instead of finding no socket."""
+
+    def __init__(self, patience: float = 30.0) -> None:
+        self.patience = patience
+        self._driver: Driver | None = None
+        self._ready = threading.Event()
+        self.reason: Callable[[], str] = lambda: "starting"
+
+    def set(self, driver: Driver) -> None:
+        self._driver = driver
+        self._ready.set()
+
+    def _wait(self) -> Driver | None:
+        self._ready.wait(self.patience)
+        return self._driver
+
+    def _not_ready(self, ref: ClaimRef) -> str:
+        return f"claim {ref}: the plugin is still starting ({self.reason()}); the kubelet retries"
+
+    def prepare(self, refs: list[ClaimRef]) -> Mapping[str, Result]:
+        driver = self._wait()
+        if driver is None:
+            return {r.uid: _NotReady(self._not_ready(r)) for r in refs}
+        return driver.prepare(refs)
+
+    def unprepare(self, refs: list[ClaimRef]) -> Mapping[str, str]:
+        driver = self._wait()
+        if driver is None:
+            return {r.uid: self._not_ready(r) for r in refs}
+        return driver.unprepare(refs)
+
+
+class RegistrationHooks:
+    """The kubelet's registration answers, kept until the plugin is wired to hear them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fn: Callable[[bool, str], None] | None = None
+        self._last: tuple[bool, str] | None = None
+
+    def notify(self, ok: bool, error: str) -> None:
+        with self._lock:
+            self._last = (ok, error)
+            fn = self._fn
+        if fn is not None:
+            fn(ok, error)
+
+    def attach(self, fn: Callable[[bool, str], None]) -> None:
+        with self._lock:
+            self._fn, last = fn, self._last
+        if last is not None:
+            fn(*last)
 
 
 def _refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
 
 
-def _dra_servicer(base: type, msgs: Any, driver: Preparer) -> Any:
+def _dra_servicer(base: type, msgs: Any, driver: Driver) -> Any:
     class Servicer(base):  # type: ignore[misc]
         def NodePrepareResources(self, request: Any, context: Any) -> Any:
             resp = msgs.NodePrepareResourcesResponse()
@@ -60,7 +138,7 @@ def _dra_servicer(base: type, msgs: Any, driver: Preparer) -> Any:
 class PluginServers:
     def __init__(
         self,
-        driver: Preparer,
+        driver: Driver,
         *,
         driver_name: str,
         kubelet_dir: Path,
@@ -188,7 +266,9 @@ class PluginServers:
                     log.error("recreating the registration socket failed", error=str(exc))
 
     def stop(self, grace: float = 30.0) -> None:
-        """Stop taking calls, let in-flight ones finish, remove our sockets."""
+        """Stop taking calls, let in-flight ones finish, remove our sockets. Once."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._reg is not None:
             self._reg.stop(grace=None)

@@ -4,8 +4,6 @@ operator endpoints. Each piece lives in its own module; this one only connects t
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
 import signal
 import threading
 import time
@@ -14,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dradriver import logs
-from dradriver.commands import flags
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
 from dradriver.k8s import Kube, KubeError
 from dradriver.kubeletplugin import cdi
@@ -22,10 +19,11 @@ from dradriver.kubeletplugin.checkpoint import CheckpointStore, current_boot_id
 from dradriver.kubeletplugin.claim_status import StatusWriter
 from dradriver.kubeletplugin.execute import Executor
 from dradriver.kubeletplugin.files import FileLock, NodeLock
-from dradriver.kubeletplugin.grpcserver import PluginServers
+from dradriver.kubeletplugin.grpcserver import LateDriver, PluginServers, RegistrationHooks
 from dradriver.kubeletplugin.metrics import Metrics
 from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer, held_instances
 from dradriver.kubeletplugin.ops import OpsServer
+from dradriver.kubeletplugin.options import add_arguments
 from dradriver.kubeletplugin.prepare import Preparer
 from dradriver.kubeletplugin.records import owned_partitions
 from dradriver.kubeletplugin.sharing_steps import SharingSteps
@@ -37,38 +35,7 @@ from dradriver.slices.watch import SliceWatch
 
 log = logs.get_logger("kubeletplugin")
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    flags.add_node_flags(p)
-    flags.add(
-        p,
-        "--kubeconfig",
-        os.environ.get("KUBECONFIG"),
-        "kubeconfig (default: the in-cluster config)",
-    )
-    flags.add(
-        p,
-        "--kubelet-dir",
-        "/var/lib/kubelet",
-        "kubelet root; sockets go to plugins_registry/ and plugins/<driver>/",
-    )
-    flags.add(p, "--cdi-dir", "/var/run/cdi", "where per-claim CDI specs are written")
-    flags.add(
-        p,
-        "--instance",
-        os.environ.get("POD_UID") or secrets.token_hex(4),
-        "unique name of this instance in socket names (rolling updates run two)",
-    )
-    flags.add(p, "--healthz-address", "0.0.0.0", "address of /healthz, /readyz, /metrics")
-    flags.add(p, "--healthz-port", "8081", "port of /healthz, /readyz, /metrics (0: any)", type=int)
-    flags.add(
-        p,
-        "--rediscover-period",
-        "300",
-        "seconds between device rediscoveries (also on SIGHUP)",
-        type=float,
-    )
-    flags.add(p, "--log-level", "info", "debug, info, warning or error")
+__all__ = ["add_arguments", "run_plugin"]
 
 
 # The kubelet scans its plugin registry within seconds; after this long without being
@@ -148,11 +115,15 @@ class DeviceView:
         }
 
 
-def run(args: argparse.Namespace) -> int:
-    logs.setup(args.log_level)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, f: stop.set())
+def run_plugin(
+    args: argparse.Namespace,
+    stop: threading.Event,
+    servers: PluginServers,
+    late: LateDriver,
+    hooks: RegistrationHooks,
+) -> int:
+    """Everything after the sockets (startup.py): discovery, the checkpoint, publishing,
+    the operator endpoints; the sockets start answering once the driver is set."""
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -162,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         kube = Kube.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:  # the official library raises its own ConfigException
+    except Exception as exc:  # ConfigError, or what the official fallback (auth-provider) raises
         log.error(
             "cannot load the kubeconfig: pass --kubeconfig, or run in a pod",
             error=str(exc),
@@ -183,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         switching,
         lambda owned: held_instances(mig_ledger, owned),
     )
+    late.reason = lambda: view.last_error or "loading the checkpoint"
     registered = threading.Event()
     # Why the kubelet has not accepted us: its refusal, or how long we have waited.
     registration = _Registration()
@@ -263,8 +235,14 @@ def run(args: argparse.Namespace) -> int:
     if stop.is_set():
         ops.stop()
         return 0
+    # Published as soon as the devices are known: the checkpoint's own partitions are
+    # read from it directly (DeviceView), so this need not wait for the reconcile below.
+    publisher_thread = threading.Thread(target=loop.run, args=(stop,), name="publish", daemon=True)
+    publisher_thread.start()
+    threading.Thread(target=watch.run, args=(stop,), name="slice-watch", daemon=True).start()
+    signal.signal(signal.SIGHUP, lambda s, f: loop.trigger())
 
-    status = StatusWriter(kube, args.driver_name)
+    status = StatusWriter(kube, args.driver_name) if args.claim_status == "on" else None
     mig = None
     if mode is MigMode.DYNAMIC:
         mig = MigPreparer(MigCarver(nvml.module), mig_ledger, switching)
@@ -302,21 +280,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             registered.clear()
 
-    servers = PluginServers(
-        driver,
-        driver_name=args.driver_name,
-        kubelet_dir=Path(args.kubelet_dir),
-        instance=args.instance,
-        on_registered=on_registered,
-    )
-    publisher_thread = threading.Thread(target=loop.run, args=(stop,), name="publish", daemon=True)
-    publisher_thread.start()
-    threading.Thread(target=watch.run, args=(stop,), name="slice-watch", daemon=True).start()
-    signal.signal(signal.SIGHUP, lambda s, f: loop.trigger())
-    servers.start()
-    log.info(
-        "serving", dra_socket=str(servers.dra_socket), registration_socket=str(servers.reg_socket)
-    )
+    hooks.attach(on_registered)
+    late.set(driver)
+    log.info("ready for the kubelet's calls", claims=len(driver.store.load().claims))
     while not stop.wait(1.0):
         waited = time.monotonic() - registration.since
         if not registered.is_set() and waited > REGISTRATION_PATIENCE:
@@ -335,7 +301,8 @@ def run(args: argparse.Namespace) -> int:
             metrics.gpus_left_out.labels(reason).set(n)
     log.info("stopping: no new calls, finishing in-flight ones")
     servers.stop()
-    status.close()
+    if status is not None:
+        status.close()
     ops.stop()
     log.info("stopped")
     return 0

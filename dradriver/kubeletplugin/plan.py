@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dradriver.api.config import DeviceConfig, effective, quantity_bytes
 from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestError
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
 from dradriver.kubeletplugin.cdi import qualified_name
+from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.records import (
     PREPARE_STARTED,
     Carve,
@@ -29,20 +29,13 @@ from dradriver.kubeletplugin.records import (
     TimeSlicing,
 )
 
+# The config models (pydantic) load with the first claim that carries a config: most
+# claims have none, and the plugin's memory is a budget.
+if TYPE_CHECKING:
+    from dradriver.api.config import DeviceConfig
+
 UID = re.compile(r"^[0-9a-fA-F-]{1,64}$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """A claim as the kubelet names it: the only three strings a prepare call carries."""
-
-    namespace: str
-    uid: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 def check_ref(ref: ClaimRef) -> None:
@@ -172,6 +165,8 @@ def sharing_for(dev: NodeDevice, cfg: DeviceConfig | None) -> Sharing | None:
     mps = s.mpsConfig
     if mps is None:
         return Mps(MpsLimits())
+    from dradriver.api.config import quantity_bytes
+
     pinned = dict(mps.defaultPerDevicePinnedMemoryLimit or {})
     for q in [mps.defaultPinnedDeviceMemoryLimit, *pinned.values()]:
         if q is not None:
@@ -298,7 +293,11 @@ def plan(
             records[pd.device] = admin_device(ref, driver, node, pd, dev, checkpoint)
             continue
         try:
-            cfg = effective(list(pd.configs), dev.kind.value, pd.request_name)
+            cfg = None
+            if pd.configs:
+                from dradriver.api.config import effective
+
+                cfg = effective(list(pd.configs), dev.kind.value, pd.request_name)
             share = sharing_for(dev, cfg)
         except ConfigError as exc:
             raise ConfigError(f"claim {ref}: {exc}", reason="config") from exc

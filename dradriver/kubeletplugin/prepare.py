@@ -13,20 +13,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.errors import ApiError, CdiError, ClaimStateError, DriverError
+from dradriver.errors import ApiError, CdiError, CheckpointError, ClaimStateError, DriverError
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver.kubeletplugin.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.claim_status import StatusWriter
+from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.execute import Executor
 from dradriver.kubeletplugin.files import NodeLock
+from dradriver.kubeletplugin.group_commit import GroupCommit, OnSaveFailed
 from dradriver.kubeletplugin.metrics import Metrics
-from dradriver.kubeletplugin.plan import ClaimRef, check_ref, plan
+from dradriver.kubeletplugin.plan import check_ref, plan
 from dradriver.kubeletplugin.reconcile import reconcile
 from dradriver.kubeletplugin.records import (
     CURRENT_VERSION,
     PREPARE_COMPLETED,
     Checkpoint,
+    ClaimRecord,
     PreparedDevice,
 )
 from dradriver.logs import get_logger
@@ -134,52 +137,21 @@ class Preparer:
             exc=exc_info,
         )
 
+    def __post_init__(self) -> None:
+        self.commits = GroupCommit(self.lock, self._load, self.store.save)
+
     def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
         check_ref(ref)
         began = time.monotonic()
         # A claim already prepared answers from the checkpoint, without the API server.
-        with self.lock:
-            done = self._already_prepared(self._load(), ref)
-            if done is not None:
-                return done
+        done = self.commits.run(lambda cp: (self._already_prepared(cp, ref), None))
+        if done is not None:
+            return done
         claim = self._claim(ref)
         local = self.devices()  # one view of the node for this whole prepare
-        with self.lock:
-            if self.unprepared_at.get(ref.uid, float("-inf")) >= began:
-                # The kubelet gave up on this prepare and unprepared the claim while it
-                # waited for the API server: preparing now would leave devices nobody
-                # releases.
-                raise ClaimStateError(
-                    f"claim {ref} was unprepared while this prepare waited for the API "
-                    "server; not preparing it (the kubelet asks again if it still wants it)",
-                    reason="unprepared_meanwhile",
-                )
-            cp = self._load()
-            done = self._already_prepared(cp, ref)  # the other instance may have been faster
-            if done is not None:
-                return done
-            earlier = cp.claims.get(ref.uid)
-            if earlier is not None:
-                # An attempt whose rollback could not finish: release it before trying again,
-                # or its MIG device or daemon would lose its only record.
-                self.executor.rollback(cp, earlier)
-                if ref.uid in cp.claims:
-                    raise ClaimStateError(
-                        f"claim {ref}: an earlier attempt left devices that could "
-                        "not be released yet; the kubelet retries",
-                        reason="earlier_attempt",
-                    )
-            rec = plan(
-                claim,
-                ref,
-                driver=self.driver,
-                node=self.node,
-                devices=local,
-                checkpoint=cp,
-                now=time.time(),
-            )
-            self.executor.apply(cp, rec, time.time)
-            self.metrics.prepared_claims.set(len(cp.claims))
+        done, rec = self.commits.run(lambda cp: self._prepare_step(cp, ref, claim, local, began))
+        if rec is None:
+            return done
         log.info(
             "claim prepared",
             claim=str(ref),
@@ -191,6 +163,61 @@ class Preparer:
         if self.status:
             self.status.prepared(ref, rec.devices)
         return rec.devices
+
+    def _prepare_step(
+        self,
+        cp: Checkpoint,
+        ref: ClaimRef,
+        claim: dict[str, Any],
+        local: Mapping[str, NodeDevice],
+        began: float,
+    ) -> tuple[tuple[list[PreparedDevice], ClaimRecord | None], OnSaveFailed | None]:
+        """Under the node lock: plan and apply, leaving a simple claim's save to the
+        group commit."""
+        if self.unprepared_at.get(ref.uid, float("-inf")) >= began:
+            # The kubelet gave up on this prepare and unprepared the claim while it
+            # waited for the API server: preparing now would leave devices nobody
+            # releases.
+            raise ClaimStateError(
+                f"claim {ref} was unprepared while this prepare waited for the API "
+                "server; not preparing it (the kubelet asks again if it still wants it)",
+                reason="unprepared_meanwhile",
+            )
+        done = self._already_prepared(cp, ref)  # the other instance may have been faster
+        if done is not None:
+            return (done, None), None
+        earlier = cp.claims.get(ref.uid)
+        if earlier is not None:
+            # An attempt whose rollback could not finish: release it before trying again,
+            # or its MIG device or daemon would lose its only record.
+            self.executor.rollback(cp, earlier)
+            if ref.uid in cp.claims:
+                raise ClaimStateError(
+                    f"claim {ref}: an earlier attempt left devices that could "
+                    "not be released yet; the kubelet retries",
+                    reason="earlier_attempt",
+                )
+        rec = plan(
+            claim,
+            ref,
+            driver=self.driver,
+            node=self.node,
+            devices=local,
+            checkpoint=cp,
+            now=time.time(),
+        )
+        simple = self.executor.simple(rec)
+        self.executor.apply(cp, rec, time.time, save=not simple)
+        self.metrics.prepared_claims.set(len(cp.claims))
+        if not simple:
+            return (rec.devices, rec), None
+
+        def undo(cp: Checkpoint, exc: Exception) -> BaseException:
+            self.executor.rollback(cp, rec)
+            self.metrics.prepared_claims.set(len(cp.claims))
+            return CheckpointError(f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint")
+
+        return (rec.devices, rec), undo
 
     def _already_prepared(self, cp: Checkpoint, ref: ClaimRef) -> list[PreparedDevice] | None:
         rec = cp.claims.get(ref.uid)
@@ -247,21 +274,9 @@ class Preparer:
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
         check_ref(ref)
-        with self.lock:
-            now = time.monotonic()
-            self.unprepared_at[ref.uid] = now
-            for uid, at in list(self.unprepared_at.items()):
-                if now - at > UNPREPARED_MEMORY:
-                    del self.unprepared_at[uid]
-            cp = self._load()
-            rec = cp.claims.get(ref.uid)
-            if rec is None:
-                # Unknown, or already unprepared (the kubelet may repeat): success, once
-                # whatever the ledgers and the CDI directory still hold for it is undone.
-                self.executor.release_forgotten(ref.uid, str(ref))
-                return
-            self.executor.release(cp, rec)
-            self.metrics.prepared_claims.set(len(cp.claims))
+        rec = self.commits.run(lambda cp: self._unprepare_step(cp, ref))
+        if rec is None:
+            return
         log.info(
             "claim unprepared",
             claim=str(ref),
@@ -271,10 +286,41 @@ class Preparer:
         if self.status:
             self.status.unprepared(ref)
 
+    def _unprepare_step(
+        self, cp: Checkpoint, ref: ClaimRef
+    ) -> tuple[ClaimRecord | None, OnSaveFailed | None]:
+        now = time.monotonic()
+        self.unprepared_at[ref.uid] = now
+        for uid, at in list(self.unprepared_at.items()):
+            if now - at > UNPREPARED_MEMORY:
+                del self.unprepared_at[uid]
+        rec = cp.claims.get(ref.uid)
+        if rec is None:
+            # Unknown, or already unprepared (the kubelet may repeat): success, once
+            # whatever the ledgers and the CDI directory still hold for it is undone.
+            self.executor.release_forgotten(ref.uid, str(ref))
+            return None, None
+        simple = self.executor.simple(rec)
+        self.executor.release(cp, rec, save=not simple)
+        self.metrics.prepared_claims.set(len(cp.claims))
+        if not simple:
+            return rec, None
+
+        def undo(cp: Checkpoint, exc: Exception) -> BaseException:
+            # Still recorded on disk: the kubelet's retry releases it again.
+            cp.claims[rec.uid] = rec
+            self.metrics.prepared_claims.set(len(cp.claims))
+            return CheckpointError(
+                f"checkpoint layer: claim {ref}: {exc}; the kubelet retries", reason="checkpoint"
+            )
+
+        return rec, undo
+
     # -- startup ---------------------------------------------------------------------------
     def reconcile(self) -> None:
         """Finishes what a crash or reboot left (see reconcile.py)."""
         with self.lock:
+            self.store.remove_stale_temps()
             try:
                 self._load()
             except ClaimStateError:

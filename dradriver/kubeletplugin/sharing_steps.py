@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from dradriver.api.config import quantity_bytes
 from dradriver.errors import SharingError
 from dradriver.kubeletplugin.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
 from dradriver.kubeletplugin.sharing_ledger import SharingLedger
@@ -250,5 +249,8 @@ def _mps(d: PreparedDevice) -> Mps:
 
 def _mps_quantity(q: str) -> str:
     """MPS wants its limits in M or G: Kubernetes quantities are converted."""
+    # Only a claim with an MPS config gets here: the config models load with it.
+    from dradriver.api.config import quantity_bytes
+
     mib = quantity_bytes(q) // 2**20
     return f"{mib}M"

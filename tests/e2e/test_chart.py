@@ -870,3 +870,14 @@ def test_privilege_follows_the_devices(helm: Path) -> None:
         "/var/run/cdi",
         "/var/lib/dradriver",
     }
+
+
+def test_claim_status_follows_its_value(helm: Path) -> None:
+    """kubeletPlugin.claimStatus turns the plugin's only claim write on or off."""
+
+    def env(values: dict[str, Any]) -> dict[str, str]:
+        (c,) = one(render(helm, values), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in c["env"]}
+
+    assert env({})["DRADRIVER_CLAIM_STATUS"] == "on"
+    assert env({"kubeletPlugin": {"claimStatus": False}})["DRADRIVER_CLAIM_STATUS"] == "off"

@@ -162,6 +162,17 @@ def test_one_gpu_pod_gets_its_gpu_by_uuid(gpu_node: GpuNode) -> None:
     assert st["conditions"][0]["type"] == "Ready"
     n.delete("one")
     assert n.cdi_specs() == [] and n.checkpoint_claims() == {}
+    # The plugin writes nothing at unprepare: the API server drops our entries itself
+    # when the resourceclaim controller deallocates the claim.
+    wait_for(
+        lambda: (
+            not n.kube.get(path_for(RES, "resourceclaims", n.ns, "one"))
+            .get("status", {})
+            .get("devices")
+        ),
+        "status.devices dropped with the allocation",
+        15,
+    )
 
 
 def test_four_nvlinked_gpus_and_init_and_two_containers(gpu_node: GpuNode) -> None:

@@ -57,8 +57,14 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
         "bootId": cp.boot_id,
         "claims": {uid: rec.to_json() for uid, rec in cp.claims.items()},
     }
-    doc = {"version": CURRENT_VERSION, "checksum": payload_checksum(payload), "payload": payload}
-    return (json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+    # The payload is encoded once, for its checksum and as the file's payload (the
+    # envelope's keys in sorted order, as before).
+    body = _canonical(payload)
+    checksum = "sha256:" + hashlib.sha256(body).hexdigest()
+    return (
+        b'{"checksum":"' + checksum.encode() + b'","payload":' + body
+        + b',"version":' + str(CURRENT_VERSION).encode() + b"}\n"
+    )  # fmt: skip
 
 
 def _reject_constant(name: str) -> Any:

@@ -27,6 +27,15 @@ class CheckpointStore:
     def __init__(self, path: Path, boot_id: str) -> None:
         self.path = Path(path)
         self.boot_id = boot_id
+        # The last checkpoint read or written, with the file's bytes then: a load that
+        # finds the same bytes returns it without parsing. Every change to it is followed
+        # by a save, and a failed save forgets it.
+        self._cached: tuple[bytes, Checkpoint] | None = None
+
+    def remove_stale_temps(self) -> None:
+        """At startup: temp files a crash mid-write left."""
+        for tmp in remove_stale_temps(self.path):
+            log.warning("removed a temp file left by an interrupted write", path=str(tmp))
 
     def _empty(self) -> Checkpoint:
         return Checkpoint(boot_id=self.boot_id, running_boot_id=self.boot_id)
@@ -34,14 +43,17 @@ class CheckpointStore:
     def load(self) -> Checkpoint:
         """The checkpoint on disk; empty if there is none or it cannot be trusted. Never
         raises for the file's content: a crash here would crash-loop the plugin."""
-        for tmp in remove_stale_temps(self.path):
-            log.warning("removed a temp file left by an interrupted write", path=str(tmp))
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
+            self._cached = None
             return self._empty()
         except OSError as exc:
+            self._cached = None
             return self._quarantine(f"unreadable: {exc}")
+        if self._cached is not None and self._cached[0] == data:
+            return self._cached[1]
+        self._cached = None
         try:
             cp, notes = parse_checkpoint(data)
         except CheckpointCorrupt as exc:
@@ -49,6 +61,8 @@ class CheckpointStore:
         for note in notes:
             log.warning("checkpoint: " + note, path=str(self.path), version=cp.version)
         cp.running_boot_id = self.boot_id
+        if not notes:  # a migrated one is parsed again until it is saved in this format
+            self._cached = (data, cp)
         return cp
 
     def _quarantine(self, reason: str) -> Checkpoint:
@@ -81,8 +95,10 @@ class CheckpointStore:
         state dir) with the old file intact."""
         if self.boot_id:
             cp.boot_id = self.boot_id
+        self._cached = None
         data = encode_checkpoint(cp)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, data, mode=0o600)
         cp.version = CURRENT_VERSION
         cp.running_boot_id = self.boot_id
+        self._cached = (data, cp)

@@ -244,9 +244,11 @@ def test_crash_between_temp_write_and_rename(path: Path) -> None:
     assert UID_B in json.loads((path.parent / temps[0]).read_text())["payload"]["claims"]
 
     assert list(store.load().claims) == [UID_A]
+    store.remove_stale_temps()  # at startup
     assert leftovers(path.parent) == temps  # too young to be called stale
     old = time.time() - 3600
     os.utime(path.parent / temps[0], (old, old))
+    store.remove_stale_temps()
     assert list(store.load().claims) == [UID_A]
     assert leftovers(path.parent) == []
 
@@ -638,3 +640,47 @@ def test_lock_misuse(tmp_path: Path) -> None:
     # The directory is created; reentry times out with a reason instead of hanging.
     with lock, pytest.raises(LockTimeout, match="not reentrant"):
         lock.acquire(timeout=0.05)
+
+
+# -- the cached load --------------------------------------------------------------------------
+
+
+def test_a_load_of_unchanged_bytes_is_not_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(tmp_path / "checkpoint.json", BOOT1)
+    cp = store.load()
+    cp.claims[UID_A] = record()
+    store.save(cp)
+    parsed: list[bytes] = []
+    real = ckpt.store.parse_checkpoint
+    monkeypatch.setattr(ckpt.store, "parse_checkpoint", lambda d: parsed.append(d) or real(d))
+    assert store.load() is cp and store.load() is cp and parsed == []
+    # Another instance (a rolling update) writes: the next load reads its bytes.
+    other = CheckpointStore(tmp_path / "checkpoint.json", BOOT1)
+    theirs = other.load()
+    theirs.claims[UID_B] = record(UID_B)
+    other.save(theirs)
+    assert len(parsed) == 1  # the other instance's first load
+    assert sorted(store.load().claims) == sorted([UID_A, UID_B]) and len(parsed) == 2
+
+
+def test_a_failed_save_forgets_the_cached_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change whose save failed must not be served by the next load as if it were on
+    disk."""
+    store = CheckpointStore(tmp_path / "checkpoint.json", BOOT1)
+    cp = store.load()
+    cp.claims[UID_A] = record()
+    store.save(cp)
+
+    def full(*a: Any, **k: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt.store, "atomic_write", full)
+    cp.claims[UID_B] = record(UID_B)
+    with pytest.raises(OSError):
+        store.save(cp)
+    again = store.load()
+    assert again is not cp and list(again.claims) == [UID_A]

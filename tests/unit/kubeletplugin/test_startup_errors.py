@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 
-def test_a_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
+
+@pytest.fixture
+def kubelet_dir() -> Iterator[Path]:
+    """Short: the sockets in it must fit a Unix socket path (108 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="drk-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_missing_kubeconfig_is_one_line(tmp_path: Path, kubelet_dir: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
@@ -21,7 +34,7 @@ def test_a_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
             "--state-dir",
             str(tmp_path / "state"),
             "--kubelet-dir",
-            str(tmp_path / "kubelet"),
+            str(kubelet_dir),
             "--healthz-port",
             "0",
         ],
@@ -35,3 +48,21 @@ def test_a_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
     (line,) = [x for x in out.splitlines() if "kubeconfig" in x]
     assert "cannot load the kubeconfig: pass --kubeconfig, or run in a pod" in line
     assert "missing.kubeconfig" in line
+
+
+def test_a_kubelet_dir_too_deep_for_socket_paths_is_one_line(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60)
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "dradriver.cli", "kubelet-plugin", "--devices", "fake:1xL4"),
+            *("--kubelet-dir", str(deep), "--state-dir", str(tmp_path / "state")),
+            *("--healthz-port", "0"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    (line,) = [x for x in out.splitlines() if "level=error" in x]
+    assert "longer than a Unix socket path may be (107 bytes)" in line and str(deep) in line

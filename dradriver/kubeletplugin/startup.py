@@ -1,0 +1,59 @@
+"""`dradriver kubelet-plugin` from the process's first instant: the kubelet's two sockets
+are up before anything heavy is imported (NVML, the API client, the config models), so
+the kubelet finds the plugin in a tenth of a second; a call that arrives before the rest
+is ready waits for it (see grpcserver.LateDriver). Then main.py wires the rest."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from dradriver import logs
+from dradriver.kubeletplugin.grpcserver import LateDriver, PluginServers, RegistrationHooks
+
+log = logs.get_logger("kubeletplugin")
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_level)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: stop.set())
+    late, hooks = LateDriver(), RegistrationHooks()
+    servers = PluginServers(
+        late,
+        driver_name=args.driver_name,
+        kubelet_dir=Path(args.kubelet_dir),
+        instance=args.instance,
+        on_registered=hooks.notify,
+    )
+    too_long = [str(p) for p in (servers.reg_socket, servers.dra_socket) if len(str(p)) > 107]
+    if too_long:
+        log.error(
+            "socket path longer than a Unix socket path may be (107 bytes): use a shorter "
+            "--kubelet-dir (the kubelet's root) or --instance",
+            sockets=",".join(too_long),
+        )
+        return 2
+    try:
+        servers.start()
+    except (OSError, RuntimeError) as exc:
+        log.error(
+            "cannot serve the kubelet's sockets: --kubelet-dir must be the kubelet's root, "
+            "writable by the plugin",
+            kubelet_dir=args.kubelet_dir,
+            error=str(exc),
+        )
+        servers.stop(grace=0)
+        return 2
+    log.info(
+        "serving", dra_socket=str(servers.dra_socket), registration_socket=str(servers.reg_socket)
+    )
+    try:
+        from dradriver.kubeletplugin.main import run_plugin
+
+        return run_plugin(args, stop, servers, late, hooks)
+    finally:
+        servers.stop()

@@ -1,0 +1,112 @@
+"""Group commit: prepares and unprepares that arrive together share one checkpoint save,
+and none is answered before the save that holds it; a failed save fails (and undoes)
+exactly the claims it held."""
+
+from __future__ import annotations
+
+import errno
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.inventory.node_devices import MigMode
+from dradriver.kubeletplugin.plan import ClaimRef
+from tests.support.node import allocated_claim, fake_preparer
+
+
+def node(tmp_path: Path, n: int) -> tuple[Any, list[ClaimRef]]:
+    claims: dict[str, dict[str, Any]] = {}
+    refs = []
+    for i in range(n):
+        c = allocated_claim(f"c{i}", f"gpu-{i}")
+        claims[c["metadata"]["uid"]] = c
+        refs.append(ClaimRef("team", c["metadata"]["uid"], f"c{i}"))
+    preparer, _ = fake_preparer(
+        tmp_path, f"{n}xH100-80GB", lambda r: claims[r.uid], mode=MigMode.NONE
+    )
+    preparer.executor.mig = None  # whole GPUs, MIG mode none: every claim is simple
+    return preparer, refs
+
+
+def slow_saves(preparer: Any, delay: float, log: list[set[str]]) -> None:
+    """Each save takes `delay` (a slow disk) and records which claims it made durable."""
+    real = preparer.store.save
+
+    def save(cp: Any) -> None:
+        time.sleep(delay)
+        real(cp)
+        log.append(set(cp.claims))
+
+    preparer.store.save = save
+    preparer.commits.save = save
+
+
+def in_threads(fn: Any, refs: list[ClaimRef]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    threads = [threading.Thread(target=lambda r=r: out.update(fn([r]))) for r in refs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_concurrent_prepares_share_saves_and_answer_only_once_durable(tmp_path: Path) -> None:
+    preparer, refs = node(tmp_path, 16)
+    saves: list[set[str]] = []
+    slow_saves(preparer, 0.05, saves)
+    answered: dict[str, set[str]] = {}
+    real_prepare = preparer.prepare
+
+    def prepare(rs: list[ClaimRef]) -> Any:
+        out = real_prepare(rs)
+        answered[rs[0].uid] = set(saves[-1]) if saves else set()
+        return out
+
+    out = in_threads(prepare, refs)
+    assert all(not p.error for p in out.values()), out
+    # Fewer saves than claims: the ones queued behind the lock were saved together...
+    assert len(saves) < len(refs) and preparer.commits.largest > 1
+    # ...and each claim was answered after a save that held it.
+    for uid, durable in answered.items():
+        assert uid in durable
+    on_disk = json.loads((tmp_path / "checkpoint.json").read_text())["payload"]["claims"]
+    assert set(on_disk) == {r.uid for r in refs}
+    errors = in_threads(preparer.unprepare, refs)
+    assert all(e == "" for e in errors.values())
+    on_disk = json.loads((tmp_path / "checkpoint.json").read_text())["payload"]["claims"]
+    assert on_disk == {} and not list((tmp_path / "cdi").glob("*.json"))
+
+
+def test_a_failed_group_save_fails_and_undoes_each_claim_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    preparer, refs = node(tmp_path, 8)
+    real = preparer.store.save
+    full = threading.Event()
+
+    def save(cp: Any) -> None:
+        time.sleep(0.02)
+        if full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(cp)
+
+    preparer.store.save = save
+    preparer.commits.save = save
+    preparer.prepare([refs[0]])  # one claim prepared before the disk fills
+    full.set()
+    out = in_threads(preparer.prepare, refs[1:])
+    for r in refs[1:]:
+        assert "checkpoint layer" in out[r.uid].error and "No space left" in out[r.uid].error
+    full.clear()
+    # Nothing of theirs is left: no CDI spec, no record; the first claim is intact.
+    specs = sorted(p.name for p in (tmp_path / "cdi").glob("*.json"))
+    assert specs == [f"gpu.dradriver.io-claim-{refs[0].uid}.json"]
+    assert set(preparer.store.load().claims) == {refs[0].uid}
+    # And they prepare fine once there is room.
+    again = in_threads(preparer.prepare, refs[1:])
+    assert all(not p.error for p in again.values())
