@@ -53,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"dradriver devices: {exc}", file=sys.stderr)
         return 1
     result = build(
-        found.inventory, MigMode(args.mig_mode), switching=MigSwitching(args.mig_mode_switching)
+        found.inventory,
+        MigMode(args.mig_mode),
+        switching=MigSwitching(args.mig_mode_switching),
+        profiles=flags.mig_profiles(args.mig_profiles),
     )
     slices = render(args.driver_name, args.node_name, result.slices)
     if args.output == "table":

@@ -59,7 +59,20 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
     )
     add(
         p,
+        "--mig-profiles",
+        "",
+        "dynamic MIG mode: offer partitions of these GPU-instance profiles only, "
+        "comma-separated as NVML names them (e.g. 1g.10gb,3g.40gb); empty: every profile. "
+        "Fewer profiles publish fewer devices, which the API server and scheduler hold",
+    )
+    add(
+        p,
         "--state-dir",
         "/var/lib/dradriver",
         "where the plugin keeps its checkpoint (and the fake backend its MIG state)",
     )
+
+
+def mig_profiles(value: str) -> frozenset[str]:
+    """--mig-profiles as a set of names (empty: all)."""
+    return frozenset(p.strip() for p in value.split(",") if p.strip())

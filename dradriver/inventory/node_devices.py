@@ -225,11 +225,13 @@ def offer(
     owned_mig: Iterable[tuple[str, int, int]] = (),
     switching: MigSwitching = MigSwitching.ON_DEMAND,
     held_mig: Iterable[tuple[str, int, int]] = (),
+    profiles: frozenset[str] = frozenset(),
 ) -> NodeOffer:
     """What the node offers. `owned_mig`: (parent UUID, profile ID, placement start) of
     MIG devices this driver created for prepared claims; in dynamic mode they stay
     offered as the partitions they were carved from. `held_mig`: MIG devices this driver
-    created for claims whose record is lost; not offered at all until released."""
+    created for claims whose record is lost; not offered at all until released.
+    `profiles`: dynamic mode offers partitions of these profiles only (empty: all)."""
     owned = frozenset(owned_mig)
     held = frozenset(held_mig)
     skipped: list[Skipped] = []
@@ -261,7 +263,7 @@ def offer(
             else:
                 gpus.append(GpuOffer(gpu, (whole_gpu(gpu),)))
         else:
-            gpus.append(_dynamic(gpu, owned, skipped, switching, held))
+            gpus.append(_dynamic(gpu, owned, skipped, switching, held, profiles))
     return NodeOffer(tuple(gpus), tuple(skipped))
 
 
@@ -271,6 +273,7 @@ def _dynamic(
     skipped: list[Skipped],
     switching: MigSwitching,
     held: frozenset[tuple[str, int, int]] = frozenset(),
+    profiles: frozenset[str] = frozenset(),
 ) -> GpuOffer:
     # Whether this driver may switch the GPU's MIG mode when a claim needs it switched.
     may_switch = gpu.mig_switchable and switching is MigSwitching.ON_DEMAND
@@ -310,10 +313,17 @@ def _dynamic(
     # Whole only where it can be given whole: MIG off, or switched off for the claim.
     if not occupied and (may_switch or not gpu.mig_enabled):
         devices.append(whole_gpu(gpu))
+    # Only the chosen profiles (fewer devices for the API server and the scheduler to
+    # hold), but always the partitions prepared claims hold: prepare finds them by name.
     devices += [
         partition(gpu, p)
         for p in packing_order(gpu.mig_profiles)
-        if mig_geometry.fits(taken, mig_geometry.demand(p.profile, p.start), caps)
+        if (
+            not profiles
+            or p.profile.name in profiles
+            or (gpu.uuid, p.profile.profile_id, p.start) in owned
+        )
+        and mig_geometry.fits(taken, mig_geometry.demand(p.profile, p.start), caps)
     ]
     devices += [
         existing_mig(gpu, d)

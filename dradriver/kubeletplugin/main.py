@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dradriver import logs
+from dradriver.commands import flags
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
 from dradriver.k8s import Kube, KubeError
 from dradriver.kubeletplugin import cdi
@@ -68,9 +69,11 @@ class DeviceView:
         owned: Callable[[], set[tuple[str, int, int]]] = set,
         switching: MigSwitching = MigSwitching.ON_DEMAND,
         held: Callable[[set[tuple[str, int, int]]], set[tuple[str, int, int]]] = lambda o: set(),
+        profiles: frozenset[str] = frozenset(),
     ) -> None:
         self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
-        self.held = held
+        self.held, self.offered_profiles = held, profiles
+        self._unknown_profiles: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._slices: list[SliceContent] = []
         self._index: dict[str, NodeDevice] = {}
@@ -87,7 +90,25 @@ class DeviceView:
         for problem in found.problems:
             log.error("GPU problem", detail=problem)
         owned = self.owned()
-        built = build(found.inventory, self.mode, owned, self.switching, self.held(owned))
+        built = build(
+            found.inventory,
+            self.mode,
+            owned,
+            self.switching,
+            self.held(owned),
+            self.offered_profiles,
+        )
+        if self.offered_profiles and self.mode is MigMode.DYNAMIC:
+            known = {p.name for g in found.inventory.gpus for p in g.mig_profiles}
+            unknown = self.offered_profiles - known
+            if unknown != self._unknown_profiles and unknown:
+                # A typo, or a product this node does not have: say it once.
+                log.warning(
+                    "--mig-profiles names profiles no GPU of this node has",
+                    unknown=",".join(sorted(unknown)),
+                    known=",".join(sorted(known)),
+                )
+            self._unknown_profiles = frozenset(unknown)
         for skip in built.skipped:
             log.warning(
                 "GPU not published as a whole",
@@ -153,6 +174,7 @@ def run_plugin(
         lambda: owned_partitions(store.load()),
         switching,
         lambda owned: held_instances(mig_ledger, owned),
+        flags.mig_profiles(args.mig_profiles),
     )
     late.reason = lambda: view.last_error or "loading the checkpoint"
     registered = threading.Event()
@@ -223,7 +245,7 @@ def run_plugin(
     while not stop.is_set():
         try:
             nvml.init()
-            view.refresh()
+            loop.first = view.refresh()
             break
         except Exception as exc:
             view.last_error = f"NVML layer: {exc}"

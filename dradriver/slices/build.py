@@ -197,12 +197,13 @@ def build(
     owned_mig: Iterable[tuple[str, int, int]] = (),
     switching: MigSwitching = MigSwitching.ON_DEMAND,
     held_mig: Iterable[tuple[str, int, int]] = (),
+    profiles: frozenset[str] = frozenset(),
 ) -> BuildResult:
     """The node's slices. `owned_mig`: (parent UUID, profile ID, placement start) of MIG
     devices this driver created for prepared claims; they stay published as partitions
     in dynamic mode. A GPU whose devices would break a ResourceSlice rule is left out
     (with the reason in `skipped`): one odd GPU never stops the others being published."""
-    node = offer(inv, mode, owned_mig, switching, held_mig)
+    node = offer(inv, mode, owned_mig, switching, held_mig, profiles)
     skipped = list(node.skipped)
     kept: list[GpuOffer] = []
     own: list[SliceContent] = []

@@ -272,6 +272,9 @@ class PublishLoop:
     last_stats: SyncStats | None = None
     last_error: str = ""
     rounds: int = 0
+    # What the startup's discovery found: published as is by the first round (no second
+    # discovery on the way to the first slice).
+    first: Sequence[SliceContent] | None = None
 
     def trigger(self) -> None:
         self._wake.set()
@@ -280,7 +283,9 @@ class PublishLoop:
         failures = 0
         while not stop.is_set():
             try:
-                content = self.desired()
+                content, self.first = (
+                    (self.first, None) if self.first is not None else (self.desired(), None)
+                )
                 self.last_stats = self.publisher.sync(content)
                 self.rounds += 1
                 log.debug(

@@ -261,7 +261,9 @@ class PluginProc(DradriverProcess):
         *,
         state_dir: Path | None = None,
         instance: str = "a",
+        extra_args: list[str] | None = None,
     ) -> None:
+        self.extra_args = extra_args or []
         self.kubeconfig, self.kubelet = kubeconfig, kubelet
         self.devices, self.mig_mode = devices, mig_mode
         self.state_dir = state_dir or kubelet.root.parent / f"{kubelet.node}-state"
@@ -297,6 +299,7 @@ class PluginProc(DradriverProcess):
                 str(self.port),
                 "--log-level",
                 "debug",
+                *self.extra_args,
             ]
         )
 

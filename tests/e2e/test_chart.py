@@ -881,3 +881,13 @@ def test_claim_status_follows_its_value(helm: Path) -> None:
 
     assert env({})["DRADRIVER_CLAIM_STATUS"] == "on"
     assert env({"kubeletPlugin": {"claimStatus": False}})["DRADRIVER_CLAIM_STATUS"] == "off"
+
+
+def test_mig_profiles_follow_their_value(helm: Path) -> None:
+    def env(values: dict[str, Any]) -> dict[str, str]:
+        (c,) = one(render(helm, values), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in c["env"]}
+
+    assert env({})["DRADRIVER_MIG_PROFILES"] == ""
+    chosen = env({"migProfiles": ["1g.10gb", "3g.40gb"]})
+    assert chosen["DRADRIVER_MIG_PROFILES"] == "1g.10gb,3g.40gb"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -620,5 +621,31 @@ def test_readyz_says_why_nvml_is_not_answering(
 
         body = wait_for(said, "/readyz to name the NVML layer", 20)
         assert "not discovered yet" not in body
+    finally:
+        plugin.stop()
+
+
+def test_claim_status_off_writes_nothing_to_the_claim(
+    cluster: Cluster, kube: Kube, namespace: str, hollow_node: Callable[..., HollowNode]
+) -> None:
+    """--claim-status off: the pod runs, and the plugin never writes the claim."""
+    ensure_device_classes(kube)
+    kubelet = hollow_node()
+    plugin = PluginProc(
+        cluster.kubeconfig, kubelet, "fake:1xL4", extra_args=["--claim-status", "off"]
+    )
+    plugin.start()
+    try:
+        wait_for(plugin.ready, "the plugin to be ready", 30)
+        n = GpuNode(kube, namespace, kubelet, plugin, cluster)
+        n.claim("quiet")
+        n.pod("quiet", claim="quiet")
+        n.running("quiet")
+        time.sleep(2)  # past the second after which status would have been written
+        claim = kube.get(path_for(RES, "resourceclaims", namespace, "quiet"))
+        assert not claim.get("status", {}).get("devices")
+        managers = {m.get("manager") for m in claim["metadata"].get("managedFields", [])}
+        assert DRIVER not in managers
+        n.delete("quiet")
     finally:
         plugin.stop()

@@ -3,6 +3,7 @@ selects by (with what each instance gets, in human units), and the slices."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,14 @@ def test_json_and_yaml_are_the_same_document_with_camel_case_keys_and_exact_byte
     assert h100["migProfiles"][0]["instanceCount"] == 7
     # The slices are the ones published, unchanged.
     assert doc["resourceSlices"][0]["apiVersion"] == "resource.k8s.io/v1"
+
+
+def test_mig_profiles_narrow_what_dynamic_mode_would_publish(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["devices", "--devices", "fake:1xH100-80GB", "--mig-mode", "dynamic", "-o", "json"]
+    assert main([*args, "--mig-profiles", "3g.40gb"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    devices = [d for s in doc["resourceSlices"] for d in s["spec"]["devices"]]
+    profiles = {d["attributes"].get("profile", {}).get("string", "whole") for d in devices}
+    assert profiles == {"3g.40gb", "whole"} and len(devices) == 3
