@@ -78,5 +78,11 @@ demo: venv controlplane hollow-node helm
 bench: venv controlplane hollow-node
 	$(PY) benchmarks/prepare.py
 
+# What the slices cost the control plane at 10 to 500 nodes (benchmarks/README.md); about
+# a quarter of an hour. A short run: make bench-fleet FLEET_ARGS="--nodes 10,50 --modes none"
+.PHONY: bench-fleet
+bench-fleet: venv controlplane
+	$(PY) benchmarks/fleet.py $(FLEET_ARGS)
+
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
