@@ -1,8 +1,8 @@
 """Group commit: checkpoint updates that arrive together share one durable save.
 
-Each prepare or unprepare hands its checkpoint step to `GroupCommit.run`. The thread that
-gets the node lock runs every step waiting (its own and those queued behind the lock
-while the previous batch was saving), saves the checkpoint once, and answers them all.
+Each prepare or unprepare hands its checkpoint step to `GroupCommit.run`. One thread
+leads: it takes the node lock, runs every step waiting (its own and those queued while
+the previous batch was saving), saves the checkpoint once, and answers them all.
 A step is answered only after the save that holds its change: nothing is reported
 prepared (or unprepared) before it is durable, as with one save per call.
 """
@@ -43,20 +43,39 @@ class GroupCommit:
     ) -> None:
         self.lock, self.load, self.save = lock, load, save
         self._queue: list[_Job[object]] = []
-        self._queue_lock = threading.Lock()
+        # One thread of this process at a time leads: takes the node lock, runs the
+        # queue, saves. The others wait here for their answer, not for the node lock: a
+        # thread whose step another batch ran returns as soon as that batch is durable,
+        # instead of queueing for the lock only to find its work done.
+        self._changed = threading.Condition()
+        self._leading = False
         self.batches = 0  # for tests and metrics: saves made for batches
         self.largest = 0
 
     def run(self, step: Step[T]) -> T:
         job: _Job[T] = _Job(step)
-        with self._queue_lock:
+        with self._changed:
             self._queue.append(job)  # type: ignore[arg-type]
-        with self.lock:
-            if not job.done.is_set():
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                self._run_batch(batch)
-        job.done.wait()  # set by this thread's batch, or an earlier holder's
+            while self._leading and not job.done.is_set():
+                self._changed.wait()
+            lead = not job.done.is_set()
+            if lead:
+                self._leading = True
+        if lead:
+            try:
+                with self.lock:
+                    with self._changed:
+                        batch, self._queue = self._queue, []
+                    self._run_batch(batch)
+            except BaseException:
+                with self._changed:  # the lock was not had: no step of ours runs later
+                    if job in self._queue:
+                        self._queue.remove(job)  # type: ignore[arg-type]
+                raise
+            finally:
+                with self._changed:
+                    self._leading = False
+                    self._changed.notify_all()
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[return-value]

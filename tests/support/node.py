@@ -28,6 +28,16 @@ from fakenvml import open_backend
 DRIVER, NODE = "gpu.dradriver.io", "node-a"
 
 
+def lose_checkpoint(state_dir: Path) -> None:
+    """The checkpoint damaged beyond repair: checkpoint.json torn, and its write-ahead
+    copies (which would otherwise bring the last state back) torn with it."""
+    from dradriver.kubeletplugin.checkpoint.store import wal_paths
+
+    main = state_dir / "checkpoint.json"
+    for p in (main, *wal_paths(main)):
+        p.write_text("{ torn")
+
+
 def fake_preparer(
     tmp: Path,
     spec: str,

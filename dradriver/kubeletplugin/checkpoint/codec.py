@@ -3,7 +3,10 @@ canonical payload, and migrations from older formats.
 
 File layout (version 1)::
 
-    {"version": 1, "checksum": "sha256:<hex>", "payload": {"bootId": ..., "claims": {...}}}
+    {"version": 1, "checksum": "sha256:<hex>",
+     "payload": {"bootId": ..., "claims": {...}, "seq": 12}}
+
+then spaces (store.py rewrites the file in place; JSON readers skip them).
 
 "version", "checksum" and "payload" are the envelope every release must keep, so that an
 older release can still verify and partly read a newer file. The checksum covers the
@@ -31,7 +34,9 @@ from dradriver.kubeletplugin.records import (
     unknown,
 )
 
-_PAYLOAD_KEYS = ("bootId", "claims")
+# "seq" counts saves: of the checkpoint and its write-ahead copies, the highest is the
+# newest. Releases before it keep it as an unknown field, unchanged.
+_PAYLOAD_KEYS = ("bootId", "claims", "seq")
 
 
 def _canonical(payload: Any) -> bytes:
@@ -56,6 +61,7 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
         **cp.unknown,
         "bootId": cp.boot_id,
         "claims": {uid: rec.to_json() for uid, rec in cp.claims.items()},
+        "seq": cp.seq,
     }
     # The payload is encoded once, for its checksum and as the file's payload (the
     # envelope's keys in sorted order, as before).
@@ -151,6 +157,7 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     cp = Checkpoint(
         version=version,
         boot_id=get(payload, "bootId", str, "payload"),
+        seq=optional(payload, "seq", int, 0, "payload"),
         claims={k: ClaimRecord.from_json(k, v, newer, notes) for k, v in claims_obj.items()},
         unknown=unknown(payload, _PAYLOAD_KEYS),
     )

@@ -3,6 +3,17 @@ crash-looped on checkpoints written by another release and on corrupt ones. Here
 format is migrated, a newer one is read as far as it is understood, and a damaged one is
 moved aside (kept for a human) while the plugin carries on with an empty state.
 
+A save costs one fdatasync of blocks the files already own (inplace.py), not the temp
+file, rename and two fsyncs of an atomic replace. It writes the new state first to one of
+two write-ahead copies (`checkpoint.json.wal0`/`.wal1`, alternating: a write torn by a
+crash or a power loss spoils only the older copy), durably, then into checkpoint.json
+itself without a sync: checkpoint.json always reads as the newest state while the node
+runs, so an older release beside this one during a rolling update, or after a rollback,
+reads it as it always has. After a crash or a power loss checkpoint.json may be torn or
+behind: the first load compares the payloads' save counters ("seq") and takes the newest
+complete state, preferring checkpoint.json on a tie (an older release rewrites it
+keeping the counter it found).
+
 Readers and writers on one node (two plugin instances during a rolling update) serialize
 through files.FileLock; CheckpointStore itself does no locking.
 """
@@ -14,11 +25,17 @@ import time
 from pathlib import Path
 
 from dradriver.kubeletplugin.checkpoint.codec import encode_checkpoint, parse_checkpoint
-from dradriver.kubeletplugin.files import atomic_write, fsync_dir, remove_stale_temps
+from dradriver.kubeletplugin.checkpoint.inplace import InPlaceFile
+from dradriver.kubeletplugin.files import fsync_dir, remove_stale_temps
 from dradriver.kubeletplugin.records import CURRENT_VERSION, Checkpoint, CheckpointCorrupt
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.checkpoint")
+
+
+def wal_paths(path: Path) -> tuple[Path, Path]:
+    """The two write-ahead copies of the checkpoint at `path`."""
+    return path.with_name(path.name + ".wal0"), path.with_name(path.name + ".wal1")
 
 
 class CheckpointStore:
@@ -27,6 +44,14 @@ class CheckpointStore:
     def __init__(self, path: Path, boot_id: str) -> None:
         self.path = Path(path)
         self.boot_id = boot_id
+        self._main = InPlaceFile(self.path)
+        self._wals = tuple(InPlaceFile(p) for p in wal_paths(self.path))
+        # The highest save counter seen: the next save writes the one after it.
+        self._seq = 0
+        # The write-ahead copies are read by the first load (what a crash or power loss
+        # left) and when checkpoint.json cannot be read; later loads see our own writes
+        # or another instance's complete ones.
+        self._started = False
         # The last checkpoint read or written, with the file's bytes then: a load that
         # finds the same bytes returns it without parsing. Every change to it is followed
         # by a save, and a failed save forgets it.
@@ -38,32 +63,87 @@ class CheckpointStore:
             log.warning("removed a temp file left by an interrupted write", path=str(tmp))
 
     def _empty(self) -> Checkpoint:
-        return Checkpoint(boot_id=self.boot_id, running_boot_id=self.boot_id)
+        return Checkpoint(boot_id=self.boot_id, running_boot_id=self.boot_id, seq=self._seq)
 
     def load(self) -> Checkpoint:
         """The checkpoint on disk; empty if there is none or it cannot be trusted. Never
         raises for the file's content: a crash here would crash-loop the plugin."""
         try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            self._cached = None
-            return self._empty()
+            data = self._main.read()
         except OSError as exc:
+            return self._recover(f"unreadable: {exc}")
+        if data is None:
+            # None, or moved aside by a human to start afresh: the copies are not
+            # brought back, but later saves must outnumber them.
             self._cached = None
-            return self._quarantine(f"unreadable: {exc}")
+            if not self._started:
+                self._started = True
+                for _, cp, _ in self._copies(b""):
+                    self._seq = max(self._seq, cp.seq)
+            return self._empty()
         if self._cached is not None and self._cached[0] == data:
             return self._cached[1]
         self._cached = None
         try:
             cp, notes = parse_checkpoint(data)
         except CheckpointCorrupt as exc:
-            return self._quarantine(str(exc))
+            return self._recover(str(exc))
+        if not self._started:
+            self._started = True
+            newer = [c for c in self._copies(data) if c[1].seq > cp.seq]
+            if newer and cp.version <= CURRENT_VERSION:
+                return self._take_copy(max(newer, key=lambda c: c[1].seq), "behind")
+        return self._accept(data, cp, notes)
+
+    def _accept(self, data: bytes, cp: Checkpoint, notes: list[str]) -> Checkpoint:
         for note in notes:
             log.warning("checkpoint: " + note, path=str(self.path), version=cp.version)
         cp.running_boot_id = self.boot_id
+        self._seq = max(self._seq, cp.seq)
         if not notes:  # a migrated one is parsed again until it is saved in this format
             self._cached = (data, cp)
         return cp
+
+    def _copies(self, main: bytes) -> list[tuple[bytes, Checkpoint, list[str]]]:
+        """The write-ahead copies that hold a complete checkpoint other than `main`."""
+        out = []
+        for wal in self._wals:
+            try:
+                data = wal.read()
+            except OSError:
+                continue
+            if not data or data.rstrip() == main.rstrip():
+                continue
+            try:
+                cp, notes = parse_checkpoint(data)
+            except CheckpointCorrupt:
+                continue  # the torn one: the other holds the state before it
+            out.append((data, cp, notes))
+        return out
+
+    def _take_copy(self, copy: tuple[bytes, Checkpoint, list[str]], why: str) -> Checkpoint:
+        data, cp, notes = copy
+        log.warning(
+            f"checkpoint: {self.path.name} was {why}; took the newest complete state from "
+            "its write-ahead copy (a crash or power loss interrupted a save)",
+            path=str(self.path),
+            seq=cp.seq,
+        )
+        try:
+            data = self._main.write(data.rstrip(), sync=True)
+        except OSError as exc:
+            log.error("could not repair the checkpoint file", path=str(self.path), error=str(exc))
+        return self._accept(data, cp, notes)
+
+    def _recover(self, reason: str) -> Checkpoint:
+        """checkpoint.json cannot be trusted: the newest write-ahead copy if one is
+        complete, else an empty state, the file kept aside for a human."""
+        self._cached = None
+        self._started = True
+        copies = self._copies(b"")
+        if copies:
+            return self._take_copy(max(copies, key=lambda c: c[1].seq), f"damaged ({reason})")
+        return self._quarantine(reason)
 
     def _quarantine(self, reason: str) -> Checkpoint:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -89,16 +169,47 @@ class CheckpointStore:
         return self._empty()
 
     def save(self, cp: Checkpoint) -> None:
-        """Writes `cp` atomically in the current format. The stored boot ID becomes this
+        """Writes `cp` in the current format, durably. The stored boot ID becomes this
         boot's (the file describes what this boot's plugin knows), also in `cp`; so
         reconcile a new boot before the first save. Raises OSError (disk full, read-only
-        state dir) with the old file intact."""
+        state dir) with what the last save wrote still the state a load returns."""
         if self.boot_id:
             cp.boot_id = self.boot_id
         self._cached = None
-        data = encode_checkpoint(cp)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, data, mode=0o600)
+        seq = self._seq + 1
+        previous, cp.seq = cp.seq, seq
+        try:
+            data = encode_checkpoint(cp)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self._main.present():
+                # The first save (or the file was moved aside): created durably, so a
+                # load never prefers older copies over a state that was saved.
+                data = self._main.write(data, sync=True)
+                self._wals[seq % 2].write(data, sync=True)
+            else:
+                self._write_ahead(self._wals[seq % 2], data)  # durable from here on
+                data = self._main.write(data, sync=False)
+        except BaseException:
+            cp.seq = previous
+            raise
+        self._seq = seq
+        self._started = True
         cp.version = CURRENT_VERSION
         cp.running_boot_id = self.boot_id
         self._cached = (data, cp)
+
+    def _write_ahead(self, wal: InPlaceFile, data: bytes) -> None:
+        try:
+            wal.write(data, sync=True)
+        except BaseException:
+            # A state whose save failed must not be read back by the next start as the
+            # newest: the copy is made a copy of checkpoint.json again, if it can be.
+            try:
+                current = self._main.read()
+                if current is not None:
+                    wal.write(current.rstrip(), sync=False)
+            except OSError as exc:
+                log.warning(
+                    "could not restore a write-ahead copy", path=str(wal.path), error=str(exc)
+                )
+            raise

@@ -173,84 +173,197 @@ def test_save_rejects_inconsistent_records_and_keeps_old_file(path: Path) -> Non
 # -- atomicity -------------------------------------------------------------------------------
 
 
-def test_failed_rename_leaves_old_checkpoint_and_no_temp(
-    path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def saved_twice(path: Path) -> CheckpointStore:
+    """A store whose checkpoint and both write-ahead copies exist (UID_A's state)."""
     store = CheckpointStore(path, BOOT1)
     store.save(checkpoint(record(UID_A)))
+    store.save(store.load())
+    assert all(p.exists() for p in ckpt.store.wal_paths(path))
+    return store
+
+
+def test_a_save_is_one_fdatasync_of_blocks_the_files_own(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hot path's cost: no temp file, no rename, no fsync of the directory; the
+    files keep their inodes and sizes, and checkpoint.json reads as the newest state."""
+    store = saved_twice(path)
+    files = [path, *ckpt.store.wal_paths(path)]
+    before = {p: (p.stat().st_ino, p.stat().st_size) for p in files}
+    calls: list[str] = []
+    for name in ("fsync", "fdatasync", "replace", "rename", "open"):
+        real = getattr(os, name)
+
+        def spy(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
+            calls.append(_name)
+            return _real(*a, **k)
+
+        monkeypatch.setattr(os, name, spy)
+    cp = store.load()
+    cp.claims[UID_B] = record(UID_B)
+    store.save(cp)
+    monkeypatch.undo()
+    assert calls == ["fdatasync"]
+    assert {p: (p.stat().st_ino, p.stat().st_size) for p in files} == before
+    assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
+    assert leftovers(path.parent) == []
+
+
+def test_a_failed_write_ahead_leaves_the_old_state(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = saved_twice(path)
     before = path.read_bytes()
 
-    def fail(src: str, dst: str) -> None:
+    def fail(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(os, "replace", fail)
+    monkeypatch.setattr(os, "fdatasync", fail)
+    cp = store.load()
+    cp.claims[UID_B] = record(UID_B)
     with pytest.raises(OSError, match="Input/output"):
-        store.save(checkpoint(record(UID_A), record(UID_B)))
+        store.save(cp)
     monkeypatch.undo()
-    assert path.read_bytes() == before
-    assert leftovers(path.parent) == []
+    assert path.read_bytes() == before  # checkpoint.json is written only after the copy
     assert list(store.load().claims) == [UID_A]
+    # A new start too: the copy the failed save wrote to is a copy of the old state again.
+    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_A]
+    assert leftovers(path.parent) == []
 
 
-def test_disk_full_while_writing_leaves_old_checkpoint(
+def test_disk_full_while_the_files_grow_leaves_old_checkpoint(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = CheckpointStore(path, BOOT1)
-    store.save(checkpoint(record(UID_A)))
+    store = saved_twice(path)
     before = path.read_bytes()
+    real = os.pwrite
 
-    def full(fd: int, data: Any) -> int:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def full(fd: int, data: Any, offset: int) -> int:
+        if offset >= os.fstat(fd).st_size:  # growing: no block left for it
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data, offset)
 
-    monkeypatch.setattr(os, "write", full)
+    monkeypatch.setattr(os, "pwrite", full)
+    big = checkpoint(*(record(f"{i:08d}-0000-4000-8000-000000000000") for i in range(40)))
     with pytest.raises(OSError) as info:
-        store.save(checkpoint(record(UID_A), record(UID_B)))
+        store.save(big)
     monkeypatch.undo()
     assert info.value.errno == errno.ENOSPC
     assert path.read_bytes() == before
-    assert leftovers(path.parent) == []
+    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_A]
+    # Once there is room, it grows.
+    store.save(big)
+    assert len(CheckpointStore(path, BOOT1).load().claims) == 40
 
 
-def test_crash_between_temp_write_and_rename(path: Path) -> None:
-    """A real process dies (os._exit, no cleanup) right before the rename: the old
-    checkpoint is what the next start reads; the orphaned temp file is complete but
-    never read, and is swept once it is old."""
-    store = CheckpointStore(path, BOOT1)
-    store.save(checkpoint(record(UID_A)))
-    before = path.read_bytes()
+def _crash_in_save(path: Path, patch: str) -> subprocess.CompletedProcess[str]:
+    """A real process that adds UID_B and dies (os._exit, no cleanup) where `patch`
+    makes it."""
     script = textwrap.dedent(f"""
         import os
         from pathlib import Path
         from dradriver.kubeletplugin import checkpoint as c
-        os.replace = lambda src, dst: os._exit(137)
+        {patch}
         store = c.CheckpointStore(Path({str(path)!r}), {BOOT1!r})
         cp = store.load()
         cp.claims[{UID_B!r}] = c.ClaimRecord({UID_B!r}, "ns", "n", c.PREPARE_STARTED, [], 1.0)
         store.save(cp)
         os._exit(0)
     """)
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", script],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_crash_after_the_write_ahead_copy_is_durable(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Dies right after the copy's fdatasync, before checkpoint.json is written: the save
+    was durable, so the next start takes it from the copy and repairs checkpoint.json."""
+    saved_twice(path)
+    before = path.read_bytes()
+    proc = _crash_in_save(path, "os.fdatasync = lambda fd: os._exit(137)")
     assert proc.returncode == 137, proc.stderr
     assert path.read_bytes() == before
-    temps = leftovers(path.parent)
-    assert len(temps) == 1 and temps[0].startswith(".checkpoint.json.")
-    # The temp holds the complete new state: the crash hit after fsync, before rename.
-    assert UID_B in json.loads((path.parent / temps[0]).read_text())["payload"]["claims"]
+    with caplog.at_level(logging.WARNING):
+        cp = CheckpointStore(path, BOOT1).load()
+    assert sorted(cp.claims) == sorted([UID_A, UID_B])
+    assert any("write-ahead copy" in r.getMessage() for r in caplog.records)
+    assert UID_B in json.loads(path.read_text())["payload"]["claims"]  # repaired
 
-    assert list(store.load().claims) == [UID_A]
-    store.remove_stale_temps()  # at startup
-    assert leftovers(path.parent) == temps  # too young to be called stale
-    old = time.time() - 3600
-    os.utime(path.parent / temps[0], (old, old))
-    store.remove_stale_temps()
-    assert list(store.load().claims) == [UID_A]
-    assert leftovers(path.parent) == []
+
+def test_crash_tearing_the_write_ahead_copy_keeps_the_state_before(path: Path) -> None:
+    """Dies halfway through writing the copy: that copy is torn, checkpoint.json and the
+    other copy hold the last complete save, which is what the next start reads."""
+    saved_twice(path)
+    before = path.read_bytes()
+    tear = "real = os.pwrite; os.pwrite = lambda f, d, o: (real(f, bytes(d)[:50], o), os._exit(9))"
+    proc = _crash_in_save(path, tear)
+    assert proc.returncode == 9, proc.stderr
+    assert path.read_bytes() == before
+    torn = []
+    for wal in ckpt.store.wal_paths(path):
+        try:
+            parse_checkpoint(wal.read_bytes())
+        except CheckpointCorrupt:
+            torn.append(wal)
+    assert len(torn) == 1
+    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_A]
+
+
+def test_power_loss_that_kept_the_copy_but_not_the_checkpoint(path: Path) -> None:
+    """checkpoint.json is not synced on each save: after a power loss it may be behind
+    or torn, and the newest complete copy wins."""
+    store = saved_twice(path)
+    behind = path.read_bytes()
+    cp = store.load()
+    cp.claims[UID_B] = record(UID_B)
+    store.save(cp)
+    path.write_bytes(behind)  # what the disk had
+    assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
+    path.write_bytes(behind[:80])  # torn
+    assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
+
+
+def test_an_older_release_rewriting_the_checkpoint_is_read(path: Path) -> None:
+    """An older release (a rolling update, a rollback) replaces checkpoint.json the way it
+    always did, keeping the save counter as a field it does not know: its state is the
+    newest, for this instance's next load and for a new start."""
+    store = saved_twice(path)
+    doc = json.loads(path.read_bytes())
+    payload = doc["payload"]
+    payload["claims"][UID_B] = dict(payload["claims"][UID_A], uid=UID_B)
+    old = envelope(payload)
+    tmp = path.with_name(".checkpoint.json.older.tmp")
+    tmp.write_bytes(old)
+    os.replace(tmp, path)
+    assert sorted(store.load().claims) == sorted([UID_A, UID_B])
+    assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
+    # And this instance goes on writing in place to the file the older one left.
+    cp = store.load()
+    del cp.claims[UID_A]
+    store.save(cp)
+    assert list(json.loads(path.read_bytes())["payload"]["claims"]) == [UID_B]
+    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_B]
+
+
+def test_a_checkpoint_moved_aside_by_hand_is_not_brought_back(path: Path) -> None:
+    """Moving checkpoint.json aside starts from an empty state (the README says so): the
+    copies do not resurrect it, and the next saves outnumber them."""
+    saved_twice(path)
+    path.rename(path.with_name("aside.json"))
+    store = CheckpointStore(path, BOOT1)
+    assert store.load().claims == {}
+    cp = store.load()
+    cp.claims[UID_B] = record(UID_B)
+    store.save(cp)
+    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_B]
+    store.save(store.load())
+    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_B]
 
 
 # -- corrupt files ---------------------------------------------------------------------------
@@ -320,6 +433,12 @@ def test_bad_checksum_is_detected(path: Path) -> None:
     data = json.dumps(doc).encode()
     with pytest.raises(CheckpointCorrupt, match="checksum"):
         parse_checkpoint(data)
+    path.write_bytes(data)
+    # The write-ahead copy still holds the last state saved: it is taken.
+    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_A]
+    # Without a copy, nothing in the file is trusted.
+    for wal in ckpt.store.wal_paths(path):
+        wal.unlink(missing_ok=True)
     path.write_bytes(data)
     assert CheckpointStore(path, BOOT1).load().claims == {}
     assert len(list(path.parent.glob("checkpoint.json.corrupt-*"))) == 1
@@ -678,7 +797,7 @@ def test_a_failed_save_forgets_the_cached_checkpoint(
     def full(*a: Any, **k: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt.store, "atomic_write", full)
+    monkeypatch.setattr(os, "pwrite", full)
     cp.claims[UID_B] = record(UID_B)
     with pytest.raises(OSError):
         store.save(cp)

@@ -26,7 +26,7 @@ from dradriver.nvml.library import open_nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import build
 from fakenvml import FakeNvml
-from tests.support.node import DRIVER, NODE, fake_preparer
+from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 SPEC = "4xH100-80GB"
 
@@ -366,7 +366,7 @@ def test_a_lost_checkpoint_neither_leaks_nor_hands_out_a_mig_device(tmp_path: Pa
     node = start_node(tmp_path)
     a = node.claim("a", "gpu-0-mig-3g40gb-4")
     (first,) = node.prepare(a)
-    (tmp_path / "checkpoint.json").write_text("{ torn")
+    lose_checkpoint(tmp_path)
     restarted = start_node(tmp_path, node.claims)
     restarted.driver.reconcile()
     gpu0 = restarted.fake.machine.gpus[0]

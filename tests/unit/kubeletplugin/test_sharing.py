@@ -19,7 +19,7 @@ from dradriver.kubeletplugin.records import Mps
 from dradriver.nvml.host import mps_alive
 from fakenvml import FakeNvml
 from fakenvml.host import FakeHost
-from tests.support.node import DRIVER, NODE, fake_preparer
+from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 V = "gpu.dradriver.io/v1alpha1"
 
@@ -281,7 +281,7 @@ def test_a_lost_checkpoint_loses_no_sharing_change(node: Node) -> None:
     node.prepare(mps_ref)
     node.prepare(ts_ref)
     (pid,) = node.daemons()
-    (node.tmp / "checkpoint.json").write_text("{ torn")
+    lose_checkpoint(node.tmp)
     restarted = Node(node.tmp)
     restarted.driver.reconcile()
     uuid1 = node.fake.machine.gpus[1].uuid

@@ -10,7 +10,7 @@ from typing import Any
 
 from dradriver.inventory.node_devices import MigSwitching
 from dradriver.kubeletplugin.plan import ClaimRef
-from tests.support.node import DRIVER, NODE, fake_preparer
+from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 
 def claim(claims: dict[str, Any], name: str, device: str) -> ClaimRef:
@@ -97,7 +97,7 @@ def test_a_lost_checkpoint_keeps_mig_off_under_a_running_whole_gpu_claim(tmp_pat
     prep, _nvml = fake_preparer(tmp_path, "1xH100-80GB:mig=on", lambda r: claims[r.name])
     ref = claim(claims, "whole", "gpu-0")
     assert prep.prepare([ref])[ref.uid].error == ""
-    (tmp_path / "checkpoint.json").write_text("{ torn")
+    lose_checkpoint(tmp_path)
     restarted, nvml2 = fake_preparer(tmp_path, "1xH100-80GB:mig=on", lambda r: claims[r.name])
     restarted.reconcile()
     gpu0 = nvml2.backend.machine.gpus[0]

@@ -1,0 +1,90 @@
+"""A file rewritten where it lies: the checkpoint's cheap write.
+
+Replacing a file atomically costs a temp file, its fsync, a rename and the directory's
+fsync: two journal commits. Overwriting blocks a file already owns and fdatasync'ing them
+is none (the size does not change, so there is no metadata to commit). So the file keeps
+its inode and never shrinks; content shorter than the file is padded with spaces, which
+any JSON reader skips (an older release reading the checkpoint included). An in-place
+write can be torn by a crash or a power loss: store.py keeps two such files as
+write-ahead copies so that one holds the last complete state whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dradriver.kubeletplugin.files import atomic_write
+
+# Files grow in steps of this many bytes, so that a growing checkpoint rarely extends them.
+BLOCK = 4096
+
+
+def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+class InPlaceFile:
+    """Not thread-safe: callers hold the node lock."""
+
+    def __init__(self, path: Path, mode: int = 0o600) -> None:
+        self.path = Path(path)
+        self.mode = mode
+        self._fd: int | None = None
+        self._size = 0
+
+    def _current(self) -> int | None:
+        """Our open file if it is still the one at `path` (another release replaces the
+        file by renaming a new one over it), else the one there now; None if none."""
+        if self._fd is not None:
+            try:
+                if os.fstat(self._fd).st_ino == os.stat(self.path).st_ino:
+                    return self._fd
+            except FileNotFoundError:
+                pass
+            self.close()
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        self._fd, self._size = fd, os.fstat(fd).st_size
+        return fd
+
+    def write(self, data: bytes, *, sync: bool) -> bytes:
+        """Makes the file hold `data` (padded) and returns the file's bytes. With `sync`,
+        they are durable when this returns. A missing file is created atomically and
+        durably. Raises OSError; a failure while the file grows (disk full) leaves its old
+        content readable, as only spaces were added past it."""
+        fd = self._current()
+        needed = -(-(len(data) + 1) // BLOCK) * BLOCK
+        if fd is None:
+            padded = data.ljust(needed)
+            atomic_write(self.path, padded, mode=self.mode, durable=True)
+            self._current()  # opened now, not on the hot path's first write
+            return padded
+        if needed > self._size:
+            _write_all(fd, b" " * (needed - self._size), self._size)
+            self._size = needed
+        padded = data.ljust(self._size)
+        _write_all(fd, padded, 0)
+        if sync:
+            os.fdatasync(fd)
+        return padded
+
+    def present(self) -> bool:
+        return self._current() is not None
+
+    def read(self) -> bytes | None:
+        """The file's bytes; None if there is none. Raises OSError if it is unreadable."""
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
