@@ -255,7 +255,9 @@ class CdiWriter:
         returns its path. Raises CdiWriteError (an OSError) on failure, with no temp file
         left behind."""
         path = self.spec_path(claim_uid)
-        data = (json.dumps(spec, indent=2) + "\n").encode()
+        # One line: json's C encoder (indenting falls back to its pure-Python one, a tenth
+        # of a millisecond of every prepare); `jq .` shows it to a human.
+        data = (json.dumps(spec, separators=(",", ":")) + "\n").encode()
         try:
             self.cdi_dir.mkdir(parents=True, exist_ok=True)
             # Runtimes read specs as root, but 0644 lets node tools inspect them too.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from dradriver.kubeletplugin.files import NodeLock
@@ -29,7 +29,7 @@ Step = Callable[[Checkpoint], tuple[T, OnSaveFailed | None]]
 @dataclass
 class _Job(Generic[T]):
     step: Step[T]
-    done: threading.Event = field(default_factory=threading.Event)
+    done: bool = False  # read and written under GroupCommit._changed
     result: T | None = None
     error: BaseException | None = None
 
@@ -56,9 +56,9 @@ class GroupCommit:
         job: _Job[T] = _Job(step)
         with self._changed:
             self._queue.append(job)  # type: ignore[arg-type]
-            while self._leading and not job.done.is_set():
+            while self._leading and not job.done:
                 self._changed.wait()
-            lead = not job.done.is_set()
+            lead = not job.done
             if lead:
                 self._leading = True
         if lead:
@@ -69,8 +69,7 @@ class GroupCommit:
                     self._run_batch(batch)
             except BaseException:
                 with self._changed:  # the lock was not had: no step of ours runs later
-                    if job in self._queue:
-                        self._queue.remove(job)  # type: ignore[arg-type]
+                    self._queue = [j for j in self._queue if j is not job]
                 raise
             finally:
                 with self._changed:
@@ -84,8 +83,9 @@ class GroupCommit:
         try:
             self._steps_then_save(batch)
         finally:
-            for job in batch:  # never leave a caller waiting, whatever went wrong
-                job.done.set()
+            with self._changed:  # never leave a caller waiting, whatever went wrong
+                for job in batch:
+                    job.done = True
 
     def _steps_then_save(self, batch: list[_Job[object]]) -> None:
         try:

@@ -11,6 +11,7 @@ write-ahead copies so that one holds the last complete state whatever happens.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -30,15 +31,20 @@ def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 class InPlaceFile:
     """Not thread-safe: callers hold the node lock."""
 
-    def __init__(self, path: Path, mode: int = 0o600) -> None:
+    def __init__(self, path: Path, mode: int = 0o600, *, shared: bool = True) -> None:
         self.path = Path(path)
         self.mode = mode
+        # Shared: another program may replace the file (an older release renames a new
+        # one over it), so every access checks that the open file is still the one there.
+        self.shared = shared
         self._fd: int | None = None
         self._size = 0
 
     def _current(self) -> int | None:
-        """Our open file if it is still the one at `path` (another release replaces the
-        file by renaming a new one over it), else the one there now; None if none."""
+        """Our open file if it is still the one at `path`, else the one there now; None
+        if there is none."""
+        if self._fd is not None and not self.shared:
+            return self._fd
         if self._fd is not None:
             try:
                 if os.fstat(self._fd).st_ino == os.stat(self.path).st_ino:
@@ -50,6 +56,10 @@ class InPlaceFile:
             fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # readable still; writes fail
         self._fd, self._size = fd, os.fstat(fd).st_size
         return fd
 
@@ -78,11 +88,19 @@ class InPlaceFile:
         return self._current() is not None
 
     def read(self) -> bytes | None:
-        """The file's bytes; None if there is none. Raises OSError if it is unreadable."""
-        try:
-            return self.path.read_bytes()
-        except FileNotFoundError:
+        """The file's bytes; None if there is none. Raises OSError if it is unreadable.
+        Through the kept-open file: a stat and a pread, no open."""
+        fd = self._current()
+        if fd is None:
             return None
+        size = self._size = os.fstat(fd).st_size  # another writer may have grown it
+        data = os.pread(fd, size, 0)
+        while len(data) < size:  # a short read
+            more = os.pread(fd, size - len(data), len(data))
+            if not more:
+                break
+            data += more
+        return data
 
     def close(self) -> None:
         if self._fd is not None:

@@ -45,7 +45,8 @@ class CheckpointStore:
         self.path = Path(path)
         self.boot_id = boot_id
         self._main = InPlaceFile(self.path)
-        self._wals = tuple(InPlaceFile(p) for p in wal_paths(self.path))
+        # Only this release writes its copies, and always in place.
+        self._wals = tuple(InPlaceFile(p, shared=False) for p in wal_paths(self.path))
         # The highest save counter seen: the next save writes the one after it.
         self._seq = 0
         # The write-ahead copies are read by the first load (what a crash or power loss
@@ -180,8 +181,8 @@ class CheckpointStore:
         previous, cp.seq = cp.seq, seq
         try:
             data = encode_checkpoint(cp)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             if not self._main.present():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
                 # The first save (or the file was moved aside): created durably, so a
                 # load never prefers older copies over a state that was saved.
                 data = self._main.write(data, sync=True)
