@@ -25,28 +25,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dradriver.api.depth import nesting_message, too_deep
+from dradriver.api.units import WHOLE
 from dradriver.errors import ConfigError
 
 __all__ = ["API_VERSION", "ConfigError", "DeviceConfig", "GpuConfig", "MigDeviceConfig", "decode"]
 
 API_VERSION = "gpu.dradriver.io/v1alpha1"
 QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_UNITS = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
-
 
 # Kubernetes quantities stop at 2^63 - 1; so do ours (no float on the way: "9" * 400
 # must be an error, not an OverflowError or inf).
@@ -60,7 +45,7 @@ def quantity_bytes(q: str) -> int:
     if not m:
         raise ValueError(f"{_shown(q)} is not a quantity such as 512Mi or 10Gi")
     whole, _, frac = m.group(1).partition(".")
-    unit = _UNITS[m.group(3) or ""]
+    unit = WHOLE[m.group(3) or ""]
     value = int(whole) * unit + (int(frac) * unit // 10 ** len(frac) if frac else 0)
     if value > MAX_QUANTITY:
         raise ValueError(f"{_shown(q)} is larger than a quantity can be (2^63-1 bytes)")

@@ -244,12 +244,7 @@ def explain_request(
     if not in_class:
         return done(_no_class_match(class_name, class_sels, w))
     if not matching:
-        expr = (
-            " && ".join(f"({s.expression})" for s in req_sels)
-            if len(req_sels) > 1
-            else (req_sels[0].expression if req_sels else "true")
-        )
-        cond, miss = explain_miss(expr, in_class)
+        cond, miss = explain_miss(_joined(req_sels), in_class)
         miss = f"; {miss}" if miss else ""
         return done(
             Finding(
@@ -306,6 +301,13 @@ def explain_request(
     return rep
 
 
+def _joined(selectors: Sequence[Selector]) -> str:
+    """Selectors as the one CEL expression they amount to (all must hold)."""
+    if len(selectors) == 1:
+        return selectors[0].expression
+    return " && ".join(f"({s.expression})" for s in selectors) if selectors else "true"
+
+
 def _no_class_match(class_name: str, sels: Sequence[Selector], w: World) -> Finding:
     mig = any("mig" in s.expression.lower() for s in sels) or "mig" in class_name.lower()
     if mig and w.gates.get(PARTITIONS_GATE) is False:
@@ -317,11 +319,7 @@ def _no_class_match(class_name: str, sels: Sequence[Selector], w: World) -> Find
             f"enable {PARTITIONS_GATE} on kube-apiserver, kube-scheduler and "
             "kube-controller-manager, or run the plugin with --mig-mode static",
         )
-    expr = (
-        " && ".join(f"({s.expression})" for s in sels)
-        if len(sels) > 1
-        else (sels[0].expression if sels else "true")
-    )
+    expr = _joined(sels)
     drivers = sorted({d.driver for d in w.devices})
     for dr in _drivers_named(expr):
         if dr not in drivers:

@@ -6,27 +6,11 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from dradriver.api.units import BINARY, EXACT
+
 # The grammar of k8s.io/apimachinery/pkg/api/resource: a signed decimal, then a binary
 # suffix, a decimal SI suffix or a decimal exponent.
 _QUANTITY = re.compile(r"([+-]?)(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?")
-_SUFFIX: dict[str, Fraction] = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 10**3),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
 
 
 class QuantityError(ValueError):
@@ -38,12 +22,9 @@ def parse(text: str) -> Fraction:
     if not m:
         raise QuantityError(f"{text!r} is not a quantity such as 80Gi, 500m or 1e3")
     sign, number, suffix = m.group(1), m.group(2), m.group(3) or ""
-    scale = Fraction(10) ** int(suffix[1:]) if suffix[:1] in ("e", "E") else _SUFFIX[suffix]
+    scale = Fraction(10) ** int(suffix[1:]) if suffix[:1] in ("e", "E") else EXACT[suffix]
     value = Fraction(number) * scale
     return -value if sign == "-" else value
-
-
-_BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20))
 
 
 def human(value: Fraction | int, binary: bool | None = None) -> str:
@@ -53,7 +34,7 @@ def human(value: Fraction | int, binary: bool | None = None) -> str:
     if binary is None:
         binary = v.denominator == 1 and abs(v) >= 2**20
     if binary:
-        for unit, size in _BINARY:
+        for unit, size in BINARY:
             if abs(v) >= size:
                 shown = round(float(v / size), 1)
                 return f"{shown:g}{unit}"
