@@ -32,6 +32,7 @@ from dradriver.kubeletplugin.records import (
     ClaimRecord,
     PreparedDevice,
 )
+from dradriver.kubeletplugin.unprepared import UnpreparedMeanwhile
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.prepare")
@@ -39,8 +40,6 @@ log = get_logger("kubeletplugin.prepare")
 # The kubelet gives a whole NodePrepareResources call 45 s; one claim read gets far less,
 # so a hung API server fails the claim with time to spare (and the kubelet retries).
 CLAIM_READ_TIMEOUT = 10.0
-# How long an unprepare is remembered against prepares that started before it.
-UNPREPARED_MEMORY = 600.0
 
 
 def _internal(ref: ClaimRef, exc: Exception) -> DriverError:
@@ -82,9 +81,8 @@ class Preparer:
     read_claim: Callable[[ClaimRef], dict[str, Any]] | None = None
     # Why this plugin touches nothing (a checkpoint from a newer release); "" when it may.
     refusal: str = ""
-    # Claim UID -> when it was last unprepared (monotonic), so that a prepare which
-    # started earlier and stalled (API server hung) does not prepare it after all.
-    unprepared_at: dict[str, float] = field(default_factory=dict)
+    # Unprepares that prepares still running began before (unprepared.py).
+    meanwhile: UnpreparedMeanwhile = field(default_factory=UnpreparedMeanwhile)
 
     def _load(self) -> Checkpoint:
         """The checkpoint, unless a newer release wrote it: then every call is refused,
@@ -142,7 +140,13 @@ class Preparer:
 
     def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
         check_ref(ref)
-        began = time.monotonic()
+        token, began = self.meanwhile.prepare_began()
+        try:
+            return self._prepare_began(ref, began)
+        finally:
+            self.meanwhile.prepare_ended(token)
+
+    def _prepare_began(self, ref: ClaimRef, began: float) -> list[PreparedDevice]:
         # A claim already prepared answers from the checkpoint, without the API server.
         done = self.commits.run(lambda cp: (self._already_prepared(cp, ref), None))
         if done is not None:
@@ -174,7 +178,7 @@ class Preparer:
     ) -> tuple[tuple[list[PreparedDevice], ClaimRecord | None], OnSaveFailed | None]:
         """Under the node lock: plan and apply, leaving a simple claim's save to the
         group commit."""
-        if self.unprepared_at.get(ref.uid, float("-inf")) >= began:
+        if self.meanwhile.since(ref.uid, began):
             # The kubelet gave up on this prepare and unprepared the claim while it
             # waited for the API server: preparing now would leave devices nobody
             # releases.
@@ -289,11 +293,7 @@ class Preparer:
     def _unprepare_step(
         self, cp: Checkpoint, ref: ClaimRef
     ) -> tuple[ClaimRecord | None, OnSaveFailed | None]:
-        now = time.monotonic()
-        self.unprepared_at[ref.uid] = now
-        for uid, at in list(self.unprepared_at.items()):
-            if now - at > UNPREPARED_MEMORY:
-                del self.unprepared_at[uid]
+        self.meanwhile.unprepared(ref.uid)
         rec = cp.claims.get(ref.uid)
         if rec is None:
             # Unknown, or already unprepared (the kubelet may repeat): success, once
