@@ -392,8 +392,9 @@ class Checkpoint:
     boot_id: str = ""  # the boot during which the file was last written
     claims: dict[str, ClaimRecord] = field(default_factory=dict)
     unknown: dict[str, Any] = field(default_factory=dict, repr=False)
-    # Which save wrote it (store.py): not part of what it records.
-    seq: int = field(default=0, compare=False, repr=False)
+    # Which of this release's saves wrote it (store.py); None: another release did, or
+    # nothing yet. Not part of what it records.
+    seq: int | None = field(default=None, compare=False, repr=False)
     # The boot ID of the system that loaded this checkpoint; set by CheckpointStore.load,
     # never stored. It lets reconcile_boot(cp) stay a pure function of its argument.
     running_boot_id: str | None = field(default=None, compare=False, repr=False)

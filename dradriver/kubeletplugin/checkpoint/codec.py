@@ -3,10 +3,12 @@ canonical payload, and migrations from older formats.
 
 File layout (version 1)::
 
-    {"version": 1, "checksum": "sha256:<hex>",
-     "payload": {"bootId": ..., "claims": {...}, "seq": 12}}
+    {"version": 1, "checksum": "sha256:<hex>", "payload": {"bootId": ..., "claims": {...}},
+     "seq": 12}
 
-then spaces (store.py rewrites the file in place; JSON readers skip them).
+then spaces (store.py rewrites the file in place; JSON readers skip them). "seq" counts
+this release's saves (store.py): outside the payload, so a release before it neither
+warns about it nor keeps it, and a file without one was written by another release.
 
 "version", "checksum" and "payload" are the envelope every release must keep, so that an
 older release can still verify and partly read a newer file. The checksum covers the
@@ -34,9 +36,7 @@ from dradriver.kubeletplugin.records import (
     unknown,
 )
 
-# "seq" counts saves: of the checkpoint and its write-ahead copies, the highest is the
-# newest. Releases before it keep it as an unknown field, unchanged.
-_PAYLOAD_KEYS = ("bootId", "claims", "seq")
+_PAYLOAD_KEYS = ("bootId", "claims")
 
 
 def _canonical(payload: Any) -> bytes:
@@ -61,14 +61,14 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
         **cp.unknown,
         "bootId": cp.boot_id,
         "claims": {uid: rec.to_json() for uid, rec in cp.claims.items()},
-        "seq": cp.seq,
     }
     # The payload is encoded once, for its checksum and as the file's payload (the
     # envelope's keys in sorted order, as before).
     body = _canonical(payload)
     checksum = "sha256:" + hashlib.sha256(body).hexdigest()
+    seq = b"" if cp.seq is None else b',"seq":' + str(cp.seq).encode()
     return (
-        b'{"checksum":"' + checksum.encode() + b'","payload":' + body
+        b'{"checksum":"' + checksum.encode() + b'","payload":' + body + seq
         + b',"version":' + str(CURRENT_VERSION).encode() + b"}\n"
     )  # fmt: skip
 
@@ -157,7 +157,7 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     cp = Checkpoint(
         version=version,
         boot_id=get(payload, "bootId", str, "payload"),
-        seq=optional(payload, "seq", int, 0, "payload"),
+        seq=optional(doc, "seq", int, None, "checkpoint"),
         claims={k: ClaimRecord.from_json(k, v, newer, notes) for k, v in claims_obj.items()},
         unknown=unknown(payload, _PAYLOAD_KEYS),
     )

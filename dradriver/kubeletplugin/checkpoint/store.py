@@ -53,6 +53,10 @@ class CheckpointStore:
         # left) and when checkpoint.json cannot be read; later loads see our own writes
         # or another instance's complete ones.
         self._started = False
+        # checkpoint.json as last seen was written by another release (no save counter):
+        # the next save syncs it too, so that no copy of ours can look newer than it
+        # after a power loss unless it is.
+        self._foreign = True
         # The last checkpoint read or written, with the file's bytes then: a load that
         # finds the same bytes returns it without parsing. Every change to it is followed
         # by a save, and a failed save forgets it.
@@ -64,7 +68,7 @@ class CheckpointStore:
             log.warning("removed a temp file left by an interrupted write", path=str(tmp))
 
     def _empty(self) -> Checkpoint:
-        return Checkpoint(boot_id=self.boot_id, running_boot_id=self.boot_id, seq=self._seq)
+        return Checkpoint(boot_id=self.boot_id, running_boot_id=self.boot_id)
 
     def load(self) -> Checkpoint:
         """The checkpoint on disk; empty if there is none or it cannot be trusted. Never
@@ -77,10 +81,7 @@ class CheckpointStore:
             # None, or moved aside by a human to start afresh: the copies are not
             # brought back, but later saves must outnumber them.
             self._cached = None
-            if not self._started:
-                self._started = True
-                for _, cp, _ in self._copies(b""):
-                    self._seq = max(self._seq, cp.seq)
+            self._first_look(b"")
             return self._empty()
         if self._cached is not None and self._cached[0] == data:
             return self._cached[1]
@@ -89,18 +90,31 @@ class CheckpointStore:
             cp, notes = parse_checkpoint(data)
         except CheckpointCorrupt as exc:
             return self._recover(str(exc))
-        if not self._started:
-            self._started = True
-            newer = [c for c in self._copies(data) if c[1].seq > cp.seq]
-            if newer and cp.version <= CURRENT_VERSION:
-                return self._take_copy(max(newer, key=lambda c: c[1].seq), "behind")
+        copies = self._first_look(data)
+        self._foreign = cp.seq is None
+        if cp.seq is not None and cp.version <= CURRENT_VERSION:
+            # Our own save, so a copy with a higher counter is a later save whose write
+            # of this file a crash or power loss cut short.
+            newer = [c for c in copies if (c[1].seq or 0) > cp.seq]
+            if newer:
+                return self._take_copy(max(newer, key=lambda c: c[1].seq or 0), "behind")
         return self._accept(data, cp, notes)
+
+    def _first_look(self, main: bytes) -> list[tuple[bytes, Checkpoint, list[str]]]:
+        """The first load's look at the copies (none later): their counters, so that
+        the next saves outnumber them, and those that differ from `main`."""
+        if self._started:
+            return []
+        self._started = True
+        copies = self._copies(main)
+        self._seq = max([self._seq, *(c[1].seq or 0 for c in copies)])
+        return copies
 
     def _accept(self, data: bytes, cp: Checkpoint, notes: list[str]) -> Checkpoint:
         for note in notes:
             log.warning("checkpoint: " + note, path=str(self.path), version=cp.version)
         cp.running_boot_id = self.boot_id
-        self._seq = max(self._seq, cp.seq)
+        self._seq = max(self._seq, cp.seq or 0)
         if not notes:  # a migrated one is parsed again until it is saved in this format
             self._cached = (data, cp)
         return cp
@@ -132,6 +146,7 @@ class CheckpointStore:
         )
         try:
             data = self._main.write(data.rstrip(), sync=True)
+            self._foreign = False
         except OSError as exc:
             log.error("could not repair the checkpoint file", path=str(self.path), error=str(exc))
         return self._accept(data, cp, notes)
@@ -142,8 +157,10 @@ class CheckpointStore:
         self._cached = None
         self._started = True
         copies = self._copies(b"")
+        self._seq = max([self._seq, *(c[1].seq or 0 for c in copies)])
         if copies:
-            return self._take_copy(max(copies, key=lambda c: c[1].seq), f"damaged ({reason})")
+            newest = max(copies, key=lambda c: c[1].seq or 0)
+            return self._take_copy(newest, f"damaged ({reason})")
         return self._quarantine(reason)
 
     def _quarantine(self, reason: str) -> Checkpoint:
@@ -189,12 +206,13 @@ class CheckpointStore:
                 self._wals[seq % 2].write(data, sync=True)
             else:
                 self._write_ahead(self._wals[seq % 2], data)  # durable from here on
-                data = self._main.write(data, sync=False)
+                data = self._main.write(data, sync=self._foreign)
         except BaseException:
             cp.seq = previous
             raise
         self._seq = seq
         self._started = True
+        self._foreign = False
         cp.version = CURRENT_VERSION
         cp.running_boot_id = self.boot_id
         self._cached = (data, cp)

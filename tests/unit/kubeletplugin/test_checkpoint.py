@@ -135,7 +135,10 @@ def test_round_trip_keeps_every_field(path: Path) -> None:
 def test_file_is_versioned_checksummed_and_private(path: Path) -> None:
     CheckpointStore(path, BOOT1).save(checkpoint(record()))
     doc = json.loads(path.read_text())
-    assert set(doc) == {"version", "checksum", "payload"}
+    # The envelope every release reads, and this release's save counter beside it (not in
+    # the payload: a release before it would warn about an unknown field on every load).
+    assert set(doc) == {"version", "checksum", "payload", "seq"}
+    assert set(doc["payload"]) == {"bootId", "claims"}
     assert doc["version"] == CURRENT_VERSION == 1
     assert doc["checksum"] == payload_checksum(doc["payload"])
     assert doc["checksum"].startswith("sha256:")
@@ -331,22 +334,32 @@ def test_power_loss_that_kept_the_copy_but_not_the_checkpoint(path: Path) -> Non
 
 def test_an_older_release_rewriting_the_checkpoint_is_read(path: Path) -> None:
     """An older release (a rolling update, a rollback) replaces checkpoint.json the way it
-    always did, keeping the save counter as a field it does not know: its state is the
-    newest, for this instance's next load and for a new start."""
+    always did, without this release's save counter: its state is the newest, for this
+    instance's next load and for a new start, whatever the copies' counters say."""
     store = saved_twice(path)
     doc = json.loads(path.read_bytes())
     payload = doc["payload"]
     payload["claims"][UID_B] = dict(payload["claims"][UID_A], uid=UID_B)
-    old = envelope(payload)
+    old = envelope(payload)  # the envelope an older release writes: no "seq"
     tmp = path.with_name(".checkpoint.json.older.tmp")
     tmp.write_bytes(old)
     os.replace(tmp, path)
     assert sorted(store.load().claims) == sorted([UID_A, UID_B])
     assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
-    # And this instance goes on writing in place to the file the older one left.
+    # And this instance goes on writing in place to the file the older one left, synced
+    # this once (the copies must never look newer than the older release's write).
     cp = store.load()
     del cp.claims[UID_A]
-    store.save(cp)
+    synced: list[int] = []
+    real = os.fdatasync
+    os.fdatasync = lambda fd: (synced.append(fd), real(fd))[1]  # type: ignore[assignment]
+    try:
+        store.save(cp)
+        assert len(synced) == 2  # the copy and checkpoint.json
+        store.save(store.load())
+        assert len(synced) == 3  # then the copy alone again
+    finally:
+        os.fdatasync = real
     assert list(json.loads(path.read_bytes())["payload"]["claims"]) == [UID_B]
     assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_B]
 
