@@ -73,6 +73,11 @@ class HealthStore:
             )
             return Saved()
         out = Saved()
+        for uuid, g in (doc.get("lastKnown") or {}).items():
+            try:
+                out.last_known[uuid] = gpu_from_json(g)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("one GPU's last description unreadable", gpu=uuid, error=repr(exc))
         for uuid, g in (doc.get("gpus") or {}).items():
             try:
                 fault = _fault(g["fault"]) if g.get("fault") else None
@@ -81,8 +86,6 @@ class HealthStore:
                     for i in g.get("instances") or []
                 )
                 out.gpus[uuid] = GpuHealth(fault=fault, instances=instances)
-                if g.get("lastKnown"):
-                    out.last_known[uuid] = gpu_from_json(g["lastKnown"])
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning(
                     "health state of one GPU unreadable; ignored", gpu=uuid, error=repr(exc)
@@ -90,12 +93,13 @@ class HealthStore:
         return out
 
     def save(self, book: HealthBook, last_known: dict[str, Gpu]) -> None:
-        """Only faulty GPUs are kept: a healthy one needs nothing remembered."""
+        """The faults of faulty GPUs (a healthy one needs nothing remembered) and every
+        GPU's last description (a lost one is published from it; its NVLink peers keep
+        their domain)."""
         gpus: dict[str, Any] = {}
         for uuid, g in book.gpus.items():
             if not g.faulty:
                 continue
-            known = last_known.get(uuid)
             gpus[uuid] = {
                 "fault": asdict(g.fault) if g.fault else None,
                 "instances": [
@@ -106,13 +110,17 @@ class HealthStore:
                     }
                     for i, f in g.instances
                 ],
-                "lastKnown": asdict(known) if known else None,
             }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump({"format": FORMAT, "gpus": gpus}, f, indent=1, sort_keys=True)
+                doc = {
+                    "format": FORMAT,
+                    "gpus": gpus,
+                    "lastKnown": {u: asdict(k) for u, k in last_known.items()},
+                }
+                json.dump(doc, f, sort_keys=True)
             os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

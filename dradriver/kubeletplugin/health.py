@@ -132,8 +132,6 @@ class NodeHealth:
         found = {g.uuid for g in inv.gpus}
         indices = {g.index for g in inv.gpus}
         with self._lock:
-            for g in inv.gpus:
-                self._known[g.uuid] = g
             kept = [
                 self._known[u]
                 for u, h in snapshot.items()
@@ -142,7 +140,17 @@ class NodeHealth:
                 and u in self._known
                 and self._known[u].index not in indices
             ]
-            gpus = tuple(sorted((*inv.gpus, *kept), key=lambda g: g.index))
+            # A GPU off the bus is still wired to its NVLink peers: their domain (named
+            # after its members) stays what it was, or every peer's slice would change.
+            domains = {g.nvlink_domain for g in kept if g.nvlink_domain}
+            current = list(inv.gpus)
+            for i, g in enumerate(current):
+                before = self._known.get(g.uuid)
+                if before is not None and before.nvlink_domain in domains:
+                    current[i] = replace(g, nvlink_domain=before.nvlink_domain)
+            for g in current:
+                self._known[g.uuid] = g
+            gpus = tuple(sorted((*current, *kept), key=lambda g: g.index))
             self._watched = [(g.index, g.uuid) for g in gpus]
         return replace(inv, gpus=gpus) if kept else inv
 

@@ -120,16 +120,20 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
     changes: list[int] = []
     health.listeners.append(lambda: changes.append(1))
 
+    fingerprints: list[str] = []
+
     def publish() -> dict[str, list[object]]:
         inv = health.inventory(nvml.discover().inventory)
         built = build(inv, MigMode.DYNAMIC)
         slices = health.taint(built.slices, built.offer.devices().values())
         devices[:] = list(built.offer.devices().values())
+        fingerprints[:] = [s.fingerprint() for s in slices]
         return {d["name"]: d.get("taints", []) for s in slices for d in s.devices}
 
     devices: list[object] = []
     first = publish()
     assert not any(first.values()) and len(first) == 52
+    gpu0_slice = fingerprints[0]
     health.start(stop, lambda: devices)  # type: ignore[arg-type,return-value]
     wait_until(health.monitor.events_watched.is_set, "the event set")
     wait_until(lambda: health.monitor.probe_rounds > 0, "the first probe")
@@ -139,6 +143,8 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
     tainted = {n for n, t in after.items() if t}
     assert tainted == {n for n in after if n == "gpu-1" or n.startswith("gpu-1-")}
     assert len(after) == 52  # the lost GPU is still published, from its last description
+    # GPU 0's slice is untouched: its NVLink domain still names GPU 1 (still wired).
+    assert fingerprints[0] == gpu0_slice
     assert after["gpu-1"] == [
         {
             "key": f"{DRIVER}/unhealthy",
@@ -162,6 +168,7 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
     built = build(inv, MigMode.DYNAMIC)
     again = health.taint(built.slices, built.offer.devices().values())
     assert {d["name"] for s in again for d in s.devices if d.get("taints")} == tainted
+    assert again[0].fingerprint() == gpu0_slice  # nothing to write after the restart
 
     # Reset: the GPU recovers after two clean probes.
     nvml2.backend.machine.reset_gpu(1)

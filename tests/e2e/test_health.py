@@ -1,0 +1,262 @@
+"""A sick GPU stops being scheduled and its pods learn it (Q7), on the alpha control plane
+(DRADeviceTaints: the real scheduler and kube-controller-manager's device-taint eviction)
+and a hollow node (the real v1.34 kubelet with ResourceHealthStatus): faults injected
+into the running plugin's fake GPUs with `dradriver dev inject`."""
+
+from __future__ import annotations
+
+import io
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import redirect_stderr, redirect_stdout
+from typing import Any
+
+import pytest
+
+from dradriver.cli import main
+from dradriver.k8s import Kube, path_for
+
+from .helpers import (
+    RES,
+    Cluster,
+    HollowNode,
+    NodeUnderTest,
+    PluginProc,
+    ensure_device_classes,
+    get_or_none,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+D = "gpu.dradriver.io"
+KEY = f"{D}/unhealthy"
+GPU = 'device.attributes["gpu.dradriver.io"].type == "gpu"'
+
+
+class HealthNode(NodeUnderTest):
+    def inject(self, *args: str) -> str:
+        out = io.StringIO()
+        argv = ["dev", "inject", "--state-dir", str(self.plugin.state_dir), *args]
+        with redirect_stdout(out), redirect_stderr(out):
+            rc = main(argv)
+        assert rc == 0, out.getvalue()
+        return out.getvalue()
+
+    def slices(self) -> list[dict[str, Any]]:
+        return list(
+            self.kube.list(
+                path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={self.kubelet.node}"
+            )["items"]
+        )
+
+    def taints(self) -> dict[str, list[dict[str, Any]]]:
+        """Device name -> its taints, as the API server holds them."""
+        return {
+            d["name"]: d["taints"]
+            for s in self.slices()
+            for d in s["spec"]["devices"]
+            if d.get("taints")
+        }
+
+    def devices(self) -> set[str]:
+        return {d["name"] for s in self.slices() for d in s["spec"]["devices"]}
+
+    def generations(self) -> dict[str, int]:
+        """metadata.generation per slice: +1 for every write of its spec."""
+        return {s["metadata"]["name"]: int(s["metadata"]["generation"]) for s in self.slices()}
+
+    def allocated(self, claim: str) -> list[str]:
+        c = self.kube.get(path_for(RES, "resourceclaims", self.ns, claim))
+        return [r["device"] for r in c["status"]["allocation"]["devices"]["results"]]
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        return get_or_none(self.kube, path_for("v1", "pods", self.ns, name))
+
+    def resource_health(self, name: str) -> list[str]:
+        """The pod's status.containerStatuses[].allocatedResourcesStatus health values, as
+        the kubelet writes them from the plugin's health stream."""
+        p = self.pod(name) or {}
+        return [
+            r.get("health", "")
+            for cs in p.get("status", {}).get("containerStatuses") or []
+            for rs in cs.get("allocatedResourcesStatus") or []
+            for r in rs.get("resources") or []
+        ]
+
+
+Start = Callable[..., HealthNode]
+
+
+@pytest.fixture
+def health_node(
+    alpha_cluster: Cluster, alpha_kube: Kube, hollow_node: Callable[..., HollowNode]
+) -> Iterator[Start]:
+    k = alpha_kube
+    ensure_device_classes(k)
+    started: list[tuple[PluginProc, str]] = []
+
+    def start(spec: str, mode: str = "none", effect: str = "NoSchedule") -> HealthNode:
+        kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
+        assert "ResourceHealthStatus=true" in kubelet.log()
+        plugin = PluginProc(
+            alpha_cluster.kubeconfig,
+            kubelet,
+            f"fake:{spec}",
+            mode,
+            extra_args=[
+                "--health-taint-effect",
+                effect,
+                "--health-probe-period",
+                "1",
+                "--health-recovery-probes",
+                "2",
+            ],
+        )
+        plugin.start()
+        ns = f"health-{secrets.token_hex(3)}"
+        k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+        started.append((plugin, ns))
+        wait_for(
+            lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+            "the default ServiceAccount",
+            30,
+        )
+        wait_for(plugin.ready, "the plugin", 30)
+        return HealthNode(k, ns, kubelet, plugin)
+
+    yield start
+    for plugin, ns in started:
+        plugin.stop()
+        print(f"--- plugin log, last lines ---\n{plugin.log()[-6000:]}")
+        k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+def test_xid_79_taints_that_gpu_and_its_mig_devices_and_new_claims_avoid_it(
+    health_node: Start,
+) -> None:
+    n = health_node("2xH100-80GB", mode="dynamic")
+    wait_for(lambda: len(n.devices()) == 52, "both GPUs' 26 devices published", 30)
+    before = n.generations()
+
+    # Application XIDs (the skip list) change nothing at all: no taint, no write.
+    n.inject("--gpu", "1", "--xid", "13")
+    n.inject("--gpu", "1", "--xid", "43")
+    time.sleep(3)  # three probe periods
+    assert n.taints() == {} and n.generations() == before
+
+    t0 = time.monotonic()
+    out = n.inject("--gpu", "1", "--xid", "79")
+    assert "XID 79 raised on GPU 1" in out
+    gpu1 = {d for d in n.devices() if d == "gpu-1" or d.startswith("gpu-1-")}
+    assert len(gpu1) == 26
+    wait_for(lambda: set(n.taints()) == gpu1, "GPU 1 and its MIG devices tainted", 5)
+    print(f"XID 79 -> taints in the API server: {time.monotonic() - t0:.2f} s")
+    taints = n.taints()
+    assert all(len(t) == 1 for t in taints.values())
+    assert {(t[0]["key"], t[0]["value"], t[0]["effect"]) for t in taints.values()} == {
+        (KEY, "xid-79", "NoSchedule")
+    }
+    assert len({t[0]["timeAdded"] for t in taints.values()}) == 1
+    # One slice write: GPU 1's own slice, once.
+    after = n.generations()
+    changed = {s: after[s] - before[s] for s in before if after[s] != before[s]}
+    assert list(changed.values()) == [1] and next(iter(changed)).endswith("-gpu-1"), changed
+    healthy = n.plugin.metric
+    wait_for(lambda: healthy("dradriver_device_healthy", device="gpu-1") == 0, "the metric", 5)
+    assert healthy("dradriver_device_healthy", device="gpu-0") == 1
+
+    # New claims never get it: the whole GPU 0, then nothing left for a MIG device.
+    n.claim_and_pod("whole", GPU, device_class="gpu.dradriver.io", request="gpu")
+    n.running("whole")
+    assert n.allocated("whole") == ["gpu-0"]
+    n.claim_and_pod("part", "true")
+    time.sleep(5)
+    assert (n.pod("part") or {}).get("status", {}).get("phase") == "Pending"
+    assert not (n.pod("part") or {}).get("spec", {}).get("nodeName")
+
+    # A reset: two clean probes later the taints are gone and GPU 1 is offered again.
+    t0 = time.monotonic()
+    n.inject("--gpu", "1", "--recover")
+    wait_for(lambda: n.taints() == {}, "the taints removed", 15)
+    print(f"reset -> taints removed: {time.monotonic() - t0:.2f} s")
+    assert n.generations()[next(iter(changed))] == after[next(iter(changed))] + 1
+    n.running("part")
+    (part,) = n.allocated("part")
+    assert part.startswith("gpu-1-mig-")
+
+
+def test_the_pod_learns_it_through_the_kubelet(health_node: Start) -> None:
+    n = health_node("2xH100-80GB")
+    # The v1.34 kubelet reports a claim's health only where the pod's resourceClaims
+    # entry has the ResourceClaim's own name (UpdateAllocatedResourcesStatus compares
+    # the container's claim name with ClaimInfo.ClaimName, pkg/kubelet/cm/dra/manager.go).
+    n.claim_and_pod("job", GPU, device_class="gpu.dradriver.io", request="job")
+    n.running("job")
+    (device,) = n.allocated("job")
+    index = device.removeprefix("gpu-")
+    wait_for(lambda: n.resource_health("job") == ["Healthy"], "Healthy in the pod status", 30)
+
+    t0 = time.monotonic()
+    n.inject("--gpu", index, "--xid", "79")
+    wait_for(lambda: n.resource_health("job") == ["Unhealthy"], "Unhealthy in the pod", 30)
+    print(f"XID 79 -> pod status Unhealthy: {time.monotonic() - t0:.2f} s")
+    assert set(n.taints()) == {device}
+    # NoSchedule: the pod keeps running.
+    assert (n.pod("job") or {}).get("status", {}).get("phase") == "Running"
+    events = n.kube.list(
+        path_for("v1", "events", "default"),
+        fieldSelector=f"involvedObject.name={n.kubelet.node},reason=GpuUnhealthy",
+    )["items"]
+    (ev,) = events
+    assert f"GPU {index} (GPU-" in ev["message"] and "xid-79" in ev["message"]
+
+    n.inject("--gpu", index, "--recover")
+    wait_for(lambda: n.resource_health("job") == ["Healthy"], "Healthy again in the pod", 30)
+    assert n.taints() == {}
+
+
+def test_noexecute_evicts_the_pod(health_node: Start) -> None:
+    n = health_node("2xH100-80GB", effect="NoExecute")
+    n.claim_and_pod("victim", GPU, device_class="gpu.dradriver.io", request="gpu")
+    n.running("victim")
+    (device,) = n.allocated("victim")
+    uid = (n.pod("victim") or {})["metadata"]["uid"]
+    t0 = time.monotonic()
+    n.inject("--gpu", device.removeprefix("gpu-"), "--xid", "79")
+    wait_for(lambda: set(n.taints()) == {device}, "the taint", 5)
+    assert n.taints()[device][0]["effect"] == "NoExecute"
+
+    def evicted() -> bool:
+        p = n.pod("victim")
+        if p is None or p["metadata"]["uid"] != uid:
+            return True
+        return any(
+            c.get("type") == "DisruptionTarget"
+            and c.get("reason") == "DeletionByDeviceTaintManager"
+            for c in p.get("status", {}).get("conditions") or []
+        )
+
+    wait_for(evicted, "kube-controller-manager to evict the pod", 60)
+    print(f"XID 79 -> pod evicted: {time.monotonic() - t0:.2f} s")
+    wait_for(lambda: n.pod("victim") is None, "the pod gone", 60)
+
+
+def test_a_lost_gpu_and_a_restart_keep_it_tainted(health_node: Start) -> None:
+    n = health_node("2xH100-80GB")
+    n.inject("--gpu", "0", "--lost")
+    wait_for(lambda: set(n.taints()) == {"gpu-0"}, "the lost GPU tainted", 5)
+    # The event (XID 79) or the probe (off the bus) may say it first.
+    assert n.taints()["gpu-0"][0]["value"] in ("xid-79", "lost")
+    assert n.devices() == {"gpu-0", "gpu-1"}  # still published, from its last description
+    before, taints = n.generations(), n.taints()
+
+    n.plugin.stop()
+    n.plugin.start()
+    wait_for(n.plugin.ready, "the restarted plugin", 30)
+    assert n.taints() == taints  # the same taint, the same timeAdded
+    assert n.generations() == before  # nothing to write after the restart
+    assert "GPU still unhealthy from before the restart" in n.plugin.log()
+
+    n.inject("--gpu", "0", "--recover")
+    wait_for(lambda: n.taints() == {}, "the taint removed after the reset", 15)
