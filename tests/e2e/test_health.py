@@ -6,6 +6,7 @@ into the running plugin's fake GPUs with `dradriver dev inject`."""
 from __future__ import annotations
 
 import io
+import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,12 @@ from typing import Any
 import pytest
 
 from dradriver.cli import main
+from dradriver.health.model import Fault
+from dradriver.health.taints import TaintEffect, with_taints
 from dradriver.k8s import Kube, path_for
+from dradriver.nvml.library import open_nvml
+from dradriver.slices.build import MigMode, build
+from dradriver.slices.publish import SlicePublisher
 
 from .helpers import (
     RES,
@@ -260,3 +266,30 @@ def test_a_lost_gpu_and_a_restart_keep_it_tainted(health_node: Start) -> None:
 
     n.inject("--gpu", "0", "--recover")
     wait_for(lambda: n.taints() == {}, "the taint removed after the reset", 15)
+
+
+def test_without_the_gate_the_taints_are_dropped_and_publishing_goes_on(
+    kube: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The GA control plane (DRADeviceTaints off): the API server drops the field. The
+    publisher says which gate to enable, once, keeps the devices published and does not
+    rewrite the slice over and over."""
+    node = f"nogate-{secrets.token_hex(3)}"
+    pub = SlicePublisher(kube, D, node)
+    inv = open_nvml("fake:2xL4", node=node, state_dir=None).discover().inventory
+    built = build(inv, MigMode.NONE)
+    tainted = with_taints(built.slices, {"gpu-1": Fault("xid-79", 1)}, D, TaintEffect.NO_SCHEDULE)
+    try:
+        with caplog.at_level(logging.WARNING):
+            first = pub.sync(tainted)
+            again = pub.sync(tainted)
+        assert first.created == 1 and again.writes == 0
+        assert pub.taints_dropped
+        warned = [r for r in caplog.records if "DRADeviceTaints" in r.getMessage()]
+        assert len(warned) == 1
+        assert "enable the DRADeviceTaints feature gate" in warned[0].getMessage()
+        (stored,) = pub.existing()
+        assert [d["name"] for d in stored["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+        assert not any(d.get("taints") for d in stored["spec"]["devices"])
+    finally:
+        pub.delete_all()
