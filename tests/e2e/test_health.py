@@ -268,6 +268,24 @@ def test_a_lost_gpu_and_a_restart_keep_it_tainted(health_node: Start) -> None:
     wait_for(lambda: n.taints() == {}, "the taint removed after the reset", 15)
 
 
+def test_a_claim_that_tolerates_the_taint_gets_the_unhealthy_gpu(health_node: Start) -> None:
+    """examples/claims/gpu-tolerating-unhealthy.yaml: a diagnostic job on the one GPU
+    left, which is tainted NoSchedule. (A tolerated NoExecute taint still evicts with the
+    1.34 scheduler: kubernetes/kubernetes#134434.)"""
+    n = health_node("1xH100-80GB")
+    n.inject("--gpu", "0", "--xid", "48")  # a double-bit ECC error
+    wait_for(lambda: set(n.taints()) == {"gpu-0"}, "the taint", 5)
+    assert n.taints()["gpu-0"][0]["value"] == "xid-48"
+    # Without the toleration, a claim for the same GPU stays pending.
+    n.claim_and_pod("intolerant", GPU, device_class="gpu.dradriver.io", request="gpu")
+    time.sleep(3)
+    assert not (n.pod("intolerant") or {}).get("spec", {}).get("nodeName")
+    (pod,) = n.apply("gpu-tolerating-unhealthy")
+    running = n.running(pod)
+    name = running["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    assert n.allocated(name) == ["gpu-0"]
+
+
 def test_without_the_gate_the_taints_are_dropped_and_publishing_goes_on(
     kube: Kube, caplog: pytest.LogCaptureFixture
 ) -> None:
