@@ -248,6 +248,22 @@ def test_noexecute_evicts_the_pod(health_node: Start) -> None:
     wait_for(lambda: n.pod("victim") is None, "the pod gone", 60)
 
 
+def test_noexecute_evicts_a_mig_pod_of_a_gpu_off_the_bus(health_node: Start) -> None:
+    """Dynamic MIG mode: the pod's partition is carved on GPU 0, which then falls off the
+    bus. The pod is evicted and its claim unprepared although NVML cannot reach the GPU
+    to destroy the MIG device (the reset that brings the GPU back destroys it)."""
+    n = health_node("1xH100-80GB", mode="dynamic", effect="NoExecute")
+    n.claim_and_pod("mig", "true")
+    n.running("mig")
+    (device,) = n.allocated("mig")
+    assert device.startswith("gpu-0-mig-")
+    n.inject("--gpu", "0", "--lost")
+    wait_for(lambda: device in n.taints(), "the partition tainted", 5)
+    wait_for(lambda: n.pod("mig") is None, "the pod evicted and gone", 60)
+    n.inject("--gpu", "0", "--recover")
+    wait_for(lambda: n.taints() == {}, "the taints removed", 15)
+
+
 def test_a_lost_gpu_and_a_restart_keep_it_tainted(health_node: Start) -> None:
     n = health_node("2xH100-80GB")
     n.inject("--gpu", "0", "--lost")

@@ -122,3 +122,18 @@ def test_bad_requests_are_answered_not_applied(tmp_path: Path) -> None:
     assert inject.Watcher(fake.machine, d).poll(fake.machine) == 2
     assert "unknown request format" in (d / "1.done").read_text()
     assert '"ok": false' in (d / "2.done").read_text()
+
+
+def test_destroying_a_mig_device_of_a_gpu_off_the_bus_counts_as_done(start: Start) -> None:
+    """Unprepare must not wait for a GPU that fell off the bus: its instances go with the
+    reset that brings it back."""
+    from dradriver.nvml.mig import MigCarver
+
+    fake = start("1xH100-80GB:mig=on")
+    carver = MigCarver(fake.pynvml)
+    uuid = fake.machine.gpus[0].uuid
+    made = carver.create(uuid, 9, 0, 4, 3)
+    fake.faults.lose_gpu(0)
+    carver.destroy(uuid, made.gpu_instance_id, made.compute_instance_id)  # no error
+    fake.machine.reset_gpu(0)
+    assert fake.machine.gpus[0].gpu_instances == {}
