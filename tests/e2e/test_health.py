@@ -22,6 +22,7 @@ from dradriver.k8s import Kube, path_for
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import MigMode, build
 from dradriver.slices.publish import SlicePublisher
+from fakenvml import load
 
 from .helpers import (
     RES,
@@ -103,8 +104,13 @@ def health_node(
     started: list[tuple[PluginProc, str]] = []
 
     def start(spec: str, mode: str = "none", effect: str = "NoSchedule") -> HealthNode:
+        """`spec`: a fake device spec, or a fleet YAML's text."""
         kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
         assert "ResourceHealthStatus=true" in kubelet.log()
+        if "\n" in spec:
+            fleet = kubelet.root.parent / f"{kubelet.node}-fleet.yaml"
+            fleet.write_text(spec)
+            spec = f"@{fleet}"
         plugin = PluginProc(
             alpha_cluster.kubeconfig,
             kubelet,
@@ -262,6 +268,39 @@ def test_noexecute_evicts_a_mig_pod_of_a_gpu_off_the_bus(health_node: Start) -> 
     wait_for(lambda: n.pod("mig") is None, "the pod evicted and gone", 60)
     n.inject("--gpu", "0", "--recover")
     wait_for(lambda: n.taints() == {}, "the taints removed", 15)
+
+
+def test_an_xid_naming_a_gpu_instance_taints_that_instance_only(health_node: Start) -> None:
+    fleet = (
+        "gpus:\n- product: H100-80GB\n  mig: on\n  migDevices:\n"
+        "  - {gpu: 0, profile: 3g.40gb, placement: 0}\n"
+        "  - {gpu: 0, profile: 3g.40gb, placement: 4}\n"
+    )
+    n = health_node(fleet, mode="static")
+    wait_for(lambda: len(n.devices()) == 2, "the two MIG devices published", 30)
+    fake = load(n.plugin.devices.removeprefix("fake:"), node=n.kubelet.node,
+                state_dir=n.plugin.state_dir)  # fmt: skip
+    gi = next(g for g in fake.machine.gpus[0].gpu_instances.values() if g.start == 4)
+    # XID 69 (graphics engine class error) leaves no state behind for the probe: what it
+    # taints is the event's scope alone. (48, 94 and 95 leave a row remapping pending, a
+    # GPU reset away, and the probe then taints the whole GPU.)
+    n.inject("--gpu", "0", "--xid", "69", "--gpu-instance", str(gi.id))
+    wait_for(lambda: bool(n.taints()), "a taint", 5)
+    ((name, taints),) = n.taints().items()
+    dev = next(d for s in n.slices() for d in s["spec"]["devices"] if d["name"] == name)
+    assert dev["attributes"]["placementStart"] == {"int": 4}
+    assert taints[0]["value"] == "xid-69"
+    # Nothing the probes see: two clean ones later (--health-recovery-probes 2) it is
+    # healthy again, and no other device was tainted meanwhile.
+    ever: set[str] = set()
+
+    def cleared() -> bool:
+        now = n.taints()
+        ever.update(now)
+        return not now
+
+    wait_for(cleared, "the instance healthy again", 10)
+    assert ever == {name}
 
 
 def test_a_lost_gpu_and_a_restart_keep_it_tainted(health_node: Start) -> None:
