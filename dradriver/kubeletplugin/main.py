@@ -338,6 +338,7 @@ def run_plugin(
     hooks.attach(on_registered)
     late.set(driver)
     log.info("ready for the kubelet's calls", claims=len(driver.store.load().claims))
+    device_series: set[tuple[str, str, str]] = set()
     while not stop.wait(1.0):
         waited = time.monotonic() - registration.since
         if not registered.is_set() and waited > REGISTRATION_PATIENCE:
@@ -355,12 +356,16 @@ def run_plugin(
         for reason, n in reasons.items():
             metrics.gpus_left_out.labels(reason).set(n)
         devices = view.devices()
-        metrics.device_healthy.clear()
+        shown: set[tuple[str, str, str]] = set()
         for name, h in health.states(devices.values()).items():
             why = h.fault.reason if h.fault else ("unknown" if h.health is Health.UNKNOWN else "")
-            metrics.device_healthy.labels(name, devices[name].gpu.uuid, why).set(
-                1 if h.health is Health.HEALTHY else 0
-            )
+            labels = (name, devices[name].gpu.uuid, why)
+            metrics.device_healthy.labels(*labels).set(1 if h.health is Health.HEALTHY else 0)
+            shown.add(labels)
+        # Series of devices gone or of a reason past: removed, never a scrape of none.
+        for labels in device_series - shown:
+            metrics.device_healthy.remove(*labels)
+        device_series = shown
     log.info("stopping: no new calls, finishing in-flight ones")
     servers.stop()
     if status is not None:
