@@ -217,3 +217,55 @@ def test_health_stream_sends_full_state_then_each_change() -> None:
     feed.stop()
     t.join(2)
     assert not t.is_alive() and feed.streams == 0
+
+
+def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> None:
+    """What the kubelet does: GetInfo, then NodeWatchResources on the DRA socket."""
+    import tempfile
+
+    import grpc
+
+    from dradriver.api import kubelet as kapi
+    from dradriver.kubeletplugin.grpcserver import LateDriver, PluginServers
+
+    root = Path(tempfile.mkdtemp(prefix="drh-"))  # a Unix socket path stays short
+    servers = PluginServers(
+        LateDriver(patience=0.1),
+        driver_name=DRIVER,
+        kubelet_dir=root,
+        instance="t",
+        on_registered=lambda ok, error: None,
+    )
+    servers.start()
+    try:
+        info = servers.GetInfo(None, None)
+        assert list(info.supported_versions) == [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth",
+        ]
+        state = {"gpu-0": "Healthy", "gpu-1": "Unhealthy"}
+        servers.health.attach("node-a", lambda: dict(state))
+        with grpc.insecure_channel(f"unix://{servers.dra_socket}") as ch:
+            stub = kapi.health_v1alpha1_grpc.DRAResourceHealthStub(ch)
+            stream = stub.NodeWatchResources(
+                kapi.health_v1alpha1.NodeWatchResourcesRequest(), timeout=10
+            )
+            first = next(stream)
+            got = {d.device.device_name: d.health for d in first.devices}
+            h = kapi.health_v1alpha1.HealthStatus
+            assert got == {"gpu-0": h.Value("HEALTHY"), "gpu-1": h.Value("UNHEALTHY")}
+            assert {d.device.pool_name for d in first.devices} == {"node-a"}
+            assert all(d.last_updated_time > 1_700_000_000 for d in first.devices)
+            state["gpu-1"] = "Healthy"
+            servers.health.changed()
+            second = next(stream)
+            assert {d.health for d in second.devices} == {h.Value("HEALTHY")}
+            stream.cancel()
+    finally:
+        t0 = time.monotonic()
+        servers.stop(grace=5)
+        assert time.monotonic() - t0 < 3  # open streams end at stop, not after the grace
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
