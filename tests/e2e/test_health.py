@@ -186,6 +186,12 @@ def test_xid_79_taints_that_gpu_and_its_mig_devices_and_new_claims_avoid_it(
     time.sleep(5)
     assert (n.pod("part") or {}).get("status", {}).get("phase") == "Pending"
     assert not (n.pod("part") or {}).get("spec", {}).get("nodeName")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        main(["explain", "pod/part", "-n", n.ns, "--kubeconfig", n.plugin.kubeconfig])
+    (verdict,) = [x for x in out.getvalue().splitlines() if x.startswith("=> ")]
+    assert verdict.startswith("=> allocation: all 50 devices matching request mig are taken")
+    assert f"25 tainted ({KEY}=xid-79:NoSchedule, not tolerated)" in verdict
 
     # A reset: two clean probes later the taints are gone and GPU 1 is offered again.
     t0 = time.monotonic()
