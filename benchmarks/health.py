@@ -1,7 +1,8 @@
 """How fast a sick GPU stops being scheduled and its pod learns it (issue Q7), on the real
 alpha control plane and a hollow node (the real v1.34 kubelet), with the real plugin over
 8 fake H100s in dynamic MIG mode. Each round injects XID 79 into another GPU of the
-running plugin (`dradriver dev inject`), then resets it. It reports:
+running plugin (`dradriver dev inject`, whose request the fake picks up within 0.1 s),
+then resets it. It reports:
 
 - the floor: one API write and the read that sees it (PATCH + GET of a ConfigMap);
 - XID -> the GPU's 26 devices tainted in the API server, and its ratio to the floor;
@@ -24,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +141,20 @@ class Bench:
         return out
 
 
+def _ts(line: str) -> float:
+    stamp = line.split(" ", 1)[0].removeprefix("ts=").rstrip("Z")
+    return datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp()
+
+
+def in_plugin(log: str) -> float:
+    """The plugin's own share, from its log: the XID event read from NVML -> the slice
+    write done (the last such pair in the log)."""
+    lines = log.splitlines()
+    xid = max(i for i, x in enumerate(lines) if 'msg="XID event"' in x and "xid=79" in x)
+    done = next(i for i in range(xid, len(lines)) if 'msg="slices published"' in lines[i])
+    return _ts(lines[done]) - _ts(lines[xid])
+
+
 def med(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} s (min {min(xs):.3f}, max {max(xs):.3f})"
 
@@ -154,6 +170,7 @@ def main() -> int:
     kubelet = HollowNode(st.kubeconfig, "bench-health", work / "node")
     plugin: PluginProc | None = None
     taint, status_bad, cleared, status_good, evicted, writes = [], [], [], [], [], []
+    own: list[float] = []
     try:
         kubelet.start()
         kubelet.wait_node_ready(kube)
@@ -180,6 +197,7 @@ def main() -> int:
                 if effect == "NoSchedule":
                     poll(lambda gpu=gpu: len(b.tainted()) == 26)
                     taint.append(time.perf_counter() - t0)
+                    own.append(in_plugin(plugin.log()))
                     poll(lambda pod=pod: b.health(pod) == ["Unhealthy"])
                     status_bad.append(time.perf_counter() - t0)
                     after = b.generations()
@@ -208,6 +226,7 @@ def main() -> int:
     print()
     print(f"floor (API PATCH + GET that sees it): {med(base)}")
     print(f"XID 79 -> 26 devices tainted in the API server: {med(taint)}; {t / f:.1f}x floor")
+    print(f"  of which in the plugin (XID event read -> slice written, its log): {med(own)}")
     print(f"XID 79 -> pod allocatedResourcesStatus Unhealthy (kubelet): {med(status_bad)}")
     print(f"reset -> taints gone (3 clean probes, 5 s apart): {med(cleared)}")
     print(f"reset -> pod Healthy again: {med(status_good)}")
