@@ -91,5 +91,10 @@ bench: venv bytecode controlplane hollow-node
 bench-fleet: venv bytecode controlplane
 	$(PY) benchmarks/fleet.py $(FLEET_ARGS)
 
+# How fast a sick GPU is tainted, its pod told and evicted (benchmarks/README.md); ~2 min.
+.PHONY: bench-health
+bench-health: venv controlplane hollow-node
+	$(PY) benchmarks/health.py $(HEALTH_ARGS)
+
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

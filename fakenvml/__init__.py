@@ -74,12 +74,18 @@ def load(
     return FakeNvml(machine, library, private_pynvml(library, node))
 
 
-def open_backend(spec: str, node: str, state_dir: Path | None) -> Nvml:
+def open_backend(spec: str, node: str, state_dir: Path | None, owner: bool = False) -> Nvml:
     """The driver's NVML backend for `--devices fake:<spec>`: the fake library and the
-    fake GpuHost (fakenvml.host), with state kept under state_dir."""
+    fake GpuHost (fakenvml.host), with state kept under state_dir. The `owner` (the
+    kubelet plugin, one per node) also applies the faults `dradriver dev inject` sends
+    through the state directory (fakenvml.inject)."""
     from dradriver.nvml.library import Nvml
     from fakenvml.host import FakeHost
 
     fake = load(spec, node=node, state_dir=state_dir)
+    if owner and state_dir is not None:
+        from fakenvml.inject import Watcher, requests_dir
+
+        Watcher(fake.machine, requests_dir(state_dir, node)).start()
     record = (state_dir or Path(".")) / f"fake-sharing-{node}.json"
     return Nvml(fake.pynvml, FakeHost(record), backend=fake)

@@ -198,3 +198,17 @@ def set_compute_mode(ctx: CallContext, handle: object, mode: object) -> None:
 def supported_event_types(ctx: CallContext, handle: object, out: object) -> None:
     ctx.device(handle)
     cmem.write(out, SUPPORTED_EVENTS)
+
+
+@C.emulates("nvmlDeviceGetRemappedRows")
+def remapped_rows(
+    ctx: CallContext, handle: object, corr: object, unc: object, pending: object, failure: object
+) -> None:
+    gpu = ctx.device(handle)
+    if not gpu.layout.product.row_remapping:
+        raise NvmlReturn(returns.NOT_SUPPORTED, f"{gpu.layout.product.key} has no row remapping")
+    # A pending remapping is one uncorrectable row waiting for the reset.
+    cmem.write(corr, 0)
+    cmem.write(unc, 1 if gpu.remap_pending else 0)
+    cmem.write(pending, 1 if gpu.remap_pending else 0)
+    cmem.write(failure, 0)

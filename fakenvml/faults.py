@@ -14,6 +14,14 @@ if TYPE_CHECKING:
     from fakenvml.machine import FakeMachine
 
 XID_FALLEN_OFF_THE_BUS = 79
+# What the driver leaves behind after an XID, from NVIDIA's XID catalogue
+# (docs.nvidia.com/deploy/xid-errors) and its GPU memory error management guide
+# (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt): XID 48 is a double-bit ECC error
+# (the DBE counter rises, so nvmlEventTypeDoubleBitEccError fires too); 48, 94
+# (contained ECC error) and 95 (uncontained ECC error) leave a row remapping pending
+# until the GPU is reset, on GPUs with row remapping.
+XID_DOUBLE_BIT_ECC = 48
+XIDS_REMAP_PENDING = frozenset({48, 94, 95})
 
 
 class InitFailure(Enum):
@@ -80,6 +88,29 @@ class Faults:
             gpu_instance_id=gpu_instance_id,
             compute_instance_id=compute_instance_id,
         )
+
+    def xid_error(
+        self,
+        index: int,
+        xid: int,
+        *,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> None:
+        """XID `xid` as the driver raises it on GPU `index`: the event, plus the state
+        it leaves the GPU in (79: off the bus; 48: also a DBE ECC event; 48, 94, 95: a
+        row remapping pending where the GPU remaps rows). `raise_xid` posts the event
+        alone."""
+        if xid == XID_FALLEN_OFF_THE_BUS:
+            self.lose_gpu(index)
+            return
+        if xid in XIDS_REMAP_PENDING and self._machine.gpus[index].layout.product.row_remapping:
+            self._machine.set_remap_pending(index)
+        self.raise_xid(
+            index, xid, gpu_instance_id=gpu_instance_id, compute_instance_id=compute_instance_id
+        )
+        if xid == XID_DOUBLE_BIT_ECC:
+            self._machine.post_event(index, pynvml.nvmlEventTypeDoubleBitEccError, 0)
 
     def fail_init(self, failure: InitFailure | None) -> None:
         """Make nvmlInit fail (None: succeed again), as on a node whose driver is broken."""

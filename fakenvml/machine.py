@@ -77,6 +77,9 @@ class FakeGpu:
     compute_mode: int = pynvml.NVML_COMPUTEMODE_DEFAULT
     gpu_instances: dict[int, GpuInstance] = field(default_factory=dict)
     lost: bool = False
+    # An uncorrectable memory error waits for the next GPU reset to remap its row
+    # (nvmlDeviceGetRemappedRows' isPending); see faults.py.
+    remap_pending: bool = False
     mig_serial: int = 0  # compute instances ever created here; makes MIG UUIDs fresh
 
     @property
@@ -289,6 +292,12 @@ class FakeMachine:
     def lose_gpu(self, index: int) -> None:
         with self.lock:
             self.gpus[index].lost = True
+            self._save()
+
+    def set_remap_pending(self, index: int) -> None:
+        with self.lock:
+            self.gpus[index].remap_pending = True
+            self._save()
 
     def post_event(
         self,
@@ -320,6 +329,7 @@ class FakeMachine:
             g.gpu_instances.clear()
             g.compute_mode = pynvml.NVML_COMPUTEMODE_DEFAULT
             g.lost = False
+            g.remap_pending = False
             self._save()
 
     def reboot(self) -> None:
@@ -378,6 +388,9 @@ def _dump(g: FakeGpu) -> dict[str, Any]:
         "migPending": g.mig_pending,
         "computeMode": g.compute_mode,
         "migSerial": g.mig_serial,
+        # A GPU off the bus stays off it across a plugin restart, as hardware does.
+        "lost": g.lost,
+        "remapPending": g.remap_pending,
         "gpuInstances": [
             {
                 "id": gi.id,
@@ -398,6 +411,8 @@ def _load_into(g: FakeGpu, s: dict[str, Any]) -> None:
     g.mig_pending = int(s["migPending"])
     g.compute_mode = int(s["computeMode"])
     g.mig_serial = int(s["migSerial"])
+    g.lost = bool(s.get("lost", False))  # absent from files written before faults persisted
+    g.remap_pending = bool(s.get("remapPending", False))
     for raw in s["gpuInstances"]:
         profile = g.layout.product.gi_profile_by_id(int(raw["profileId"]))
         if profile is None:

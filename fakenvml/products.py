@@ -123,6 +123,15 @@ class Product:
         return bool(self.gi_profiles)
 
     @property
+    def row_remapping(self) -> bool:
+        """Row remapping replaces page retirement from the A100 on, on the data-centre
+        GPUs with HBM (NVIDIA's GPU memory error management guide,
+        docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt); here: Ampere and newer
+        MIG-capable products, which are those. Elsewhere nvmlDeviceGetRemappedRows
+        answers NOT_SUPPORTED."""
+        return self.mig_capable and self.architecture >= pynvml.NVML_DEVICE_ARCH_AMPERE
+
+    @property
     def has_nvlink(self) -> bool:
         return self.nvlink_links > 0
 

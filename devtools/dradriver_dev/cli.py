@@ -1,5 +1,6 @@
 """The `dev` part of the dradriver CLI (dradriver/cli.py adds it when this package is
-installed): `dradriver dev cluster up|down` and `dradriver dev kubelet`."""
+installed): `dradriver dev cluster up|down`, `dradriver dev kubelet` and
+`dradriver dev inject`."""
 
 from __future__ import annotations
 
@@ -50,6 +51,35 @@ def _kubelet(args: argparse.Namespace) -> int:
     from dradriver_dev.hollow_node import run
 
     return run(args)
+
+
+def _inject(args: argparse.Namespace) -> int:
+    from fakenvml import inject
+
+    state_dir = Path(args.state_dir)
+    node = args.node
+    if node is None:
+        nodes = inject.nodes_in(state_dir)
+        if len(nodes) != 1:
+            found = ", ".join(nodes) if nodes else "none"
+            print(
+                f"dev inject: {state_dir} holds fake GPUs of {len(nodes)} nodes ({found}): "
+                "name one with --node, or give the plugin's --state-dir",
+                file=sys.stderr,
+            )
+            return 2
+        (node,) = nodes
+    if args.xid is not None:
+        req = inject.Request(args.gpu, "xid", args.xid, args.gpu_instance)
+    else:
+        req = inject.Request(args.gpu, "lost" if args.lost else "recover")
+    try:
+        detail = inject.send(state_dir, node, req, timeout=args.timeout)
+    except inject.InjectError as exc:
+        print(f"dev inject: {exc}", file=sys.stderr)
+        return 1
+    print(f"dev inject: node {node}: {detail}")
+    return 0
 
 
 def add_subcommands(dev: argparse.ArgumentParser) -> None:
@@ -107,3 +137,38 @@ def add_subcommands(dev: argparse.ArgumentParser) -> None:
     )
     add_arguments(kl)
     kl.set_defaults(func=_kubelet)
+
+    inj = dev_sub.add_parser(
+        "inject",
+        help="inject a GPU fault into a running plugin's fake GPUs (XID, lost GPU, reset)",
+        description="Acts on the fake GPUs of the kubelet plugin that runs with "
+        "--devices fake:... and this --state-dir, while it runs: the plugin sees the "
+        "fault through NVML as it would see the real one (XID 79 and --lost: the GPU "
+        "falls off the bus; XID 48: also a double-bit ECC event; 48, 94, 95: a row "
+        "remapping pending), and --recover resets the GPU. Waits for the plugin's answer.",
+    )
+    inj.add_argument("--state-dir", required=True, help="the plugin's --state-dir")
+    inj.add_argument("--gpu", required=True, type=int, metavar="INDEX", help="the GPU's index")
+    what = inj.add_mutually_exclusive_group(required=True)
+    what.add_argument("--xid", type=int, metavar="N", help="raise XID N on the GPU")
+    what.add_argument("--lost", action="store_true", help="the GPU falls off the bus")
+    what.add_argument(
+        "--recover", action="store_true", help="reset the GPU: back on the bus, faults cleared"
+    )
+    inj.add_argument(
+        "--gpu-instance",
+        type=int,
+        metavar="ID",
+        help="with --xid: the GPU instance NVML ties the XID to (MIG)",
+    )
+    inj.add_argument(
+        "--node",
+        help="the fake node, when the state directory holds several (default: its only one)",
+    )
+    inj.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for the plugin to pick the fault up (default: %(default)s)",
+    )
+    inj.set_defaults(func=_inject)

@@ -30,6 +30,9 @@ BUILD_SCRIPT = REPO_ROOT / "tools" / "controlplane" / "build.sh"
 # The alpha DRA gates a later issue may need; always on all three components at once,
 # because a gate on the API server alone lets fields in that the scheduler ignores.
 ALPHA_GATES = (
+    # The kubelet's DRA health service; kube-apiserver drops the pods'
+    # allocatedResourcesStatus the kubelet writes from it unless it has the gate too.
+    "ResourceHealthStatus",
     "DRAPartitionableDevices",
     "DRADeviceTaints",
     "DRAConsumableCapacity",

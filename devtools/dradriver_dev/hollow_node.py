@@ -28,8 +28,9 @@ BUILD_SCRIPT = cluster.REPO_ROOT / "tools" / "controlplane" / "build.sh"
 BINARY = "hollow-node"
 
 # Gates the kubelet reads when the control plane runs the alpha DRA gates: the health
-# service (KEP-4680) and the alpha DRA features whose kubelet half exists in 1.34.
-KUBELET_ALPHA_GATES = ("ResourceHealthStatus", *cluster.ALPHA_GATES)
+# service (KEP-4680, ResourceHealthStatus, first in the list) and the alpha DRA features
+# whose kubelet half exists in 1.34.
+KUBELET_ALPHA_GATES = cluster.ALPHA_GATES
 
 # klog verbosity: 3 is where the DRA manager logs its slice wipes and plugin changes.
 LOG_VERBOSITY = {"debug": 3, "info": 2, "warning": 0, "error": 0}

@@ -14,7 +14,9 @@ from dradriver.commands import flags
 # Loaded when the command runs: building the CLI's parser (every `dradriver` start, the
 # kubelet plugin's included) must not import NVML, the slice builder or YAML.
 if TYPE_CHECKING:
+    from dradriver.health.model import HealthBook
     from dradriver.inventory.model import Gpu, Inventory
+    from dradriver.nvml.library import Nvml
     from dradriver.slices.build import BuildResult
 
 
@@ -58,15 +60,29 @@ def run(args: argparse.Namespace) -> int:
         switching=MigSwitching(args.mig_mode_switching),
         profiles=flags.mig_profiles(args.mig_profiles),
     )
-    slices = render(args.driver_name, args.node_name, result.slices)
+    book = health_now(nvml, found.inventory, Path(args.state_dir))
+    from dradriver.health.model import device_health, unhealthy
+    from dradriver.health.taints import TaintEffect, with_taints
+
+    # As the plugin would publish them: unhealthy devices tainted (its default effect).
+    faults = unhealthy(device_health(book, result.offer.devices().values()))
+    tainted = with_taints(result.slices, faults, args.driver_name, TaintEffect.NO_SCHEDULE)
+    slices = render(args.driver_name, args.node_name, tainted)
     if args.output == "table":
-        print(table(args, found.inventory, result, found.problems))
+        print(table(args, found.inventory, result, found.problems, book))
         return 0
     doc = {
         "node": args.node_name,
         "driver": args.driver_name,
         "migMode": args.mig_mode,
         "inventory": camel_keys(found.inventory.to_json()),
+        "health": {
+            g.uuid: {
+                "health": str(book.get(g.uuid).health),
+                "reason": _reason(book, g.uuid),
+            }
+            for g in found.inventory.gpus
+        },
         "problems": found.problems,
         "skipped": [
             {"uuid": k.uuid, "reason": k.reason, "message": k.message} for k in result.skipped
@@ -78,6 +94,33 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(yaml.safe_dump(doc, sort_keys=False), end="")
     return 0
+
+
+def health_now(nvml: Nvml, inv: Inventory, state_dir: Path) -> HealthBook:
+    """What the plugin decided (its <state dir>/health.json, where it exists: a fault it
+    saw stays until it has probed the GPU clean) and what a probe finds now."""
+    import time
+
+    from dradriver.health.model import HealthBook
+    from dradriver.health.monitor import probe_gpu
+    from dradriver.health.store import FILE_NAME, HealthStore
+    from dradriver.nvml.discover import nvml_session
+
+    saved = HealthStore(state_dir / FILE_NAME).load() if state_dir.is_dir() else None
+    book = HealthBook(gpus=dict(saved.gpus) if saved else {})
+    with nvml_session(nvml.module):
+        for g in inv.gpus:
+            book.observe(probe_gpu(nvml.module, g.uuid), int(time.time()))
+    return book
+
+
+def _reason(book: HealthBook, uuid: str) -> str:
+    g = book.get(uuid)
+    if g.fault is not None:
+        return g.fault.reason
+    if g.instances:
+        return ",".join(sorted({f"gi-{f.reason}" for _, f in g.instances}))
+    return g.unknown
 
 
 def camel_keys(value: Any) -> Any:
@@ -161,10 +204,21 @@ def _profiles(inv: Inventory) -> list[str]:
 
 
 def table(
-    args: argparse.Namespace, inv: Inventory, result: BuildResult, problems: list[str]
+    args: argparse.Namespace,
+    inv: Inventory,
+    result: BuildResult,
+    problems: list[str],
+    book: HealthBook | None = None,
 ) -> str:
-    rows: list[list[Any]] = [["IDX", "PRODUCT", "MEMORY", "CC", "NUMA", "NVLINK", "MIG", "UUID"]]
+    from dradriver.health.model import HealthBook
+
+    book = book or HealthBook()
+    rows: list[list[Any]] = [
+        ["IDX", "PRODUCT", "MEMORY", "CC", "NUMA", "NVLINK", "MIG", "HEALTH", "UUID"]
+    ]
     for g in inv.gpus:
+        health = book.get(g.uuid).health
+        why = _reason(book, g.uuid)
         rows.append(
             [
                 g.index,
@@ -174,6 +228,7 @@ def table(
                 "-" if g.numa_node is None else g.numa_node,
                 g.nvlink_domain or "-",
                 _mig(g),
+                f"{health.lower()}:{why}" if why else health.lower(),
                 g.uuid,
             ]
         )
@@ -206,4 +261,8 @@ def table(
         out.append(f"  note: {uuid}: {reason}")
     for p in problems:
         out.append(f"  problem: {p}")
+    known = {g.uuid for g in inv.gpus}
+    for uuid, h in sorted(book.gpus.items()):
+        if uuid not in known and h.faulty:
+            out.append(f"  unhealthy: {uuid}: {_reason(book, uuid)} (NVML cannot describe it)")
     return "\n".join(out)

@@ -147,7 +147,10 @@ def render(report: Report) -> str:
             f"count {r.count or '-'}"
         )
         if r.rows:
-            head = ("NODE", "PUBLISHED", "IN-CLASS", "MATCHING", "TAKEN", "COUNTERS", "FREE", "")
+            head = (
+                "NODE", "PUBLISHED", "IN-CLASS", "MATCHING", "TAKEN", "COUNTERS", "TAINTED",
+                "FREE", "",
+            )  # fmt: skip
             table = [head] + [
                 (
                     x.node,
@@ -156,6 +159,7 @@ def render(report: Report) -> str:
                     str(x.matching),
                     str(x.taken),
                     str(x.counters),
+                    str(x.tainted),
                     str(x.free),
                     x.refused,
                 )

@@ -180,7 +180,21 @@ def slices(driver: str, node: str, published: Sequence[Obj], nvml_uuids: set[str
                 "the plugin republishes on its next rediscovery; send it SIGHUP, or see its "
                 "log for GPUs left out (dradriver_gpus_left_out)",
             )
-    return Layer("slices", State.OK, f"{len(published)} slices, {len(devices)} devices published")
+    counted = f"{len(published)} slices, {len(devices)} devices published"
+    tainted = [(d["name"], t) for d in devices for t in (d.get("taints") or [])[:1]]
+    if tainted:
+        shown = ", ".join(f"{n} ({t.get('key')}={t.get('value', '')}:{t.get('effect')})"
+                          for n, t in tainted[:3])  # fmt: skip
+        more = f" and {len(tainted) - 3} more" if len(tainted) > 3 else ""
+        return Layer(
+            "slices",
+            State.WARN,
+            f"{counted}; {len(tainted)} tainted, so no new claim gets them: {shown}{more}.",
+            "an unhealthy GPU (the driver's <driver>/unhealthy taint): reset or replace "
+            "it, the taint goes once the plugin's probes find it healthy; `dradriver "
+            "devices` on the node shows why",
+        )
+    return Layer("slices", State.OK, counted)
 
 
 def node(name: str, obj: Obj | None) -> Layer:

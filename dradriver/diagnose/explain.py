@@ -44,6 +44,7 @@ class NodeRow:
     matching: int = 0
     taken: int = 0
     counters: int = 0
+    tainted: int = 0  # a device taint the request does not tolerate
     free: int = 0
     usable: int = 0  # free and within a matchAttribute group
     refused: str = ""  # why the pod may not go there (cordon, taint, selector)
@@ -230,6 +231,8 @@ def explain_request(
             r.matching += 1
             if d.id in allocated:
                 r.taken += 1
+            elif untolerated(d, req):
+                r.tainted += 1
             elif blocked_by_counters(d, left):
                 r.counters += 1
             else:
@@ -273,7 +276,7 @@ def explain_request(
             )
         )
     if not any(enough(r, "free") for r in rep.rows):
-        return done(_all_taken(request_name, need, rep.rows, matching, w, left))
+        return done(_all_taken(request_name, need, rep.rows, matching, w, left, req))
     if constraints and not any(enough(r, "usable") for r in rep.rows):
         best = max(rep.rows, key=lambda r: r.usable)
         return done(
@@ -344,6 +347,34 @@ def _drivers_named(expr: str) -> list[str]:
     return re.findall(r'device\.driver\s*==\s*"([^"]+)"', expr)
 
 
+def tolerates(toleration: Obj, taint: Obj) -> bool:
+    """A DeviceToleration against a DeviceTaint, as the scheduler matches them (an empty
+    key with Exists matches every key, an empty effect every effect)."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("key") and toleration["key"] != taint.get("key"):
+        return False
+    if toleration.get("operator", "Equal") == "Exists":
+        return True
+    return bool(toleration.get("value", "") == taint.get("value", ""))
+
+
+def untolerated(d: Published, req: Obj) -> Obj | None:
+    """The first taint of `d` that keeps request `req` off it."""
+    tolerations = req.get("tolerations") or []
+    for taint in d.taints:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None
+
+
+def _taint_text(taint: Obj) -> str:
+    value = f"={taint['value']}" if taint.get("value") else ""
+    return f"{taint.get('key')}{value}:{taint.get('effect')}"
+
+
 def _all_taken(
     request_name: str,
     need: int,
@@ -351,6 +382,7 @@ def _all_taken(
     matching: Sequence[Published],
     w: World,
     left: Mapping[tuple[str, str], Any],
+    req: Obj,
 ) -> Finding:
     holders: dict[str, int] = defaultdict(int)
     for d in matching:
@@ -358,6 +390,18 @@ def _all_taken(
             holders[h] += 1
     taken = sum(r.taken for r in rows)
     by_counters = sum(r.counters for r in rows)
+    tainted = [(d, t) for d in matching if d.id not in w.holders and (t := untolerated(d, req))]
+    if tainted and not taken and not by_counters:
+        shown = sorted({f"{d.name} ({_taint_text(t)})" for d, t in tainted})
+        more = f" and {len(shown) - 4} more" if len(shown) > 4 else ""
+        return Finding(
+            "health",
+            f"the {len(tainted)} devices matching request {request_name} that are not "
+            f"allocated carry a taint it does not tolerate: {', '.join(shown[:4])}{more}",
+            "a GPU the driver found unhealthy is tainted until it recovers (reset or "
+            "replace it; `dradriver devices` on the node shows why); a job that may use "
+            "it tolerates the taint in its request",
+        )
     who = ", ".join(f"{h} ({n})" for h, n in sorted(holders.items())[:5])
     more = f" and {len(holders) - 5} more claims" if len(holders) > 5 else ""
     parts = []
@@ -368,6 +412,8 @@ def _all_taken(
             f"{by_counters} blocked because the GPU they are carved from is used by "
             "devices allocated to other claims"
         )
+    if tainted:
+        parts.append(f"{len(tainted)} tainted ({_taint_text(tainted[0][1])}, not tolerated)")
     return Finding(
         "allocation",
         f"all {len(matching)} devices matching request {request_name} are taken "

@@ -26,6 +26,8 @@ class Published:
     node: str  # "" when the slice is not for one node (allNodes or a node selector)
     cel: Device
     consumes: Counters
+    # Device taints (DRADeviceTaints): an unhealthy GPU's `<driver>/unhealthy`, an admin's.
+    taints: tuple[Obj, ...] = field(default=(), compare=False)
 
     @property
     def id(self) -> DeviceId:
@@ -91,6 +93,7 @@ def build_world(
                     node,
                     device_from_api(driver, d),
                     _counters(d.get("consumesCounters", [])),
+                    tuple(d.get("taints") or ()),
                 )
             )
     w.classes = {c["metadata"]["name"]: c for c in classes}

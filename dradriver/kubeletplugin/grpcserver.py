@@ -21,6 +21,7 @@ import grpc
 
 from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.claimref import ClaimRef
+from dradriver.kubeletplugin.health_service import HealthFeed, health_servicer
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.grpc")
@@ -155,6 +156,8 @@ class PluginServers:
         self._on_registered = on_registered
         self._workers = workers
         self._driver = driver
+        # The device health stream (v1alpha1.DRAResourceHealth), served on the DRA socket.
+        self.health = HealthFeed()
         self._dra: grpc.Server | None = None
         self._reg: grpc.Server | None = None
         self._reg_inode = 0
@@ -168,7 +171,9 @@ class PluginServers:
             type=kapi.DRA_PLUGIN_TYPE,
             name=self.driver_name,
             endpoint=str(self.dra_socket),
-            supported_versions=[kapi.DRA_V1, kapi.DRA_V1BETA1],
+            # The health service last: the kubelet picks the first DRA service it knows
+            # (k8s.io/dynamic-resource-allocation/kubeletplugin lists it the same way).
+            supported_versions=[kapi.DRA_V1, kapi.DRA_V1BETA1, kapi.DRA_HEALTH_V1ALPHA1],
         )
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
@@ -205,6 +210,9 @@ class PluginServers:
         kapi.dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
             _dra_servicer(kapi.dra_v1beta1_grpc.DRAPluginServicer, kapi.dra_v1beta1, self._driver),
             dra,
+        )
+        kapi.health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            health_servicer(self.health), dra
         )
         dra.add_insecure_port(f"unix://{self.dra_socket}")
         dra.start()
@@ -270,6 +278,7 @@ class PluginServers:
         if self._stop.is_set():
             return
         self._stop.set()
+        self.health.stop()  # its streams would otherwise hold the grace period
         if self._reg is not None:
             self._reg.stop(grace=None)
             self.reg_socket.unlink(missing_ok=True)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from dradriver import logs
 from dradriver.commands import flags
+from dradriver.health.model import Health, HealthConfigError, Policy, parse_xids
+from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
 from dradriver.k8s import Kube, KubeError
 from dradriver.kubeletplugin import cdi
@@ -21,6 +23,7 @@ from dradriver.kubeletplugin.claim_status import StatusWriter
 from dradriver.kubeletplugin.execute import Executor
 from dradriver.kubeletplugin.files import FileLock, NodeLock
 from dradriver.kubeletplugin.grpcserver import LateDriver, PluginServers, RegistrationHooks
+from dradriver.kubeletplugin.health import HealthOptions, NodeEvents, NodeHealth
 from dradriver.kubeletplugin.metrics import Metrics
 from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer, held_instances
 from dradriver.kubeletplugin.ops import OpsServer
@@ -70,8 +73,10 @@ class DeviceView:
         switching: MigSwitching = MigSwitching.ON_DEMAND,
         held: Callable[[set[tuple[str, int, int]]], set[tuple[str, int, int]]] = lambda o: set(),
         profiles: frozenset[str] = frozenset(),
+        health: NodeHealth | None = None,
     ) -> None:
         self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
+        self.health = health
         self.held, self.offered_profiles = held, profiles
         self._unknown_profiles: frozenset[str] = frozenset()
         self._lock = threading.Lock()
@@ -90,14 +95,21 @@ class DeviceView:
         for problem in found.problems:
             log.error("GPU problem", detail=problem)
         owned = self.owned()
+        inv = found.inventory
+        if self.health is not None:
+            # An unhealthy GPU NVML cannot describe any more stays published, tainted.
+            inv = self.health.inventory(inv)
         built = build(
-            found.inventory,
+            inv,
             self.mode,
             owned,
             self.switching,
             self.held(owned),
             self.offered_profiles,
         )
+        slices = built.slices
+        if self.health is not None:
+            slices = self.health.taint(slices, built.offer.devices().values())
         if self.offered_profiles and self.mode is MigMode.DYNAMIC:
             known = {p.name for g in found.inventory.gpus for p in g.mig_profiles}
             unknown = self.offered_profiles - known
@@ -118,10 +130,10 @@ class DeviceView:
             )
         self.skipped = built.skipped
         with self._lock:
-            self._slices, self._index = built.slices, built.offer.devices()
+            self._slices, self._index = slices, built.offer.devices()
         self.last_error = ""
         self.discovered.set()
-        return built.slices
+        return slices
 
     def devices(self) -> dict[str, NodeDevice]:
         with self._lock:
@@ -148,9 +160,18 @@ def run_plugin(
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        nvml = open_nvml(args.devices, node=args.node_name, state_dir=state_dir)
+        nvml = open_nvml(args.devices, node=args.node_name, state_dir=state_dir, owner=True)
     except DevicesSpecError as exc:
         log.error("bad --devices", error=str(exc))
+        return 2
+    try:
+        health_options = HealthOptions(
+            Policy(parse_xids(args.health_skip_xids), args.health_recovery_probes),
+            TaintEffect(args.health_taint_effect),
+            args.health_probe_period,
+        )
+    except (HealthConfigError, ValueError) as exc:
+        log.error("bad health flags", error=str(exc))
         return 2
     try:
         kube = Kube.from_kubeconfig(args.kubeconfig)
@@ -168,6 +189,13 @@ def run_plugin(
     # Published partitions must include the ones our claims hold (they exist as MIG
     # devices now, but they are ours, not foreign).
     mig_ledger = MigModeLedger(state_dir / "mig-mode.json")
+    health = NodeHealth(
+        nvml.module,
+        driver=args.driver_name,
+        state_dir=state_dir,
+        options=health_options,
+        events=NodeEvents(kube, args.node_name),
+    )
     view = DeviceView(
         nvml,
         mode,
@@ -175,6 +203,7 @@ def run_plugin(
         switching,
         lambda owned: held_instances(mig_ledger, owned),
         flags.mig_profiles(args.mig_profiles),
+        health,
     )
     late.reason = lambda: view.last_error or "loading the checkpoint"
     registered = threading.Event()
@@ -263,6 +292,10 @@ def run_plugin(
     publisher_thread.start()
     threading.Thread(target=watch.run, args=(stop,), name="slice-watch", daemon=True).start()
     signal.signal(signal.SIGHUP, lambda s, f: loop.trigger())
+    # Each health change: one publish (the taints) and one message on every health stream.
+    health.listeners += [loop.trigger, servers.health.changed]
+    health.start(stop, lambda: view.devices().values())
+    servers.health.attach(args.node_name, health.health_by_device)
 
     status = StatusWriter(kube, args.driver_name) if args.claim_status == "on" else None
     mig = None
@@ -305,6 +338,7 @@ def run_plugin(
     hooks.attach(on_registered)
     late.set(driver)
     log.info("ready for the kubelet's calls", claims=len(driver.store.load().claims))
+    device_series: set[tuple[str, str, str]] = set()
     while not stop.wait(1.0):
         waited = time.monotonic() - registration.since
         if not registered.is_set() and waited > REGISTRATION_PATIENCE:
@@ -321,6 +355,17 @@ def run_plugin(
         metrics.gpus_left_out.clear()
         for reason, n in reasons.items():
             metrics.gpus_left_out.labels(reason).set(n)
+        devices = view.devices()
+        shown: set[tuple[str, str, str]] = set()
+        for name, h in health.states(devices.values()).items():
+            why = h.fault.reason if h.fault else ("unknown" if h.health is Health.UNKNOWN else "")
+            labels = (name, devices[name].gpu.uuid, why)
+            metrics.device_healthy.labels(*labels).set(1 if h.health is Health.HEALTHY else 0)
+            shown.add(labels)
+        # Series of devices gone or of a reason past: removed, never a scrape of none.
+        for labels in device_series - shown:
+            metrics.device_healthy.remove(*labels)
+        device_series = shown
     log.info("stopping: no new calls, finishing in-flight ones")
     servers.stop()
     if status is not None:

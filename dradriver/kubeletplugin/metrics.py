@@ -48,6 +48,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.device_healthy = Gauge(
+            "dradriver_device_healthy",
+            "1 while a published device is healthy, 0 while it is unhealthy (tainted) or "
+            "its health is unknown; reason: the fault (xid-79, lost, ecc-dbe, ...)",
+            ["device", "gpu", "reason"],
+            registry=r,
+        )
         self.registered = Gauge(
             "dradriver_registered", "1 while the kubelet has accepted the registration", registry=r
         )

@@ -47,4 +47,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "on or off (off: no API write at all in the prepare and unprepare path)",
         choices=["on", "off"],
     )
+    flags.add(
+        p,
+        "--health-skip-xids",
+        "13,31,43,45,68,109",
+        "XIDs that signal an application's fault, not the device's: they taint nothing "
+        "(comma-separated; empty: every XID taints)",
+    )
+    flags.add(
+        p,
+        "--health-taint-effect",
+        "NoSchedule",
+        "effect of the taint on an unhealthy device: NoSchedule keeps new claims off it; "
+        "NoExecute also has kube-controller-manager evict the pods using it (both need "
+        "the DRADeviceTaints gate)",
+        choices=["NoSchedule", "NoExecute"],
+    )
+    flags.add(
+        p,
+        "--health-probe-period",
+        "5",
+        "seconds between health probes of each GPU (on the bus, no pending row remapping)",
+        type=float,
+    )
+    flags.add(
+        p,
+        "--health-recovery-probes",
+        "3",
+        "clean probes in a row after which an unhealthy GPU is healthy again",
+        type=int,
+    )
     flags.add(p, "--log-level", "info", "debug, info, warning or error")

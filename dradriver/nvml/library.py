@@ -43,8 +43,10 @@ class Nvml:
             return discover(self.module, self.host.pcie_root)
 
 
-def open_nvml(devices: str, *, node: str, state_dir: Path | None) -> Nvml:
-    """`devices` is `nvml` or `fake:<spec>` (see fakenvml.spec)."""
+def open_nvml(devices: str, *, node: str, state_dir: Path | None, owner: bool = False) -> Nvml:
+    """`devices` is `nvml` or `fake:<spec>` (see fakenvml.spec). `owner`: this process
+    owns the node's GPUs (the kubelet plugin); a fake node then also takes the faults
+    `dradriver dev inject` sends it."""
     if devices == "nvml":
         import pynvml
 
@@ -58,7 +60,7 @@ def open_nvml(devices: str, *, node: str, state_dir: Path | None) -> Nvml:
                 "installed; it comes with `pip install dradriver` and the image"
             ) from exc
         try:
-            return fakenvml.open_backend(devices.removeprefix("fake:"), node, state_dir)
+            return fakenvml.open_backend(devices.removeprefix("fake:"), node, state_dir, owner)
         except ValueError as exc:
             raise DevicesSpecError(f"--devices {devices!r}: {exc}") from exc
     raise DevicesSpecError(

@@ -186,8 +186,17 @@ class MigCarver:
     def destroy(self, gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int | None) -> None:
         """Compute instance first, then the GPU instance. Already gone counts as done."""
         nvml = self.nvml
-        h = self._h(gpu_uuid)
         where = f"GPU {gpu_uuid} GPU instance {gpu_instance_id}"
+        try:
+            h = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        except nvml.NVMLError_GpuIsLost:
+            # Off the bus: nothing can be destroyed on it now, and its GPU instances go
+            # with the reset that brings it back (they do not survive one). Waiting for it
+            # would keep the claim's pods terminating forever.
+            log.warning("GPU off the bus: its MIG device goes with its reset", where=where)
+            return
+        except nvml.NVMLError as err:
+            raise MigError(f"looking up GPU {gpu_uuid}", err) from err
         try:
             gi = nvml.nvmlDeviceGetGpuInstanceById(h, gpu_instance_id)
         except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):

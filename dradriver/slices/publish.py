@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dradriver.health.taints import TAINTS_DROPPED, tainted, taints_dropped
 from dradriver.k8s import Conflict, Kube, NotFound, path_for
 from dradriver.logs import get_logger
 from dradriver.slices.build import SliceContent
@@ -108,6 +109,8 @@ class SlicePublisher:
     on_written: Callable[[dict[str, Any]], None] | None = None
     on_deleted: Callable[[str], None] | None = None
     _node_uid: str = field(default="", init=False)
+    # The API server dropped our device taints (DRADeviceTaints off): said once.
+    taints_dropped: bool = field(default=False, init=False)
 
     @property
     def annotation(self) -> str:
@@ -246,6 +249,14 @@ class SlicePublisher:
             self._deleting(stored["metadata"]["name"])
             self.kube.delete(f"{SLICES}/{stored['metadata']['name']}", missing_ok=True)
             raise PublishError(COUNTERS_DROPPED)
+        # Taints are kept publishing without: a device the scheduler may still hand out
+        # beats a node that offers nothing; the log says which gate to enable.
+        if taints_dropped(c, stored):
+            if not self.taints_dropped:
+                log.warning(TAINTS_DROPPED, node=self.node, tainted=tainted(c.devices))
+            self.taints_dropped = True
+        elif tainted(c.devices):
+            self.taints_dropped = False
 
     def delete_all(self) -> int:
         n = 0

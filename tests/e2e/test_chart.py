@@ -339,6 +339,8 @@ def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> No
             "resources": ["resourceclaims/status"],
             "verbs": ["patch"],
         },
+        # The node Event when a GPU turns unhealthy or recovers.
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
     ctrl = kube.get(
         path_for(
@@ -881,6 +883,26 @@ def test_claim_status_follows_its_value(helm: Path) -> None:
 
     assert env({})["DRADRIVER_CLAIM_STATUS"] == "on"
     assert env({"kubeletPlugin": {"claimStatus": False}})["DRADRIVER_CLAIM_STATUS"] == "off"
+
+
+def test_health_follows_its_values(helm: Path) -> None:
+    def env(values: dict[str, Any]) -> dict[str, str]:
+        (c,) = one(render(helm, values), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in c["env"]}
+
+    default = env({})
+    assert default["DRADRIVER_HEALTH_TAINT_EFFECT"] == "NoSchedule"
+    assert default["DRADRIVER_HEALTH_SKIP_XIDS"] == "13,31,43,45,68,109"
+    assert (
+        default["DRADRIVER_HEALTH_PROBE_PERIOD"],
+        default["DRADRIVER_HEALTH_RECOVERY_PROBES"],
+    ) == (
+        "5",
+        "3",
+    )
+    chosen = env({"kubeletPlugin": {"health": {"taintEffect": "NoExecute", "skipXids": [13]}}})
+    assert chosen["DRADRIVER_HEALTH_TAINT_EFFECT"] == "NoExecute"
+    assert chosen["DRADRIVER_HEALTH_SKIP_XIDS"] == "13"
 
 
 def test_mig_profiles_follow_their_value(helm: Path) -> None:

@@ -119,3 +119,37 @@ def test_mig_profiles_narrow_what_dynamic_mode_would_publish(
     devices = [d for s in doc["resourceSlices"] for d in s["spec"]["devices"]]
     profiles = {d["attributes"].get("profile", {}).get("string", "whole") for d in devices}
     assert profiles == {"3g.40gb", "whole"} and len(devices) == 3
+
+
+def test_devices_show_health_as_the_plugin_and_a_probe_see_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU the plugin found unhealthy (its health.json) and one a probe finds with a row
+    remapping pending: both shown, and tainted in the slices as the plugin publishes."""
+    from fakenvml import load
+
+    fake = load("3xH100-80GB", node="n", state_dir=tmp_path)
+    fake.faults.xid_error(2, 94)  # leaves a row remapping pending
+    u0 = fake.machine.gpus[0].uuid
+    (tmp_path / "health.json").write_text(
+        json.dumps(
+            {"format": 1, "gpus": {u0: {"fault": {"reason": "xid-79", "since": 1, "xid": 79}}}}
+        )
+    )
+    base = ["devices", "--devices", "fake:3xH100-80GB", "--node-name", "n"]
+    assert main([*base, "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if line[:1].isdigit()}
+    assert " unhealthy:xid-79 " in rows["0"]
+    assert " healthy " in rows["1"]
+    assert " unhealthy:row-remap-pending " in rows["2"]
+    assert main([*base, "--state-dir", str(tmp_path), "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["health"][u0] == {"health": "Unhealthy", "reason": "xid-79"}
+    taints = {
+        d["name"]: d["taints"][0]["value"]
+        for s in doc["resourceSlices"]
+        for d in s["spec"]["devices"]
+        if d.get("taints")
+    }
+    assert taints == {"gpu-0": "xid-79", "gpu-2": "row-remap-pending"}

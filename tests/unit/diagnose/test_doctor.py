@@ -86,6 +86,17 @@ def test_slices_layer_compares_with_nvml() -> None:
     assert stale.state is State.FAIL and "GPU-b" in stale.line() and "SIGHUP" in stale.line()
 
 
+def test_slices_layer_warns_of_unhealthy_gpus() -> None:
+    sick = {**gpu("GPU-a"), "taints": [{"key": f"{D}/unhealthy", "value": "xid-79",
+                                        "effect": "NoSchedule"}]}  # fmt: skip
+    layer = judge.slices(D, "n1", [{"spec": {"devices": [sick, gpu("GPU-b")]}}], None)
+    assert layer.state is State.WARN
+    assert f"1 tainted, so no new claim gets them: {sick['name']} ({D}/unhealthy=xid-79:" in (
+        layer.line()
+    )
+    assert "reset or replace it" in layer.line()
+
+
 def test_node_layer() -> None:
     assert "pass --node" in judge.node("n1", None).line()
     cordoned = judge.node("n1", {"spec": {"unschedulable": True}})

@@ -204,3 +204,37 @@ def test_an_allocated_claim_is_reported_with_its_devices() -> None:
     c = claim("c", allocated=[("n1", "gpu-0")])
     r = run(c, slices("n1", "2xL4"), [node("n1")])
     assert r.notes == ["claim default/c is allocated on n1: n1/gpu-0"] and r.finding is None
+
+
+def test_an_unhealthy_gpu_is_named_with_its_taint() -> None:
+    """The driver's taint on an unhealthy GPU (DRADeviceTaints), as the API server holds
+    it: the one free GPU is tainted and the request does not tolerate it."""
+    s = slices("n1", "2xL4")
+    taint = {"key": f"{D}/unhealthy", "value": "xid-79", "effect": "NoSchedule",
+             "timeAdded": "2026-01-01T00:00:00Z"}  # fmt: skip
+    for d in s[0]["spec"]["devices"]:
+        if d["name"] == "gpu-1":
+            d["taints"] = [taint]
+    held = claim("holder", allocated=[("n1", "gpu-0")])
+    r = run(claim("c"), s, [node("n1")], [held])
+    text = line(r)
+    assert text.startswith("allocation: all 2 devices matching request gpu are taken")
+    assert f"1 tainted ({D}/unhealthy=xid-79:NoSchedule, not tolerated)" in text
+    row = r.requests[0].rows[0]
+    assert (row.matching, row.taken, row.tainted, row.free) == (2, 1, 1, 0)
+    # Only the tainted one left: the health layer says so.
+    r = run(claim("c"), s, [node("n1")], [])
+    assert r.requests[0].rows[0].free == 1  # gpu-0 is free: nothing blocks
+    alone = slices("n1", "1xL4")
+    alone[0]["spec"]["devices"][0]["taints"] = [taint]
+    r = run(claim("c"), alone, [node("n1")], [])
+    assert line(r).startswith(
+        "health: the 1 devices matching request gpu that are not allocated carry a taint "
+        f"it does not tolerate: gpu-0 ({D}/unhealthy=xid-79:NoSchedule)"
+    )
+    # A request that tolerates it fits.
+    tolerant = claim("c")
+    tolerant["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [
+        {"key": f"{D}/unhealthy", "operator": "Exists"}
+    ]
+    assert run(tolerant, alone, [node("n1")], []).finding is None

@@ -1,0 +1,213 @@
+"""Device health in the running plugin: the monitor's threads, the state kept on disk,
+and what each change does (a slice write with the taints, the kubelet's health stream,
+the metric, a log line and a node Event). The decisions live in dradriver.health."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from dradriver.health.model import (
+    DeviceHealth,
+    Health,
+    HealthBook,
+    Policy,
+    Transition,
+    XidEvent,
+    device_health,
+    unhealthy,
+)
+from dradriver.health.monitor import HealthMonitor
+from dradriver.health.store import FILE_NAME, HealthStore
+from dradriver.health.taints import TaintEffect, taint_key, with_taints
+from dradriver.inventory.model import Gpu, Inventory
+from dradriver.inventory.node_devices import NodeDevice, gpu_device_name
+from dradriver.k8s import Kube, KubeError, path_for
+from dradriver.logs import get_logger
+from dradriver.slices.build import SliceContent
+
+log = get_logger("kubeletplugin.health")
+EVENT_SOURCE = "dradriver-kubelet-plugin"
+
+
+@dataclass(frozen=True)
+class HealthOptions:
+    policy: Policy
+    effect: TaintEffect
+    probe_period: float
+
+
+class NodeEvents:
+    """Events on the Node object, posted in the background: a slow API server never
+    holds up health handling."""
+
+    def __init__(self, kube: Kube | None, node: str) -> None:
+        self.kube, self.node = kube, node
+
+    def emit(self, kind: str, reason: str, message: str) -> None:
+        if self.kube is None:
+            return
+        threading.Thread(
+            target=self._post, args=(kind, reason, message), name="node-event", daemon=True
+        ).start()
+
+    def _post(self, kind: str, reason: str, message: str) -> None:
+        assert self.kube is not None
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body: dict[str, Any] = {
+            "metadata": {"generateName": f"{self.node}.", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node},
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": EVENT_SOURCE, "host": self.node},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": EVENT_SOURCE,
+            "reportingInstance": self.node,
+        }
+        try:
+            node = self.kube.get(path_for("v1", "nodes", name=self.node))
+            body["involvedObject"]["uid"] = node["metadata"]["uid"]
+            self.kube.create(path_for("v1", "events", "default"), body)
+        except KubeError as exc:
+            log.warning("cannot post the node Event", reason=reason, error=exc.message)
+
+
+class NodeHealth:
+    def __init__(
+        self,
+        nvml: ModuleType,
+        *,
+        driver: str,
+        state_dir: Path,
+        options: HealthOptions,
+        events: NodeEvents,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.driver, self.options, self.events = driver, options, events
+        self.store = HealthStore(state_dir / FILE_NAME)
+        saved = self.store.load()
+        self.book = HealthBook(options.policy, dict(saved.gpus))
+        self._lock = threading.Lock()
+        self._known: dict[str, Gpu] = dict(saved.last_known)  # UUID -> last description
+        self._watched: list[tuple[int, str]] = [(g.index, u) for u, g in self._known.items()]
+        self._devices: Callable[[], Iterable[NodeDevice]] = list
+        self.listeners: list[Callable[[], None]] = []
+        self.monitor = HealthMonitor(
+            nvml, self.book, self.watched, self._changed, probe_period=options.probe_period,
+            clock=clock,
+        )  # fmt: skip
+        for uuid, g in self.book.gpus.items():
+            if g.faulty:
+                log.warning(
+                    "GPU still unhealthy from before the restart",
+                    gpu=uuid,
+                    reason=g.fault.reason if g.fault else g.instances[0][1].reason,
+                )
+
+    def start(self, stop: threading.Event, devices: Callable[[], Iterable[NodeDevice]]) -> None:
+        self._devices = devices
+        for name, target in (
+            ("health-events", self.monitor.run_events),
+            ("health-probe", self.monitor.run_probes),
+        ):
+            threading.Thread(target=target, args=(stop,), name=name, daemon=True).start()
+
+    def watched(self) -> list[tuple[int, str]]:
+        with self._lock:
+            return list(self._watched)
+
+    # -- what publishing asks ------------------------------------------------------------
+    def inventory(self, inv: Inventory) -> Inventory:
+        """The discovered inventory, plus the last description of each unhealthy GPU that
+        NVML can no longer describe (off the bus): it stays published, tainted."""
+        snapshot = self.monitor.snapshot()
+        found = {g.uuid for g in inv.gpus}
+        indices = {g.index for g in inv.gpus}
+        with self._lock:
+            kept = [
+                self._known[u]
+                for u, h in snapshot.items()
+                if h.faulty
+                and u not in found
+                and u in self._known
+                and self._known[u].index not in indices
+            ]
+            # A GPU off the bus is still wired to its NVLink peers: their domain (named
+            # after its members) stays what it was, or every peer's slice would change.
+            domains = {g.nvlink_domain for g in kept if g.nvlink_domain}
+            current = list(inv.gpus)
+            for i, g in enumerate(current):
+                before = self._known.get(g.uuid)
+                if before is not None and before.nvlink_domain in domains:
+                    current[i] = replace(g, nvlink_domain=before.nvlink_domain)
+            for g in current:
+                self._known[g.uuid] = g
+            gpus = tuple(sorted((*current, *kept), key=lambda g: g.index))
+            self._watched = [(g.index, g.uuid) for g in gpus]
+        return replace(inv, gpus=gpus) if kept else inv
+
+    def states(self, devices: Iterable[NodeDevice]) -> dict[str, DeviceHealth]:
+        book = HealthBook(self.book.policy, self.monitor.snapshot())
+        return device_health(book, devices)
+
+    def taint(
+        self, slices: Sequence[SliceContent], devices: Iterable[NodeDevice]
+    ) -> list[SliceContent]:
+        return with_taints(
+            slices, unhealthy(self.states(devices)), self.driver, self.options.effect
+        )
+
+    def health_by_device(self) -> dict[str, str]:
+        """For the kubelet's health stream: device name -> Healthy/Unhealthy/Unknown."""
+        return {n: str(h.health) for n, h in self.states(self._devices()).items()}
+
+    # -- what a change does ----------------------------------------------------------------
+    def _changed(self, t: Transition) -> None:
+        with self._lock:
+            known = self._known.get(t.uuid)
+            self.store.save(HealthBook(self.book.policy, self.monitor.snapshot()), self._known)
+        index = known.index if known else None
+        device = gpu_device_name(known) if known else None
+        devices = [d for d in self._devices() if d.gpu.uuid == t.uuid]
+        states = self.states(devices)
+        bad = sorted(n for n, h in states.items() if h.health is Health.UNHEALTHY)
+        xid = t.observation.xid if isinstance(t.observation, XidEvent) else None
+        if t.after.health is Health.UNHEALTHY or (t.after.faulty and not t.before.faulty):
+            fault = t.after.fault or (t.after.instances[-1][1] if t.after.instances else None)
+            reason = fault.reason if fault else ""
+            log.warning(
+                "GPU unhealthy: its devices are tainted",
+                device=device,
+                gpu=t.uuid,
+                index=index,
+                reason=reason,
+                xid=xid,
+                taint=f"{taint_key(self.driver)}={reason}:{self.options.effect}",
+                tainted=len(bad),
+            )
+            self.events.emit(
+                "Warning",
+                "GpuUnhealthy",
+                f"GPU {index} ({t.uuid}) is unhealthy ({reason}): {len(bad)} devices "
+                f"tainted {taint_key(self.driver)}={reason}:{self.options.effect}",
+            )
+        elif t.recovered:
+            log.info("GPU healthy again: taints removed", device=device, gpu=t.uuid, index=index)
+            self.events.emit(
+                "Normal", "GpuHealthy", f"GPU {index} ({t.uuid}) is healthy again; taints removed"
+            )
+        else:
+            log.info(
+                "GPU health changed", device=device, gpu=t.uuid, health=str(t.after.health),
+                why=t.after.unknown or None,
+            )  # fmt: skip
+        for listener in self.listeners:
+            listener()

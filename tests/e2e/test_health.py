@@ -1,0 +1,374 @@
+"""A sick GPU stops being scheduled and its pods learn it (Q7), on the alpha control plane
+(DRADeviceTaints: the real scheduler and kube-controller-manager's device-taint eviction)
+and a hollow node (the real v1.34 kubelet with ResourceHealthStatus): faults injected
+into the running plugin's fake GPUs with `dradriver dev inject`."""
+
+from __future__ import annotations
+
+import io
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import redirect_stderr, redirect_stdout
+from typing import Any
+
+import pytest
+
+from dradriver.cli import main
+from dradriver.health.model import Fault
+from dradriver.health.taints import TaintEffect, with_taints
+from dradriver.k8s import Kube, path_for
+from dradriver.nvml.library import open_nvml
+from dradriver.slices.build import MigMode, build
+from dradriver.slices.publish import SlicePublisher
+from fakenvml import load
+
+from .helpers import (
+    RES,
+    Cluster,
+    HollowNode,
+    NodeUnderTest,
+    PluginProc,
+    ensure_device_classes,
+    get_or_none,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+D = "gpu.dradriver.io"
+KEY = f"{D}/unhealthy"
+GPU = 'device.attributes["gpu.dradriver.io"].type == "gpu"'
+
+
+class HealthNode(NodeUnderTest):
+    def inject(self, *args: str) -> str:
+        out = io.StringIO()
+        argv = ["dev", "inject", "--state-dir", str(self.plugin.state_dir), *args]
+        with redirect_stdout(out), redirect_stderr(out):
+            rc = main(argv)
+        assert rc == 0, out.getvalue()
+        return out.getvalue()
+
+    def slices(self) -> list[dict[str, Any]]:
+        return list(
+            self.kube.list(
+                path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={self.kubelet.node}"
+            )["items"]
+        )
+
+    def taints(self) -> dict[str, list[dict[str, Any]]]:
+        """Device name -> its taints, as the API server holds them."""
+        return {
+            d["name"]: d["taints"]
+            for s in self.slices()
+            for d in s["spec"]["devices"]
+            if d.get("taints")
+        }
+
+    def devices(self) -> set[str]:
+        return {d["name"] for s in self.slices() for d in s["spec"]["devices"]}
+
+    def generations(self) -> dict[str, int]:
+        """metadata.generation per slice: +1 for every write of its spec."""
+        return {s["metadata"]["name"]: int(s["metadata"]["generation"]) for s in self.slices()}
+
+    def allocated(self, claim: str) -> list[str]:
+        c = self.kube.get(path_for(RES, "resourceclaims", self.ns, claim))
+        return [r["device"] for r in c["status"]["allocation"]["devices"]["results"]]
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        return get_or_none(self.kube, path_for("v1", "pods", self.ns, name))
+
+    def resource_health(self, name: str) -> list[str]:
+        """The pod's status.containerStatuses[].allocatedResourcesStatus health values, as
+        the kubelet writes them from the plugin's health stream."""
+        p = self.pod(name) or {}
+        return [
+            r.get("health", "")
+            for cs in p.get("status", {}).get("containerStatuses") or []
+            for rs in cs.get("allocatedResourcesStatus") or []
+            for r in rs.get("resources") or []
+        ]
+
+
+Start = Callable[..., HealthNode]
+
+
+@pytest.fixture
+def health_node(
+    alpha_cluster: Cluster, alpha_kube: Kube, hollow_node: Callable[..., HollowNode]
+) -> Iterator[Start]:
+    k = alpha_kube
+    ensure_device_classes(k)
+    started: list[tuple[PluginProc, str]] = []
+
+    def start(spec: str, mode: str = "none", effect: str = "NoSchedule") -> HealthNode:
+        """`spec`: a fake device spec, or a fleet YAML's text."""
+        kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
+        assert "ResourceHealthStatus=true" in kubelet.log()
+        if "\n" in spec:
+            fleet = kubelet.root.parent / f"{kubelet.node}-fleet.yaml"
+            fleet.write_text(spec)
+            spec = f"@{fleet}"
+        plugin = PluginProc(
+            alpha_cluster.kubeconfig,
+            kubelet,
+            f"fake:{spec}",
+            mode,
+            extra_args=[
+                "--health-taint-effect",
+                effect,
+                "--health-probe-period",
+                "1",
+                "--health-recovery-probes",
+                "2",
+            ],
+        )
+        plugin.start()
+        ns = f"health-{secrets.token_hex(3)}"
+        k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+        started.append((plugin, ns))
+        wait_for(
+            lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+            "the default ServiceAccount",
+            30,
+        )
+        wait_for(plugin.ready, "the plugin", 30)
+        return HealthNode(k, ns, kubelet, plugin)
+
+    yield start
+    for plugin, ns in started:
+        plugin.stop()
+        print(f"--- plugin log, last lines ---\n{plugin.log()[-6000:]}")
+        k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+def test_xid_79_taints_that_gpu_and_its_mig_devices_and_new_claims_avoid_it(
+    health_node: Start,
+) -> None:
+    n = health_node("2xH100-80GB", mode="dynamic")
+    wait_for(lambda: len(n.devices()) == 52, "both GPUs' 26 devices published", 30)
+    before = n.generations()
+
+    # Application XIDs (the skip list) change nothing at all: no taint, no write.
+    n.inject("--gpu", "1", "--xid", "13")
+    n.inject("--gpu", "1", "--xid", "43")
+    time.sleep(3)  # three probe periods
+    assert n.taints() == {} and n.generations() == before
+
+    t0 = time.monotonic()
+    out = n.inject("--gpu", "1", "--xid", "79")
+    assert "XID 79 raised on GPU 1" in out
+    gpu1 = {d for d in n.devices() if d == "gpu-1" or d.startswith("gpu-1-")}
+    assert len(gpu1) == 26
+    wait_for(lambda: set(n.taints()) == gpu1, "GPU 1 and its MIG devices tainted", 5)
+    print(f"XID 79 -> taints in the API server: {time.monotonic() - t0:.2f} s")
+    taints = n.taints()
+    assert all(len(t) == 1 for t in taints.values())
+    assert {(t[0]["key"], t[0]["value"], t[0]["effect"]) for t in taints.values()} == {
+        (KEY, "xid-79", "NoSchedule")
+    }
+    assert len({t[0]["timeAdded"] for t in taints.values()}) == 1
+    # One slice write: GPU 1's own slice, once.
+    after = n.generations()
+    changed = {s: after[s] - before[s] for s in before if after[s] != before[s]}
+    assert list(changed.values()) == [1] and next(iter(changed)).endswith("-gpu-1"), changed
+    healthy = n.plugin.metric
+    wait_for(lambda: healthy("dradriver_device_healthy", device="gpu-1") == 0, "the metric", 5)
+    assert healthy("dradriver_device_healthy", device="gpu-0") == 1
+
+    # New claims never get it: the whole GPU 0, then nothing left for a MIG device.
+    n.claim_and_pod("whole", GPU, device_class="gpu.dradriver.io", request="gpu")
+    n.running("whole")
+    assert n.allocated("whole") == ["gpu-0"]
+    n.claim_and_pod("part", "true")
+    time.sleep(5)
+    assert (n.pod("part") or {}).get("status", {}).get("phase") == "Pending"
+    assert not (n.pod("part") or {}).get("spec", {}).get("nodeName")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        main(["explain", "pod/part", "-n", n.ns, "--kubeconfig", n.plugin.kubeconfig])
+    (verdict,) = [x for x in out.getvalue().splitlines() if x.startswith("=> ")]
+    assert verdict.startswith("=> allocation: all 50 devices matching request mig are taken")
+    assert f"25 tainted ({KEY}=xid-79:NoSchedule, not tolerated)" in verdict
+
+    # A reset: two clean probes later the taints are gone and GPU 1 is offered again.
+    t0 = time.monotonic()
+    n.inject("--gpu", "1", "--recover")
+    wait_for(lambda: n.taints() == {}, "the taints removed", 15)
+    print(f"reset -> taints removed: {time.monotonic() - t0:.2f} s")
+    assert n.generations()[next(iter(changed))] == after[next(iter(changed))] + 1
+    n.running("part")
+    (part,) = n.allocated("part")
+    assert part.startswith("gpu-1-mig-")
+
+
+def test_the_pod_learns_it_through_the_kubelet(health_node: Start) -> None:
+    n = health_node("2xH100-80GB")
+    # The v1.34 kubelet reports a claim's health only where the pod's resourceClaims
+    # entry has the ResourceClaim's own name (UpdateAllocatedResourcesStatus compares
+    # the container's claim name with ClaimInfo.ClaimName, pkg/kubelet/cm/dra/manager.go).
+    n.claim_and_pod("job", GPU, device_class="gpu.dradriver.io", request="job")
+    n.running("job")
+    (device,) = n.allocated("job")
+    index = device.removeprefix("gpu-")
+    wait_for(lambda: n.resource_health("job") == ["Healthy"], "Healthy in the pod status", 30)
+
+    t0 = time.monotonic()
+    n.inject("--gpu", index, "--xid", "79")
+    wait_for(lambda: n.resource_health("job") == ["Unhealthy"], "Unhealthy in the pod", 30)
+    print(f"XID 79 -> pod status Unhealthy: {time.monotonic() - t0:.2f} s")
+    assert set(n.taints()) == {device}
+    # NoSchedule: the pod keeps running.
+    assert (n.pod("job") or {}).get("status", {}).get("phase") == "Running"
+    events = n.kube.list(
+        path_for("v1", "events", "default"),
+        fieldSelector=f"involvedObject.name={n.kubelet.node},reason=GpuUnhealthy",
+    )["items"]
+    (ev,) = events
+    assert f"GPU {index} (GPU-" in ev["message"] and "xid-79" in ev["message"]
+
+    n.inject("--gpu", index, "--recover")
+    wait_for(lambda: n.resource_health("job") == ["Healthy"], "Healthy again in the pod", 30)
+    assert n.taints() == {}
+
+
+def test_noexecute_evicts_the_pod(health_node: Start) -> None:
+    n = health_node("2xH100-80GB", effect="NoExecute")
+    n.claim_and_pod("victim", GPU, device_class="gpu.dradriver.io", request="gpu")
+    n.running("victim")
+    (device,) = n.allocated("victim")
+    uid = (n.pod("victim") or {})["metadata"]["uid"]
+    t0 = time.monotonic()
+    n.inject("--gpu", device.removeprefix("gpu-"), "--xid", "79")
+    wait_for(lambda: set(n.taints()) == {device}, "the taint", 5)
+    assert n.taints()[device][0]["effect"] == "NoExecute"
+
+    def evicted() -> bool:
+        p = n.pod("victim")
+        if p is None or p["metadata"]["uid"] != uid:
+            return True
+        return any(
+            c.get("type") == "DisruptionTarget"
+            and c.get("reason") == "DeletionByDeviceTaintManager"
+            for c in p.get("status", {}).get("conditions") or []
+        )
+
+    wait_for(evicted, "kube-controller-manager to evict the pod", 60)
+    print(f"XID 79 -> pod evicted: {time.monotonic() - t0:.2f} s")
+    wait_for(lambda: n.pod("victim") is None, "the pod gone", 60)
+
+
+def test_noexecute_evicts_a_mig_pod_of_a_gpu_off_the_bus(health_node: Start) -> None:
+    """Dynamic MIG mode: the pod's partition is carved on GPU 0, which then falls off the
+    bus. The pod is evicted and its claim unprepared although NVML cannot reach the GPU
+    to destroy the MIG device (the reset that brings the GPU back destroys it)."""
+    n = health_node("1xH100-80GB", mode="dynamic", effect="NoExecute")
+    n.claim_and_pod("mig", "true")
+    n.running("mig")
+    (device,) = n.allocated("mig")
+    assert device.startswith("gpu-0-mig-")
+    n.inject("--gpu", "0", "--lost")
+    wait_for(lambda: device in n.taints(), "the partition tainted", 5)
+    wait_for(lambda: n.pod("mig") is None, "the pod evicted and gone", 60)
+    n.inject("--gpu", "0", "--recover")
+    wait_for(lambda: n.taints() == {}, "the taints removed", 15)
+
+
+def test_an_xid_naming_a_gpu_instance_taints_that_instance_only(health_node: Start) -> None:
+    fleet = (
+        "gpus:\n- product: H100-80GB\n  mig: on\n  migDevices:\n"
+        "  - {gpu: 0, profile: 3g.40gb, placement: 0}\n"
+        "  - {gpu: 0, profile: 3g.40gb, placement: 4}\n"
+    )
+    n = health_node(fleet, mode="static")
+    wait_for(lambda: len(n.devices()) == 2, "the two MIG devices published", 30)
+    fake = load(n.plugin.devices.removeprefix("fake:"), node=n.kubelet.node,
+                state_dir=n.plugin.state_dir)  # fmt: skip
+    gi = next(g for g in fake.machine.gpus[0].gpu_instances.values() if g.start == 4)
+    # XID 69 (graphics engine class error) leaves no state behind for the probe: what it
+    # taints is the event's scope alone. (48, 94 and 95 leave a row remapping pending, a
+    # GPU reset away, and the probe then taints the whole GPU.)
+    n.inject("--gpu", "0", "--xid", "69", "--gpu-instance", str(gi.id))
+    wait_for(lambda: bool(n.taints()), "a taint", 5)
+    ((name, taints),) = n.taints().items()
+    dev = next(d for s in n.slices() for d in s["spec"]["devices"] if d["name"] == name)
+    assert dev["attributes"]["placementStart"] == {"int": 4}
+    assert taints[0]["value"] == "xid-69"
+    # Nothing the probes see: two clean ones later (--health-recovery-probes 2) it is
+    # healthy again, and no other device was tainted meanwhile.
+    ever: set[str] = set()
+
+    def cleared() -> bool:
+        now = n.taints()
+        ever.update(now)
+        return not now
+
+    wait_for(cleared, "the instance healthy again", 10)
+    assert ever == {name}
+
+
+def test_a_lost_gpu_and_a_restart_keep_it_tainted(health_node: Start) -> None:
+    n = health_node("2xH100-80GB")
+    n.inject("--gpu", "0", "--lost")
+    wait_for(lambda: set(n.taints()) == {"gpu-0"}, "the lost GPU tainted", 5)
+    # The event (XID 79) or the probe (off the bus) may say it first.
+    assert n.taints()["gpu-0"][0]["value"] in ("xid-79", "lost")
+    assert n.devices() == {"gpu-0", "gpu-1"}  # still published, from its last description
+    before, taints = n.generations(), n.taints()
+
+    n.plugin.stop()
+    n.plugin.start()
+    wait_for(n.plugin.ready, "the restarted plugin", 30)
+    assert n.taints() == taints  # the same taint, the same timeAdded
+    assert n.generations() == before  # nothing to write after the restart
+    assert "GPU still unhealthy from before the restart" in n.plugin.log()
+
+    n.inject("--gpu", "0", "--recover")
+    wait_for(lambda: n.taints() == {}, "the taint removed after the reset", 15)
+
+
+def test_a_claim_that_tolerates_the_taint_gets_the_unhealthy_gpu(health_node: Start) -> None:
+    """examples/claims/gpu-tolerating-unhealthy.yaml: a diagnostic job on the one GPU
+    left, which is tainted NoSchedule. (A tolerated NoExecute taint still evicts with the
+    1.34 scheduler: kubernetes/kubernetes#134434.)"""
+    n = health_node("1xH100-80GB")
+    n.inject("--gpu", "0", "--xid", "48")  # a double-bit ECC error
+    wait_for(lambda: set(n.taints()) == {"gpu-0"}, "the taint", 5)
+    assert n.taints()["gpu-0"][0]["value"] == "xid-48"
+    # Without the toleration, a claim for the same GPU stays pending.
+    n.claim_and_pod("intolerant", GPU, device_class="gpu.dradriver.io", request="gpu")
+    time.sleep(3)
+    assert not (n.pod("intolerant") or {}).get("spec", {}).get("nodeName")
+    (pod,) = n.apply("gpu-tolerating-unhealthy")
+    running = n.running(pod)
+    name = running["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    assert n.allocated(name) == ["gpu-0"]
+
+
+def test_without_the_gate_the_taints_are_dropped_and_publishing_goes_on(
+    kube: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The GA control plane (DRADeviceTaints off): the API server drops the field. The
+    publisher says which gate to enable, once, keeps the devices published and does not
+    rewrite the slice over and over."""
+    node = f"nogate-{secrets.token_hex(3)}"
+    pub = SlicePublisher(kube, D, node)
+    inv = open_nvml("fake:2xL4", node=node, state_dir=None).discover().inventory
+    built = build(inv, MigMode.NONE)
+    tainted = with_taints(built.slices, {"gpu-1": Fault("xid-79", 1)}, D, TaintEffect.NO_SCHEDULE)
+    try:
+        with caplog.at_level(logging.WARNING):
+            first = pub.sync(tainted)
+            again = pub.sync(tainted)
+        assert first.created == 1 and again.writes == 0
+        assert pub.taints_dropped
+        warned = [r for r in caplog.records if "DRADeviceTaints" in r.getMessage()]
+        assert len(warned) == 1
+        assert "enable the DRADeviceTaints feature gate" in warned[0].getMessage()
+        (stored,) = pub.existing()
+        assert [d["name"] for d in stored["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+        assert not any(d.get("taints") for d in stored["spec"]["devices"])
+    finally:
+        pub.delete_all()
