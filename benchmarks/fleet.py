@@ -21,9 +21,11 @@ etcd, kube-apiserver, kube-scheduler and kube-controller-manager v1.34) without 
    checked: the devices exist on the pod's node and are of the claim's kind, no device
    is in two claims, no counter set is overdrawn (MIG placements do not overlap), the
    four GPUs share an NVLink domain. `--modes none-alpha` runs whole GPUs on the alpha
-   cluster: what the alpha gates cost by themselves.
+   cluster: what the alpha gates cost by themselves; `dynamic-chosen` runs dynamic mode
+   with only the `--mig-profiles` offered (the plugin's flag of that name).
 
-    .venv/bin/python benchmarks/fleet.py [--nodes 10,50,200,500] [--modes none,dynamic]
+    .venv/bin/python benchmarks/fleet.py [--nodes 10,50,200,500]
+        [--modes none,dynamic,dynamic-chosen] [--mig-profiles 1g.10gb,3g.40gb]
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dradriver.commands.flags import mig_profiles  # noqa: E402
 from dradriver.k8s import Kube, KubeError, NotFound, path_for  # noqa: E402
 from dradriver.nvml.library import open_nvml  # noqa: E402
 from dradriver.slices.build import MigMode, SliceContent, build  # noqa: E402
@@ -63,10 +66,12 @@ DRIVER = "gpu.dradriver.io"
 # so the 4-GPU claim's matchAttribute constraint has a choice to make and can be broken.
 DEVICES = "fake:8xH100-80GB:nvlink=quads"
 NODES = (10, 50, 200, 500)
-MODES = ("none", "dynamic")
+MODES = ("none", "dynamic", "dynamic-chosen")
 # Whole GPUs on the alpha cluster: what the alpha gates cost by themselves, apart from the
 # slices dynamic mode publishes. Not run unless asked for.
 MODES_KNOWN = (*MODES, "none-alpha")
+# What dynamic-chosen offers: the two profiles the MIG examples ask for.
+CHOSEN = "1g.10gb,3g.40gb"
 WORKERS = 8  # concurrent API clients: nodes publishing, claims and pods being created
 CONTROLLERS = "*,-node-lifecycle-controller"
 
@@ -241,11 +246,11 @@ class NodeSlices:
         return self._capacity
 
 
-def build_fleet(n: int, mode: MigMode) -> list[NodeSlices]:
+def build_fleet(n: int, mode: MigMode, profiles: frozenset[str] = frozenset()) -> list[NodeSlices]:
     out = []
     for i in range(n):
         inv = open_nvml(DEVICES, node=node_name(i), state_dir=None).discover().inventory
-        out.append(NodeSlices(node_name(i), build(inv, mode).slices))
+        out.append(NodeSlices(node_name(i), build(inv, mode, profiles=profiles).slices))
     return out
 
 
@@ -288,7 +293,7 @@ class Kind:
         return n // self.count
 
 
-def kinds(mode: MigMode) -> list[Kind]:
+def kinds(mode: MigMode, profiles: frozenset[str] = frozenset()) -> list[Kind]:
     gpu = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
     out = [
         Kind("1 GPU", gpu, "gpu"),
@@ -296,8 +301,9 @@ def kinds(mode: MigMode) -> list[Kind]:
     ]
     if mode is MigMode.DYNAMIC:
         out += [
-            Kind("MIG 1g.10gb", _example("mig-1g10gb.yaml"), "mig", profile="1g.10gb"),
-            Kind("MIG 3g.40gb", _example("mig-3g40gb.yaml"), "mig", profile="3g.40gb"),
+            Kind(f"MIG {p}", _example(f"mig-{p.replace('.', '')}.yaml"), "mig", profile=p)
+            for p in ("1g.10gb", "3g.40gb")
+            if not profiles or p in profiles
         ]
     return out
 
@@ -555,33 +561,35 @@ class Result:
     total: float
 
 
-def run(mode: str, n: int, pods: int, work: Path) -> Result:
+def run(mode: str, n: int, pods: int, work: Path, chosen: frozenset[str]) -> Result:
     t0 = time.perf_counter()
-    mig = MigMode(mode.removesuffix("-alpha"))
+    mig = MigMode(mode.removesuffix("-alpha").removesuffix("-chosen"))
     alpha = mig is MigMode.DYNAMIC or mode.endswith("-alpha")
-    print(f"fleet: {mode} x {n} nodes: building each node's slices", flush=True)
+    profiles = chosen if mode.endswith("-chosen") else frozenset()
+    label = f"dynamic, {','.join(sorted(profiles))}" if profiles else mode
+    print(f"fleet: {label} x {n} nodes: building each node's slices", flush=True)
     t = time.perf_counter()
-    fleet = build_fleet(n, mig)
+    fleet = build_fleet(n, mig, profiles)
     built = time.perf_counter() - t
     st = cluster.up(work / f"{mode}-{n}", alpha=alpha, controllers=CONTROLLERS)
     try:
         kube = Kube.from_kubeconfig(st.kubeconfig)
-        print(f"fleet: {mode} x {n}: publishing", flush=True)
+        print(f"fleet: {label} x {n}: publishing", flush=True)
         pub = publish(kube, st, fleet)
-        print(publish_row(mode, n, pub), flush=True)
+        print(publish_row(label, n, pub), flush=True)
         sched = SchedulerMetrics(st.ports["scheduler"], st.kubeconfig)
         by_name = {x.name: x for x in fleet}
         bursts = []
-        for i, kind in enumerate(kinds(mig)):
+        for i, kind in enumerate(kinds(mig, profiles)):
             size = min(pods, kind.capacity(fleet[0]) * n)
             b = burst(kube, st, sched, kind, size, by_name, f"burst-{i}")
             bursts.append(b)
-            print(burst_row(mode, n, b), flush=True)
+            print(burst_row(label, n, b), flush=True)
             for w in b.wrong[:10]:
                 print(f"    WRONG: {w}", flush=True)
     finally:
         cluster.down(work / f"{mode}-{n}")
-    return Result(mode, n, built, pub, bursts, time.perf_counter() - t0)
+    return Result(label, n, built, pub, bursts, time.perf_counter() - t0)
 
 
 # --- output ---------------------------------------------------------------------------
@@ -620,7 +628,13 @@ def main() -> int:
     ap.add_argument(
         "--modes",
         default=",".join(MODES),
-        help="MIG modes: none,dynamic; none-alpha: whole GPUs on the alpha cluster",
+        help="MIG modes: none,dynamic,dynamic-chosen (only --mig-profiles offered); "
+        "none-alpha: whole GPUs on the alpha cluster",
+    )
+    ap.add_argument(
+        "--mig-profiles",
+        default=CHOSEN,
+        help=f"the profiles dynamic-chosen offers (default {CHOSEN})",
     )
     ap.add_argument("--pods", type=int, default=200, help="pods per burst (capped by capacity)")
     args = ap.parse_args()
@@ -629,6 +643,9 @@ def main() -> int:
     for m in modes:
         if m not in MODES_KNOWN:
             ap.error(f"--modes: {m!r} is not one of {', '.join(MODES_KNOWN)}")
+    chosen = mig_profiles(args.mig_profiles)
+    if not chosen and "dynamic-chosen" in modes:
+        ap.error("--mig-profiles: dynamic-chosen needs at least one profile")
     work = Path(tempfile.mkdtemp(prefix="drfleet-"))
     print(f"fleet: control planes in {work}; {DEVICES} per node", flush=True)
     results = []
@@ -636,7 +653,7 @@ def main() -> int:
     for n in sizes:
         for mode in modes:
             try:
-                r = run(mode, n, args.pods, work)
+                r = run(mode, n, args.pods, work, chosen)
             except (KubeError, RuntimeError, cluster.ClusterError) as exc:
                 print(f"fleet: {mode} x {n} failed: {exc}", flush=True)
                 continue

@@ -232,7 +232,9 @@ def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
                 f = device_facts(kube, r["pool"], r["device"])
                 what = f.get("productName", "?")
                 if f.get("type") == "mig":
-                    what += f", MIG {f.get('profile')} at placement {f.get('placementStart')}"
+                    # The placement is the name's last part: gpu-0-mig-3g40gb-4.
+                    at = r["device"].split("-ci")[0].rsplit("-", 1)[-1]
+                    what += f", MIG {f.get('profile')} at placement {at}"
                 uuid = f.get("uuid") or f.get("parentUUID", "")
                 out.append(f"  {r['request']}: {r['device']} ({what}) {uuid}")
         if node in nodes:

@@ -2,10 +2,11 @@
 
 One pool per node, named after the node. Which devices exist in each MIG mode is decided
 by dradriver.inventory.node_devices (the device model prepare uses too); this module only
-renders them: attributes and capacities per device, and in dynamic mode the GPU's counter
-set (see counters.py) in a slice of its own, because in 1.34 a device can only consume
-counter sets declared in its own slice. Devices without counters are packed into as few
-slices as the 128-device limit allows.
+renders them: attributes and capacities per device, and in dynamic mode each GPU's counter
+set (see counters.py) in the slice of its devices, because in 1.34 a device can only
+consume counter sets declared in its own slice; GPUs with counters share slices as far as
+the limits allow (`_merge`). Devices without counters are packed into as few slices as
+the 128-device limit allows.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.inventory.model import Gpu, Inventory, MigProfile
+from dradriver.inventory.model import Gpu, Inventory
 from dradriver.inventory.node_devices import (
     DeviceKind,
     GpuOffer,
@@ -70,12 +71,15 @@ def _s(v: str) -> dict[str, Any]:
     return {"string": v}
 
 
-def _common(inv: Inventory, gpu: Gpu, mig: bool = False) -> dict[str, dict[str, Any]]:
-    """Attributes a MIG device inherits from its parent GPU. Not its NVLink domain: MIG
-    devices have no peer-to-peer with other GPUs (MIG User Guide, R570: "P2P between MIG
-    instances on different GPUs ... not supported"), so a claim matching nvlinkDomain
-    must never be handed MIG devices."""
+def _gpu_attributes(inv: Inventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
+    """Everything a claim may select a whole GPU by (README, "Selecting GPUs by
+    attribute")."""
     a: dict[str, dict[str, Any]] = {
+        "type": _s("gpu"),
+        "uuid": _s(gpu.uuid),
+        "index": {"int": gpu.index},
+        "minor": {"int": gpu.minor},
+        "migCapable": {"bool": gpu.mig_capable},
         "productName": _s(gpu.product_name),
         "brand": _s(gpu.brand),
         "architecture": _s(gpu.architecture),
@@ -84,68 +88,71 @@ def _common(inv: Inventory, gpu: Gpu, mig: bool = False) -> dict[str, dict[str, 
         "cudaDriverVersion": {"version": inv.cuda_driver_version},
         f"{STANDARD_DOMAIN}/pciBusID": _s(gpu.pci_bus_id),
     }
-    if gpu.pcie_root:
-        a[f"{STANDARD_DOMAIN}/pcieRoot"] = _s(gpu.pcie_root)
-    if gpu.numa_node is not None:
-        a["numaNode"] = {"int": gpu.numa_node}
-    if gpu.nvlink_domain and not mig:
+    a.update(_placement(gpu))
+    if gpu.nvlink_domain:
         a["nvlinkDomain"] = _s(gpu.nvlink_domain)
     return a
 
 
-def _mig_capacity(memory_bytes: int, profile: MigProfile | None, sms: int) -> dict[str, Any]:
-    cap: dict[str, Any] = {
-        "memory": {"value": str(memory_bytes)},
-        "multiprocessors": {"value": str(sms)},
-    }
-    if profile is not None:
-        cap.update(
-            {
-                "copyEngines": {"value": str(profile.copy_engines)},
-                "decoders": {"value": str(profile.decoders)},
-                "encoders": {"value": str(profile.encoders)},
-                "jpegEngines": {"value": str(profile.jpeg_engines)},
-                "ofaEngines": {"value": str(profile.ofa_engines)},
-            }
-        )
+def _placement(gpu: Gpu) -> dict[str, dict[str, Any]]:
+    """Where the GPU sits: what a claim aligns other devices with (matchAttribute)."""
+    a: dict[str, dict[str, Any]] = {}
+    if gpu.pcie_root:
+        a[f"{STANDARD_DOMAIN}/pcieRoot"] = _s(gpu.pcie_root)
+    if gpu.numa_node is not None:
+        a["numaNode"] = {"int": gpu.numa_node}
+    return a
+
+
+def _mig_attributes(dev: NodeDevice) -> dict[str, dict[str, Any]]:
+    """What a claim selects a MIG device by, and nothing more. In dynamic mode every
+    profile x placement of every GPU is a device, some 200 a node, so every attribute is
+    paid for that many times: in the bytes published, in the API server's and the
+    scheduler's memory, and in every CEL evaluation (which rebuilds the device's
+    attribute map each time). Kept: the type and profile (what the classes and claims
+    select), the product (a claim across products), the parent (same-GPU or
+    different-GPU constraints, and which GPU it is) and the PCIe root (alignment with
+    other drivers' devices), and the memory as capacity (a size across products).
+    Left to the whole GPU: facts of the product or the node (brand, architecture,
+    compute capability, driver versions), of the PCI function (pciBusID, NUMA node:
+    a MIG device is no PCI function of its own) and what the profile already says
+    (its SMs and engines; `dradriver devices` lists them). The placement is in the
+    device's name (gpu-0-mig-3g40gb-4). No NVLink domain: MIG devices have no
+    peer-to-peer with other GPUs (MIG User Guide, R570: "P2P between MIG instances on
+    different GPUs ... not supported"), so a claim matching nvlinkDomain must never be
+    handed MIG devices."""
+    gpu = dev.gpu
+    a: dict[str, dict[str, Any]] = {"type": _s("mig")}
+    if dev.mig is not None:  # it exists: it has a UUID of its own
+        a["uuid"] = _s(dev.mig.uuid)
+    a["parentUUID"] = _s(gpu.uuid)
+    a["profile"] = _s(str(dev.profile_name))
+    a["productName"] = _s(gpu.product_name)
+    if gpu.pcie_root:
+        a[f"{STANDARD_DOMAIN}/pcieRoot"] = _s(gpu.pcie_root)
+    return a
+
+
+def _capacity(memory_bytes: int, sms: int | None = None) -> dict[str, Any]:
+    cap: dict[str, Any] = {"memory": {"value": str(memory_bytes)}}
+    if sms is not None:
+        cap["multiprocessors"] = {"value": str(sms)}
     return cap
 
 
 def render(inv: Inventory, dev: NodeDevice) -> dict[str, Any]:
-    """One device of a ResourceSlice, without counters (pure)."""
+    """One device of a ResourceSlice, without counters (pure). A MIG device's engines
+    are its profile's (`dradriver devices` lists them): a claim names the profile."""
     gpu = dev.gpu
     if dev.kind is DeviceKind.GPU:
-        attrs = {
-            "type": _s("gpu"),
-            "uuid": _s(gpu.uuid),
-            "index": {"int": gpu.index},
-            "minor": {"int": gpu.minor},
-            "migCapable": {"bool": gpu.mig_capable},
-            **_common(inv, gpu),
-        }
-        capacity = {"memory": {"value": str(gpu.memory_bytes)}}
-        if gpu.multiprocessors is not None:
-            capacity["multiprocessors"] = {"value": str(gpu.multiprocessors)}
-        return {"name": dev.name, "attributes": attrs, "capacity": capacity}
-    attrs = {"type": _s("mig")}
-    if dev.mig is not None:  # it exists: it has a UUID of its own
-        attrs["uuid"] = _s(dev.mig.uuid)
-    attrs.update(
-        {
-            "parentUUID": _s(gpu.uuid),
-            "parentIndex": {"int": gpu.index},
-            "profile": _s(str(dev.profile_name)),
-            "placementStart": {"int": int(dev.placement_start or 0)},
-            **_common(inv, gpu, mig=True),
-        }
-    )
+        capacity = _capacity(gpu.memory_bytes, gpu.multiprocessors)
+        return {"name": dev.name, "attributes": _gpu_attributes(inv, gpu), "capacity": capacity}
     if dev.mig is not None:
-        cap = _mig_capacity(dev.mig.memory_bytes, dev.profile, dev.mig.multiprocessors)
+        memory = dev.mig.memory_bytes
     else:
         assert dev.partition is not None
-        p = dev.partition.profile
-        cap = _mig_capacity(p.memory_bytes, p, p.multiprocessors)
-    return {"name": dev.name, "attributes": attrs, "capacity": cap}
+        memory = dev.partition.profile.memory_bytes
+    return {"name": dev.name, "attributes": _mig_attributes(dev), "capacity": _capacity(memory)}
 
 
 def _consumes(counter_set: str, counters: dict[str, int]) -> list[dict[str, Any]]:
@@ -155,7 +162,7 @@ def _consumes(counter_set: str, counters: dict[str, int]) -> list[dict[str, Any]
 
 
 def _counted(inv: Inventory, g: GpuOffer) -> SliceContent:
-    """A GPU's own slice: its counter set, and what each device consumes of it. GPU
+    """A GPU's devices with its counter set, and what each device consumes of it. GPU
     instances someone else made are not allocatable through the counters, so the
     counter set is published with their share already taken."""
     design = ctr.design(tuple(g.gpu.mig_profiles))
@@ -182,6 +189,57 @@ def _counted(inv: Inventory, g: GpuOffer) -> SliceContent:
         },
     )
     return SliceContent(key=f"gpu-{g.gpu.index}", devices=tuple(devices), shared_counters=shared)
+
+
+def _fits_with(group: Sequence[SliceContent], more: SliceContent) -> bool:
+    every = [*group, more]
+    return (
+        sum(len(c.devices) for c in every) <= MAX_DEVICES
+        and sum(len(cs["counters"]) for c in every for cs in c.shared_counters)
+        <= MAX_SHARED_COUNTERS
+        and sum(
+            len(x["counters"])
+            for c in every
+            for d in c.devices
+            for x in d.get("consumesCounters", ())
+        )
+        <= MAX_DEVICE_COUNTERS
+    )
+
+
+def _is_gpu(device: dict[str, Any]) -> bool:
+    return bool(device["attributes"]["type"]["string"] == "gpu")
+
+
+def _merge(group: Sequence[SliceContent]) -> SliceContent:
+    """GPUs with counters share slices, as many as the 1.34 limits allow (32 shared
+    counters: four A100s or H100s, each with 8). The scheduler pays per slice of the
+    whole cluster for every node it filters (v0.34.4 structured/internal/experimental,
+    GatherPools walks every slice to find the node's), so fewer slices cost it less.
+
+    The order in the slice is the packing policy, since the scheduler takes the first
+    device that fits: the whole GPUs first, from the lowest index up (a whole-GPU claim
+    then never walks partitions, each a CEL evaluation, while a GPU of the slice is
+    free), then the partitions GPU by GPU from the highest index down, so that
+    partitions fill one GPU before they break into the next and whole-GPU and MIG
+    claims start at opposite ends."""
+    whole = [d for c in group for d in c.devices if _is_gpu(d)]
+    parts = [d for c in reversed(group) for d in c.devices if not _is_gpu(d)]
+    return SliceContent(
+        key="gpus-" + group[0].key.removeprefix("gpu-"),  # "gpus-4": GPUs 4 and up
+        devices=(*whole, *parts),
+        shared_counters=tuple(cs for c in group for cs in c.shared_counters),
+    )
+
+
+def _group(counted: Sequence[SliceContent]) -> list[SliceContent]:
+    groups: list[list[SliceContent]] = []
+    for c in counted:
+        if groups and _fits_with(groups[-1], c):
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return [_merge(g) for g in groups]
 
 
 def _pack(devices: Sequence[dict[str, Any]]) -> list[SliceContent]:
@@ -233,7 +291,7 @@ def build(
         else:
             loose += content.devices
     result = BuildResult(
-        slices=own + _pack(loose),
+        slices=_group(own) + _pack(loose),
         skipped=skipped,
         offer=NodeOffer(tuple(kept), tuple(skipped)),
     )

@@ -32,18 +32,18 @@ def test_fewest_writes_and_generation(
     k = alpha_kube
     kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
     pub = SlicePublisher(k, DRIVER, kubelet.node)
-    spec = "4xH100-80GB"
+    spec = "8xH100-80GB"  # two slices: four GPUs and their counter sets in each
 
     def desired() -> list:  # type: ignore[type-arg]
         inv = open_nvml(f"fake:{spec}", node=kubelet.node, state_dir=tmp_path).discover().inventory
         return build(inv, MigMode.DYNAMIC).slices
 
     first = pub.sync(desired())
-    assert (first.created, first.updated, first.deleted, first.generation) == (4, 0, 0, 1)
+    assert (first.created, first.updated, first.deleted, first.generation) == (2, 0, 0, 1)
     again = pub.sync(desired())
     assert again.writes == 0  # nothing changed: no write at all
 
-    # An admin carves a MIG device on GPU 2: only that GPU's slice changes, in one
+    # An admin carves a MIG device on GPU 2: only the slice of GPUs 0-3 changes, in one
     # atomic update, so the generation stays.
     fake = load(spec, node=kubelet.node, state_dir=tmp_path)
     fake.pynvml.nvmlInit()
@@ -54,18 +54,25 @@ def test_fewest_writes_and_generation(
     one = pub.sync(desired())
     assert (one.created, one.updated, one.deleted, one.generation) == (0, 1, 0, 1)
     stored = {s["metadata"]["name"]: s for s in slices(k, kubelet.node)}
-    gpu2_slice = next(s for n, s in stored.items() if n.endswith("-gpu-2"))
+    gpu2_slice = next(s for n, s in stored.items() if n.endswith("-gpus-0"))
     names = {d["name"] for d in gpu2_slice["spec"]["devices"]}
     assert "gpu-2" not in names and "gpu-2-mig-3g40gb-4" in names
     assert "gpu-2-mig-1g10gb-1" not in names  # overlaps the admin's device
 
-    # A GPU disappears: a slice goes away, the count changes, every slice moves to a
-    # new generation so consumers never mix the two views.
-    spec, tmp_path = "3xH100-80GB", tmp_path / "other-machine"
-    fewer = pub.sync(desired())
-    assert fewer.deleted == 1 and fewer.generation == 2
+    # GPUs appear: a slice is added, the count changes, every slice moves to a new
+    # generation so consumers never mix the two views.
+    spec, tmp_path = "12xH100-80GB", tmp_path / "other-machine"
+    more = pub.sync(desired())
+    assert (more.created, more.updated, more.generation) == (1, 2, 2)
     pools = [s["spec"]["pool"] for s in slices(k, kubelet.node)]
     assert pools == [{"name": kubelet.node, "generation": 2, "resourceSliceCount": 3}] * 3
+    # GPUs disappear: their slices go first, then the one left is rewritten in a single
+    # atomic update (its new count), so the generation can stay.
+    spec, tmp_path = "4xH100-80GB", tmp_path / "third-machine"
+    fewer = pub.sync(desired())
+    assert (fewer.deleted, fewer.updated, fewer.generation) == (2, 1, 2)
+    pools = [s["spec"]["pool"] for s in slices(k, kubelet.node)]
+    assert pools == [{"name": kubelet.node, "generation": 2, "resourceSliceCount": 1}]
 
 
 def test_nothing_is_published_before_discovery_succeeds(

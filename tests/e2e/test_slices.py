@@ -244,7 +244,7 @@ def test_dynamic_mig_partitions_never_overlap(
 
         pods = [example(k, ns, "mig-1g10gb", node=kubelet.node, mutate=three_g(i)) for i in (0, 1)]
         placed = sorted(
-            int(attr(_dev(k, r), "placementStart"))
+            int(_dev(k, r)["name"].rsplit("-", 1)[1])  # gpu-0-mig-3g40gb-4: placed at 4
             for p in pods
             for r in results(claim_of(k, ns, p))
         )

@@ -309,7 +309,7 @@ def _check_offered_partitions_fit(row: Row, placed: list[mig_rules.Placed], doc:
         profile = d["attributes"]["profile"]["string"]
         gi = product.gi_profile_by_name(profile)
         assert gi is not None
-        start = d["attributes"]["placementStart"]["int"]
+        start = int(d["name"].rsplit("-", 1)[1])  # gpu-0-mig-3g20gb-4: placed at 4
         nvml_ok = mig_rules.admissible([*placed, (gi, start)])
         assert fits == nvml_ok, (d["name"], fits, nvml_ok)
 
