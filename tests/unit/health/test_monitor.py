@@ -120,6 +120,7 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
     changes: list[int] = []
     health.listeners.append(lambda: changes.append(1))
 
+    gpu0: list[dict[str, object]] = []  # GPU 0's devices as published
     fingerprints: list[str] = []
 
     def publish() -> dict[str, list[object]]:
@@ -128,12 +129,18 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
         slices = health.taint(built.slices, built.offer.devices().values())
         devices[:] = list(built.offer.devices().values())
         fingerprints[:] = [s.fingerprint() for s in slices]
+        gpu0[:] = [
+            d
+            for s in slices
+            for d in s.devices
+            if d["name"] == "gpu-0" or d["name"].startswith("gpu-0-")
+        ]
         return {d["name"]: d.get("taints", []) for s in slices for d in s.devices}
 
     devices: list[object] = []
     first = publish()
     assert not any(first.values()) and len(first) == 52
-    gpu0_slice = fingerprints[0]
+    gpu0_before = list(gpu0)
     health.start(stop, lambda: devices)  # type: ignore[arg-type,return-value]
     wait_until(health.monitor.events_watched.is_set, "the event set")
     wait_until(lambda: health.monitor.probe_rounds > 0, "the first probe")
@@ -143,8 +150,8 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
     tainted = {n for n, t in after.items() if t}
     assert tainted == {n for n in after if n == "gpu-1" or n.startswith("gpu-1-")}
     assert len(after) == 52  # the lost GPU is still published, from its last description
-    # GPU 0's slice is untouched: its NVLink domain still names GPU 1 (still wired).
-    assert fingerprints[0] == gpu0_slice
+    # GPU 0's devices are untouched: its NVLink domain still names GPU 1 (still wired).
+    assert gpu0 == gpu0_before
     assert after["gpu-1"] == [
         {
             "key": f"{DRIVER}/unhealthy",
@@ -168,7 +175,8 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
     built = build(inv, MigMode.DYNAMIC)
     again = health.taint(built.slices, built.offer.devices().values())
     assert {d["name"] for s in again for d in s.devices if d.get("taints")} == tainted
-    assert again[0].fingerprint() == gpu0_slice  # nothing to write after the restart
+    # Nothing to write after the restart: the slices are what was published before it.
+    assert [s.fingerprint() for s in again] == fingerprints
 
     # Reset: the GPU recovers after two clean probes.
     nvml2.backend.machine.reset_gpu(1)
