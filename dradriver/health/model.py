@@ -24,8 +24,8 @@ from dradriver.inventory.node_devices import DeviceKind, NodeDevice
 
 # The NVIDIA device plugin's default skip list: XIDs an application causes (13 graphics
 # engine exception, 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive
-# cleanup, 68 video processor exception, 109 context switch timeout); see
-# /work/shared/reference/gpu-facts.md and NVIDIA's XID catalogue.
+# cleanup, 68 video processor exception, 109 context switch timeout); see NVIDIA's XID
+# catalogue (docs.nvidia.com/deploy/xid-errors) and the device plugin's health checks.
 DEFAULT_SKIP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 DEFAULT_RECOVERY_PROBES = 3
 
