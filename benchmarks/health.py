@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from dradriver.cli import main as cli  # noqa: E402
 from dradriver.k8s import Kube, NotFound, path_for  # noqa: E402
 from dradriver_dev import cluster  # noqa: E402
-from tests.e2e.helpers import HollowNode, PluginProc  # noqa: E402
+from tests.e2e.helpers import HollowNode, PluginProc, get_or_none  # noqa: E402
 
 RES = "resource.k8s.io/v1"
 NS = "bench-health"
@@ -175,7 +175,7 @@ def main() -> int:
         kubelet.start()
         kubelet.wait_node_ready(kube)
         kube.create(path_for("v1", "namespaces"), {"metadata": {"name": NS}})
-        poll(lambda: _exists(kube, path_for("v1", "serviceaccounts", NS, "default")))
+        poll(lambda: get_or_none(kube, path_for("v1", "serviceaccounts", NS, "default")))
         b = Bench(kube, kubelet.node)
         base = b.floor()
         for effect in ("NoSchedule", "NoExecute"):
@@ -236,14 +236,6 @@ def main() -> int:
     print(f"target: taints within {TARGET_S:.0f} s, one slice write per change: "
           f"{'met' if ok else 'NOT met'}")  # fmt: skip
     return 0
-
-
-def _exists(kube: Kube, path: str) -> bool:
-    try:
-        kube.get(path)
-        return True
-    except NotFound:
-        return False
 
 
 if __name__ == "__main__":
