@@ -35,7 +35,12 @@ sys.path.insert(0, str(REPO))
 from dradriver.cli import main as cli  # noqa: E402
 from dradriver.k8s import Kube, NotFound, path_for  # noqa: E402
 from dradriver_dev import cluster  # noqa: E402
-from tests.e2e.helpers import HollowNode, PluginProc, get_or_none  # noqa: E402
+from tests.e2e.helpers import (  # noqa: E402
+    HollowNode,
+    PluginProc,
+    allocated_health,
+    get_or_none,
+)
 
 RES = "resource.k8s.io/v1"
 NS = "bench-health"
@@ -87,13 +92,7 @@ class Bench:
         return p is None or bool(p["metadata"].get("deletionTimestamp"))
 
     def health(self, name: str) -> list[str]:
-        p = self.pod(name) or {}
-        return [
-            r.get("health", "")
-            for cs in p.get("status", {}).get("containerStatuses") or []
-            for rs in cs.get("allocatedResourcesStatus") or []
-            for r in rs.get("resources") or []
-        ]
+        return allocated_health(self.pod(name))
 
     def gpu_pod(self, name: str, gpu: int) -> None:
         """A pod holding whole GPU `gpu`; its claim entry is named like its claim, so the

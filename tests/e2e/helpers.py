@@ -52,6 +52,17 @@ def get_or_none(kube: Kube, path: str) -> dict[str, Any] | None:
         return None
 
 
+def allocated_health(pod: dict[str, Any] | None) -> list[str]:
+    """A pod's status.containerStatuses[].allocatedResourcesStatus health values, as the
+    kubelet writes them from a DRA plugin's health stream."""
+    return [
+        r.get("health", "")
+        for cs in (pod or {}).get("status", {}).get("containerStatuses") or []
+        for rs in cs.get("allocatedResourcesStatus") or []
+        for r in rs.get("resources") or []
+    ]
+
+
 class DradriverProcess:
     """A `dradriver` command in its own process, logging to a file, as a user runs it."""
 

@@ -30,6 +30,7 @@ from .helpers import (
     HollowNode,
     NodeUnderTest,
     PluginProc,
+    allocated_health,
     ensure_device_classes,
     get_or_none,
     wait_for,
@@ -81,15 +82,7 @@ class HealthNode(NodeUnderTest):
         return get_or_none(self.kube, path_for("v1", "pods", self.ns, name))
 
     def resource_health(self, name: str) -> list[str]:
-        """The pod's status.containerStatuses[].allocatedResourcesStatus health values, as
-        the kubelet writes them from the plugin's health stream."""
-        p = self.pod(name) or {}
-        return [
-            r.get("health", "")
-            for cs in p.get("status", {}).get("containerStatuses") or []
-            for rs in cs.get("allocatedResourcesStatus") or []
-            for r in rs.get("resources") or []
-        ]
+        return allocated_health(self.pod(name))
 
 
 Start = Callable[..., HealthNode]
