@@ -13,10 +13,13 @@ machine without GPUs.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 from dradriver.nvml.host import TIMESLICE, DeviceNode, finish_mps, mps_alive, spawn_mps
@@ -25,6 +28,9 @@ from dradriver.nvml.host import TIMESLICE, DeviceNode, finish_mps, mps_alive, sp
 class FakeHost:
     def __init__(self, record: Path) -> None:
         self.record = record
+        # Prepares on different GPUs set intervals at once (threads, or two plugin
+        # instances on one node): the record's read-change-write is one at a time.
+        self._mutex = threading.Lock()
 
     def pcie_root(self, bus_id: str) -> str | None:
         try:
@@ -34,12 +40,16 @@ class FakeHost:
         return f"pci0000:{bus & 0xC0:02x}"
 
     def set_timeslice(self, uuid: str, interval: str) -> None:
-        rec = self.recorded()
-        rec.setdefault(uuid, {})["timeslice"] = TIMESLICE[interval]
         self.record.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec, sort_keys=True))
-        os.replace(tmp, self.record)
+        lock = self.record.with_name(self.record.name + ".lock")
+        with self._mutex, open(lock, "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            rec = self.recorded()
+            rec.setdefault(uuid, {})["timeslice"] = TIMESLICE[interval]
+            fd, tmp = tempfile.mkstemp(dir=self.record.parent, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(rec, sort_keys=True))
+            os.replace(tmp, self.record)
 
     def recorded(self) -> dict[str, dict[str, int]]:
         """What nvidia-smi would have been asked to set, by GPU UUID."""

@@ -14,25 +14,14 @@ from typing import Any
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import CdiError, CheckpointError, DriverError, MigError, SharingError
 from dradriver.kubeletplugin import cdi
-from dradriver.kubeletplugin.checkpoint import CheckpointStore
+from dradriver.kubeletplugin.journal import Journal
 from dradriver.kubeletplugin.mig_steps import MigPreparer
-from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
+from dradriver.kubeletplugin.records import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord
 from dradriver.kubeletplugin.sharing_steps import SharingSteps, container_edits
 from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost
 
 log = get_logger("kubeletplugin.execute")
-
-
-def held_whole(cp: Checkpoint, exclude: str = "") -> set[str]:
-    """GPU UUIDs that claims (but `exclude`) hold whole."""
-    return {
-        d.uuid
-        for r in cp.claims.values()
-        if r.uid != exclude
-        for d in r.devices
-        if d.kind == "gpu" and d.uuid
-    }
 
 
 def _layered(exc: Exception, claim: str) -> DriverError:
@@ -50,7 +39,6 @@ def _layered(exc: Exception, claim: str) -> DriverError:
 @dataclass
 class Executor:
     driver: str
-    store: CheckpointStore
     cdi_writer: cdi.CdiWriter
     host: GpuHost
     # GPU UUID -> its MIG profile IDs, for finding instances when restoring MIG modes.
@@ -59,27 +47,36 @@ class Executor:
     sharing: SharingSteps | None = None
 
     # -- prepare ---------------------------------------------------------------------------
+    def check(self, rec: ClaimRecord) -> None:
+        """What this node cannot do for the claim at all, before anything is recorded."""
+        if any(d.carve is not None for d in rec.devices) and self.mig is None:
+            raise MigError(f"claim {rec.ref}: MIG partitions need --mig-mode dynamic")
+        if any(d.sharing is not None for d in rec.devices) and self.sharing is None:
+            raise SharingError(f"claim {rec.ref}: sharing is not available on this node")
+
     def apply(
-        self, cp: Checkpoint, rec: ClaimRecord, now: Callable[[], float], save: bool = True
+        self,
+        journal: Journal,
+        rec: ClaimRecord,
+        now: Callable[[], float],
+        intent_recorded: bool = False,
     ) -> None:
-        """Applies `rec` (in state PrepareStarted) and marks it completed. On failure
-        everything it did is undone and the error (a DriverError) names the layer.
-        `save` False: the caller saves the completed record (a group commit)."""
+        """Applies `rec` (in state PrepareStarted) and marks it completed, recording each
+        step in `journal`. On failure everything it did is undone and the error (a
+        DriverError) names the layer. `intent_recorded`: the caller has already made
+        `rec` durable as it is (the intent), so the first hardware step may start."""
+        self.check(rec)
         carving = [d for d in rec.devices if d.carve is not None]
         shared = [d for d in rec.devices if d.sharing is not None]
-        if carving and self.mig is None:
-            raise MigError(f"claim {rec.ref}: MIG partitions need --mig-mode dynamic")
-        if shared and self.sharing is None:
-            raise SharingError(f"claim {rec.ref}: sharing is not available on this node")
-        cp.claims[rec.uid] = rec
         try:
             if carving or shared:
-                self.store.save(cp)  # intent first: a crash from here on is recoverable
+                if not intent_recorded:
+                    journal.record(rec)  # intent first: a crash from here on is recoverable
                 crashpoint("intent-recorded")
             for d in carving:
                 assert self.mig is not None
                 self.mig.carve(d, rec.uid)
-                self.store.save(cp)  # the created instance, before anything else
+                journal.record(rec)  # the created instance, before anything else
                 crashpoint("mig-recorded")
             if self.mig is not None:
                 profiles = self.profiles()
@@ -89,16 +86,15 @@ class Executor:
                         self.mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device, rec.uid)
             if shared:
                 assert self.sharing is not None
-                self.sharing.apply(rec, lambda: self.store.save(cp))
+                self.sharing.apply(rec, lambda: journal.record(rec))
                 crashpoint("sharing-applied")
             self.cdi_writer.write(rec.uid, self.spec(rec))
             crashpoint("cdi-written")
             rec.state = PREPARE_COMPLETED
             rec.updated_at = now()
-            if save:
-                self.store.save(cp)
+            journal.record(rec)
         except Exception as exc:
-            self.rollback(cp, rec)
+            self.rollback(journal, rec)
             raise _layered(exc, rec.ref) from exc
 
     def spec(self, rec: ClaimRecord) -> dict[str, Any]:
@@ -124,9 +120,11 @@ class Executor:
             control_nodes=self.host.control_device_nodes(),
         )
 
-    def rollback(self, cp: Checkpoint, rec: ClaimRecord) -> None:
+    def rollback(self, journal: Journal, rec: ClaimRecord) -> None:
         """Immediate rollback: everything created for this claim goes before the error
-        returns. A step that cannot be undone stays recorded for startup to retry."""
+        returns. A step that cannot be undone stays recorded for startup to retry, as
+        unfinished (the failure may have come after the record was marked completed)."""
+        rec.state = PREPARE_STARTED
         keep = False
         if self.sharing is not None:
             try:
@@ -152,13 +150,14 @@ class Executor:
             self.cdi_writer.remove(rec.uid)
         except (OSError, ValueError) as exc:
             log.error("rollback could not remove the CDI spec", claim_uid=rec.uid, error=str(exc))
-        if not keep:
-            cp.claims.pop(rec.uid, None)
-        self.restore_mig_modes(rec, cp)
         try:
-            self.store.save(cp)
-        except OSError as exc:
+            if keep:
+                journal.record(rec)
+            else:
+                journal.forget(rec)
+        except (OSError, DriverError) as exc:
             log.error("rollback could not save the checkpoint", claim_uid=rec.uid, error=str(exc))
+        self.restore_mig_modes(rec, journal)
 
     # -- unprepare -------------------------------------------------------------------------
     def simple(self, rec: ClaimRecord) -> bool:
@@ -166,10 +165,9 @@ class Executor:
         setup, so its checkpoint save may be shared with others (a group commit)."""
         return self.mig is None and all(d.carve is None and d.sharing is None for d in rec.devices)
 
-    def release(self, cp: Checkpoint, rec: ClaimRecord, save: bool = True) -> None:
+    def release(self, journal: Journal, rec: ClaimRecord) -> None:
         """Undoes a prepared (or half-prepared) claim and forgets it. A step that fails
-        raises a DriverError and leaves the record, so the kubelet's retry finishes it.
-        `save` False (a simple claim only): the caller saves (a group commit)."""
+        raises a DriverError and leaves the record, so the kubelet's retry finishes it."""
         if self.sharing is not None:
             try:
                 self.sharing.undo(rec)
@@ -193,17 +191,14 @@ class Executor:
             raise CdiError(
                 f"CDI layer: removing the spec of claim {rec.ref} failed: {exc}", reason="cdi"
             ) from exc
-        del cp.claims[rec.uid]
-        if not save:
-            return
         try:
-            self.store.save(cp)
-        except OSError as exc:
+            journal.forget(rec)
+        except (OSError, DriverError) as exc:
             raise CheckpointError(
                 f"checkpoint layer: claim {rec.ref}: {exc}; the kubelet retries",
                 reason="checkpoint",
             ) from exc
-        self.restore_mig_modes(rec, cp)
+        self.restore_mig_modes(rec, journal)
 
     def release_forgotten(self, uid: str, ref: str) -> None:
         """Unprepare of a claim the checkpoint does not know: if it was lost (a corrupt
@@ -233,7 +228,7 @@ class Executor:
                 ) from exc
             log.info("CDI spec of a claim the checkpoint had lost removed", claim_uid=uid)
 
-    def restore_mig_modes(self, rec: ClaimRecord, cp: Checkpoint | None = None) -> None:
+    def restore_mig_modes(self, rec: ClaimRecord, journal: Journal) -> None:
         """Switch back what this claim made us switch: MIG mode off where its partitions
         were the last, on where it held the GPU whole (and no other claim does)."""
         if self.mig is None:
@@ -243,4 +238,4 @@ class Executor:
             self.mig.restore_modes(gpus, self.profiles())
         whole = {d.uuid for d in rec.devices if d.kind == "gpu" and d.uuid}
         if whole:
-            self.mig.restore_disabled(whole, held_whole(cp, exclude=rec.uid) if cp else set())
+            self.mig.restore_disabled(whole, journal.held_whole(rec.uid))

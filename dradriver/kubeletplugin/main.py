@@ -303,7 +303,6 @@ def run_plugin(
         mig = MigPreparer(MigCarver(nvml.module), mig_ledger, switching)
     executor = Executor(
         driver=args.driver_name,
-        store=store,
         cdi_writer=cdi.CdiWriter(Path(args.cdi_dir), args.driver_name),
         host=nvml.host,
         profiles=view.profiles,

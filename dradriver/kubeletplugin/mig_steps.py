@@ -10,13 +10,14 @@ interrupted.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import MigError
 from dradriver.inventory.node_devices import MigSwitching
-from dradriver.kubeletplugin.files import atomic_write
+from dradriver.kubeletplugin.files import FileLock, atomic_write
 from dradriver.kubeletplugin.records import Carve, ClaimRecord, PreparedDevice
 from dradriver.logs import get_logger
 from dradriver.nvml.mig import Instance, MigCarver
@@ -61,10 +62,21 @@ class MigModeLedger:
     - the MIG instances it created, with their claim: never offered to another claim while
       they exist, and destroyed when the kubelet unprepares that claim, even if its record
       is gone.
-    Each change is one read and one atomic write of the file."""
+    Each change is one read and one atomic write of the file, under the ledger's own
+    lock: prepares on different GPUs change it at the same time (threads of this
+    instance, or the other instance during a rolling update), and a change made from a
+    stale read would drop the other's."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock = FileLock(path.with_name(path.name + ".lock"))
+
+    def _update(self, change: Callable[[_LedgerDoc], bool]) -> None:
+        """Read, change (returns whether it changed anything), write: one at a time."""
+        with self._lock:
+            doc = self._read()
+            if change(doc):
+                self._write(doc)
 
     def _read(self) -> _LedgerDoc:
         try:
@@ -138,42 +150,65 @@ class MigModeLedger:
             None,
         )
 
-    def save(self, uuids: set[str]) -> None:
-        doc = self._read()
-        doc.enabled = set(uuids)
-        self._write(doc)
+    def enabling(self, gpu: str) -> None:
+        """Recorded before MIG mode is switched on on `gpu` for a partition."""
+        self._update(lambda doc: _added(doc.enabled, gpu))
 
-    def save_disabled(self, uuids: set[str]) -> None:
-        doc = self._read()
-        doc.disabled = set(uuids)
-        self._write(doc)
+    def enabled_restored(self, gpu: str) -> None:
+        """MIG mode is off again on `gpu`, as it was before this driver switched it on."""
+        self._update(lambda doc: _removed(doc.enabled, gpu))
 
     def disabling(self, gpu: str, claim: str) -> None:
         """Recorded before MIG mode is switched off on `gpu` for `claim`'s whole GPU."""
-        doc = self._read()
-        doc.disabled.add(gpu)
-        doc.disabled_for[gpu] = claim
-        self._write(doc)
+
+        def change(doc: _LedgerDoc) -> bool:
+            doc.disabled.add(gpu)
+            doc.disabled_for[gpu] = claim
+            return True
+
+        self._update(change)
+
+    def disabled_restored(self, gpu: str) -> None:
+        """MIG mode is on again on `gpu`, as it was before this driver switched it off."""
+        self._update(lambda doc: _removed(doc.disabled, gpu))
 
     def instance_created(self, inst: OwnedInstance) -> None:
-        doc = self._read()
-        doc.instances = [
-            i
-            for i in doc.instances
-            if (i.gpu_uuid, i.gpu_instance_id) != (inst.gpu_uuid, inst.gpu_instance_id)
-        ] + [inst]
-        self._write(doc)
+        def change(doc: _LedgerDoc) -> bool:
+            doc.instances = [
+                i
+                for i in doc.instances
+                if (i.gpu_uuid, i.gpu_instance_id) != (inst.gpu_uuid, inst.gpu_instance_id)
+            ] + [inst]
+            return True
+
+        self._update(change)
 
     def instance_destroyed(self, gpu_uuid: str, gpu_instance_id: int) -> None:
-        doc = self._read()
-        kept = [
-            i
-            for i in doc.instances
-            if (i.gpu_uuid, i.gpu_instance_id) != (gpu_uuid, gpu_instance_id)
-        ]
-        if len(kept) != len(doc.instances):
+        def change(doc: _LedgerDoc) -> bool:
+            kept = [
+                i
+                for i in doc.instances
+                if (i.gpu_uuid, i.gpu_instance_id) != (gpu_uuid, gpu_instance_id)
+            ]
+            changed = len(kept) != len(doc.instances)
             doc.instances = kept
-            self._write(doc)
+            return changed
+
+        self._update(change)
+
+
+def _added(into: set[str], item: str) -> bool:
+    if item in into:
+        return False
+    into.add(item)
+    return True
+
+
+def _removed(source: set[str], item: str) -> bool:
+    if item not in source:
+        return False
+    source.discard(item)
+    return True
 
 
 @dataclass
@@ -226,8 +261,7 @@ class MigPreparer:
             except MigError as exc:
                 log.error("could not switch MIG mode back on", gpu=gpu, error=str(exc))
                 continue
-            disabled.discard(gpu)
-            self.ledger.save_disabled(disabled)
+            self.ledger.disabled_restored(gpu)
             log.info("MIG mode restored to on", gpu=gpu)
 
     def carve(self, d: PreparedDevice, claim: str = "") -> None:
@@ -237,7 +271,7 @@ class MigPreparer:
         if not self.carver.mig_enabled(c.gpu_uuid):
             # Recorded first, like every change we make: if switching fails half-way,
             # rollback and startup still know the mode is ours to switch back.
-            self.ledger.save(self.ledger.load() | {c.gpu_uuid})
+            self.ledger.enabling(c.gpu_uuid)
             self.carver.set_mig_mode(c.gpu_uuid, True)
             log.info("MIG mode enabled", gpu=c.gpu_uuid, device=d.device)
         crashpoint("mig-before-create")
@@ -382,8 +416,7 @@ class MigPreparer:
             except MigError as exc:
                 log.error("could not switch MIG mode back off", gpu=gpu, error=str(exc))
                 continue
-            enabled.discard(gpu)
-            self.ledger.save(enabled)
+            self.ledger.enabled_restored(gpu)
             log.info("MIG mode restored to off", gpu=gpu)
 
     def reconcile(

@@ -2,12 +2,21 @@
 
 For each claim the kubelet names (each one independent: one bad claim fails alone):
 check the reference, answer from the checkpoint if it is prepared already, else read the
-claim, plan (plan.py, pure) and execute (execute.py) under the node lock, which two
-plugin instances (a rolling update) share with the checkpoint on disk.
+claim, plan (plan.py, pure) and execute (execute.py). The checkpoint is changed under the
+node lock, which two plugin instances (a rolling update) share with the file on disk,
+through the group commit (group_commit.py).
+
+A claim that changes no hardware (a CDI spec and a record) is done in one checkpoint
+step. One that does (a MIG device, MIG mode, sharing) takes three: its intent is
+recorded under the node lock; the hardware work runs outside it, under the locks of the
+GPUs it touches (gpu_locks.py), publishing each step as it goes (journal.py); then the
+completed record. Carving a MIG device or starting MPS on one GPU never holds up a
+prepare on another.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +30,9 @@ from dradriver.kubeletplugin.claim_status import StatusWriter
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.execute import Executor
 from dradriver.kubeletplugin.files import NodeLock
+from dradriver.kubeletplugin.gpu_locks import GpuLocks, record_gpus
 from dradriver.kubeletplugin.group_commit import GroupCommit, OnSaveFailed
+from dradriver.kubeletplugin.journal import Committed, InLock
 from dradriver.kubeletplugin.metrics import Metrics
 from dradriver.kubeletplugin.plan import check_ref, plan
 from dradriver.kubeletplugin.reconcile import reconcile
@@ -65,6 +76,13 @@ class Prepared:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class _OnGpus:
+    """An unprepare with hardware work: done under these GPUs' locks."""
+
+    gpus: frozenset[str]
+
+
 @dataclass
 class Preparer:
     driver: str
@@ -83,6 +101,8 @@ class Preparer:
     refusal: str = ""
     # Unprepares that prepares still running began before (unprepared.py).
     meanwhile: UnpreparedMeanwhile = field(default_factory=UnpreparedMeanwhile)
+    # The GPUs' locks for hardware work; <checkpoint's directory>/locks by default.
+    gpu_locks: GpuLocks | None = None
 
     def _load(self) -> Checkpoint:
         """The checkpoint, unless a newer release wrote it: then every call is refused,
@@ -137,6 +157,12 @@ class Preparer:
 
     def __post_init__(self) -> None:
         self.commits = GroupCommit(self.lock, self._load, self.store.save)
+        self.gpus = self.gpu_locks or GpuLocks(self.store.path.parent / "locks")
+        # Claims whose hardware work a thread of this instance is doing right now.
+        self._in_flight: set[str] = set()
+
+    def _count(self, cp: Checkpoint) -> None:
+        self.metrics.prepared_claims.set(len(cp.claims))
 
     def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
         check_ref(ref)
@@ -156,6 +182,8 @@ class Preparer:
         done, rec = self.commits.run(lambda cp: self._prepare_step(cp, ref, claim, local, began))
         if rec is None:
             return done
+        if rec.state != PREPARE_COMPLETED:
+            self._prepare_on_gpus(ref, rec, began)
         log.info(
             "claim prepared",
             claim=str(ref),
@@ -176,31 +204,15 @@ class Preparer:
         local: Mapping[str, NodeDevice],
         began: float,
     ) -> tuple[tuple[list[PreparedDevice], ClaimRecord | None], OnSaveFailed | None]:
-        """Under the node lock: plan and apply, leaving a simple claim's save to the
-        group commit."""
-        if self.meanwhile.since(ref.uid, began):
-            # The kubelet gave up on this prepare and unprepared the claim while it
-            # waited for the API server: preparing now would leave devices nobody
-            # releases.
-            raise ClaimStateError(
-                f"claim {ref} was unprepared while this prepare waited for the API "
-                "server; not preparing it (the kubelet asks again if it still wants it)",
-                reason="unprepared_meanwhile",
-            )
+        """Under the node lock: plan; apply a simple claim, leaving its save to the group
+        commit; record the intent of any other (its hardware work follows outside)."""
+        self._not_unprepared(ref, began)
         done = self._already_prepared(cp, ref)  # the other instance may have been faster
         if done is not None:
             return (done, None), None
         earlier = cp.claims.get(ref.uid)
         if earlier is not None:
-            # An attempt whose rollback could not finish: release it before trying again,
-            # or its MIG device or daemon would lose its only record.
-            self.executor.rollback(cp, earlier)
-            if ref.uid in cp.claims:
-                raise ClaimStateError(
-                    f"claim {ref}: an earlier attempt left devices that could "
-                    "not be released yet; the kubelet retries",
-                    reason="earlier_attempt",
-                )
+            self._release_earlier(cp, ref, earlier)
         rec = plan(
             claim,
             ref,
@@ -210,18 +222,78 @@ class Preparer:
             checkpoint=cp,
             now=time.time(),
         )
-        simple = self.executor.simple(rec)
-        self.executor.apply(cp, rec, time.time, save=not simple)
-        self.metrics.prepared_claims.set(len(cp.claims))
-        if not simple:
-            return (rec.devices, rec), None
+        if not self.executor.simple(rec):
+            self.executor.check(rec)
+            cp.claims[rec.uid] = copy.deepcopy(rec)  # the intent; the work is on `rec`
+            self._in_flight.add(rec.uid)
+            self._count(cp)
+
+            def forget(cp: Checkpoint, exc: Exception) -> BaseException:
+                cp.claims.pop(rec.uid, None)
+                self._in_flight.discard(rec.uid)
+                self._count(cp)
+                return CheckpointError(f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint")
+
+            return (rec.devices, rec), forget
+        journal = InLock(cp, self.store, durable=False)
+        self.executor.apply(journal, rec, time.time)
+        self._count(cp)
 
         def undo(cp: Checkpoint, exc: Exception) -> BaseException:
-            self.executor.rollback(cp, rec)
-            self.metrics.prepared_claims.set(len(cp.claims))
+            self.executor.rollback(InLock(cp, self.store), rec)
+            self._count(cp)
             return CheckpointError(f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint")
 
         return (rec.devices, rec), undo
+
+    def _not_unprepared(
+        self, ref: ClaimRef, began: float, during: str = "waited for the API server"
+    ) -> None:
+        if self.meanwhile.since(ref.uid, began):
+            # The kubelet gave up on this prepare and unprepared the claim while it
+            # waited (for the API server, or for its GPUs): preparing now would leave
+            # devices nobody releases.
+            raise ClaimStateError(
+                f"claim {ref} was unprepared while this prepare {during}; not preparing "
+                "it (the kubelet asks again if it still wants it)",
+                reason="unprepared_meanwhile",
+            )
+
+    def _release_earlier(self, cp: Checkpoint, ref: ClaimRef, earlier: ClaimRecord) -> None:
+        """An attempt whose rollback could not finish: release it before trying again,
+        or its MIG device or daemon would lose its only record. Unless it is not over:
+        a thread of this instance, or the other instance, is still at its hardware work
+        (its GPUs' locks are held), and must not be undone under it."""
+        held = None if ref.uid in self._in_flight else self.gpus.try_hold(record_gpus(earlier))
+        if held is None:
+            raise ClaimStateError(
+                f"claim {ref} is still being prepared by an earlier call (its GPUs are "
+                "busy with it); the kubelet retries",
+                reason="in_flight",
+            )
+        with held:
+            self.executor.rollback(InLock(cp, self.store), earlier)
+        if ref.uid in cp.claims:
+            raise ClaimStateError(
+                f"claim {ref}: an earlier attempt left devices that could "
+                "not be released yet; the kubelet retries",
+                reason="earlier_attempt",
+            )
+
+    def _prepare_on_gpus(self, ref: ClaimRef, rec: ClaimRecord, began: float) -> None:
+        """The hardware work of a claim whose intent is durable, under its GPUs' locks;
+        the node lock only for each step's checkpoint update. An unprepare of the claim
+        meanwhile (it waits for these locks) stops it from completing: rolled back."""
+        journal = Committed(
+            self.commits,
+            lambda: self._not_unprepared(ref, began, "worked on its GPUs"),
+            self._count,
+        )
+        try:
+            with self.gpus.hold(record_gpus(rec)):
+                self.executor.apply(journal, rec, time.time, intent_recorded=True)
+        finally:
+            self._in_flight.discard(rec.uid)
 
     def _already_prepared(self, cp: Checkpoint, ref: ClaimRef) -> list[PreparedDevice] | None:
         rec = cp.claims.get(ref.uid)
@@ -278,7 +350,8 @@ class Preparer:
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
         check_ref(ref)
-        rec = self.commits.run(lambda cp: self._unprepare_step(cp, ref))
+        got = self.commits.run(lambda cp: self._unprepare_step(cp, ref))
+        rec = self._unprepare_on_gpus(ref, got.gpus) if isinstance(got, _OnGpus) else got
         if rec is None:
             return
         log.info(
@@ -292,7 +365,7 @@ class Preparer:
 
     def _unprepare_step(
         self, cp: Checkpoint, ref: ClaimRef
-    ) -> tuple[ClaimRecord | None, OnSaveFailed | None]:
+    ) -> tuple[ClaimRecord | _OnGpus | None, OnSaveFailed | None]:
         self.meanwhile.unprepared(ref.uid)
         rec = cp.claims.get(ref.uid)
         if rec is None:
@@ -300,11 +373,10 @@ class Preparer:
             # whatever the ledgers and the CDI directory still hold for it is undone.
             self.executor.release_forgotten(ref.uid, str(ref))
             return None, None
-        simple = self.executor.simple(rec)
-        self.executor.release(cp, rec, save=not simple)
-        self.metrics.prepared_claims.set(len(cp.claims))
-        if not simple:
-            return rec, None
+        if not self.executor.simple(rec):
+            return _OnGpus(frozenset(record_gpus(rec))), None
+        self.executor.release(InLock(cp, self.store, durable=False), rec)
+        self._count(cp)
 
         def undo(cp: Checkpoint, exc: Exception) -> BaseException:
             # Still recorded on disk: the kubelet's retry releases it again.
@@ -316,10 +388,27 @@ class Preparer:
 
         return rec, undo
 
+    def _unprepare_on_gpus(self, ref: ClaimRef, gpus: frozenset[str]) -> ClaimRecord | None:
+        """Under the claim's GPUs' locks: a prepare of it still at work finishes first
+        (or, as this unprepare came meanwhile, rolls back), then the record is read again
+        and released."""
+        while True:
+            with self.gpus.hold(gpus):
+                rec = self.commits.run(lambda cp: (copy.deepcopy(cp.claims.get(ref.uid)), None))
+                if rec is None:
+                    return None  # its prepare rolled back, or another call released it
+                if record_gpus(rec) <= gpus:
+                    self.executor.release(Committed(self.commits, changed=self._count), rec)
+                    return rec
+                gpus = gpus | record_gpus(rec)  # a later attempt, on other GPUs
+
     # -- startup ---------------------------------------------------------------------------
     def reconcile(self) -> None:
-        """Finishes what a crash or reboot left (see reconcile.py)."""
-        with self.lock:
+        """Finishes what a crash or reboot left (see reconcile.py). Every GPU's lock
+        first: the other instance's hardware work in progress is not a crash's leftover."""
+        local = self.devices().values()
+        every = {d.gpu.uuid for d in local} | {str(d.uuid) for d in local if d.uuid}
+        with self.gpus.hold(every), self.lock:
             self.store.remove_stale_temps()
             try:
                 self._load()

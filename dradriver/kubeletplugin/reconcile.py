@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping
 from dradriver.errors import CdiError, MigError, SharingError
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.checkpoint import CheckpointStore, reconcile_boot
-from dradriver.kubeletplugin.execute import Executor, held_whole
+from dradriver.kubeletplugin.execute import Executor
+from dradriver.kubeletplugin.journal import held_whole
 from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint
 from dradriver.logs import get_logger
 

@@ -13,7 +13,9 @@ here first, per GPU and per daemon, and only ever removed once undone:
   for the same group and a daemon whose claim is forgotten is still stopped.
 
 Startup undoes every entry whose claim the checkpoint no longer holds. Loading never
-raises: an unreadable ledger is moved aside and reported, like the checkpoint.
+raises: an unreadable ledger is moved aside and reported, like the checkpoint. Each
+change is a read and a write under the ledger's own lock: prepares on different GPUs
+change it at the same time, and a write from a stale read would drop the other's entry.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dradriver.kubeletplugin.files import atomic_write
+from dradriver.kubeletplugin.files import FileLock, atomic_write
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.sharing")
@@ -64,6 +67,15 @@ class Entries:
 class SharingLedger:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock = FileLock(path.with_name(path.name + ".lock"))
+
+    def _update(self, change: Callable[[Entries], bool]) -> Entries:
+        """Load, change (returns whether it changed anything), save: one at a time."""
+        with self._lock:
+            e = self.load()
+            if change(e):
+                self.save(e)
+            return e
 
     def load(self) -> Entries:
         try:
@@ -108,37 +120,39 @@ class SharingLedger:
     def mode_changing(self, gpu: str, before: int, claim: str) -> int:
         """Records, before the change, the mode `gpu` had; returns the recorded one (an
         earlier record wins: it is what the GPU had before this driver touched it)."""
-        e = self.load()
-        if gpu not in e.compute_mode:
+
+        def change(e: Entries) -> bool:
+            if gpu in e.compute_mode:
+                return False
             e.compute_mode[gpu] = ModeChange(before, claim)
-            self.save(e)
-        return e.compute_mode[gpu].before
+            return True
+
+        return self._update(change).compute_mode[gpu].before
 
     def mode_restored(self, gpu: str) -> None:
-        e = self.load()
-        if e.compute_mode.pop(gpu, None) is not None:
-            self.save(e)
+        self._update(lambda e: e.compute_mode.pop(gpu, None) is not None)
 
     def slice_changing(self, gpu: str, claim: str) -> None:
-        e = self.load()
-        if e.time_slice.get(gpu) != claim:
+        def change(e: Entries) -> bool:
+            if e.time_slice.get(gpu) == claim:
+                return False
             e.time_slice[gpu] = claim
-            self.save(e)
+            return True
+
+        self._update(change)
 
     def slice_restored(self, gpu: str) -> None:
-        e = self.load()
-        if e.time_slice.pop(gpu, None) is not None:
-            self.save(e)
+        self._update(lambda e: e.time_slice.pop(gpu, None) is not None)
 
     def daemon_started(self, key: str, pid: int, pipe_dir: str, claim: str) -> None:
-        e = self.load()
-        e.daemons[key] = Daemon(pid, pipe_dir, claim)
-        self.save(e)
+        def change(e: Entries) -> bool:
+            e.daemons[key] = Daemon(pid, pipe_dir, claim)
+            return True
+
+        self._update(change)
 
     def daemon_stopped(self, key: str) -> None:
-        e = self.load()
-        if e.daemons.pop(key, None) is not None:
-            self.save(e)
+        self._update(lambda e: e.daemons.pop(key, None) is not None)
 
 
 def _decode(doc: Any) -> Entries:

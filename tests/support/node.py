@@ -46,11 +46,15 @@ def fake_preparer(
     boot_id: str = "boot-1",
     mode: MigMode = MigMode.DYNAMIC,
     switching: MigSwitching = MigSwitching.ON_DEMAND,
+    nvml: Nvml | None = None,
 ) -> tuple[Preparer, Nvml]:
     """A Preparer (and its NVML backend) over the fake node `spec` with state in `tmp`:
-    what one plugin process holds. A second call with the same `tmp` is a restart."""
-    nvml = open_backend(spec, NODE, tmp)
-    nvml.init()
+    what one plugin process holds. A second call with the same `tmp` is a restart; with
+    the first call's `nvml` as well, it is a second plugin instance beside the first (a
+    rolling update): its own open files, hence locks, over the same GPUs."""
+    if nvml is None:
+        nvml = open_backend(spec, NODE, tmp)
+        nvml.init()
     store = CheckpointStore(tmp / "checkpoint.json", boot_id)
     # Discovered once, as the plugin does at start (and then on a period, never per call).
     inv = nvml.discover().inventory
@@ -63,7 +67,6 @@ def fake_preparer(
 
     executor = Executor(
         driver=DRIVER,
-        store=store,
         cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
         host=nvml.host,
         profiles=lambda: {
