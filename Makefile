@@ -84,6 +84,7 @@ demo: venv bytecode controlplane hollow-node helm
 
 bench: venv bytecode controlplane hollow-node
 	$(PY) benchmarks/prepare.py
+	$(PY) benchmarks/gpu_locks.py
 
 # What the slices cost the control plane at 10 to 500 nodes (benchmarks/README.md); about
 # a quarter of an hour. A short run: make bench-fleet FLEET_ARGS="--nodes 10,50 --modes none"
