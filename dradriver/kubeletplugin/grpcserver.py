@@ -5,6 +5,8 @@ Socket names carry an instance id so two plugin instances can run side by side d
 rolling update; the kubelet prefers the newest. If our registration socket disappears
 (someone cleaned the registry), it is recreated within a second, so a kubelet restart
 never leaves the node without the driver; so is the DRA socket.
+
+Both are served by the plugin's own small gRPC server (rpc/), not grpcio's.
 """
 
 from __future__ import annotations
@@ -12,16 +14,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import grpc
-
 from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.health_service import HealthFeed, health_servicer
+from dradriver.kubeletplugin.health_service import HealthFeed, HealthServicer
+from dradriver.kubeletplugin.rpc import RpcServer, service
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.grpc")
@@ -109,8 +109,8 @@ def _refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
 
 
-def _dra_servicer(base: type, msgs: Any, driver: Driver) -> Any:
-    class Servicer(base):  # type: ignore[misc]
+def _dra_servicer(msgs: Any, driver: Driver) -> Any:
+    class Servicer:
         def NodePrepareResources(self, request: Any, context: Any) -> Any:
             resp = msgs.NodePrepareResourcesResponse()
             for uid, result in driver.prepare(_refs(request)).items():
@@ -158,8 +158,8 @@ class PluginServers:
         self._driver = driver
         # The device health stream (v1alpha1.DRAResourceHealth), served on the DRA socket.
         self.health = HealthFeed()
-        self._dra: grpc.Server | None = None
-        self._reg: grpc.Server | None = None
+        self._dra: RpcServer | None = None
+        self._reg: RpcServer | None = None
         self._reg_inode = 0
         self._dra_inode = 0
         self._stop = threading.Event()
@@ -201,20 +201,13 @@ class PluginServers:
     def _start_dra(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.dra_socket.unlink(missing_ok=True)
-        dra = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="dra")
-        )
-        kapi.dra_v1_grpc.add_DRAPluginServicer_to_server(
-            _dra_servicer(kapi.dra_v1_grpc.DRAPluginServicer, kapi.dra_v1, self._driver), dra
-        )
-        kapi.dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
-            _dra_servicer(kapi.dra_v1beta1_grpc.DRAPluginServicer, kapi.dra_v1beta1, self._driver),
-            dra,
-        )
-        kapi.health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
-            health_servicer(self.health), dra
-        )
-        dra.add_insecure_port(f"unix://{self.dra_socket}")
+        methods = {
+            **service(kapi.dra_v1, "DRAPlugin", _dra_servicer(kapi.dra_v1, self._driver)),
+            **service(kapi.dra_v1beta1, "DRAPlugin", _dra_servicer(kapi.dra_v1beta1, self._driver)),
+            **service(kapi.health_v1alpha1, "DRAResourceHealth", HealthServicer(self.health)),
+        }
+        dra = RpcServer(methods, self._workers, "dra")
+        dra.listen(self.dra_socket)
         dra.start()
         self._dra = dra
         self._dra_inode = os.stat(self.dra_socket).st_ino
@@ -222,18 +215,8 @@ class PluginServers:
     def _start_registration(self) -> None:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         self.reg_socket.unlink(missing_ok=True)
-        outer = self
-
-        class Reg(kapi.registration_grpc.RegistrationServicer):
-            def GetInfo(self, request: Any, context: Any) -> Any:
-                return outer.GetInfo(request, context)
-
-            def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
-                return outer.NotifyRegistrationStatus(request, context)
-
-        reg = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
-        kapi.registration_grpc.add_RegistrationServicer_to_server(Reg(), reg)
-        reg.add_insecure_port(f"unix://{self.reg_socket}")
+        reg = RpcServer(service(kapi.registration, "Registration", self), 2, "reg")
+        reg.listen(self.reg_socket)
         reg.start()
         self._reg = reg
         self._reg_inode = os.stat(self.reg_socket).st_ino
@@ -251,14 +234,15 @@ class PluginServers:
                 # no socket. A new one at the same path; in-flight calls on the old
                 # server finish.
                 log.warning("DRA socket gone; recreating it", socket=str(self.dra_socket))
-                # The old server first: gRPC unlinks its socket path when it shuts down,
-                # which would be the new socket's. In-flight calls get a few seconds.
-                if self._dra is not None:
-                    self._dra.stop(grace=5).wait(6)
+                old = self._dra
                 try:
                     self._start_dra()
                 except (OSError, RuntimeError) as exc:
                     log.error("recreating the DRA socket failed", error=str(exc))
+                # The old server drains meanwhile (it never touches the path): calls
+                # in flight get a few seconds, new ones go to the new socket at once.
+                if old is not None and old is not self._dra:
+                    old.stop(grace=5)
             try:
                 alive = os.stat(self.reg_socket).st_ino == self._reg_inode
             except FileNotFoundError:

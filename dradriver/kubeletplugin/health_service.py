@@ -90,13 +90,13 @@ class HealthFeed:
                 self.streams -= 1
 
 
-def health_servicer(feed: HealthFeed) -> Any:
-    base = kapi.health_v1alpha1_grpc.DRAResourceHealthServicer
+class HealthServicer:
+    """v1alpha1.DRAResourceHealth, served from `feed`."""
 
-    class Servicer(base):  # type: ignore[misc,valid-type]
-        def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
-            # A cancelled stream (the kubelet went away) wakes its waiting generator.
-            context.add_callback(feed.changed)
-            yield from feed.stream(context.is_active)
+    def __init__(self, feed: HealthFeed) -> None:
+        self.feed = feed
 
-    return Servicer()
+    def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
+        # A cancelled stream (the kubelet went away) wakes its waiting generator.
+        context.add_callback(self.feed.changed)
+        yield from self.feed.stream(context.is_active)
