@@ -12,17 +12,21 @@ Both are served by the plugin's own small gRPC server (rpc/), not grpcio's.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.health_service import HealthFeed, HealthServicer
-from dradriver.kubeletplugin.rpc import RpcServer, service
+from dradriver.kubeletplugin.health_service import HealthFeed
+from dradriver.kubeletplugin.rpc.listener import bind_unix
 from dradriver.logs import get_logger
+
+if TYPE_CHECKING:
+    from dradriver.kubeletplugin.rpc.server import RpcServer
 
 log = get_logger("kubeletplugin.grpc")
 
@@ -190,36 +194,53 @@ class PluginServers:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self._start_dra()
-        # Registration last: once its socket exists the kubelet may call at once.
-        self._start_registration()
+        # Both sockets are bound before the server's code is even imported, the
+        # registration socket last: once it exists the kubelet may connect at once, and
+        # its connection waits in the backlog until the server accepts it.
+        dra = self._bind(self.plugin_dir, self.dra_socket)
+        reg = self._bind(self.registry_dir, self.reg_socket)
+        self._dra_inode = os.stat(self.dra_socket).st_ino
+        self._reg_inode = os.stat(self.reg_socket).st_ino
+        self._serve_dra(dra)
+        self._serve_registration(reg)
         self._watch = threading.Thread(
             target=self._keep_registration, name="reg-watch", daemon=True
         )
         self._watch.start()
 
+    @staticmethod
+    def _bind(directory: Path, path: Path) -> socket.socket:
+        directory.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        return bind_unix(path)
+
     def _start_dra(self) -> None:
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self.dra_socket.unlink(missing_ok=True)
+        sock = self._bind(self.plugin_dir, self.dra_socket)
+        self._dra_inode = os.stat(self.dra_socket).st_ino
+        self._serve_dra(sock)
+
+    def _start_registration(self) -> None:
+        sock = self._bind(self.registry_dir, self.reg_socket)
+        self._reg_inode = os.stat(self.reg_socket).st_ino
+        self._serve_registration(sock)
+
+    def _serve_dra(self, sock: socket.socket) -> None:
+        from dradriver.kubeletplugin.health_service import HealthServicer
+        from dradriver.kubeletplugin.rpc.server import RpcServer, service
+
         methods = {
             **service(kapi.dra_v1, "DRAPlugin", _dra_servicer(kapi.dra_v1, self._driver)),
             **service(kapi.dra_v1beta1, "DRAPlugin", _dra_servicer(kapi.dra_v1beta1, self._driver)),
             **service(kapi.health_v1alpha1, "DRAResourceHealth", HealthServicer(self.health)),
         }
-        dra = RpcServer(methods, self._workers, "dra")
-        dra.listen(self.dra_socket)
-        dra.start()
-        self._dra = dra
-        self._dra_inode = os.stat(self.dra_socket).st_ino
+        self._dra = RpcServer(methods, self._workers, "dra", sock)
+        self._dra.start()
 
-    def _start_registration(self) -> None:
-        self.registry_dir.mkdir(parents=True, exist_ok=True)
-        self.reg_socket.unlink(missing_ok=True)
-        reg = RpcServer(service(kapi.registration, "Registration", self), 2, "reg")
-        reg.listen(self.reg_socket)
-        reg.start()
-        self._reg = reg
-        self._reg_inode = os.stat(self.reg_socket).st_ino
+    def _serve_registration(self, sock: socket.socket) -> None:
+        from dradriver.kubeletplugin.rpc.server import RpcServer, service
+
+        self._reg = RpcServer(service(kapi.registration, "Registration", self), 2, "reg", sock)
+        self._reg.start()
 
     def _socket_alive(self, path: Path, inode: int) -> bool:
         try:

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
-from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import h2.config
@@ -264,30 +264,37 @@ class _Connection:
         _run(ended)
 
 
-class RpcServer:
-    """Serves `methods` (by path: "/package.Service/Method") on one Unix socket."""
+def service(module: ModuleType, name: str, impl: Any) -> dict[str, Method]:
+    """The methods of service `name` in the generated module `module`, served by the
+    attributes of `impl` named like them: paths and message types come from the proto
+    descriptor, so they cannot drift from the .proto files."""
+    desc = module.DESCRIPTOR.services_by_name[name]
+    return {
+        f"/{desc.full_name}/{m.name}": Method(
+            parse=getattr(module, m.input_type.name).FromString,
+            call=getattr(impl, m.name),
+            streaming=m.server_streaming,
+        )
+        for m in desc.methods
+    }
 
-    def __init__(self, methods: dict[str, Method], workers: int, name: str) -> None:
+
+class RpcServer:
+    """Serves `methods` (by path: "/package.Service/Method") on `listener`, a listening
+    Unix socket (listener.bind_unix), which it closes at stop."""
+
+    def __init__(
+        self, methods: dict[str, Method], workers: int, name: str, listener: socket.socket
+    ) -> None:
         self.methods, self.name = methods, name
         self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
         self.stopping = False
-        self._listener: socket.socket | None = None
+        self._listener: socket.socket | None = listener
         self._conns: set[_Connection] = set()
         self._lock = threading.Condition()
         self._calls = 0
 
-    def listen(self, path: Path) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            sock.bind(str(path))
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
-        self._listener = sock
-
     def start(self) -> None:
-        assert self._listener is not None, "listen() first"
         threading.Thread(target=self._accept, name=f"{self.name}-accept", daemon=True).start()
 
     def _accept(self) -> None:

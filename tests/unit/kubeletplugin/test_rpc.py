@@ -18,7 +18,6 @@ import grpc
 import pytest
 
 from dradriver.api import kubelet as kapi
-from dradriver.kubeletplugin.rpc import RpcServer, service
 from dradriver.kubeletplugin.rpc.framing import (
     FramingError,
     Status,
@@ -29,6 +28,8 @@ from dradriver.kubeletplugin.rpc.framing import (
     percent_encode,
     request_problem,
 )
+from dradriver.kubeletplugin.rpc.listener import bind_unix
+from dradriver.kubeletplugin.rpc.server import RpcServer, service
 
 V1 = kapi.dra_v1
 
@@ -86,8 +87,7 @@ def served() -> Iterator[tuple[RpcServer, str, Dra, Health]]:
         **service(V1, "DRAPlugin", dra),
         **service(kapi.health_v1alpha1, "DRAResourceHealth", health),
     }
-    server = RpcServer(methods, 16, "t")
-    server.listen(root / "s.sock")
+    server = RpcServer(methods, 16, "t", bind_unix(root / "s.sock"))
     server.start()
     yield server, f"unix://{root / 's.sock'}", dra, health
     server.stop(None).wait(5)
