@@ -368,3 +368,23 @@ def test_in_cluster_with_a_rotating_token(
     (sa / "token").write_text("second")
     assert kube.get("/version")["auth"] == "Bearer second"
     kube.close()
+
+
+def test_a_kubeconfig_ca_is_the_only_one_trusted(tmp_path: Path) -> None:
+    """As client-go: a CA in the kubeconfig replaces the system's roots (and loading
+    those cost the plugin's first API call 50 ms)."""
+    from dradriver.k8s.transport import _build_ssl_context
+
+    ca = TestCA("only this CA")
+    for cfg in (
+        KubeConfig(server="https://x", ca_data=ca.pem),
+        KubeConfig(server="https://x", ca_file=str(_write(tmp_path / "ca.crt", ca.pem))),
+    ):
+        ctx = _build_ssl_context(cfg, None)
+        assert [dict(c["subject"][0])["commonName"] for c in ctx.get_ca_certs()] == ["only this CA"]
+        assert ctx.check_hostname and ctx.verify_mode.name == "CERT_REQUIRED"
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
