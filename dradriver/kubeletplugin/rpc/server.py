@@ -16,10 +16,10 @@ streaming call holding one for its life, as with grpcio's synchronous server.
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -299,7 +299,10 @@ class RpcServer:
         self, methods: dict[str, Method], workers: int, name: str, listener: socket.socket
     ) -> None:
         self.methods, self.name = methods, name
-        self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        # Calls wait here for a worker; workers start as calls need them, up to
+        # `workers` (a queue and idle threads: half the handoff of an executor's futures).
+        self._work: queue.SimpleQueue[tuple[_Connection, _Stream] | None] = queue.SimpleQueue()
+        self._workers, self._started, self._idle, self._queued = workers, 0, 0, 0
         self.stopping = False
         self._listener: socket.socket | None = listener
         self._conns: set[_Connection] = set()
@@ -333,17 +336,34 @@ class RpcServer:
     def _dispatch(self, conn: _Connection, st: _Stream) -> None:
         with self._lock:
             self._calls += 1
-        try:
-            self.pool.submit(self._serve, conn, st)
-        except RuntimeError:  # the pool is shut down: the server is stopping
-            self._call_done()
-            with contextlib.suppress(_Gone):
-                conn.fail(st, Status.UNAVAILABLE, "the server is stopping")
+            self._queued += 1
+            more = self._queued > self._idle and self._started < self._workers
+            if more:
+                self._started += 1
+                self._idle += 1
+        if more:
+            threading.Thread(target=self._worker, name=f"{self.name}-worker", daemon=True).start()
+        self._work.put((conn, st))
+
+    def _worker(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            with self._lock:
+                self._idle -= 1
+                self._queued -= 1
+            try:
+                self._serve(*item)
+            finally:
+                with self._lock:
+                    self._idle += 1
 
     def _call_done(self) -> None:
         with self._lock:
             self._calls -= 1
-            self._lock.notify_all()
+            if self._calls == 0:
+                self._lock.notify_all()
 
     def _serve(self, conn: _Connection, st: _Stream) -> None:
         path = st.headers.get(b":path", b"").decode(errors="replace")
@@ -419,7 +439,8 @@ class RpcServer:
                 left = list(self._conns)
             for conn in left:
                 conn.close()
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            for _ in range(self._started):
+                self._work.put(None)
             done.set()
 
         threading.Thread(target=finish, name=f"{self.name}-stop", daemon=True).start()
