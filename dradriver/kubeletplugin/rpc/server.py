@@ -19,6 +19,7 @@ import contextlib
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -107,11 +108,11 @@ class Context:
         return not self._stream.done and not self._server.stopping
 
     def add_callback(self, fn: Callable[[], None]) -> None:
-        """`fn` runs once the call is over: answered, cancelled, or its connection gone."""
+        """`fn` runs when the call is over: answered, cancelled, or its connection gone
+        (at least once: twice if the call ends while it is being added)."""
+        self._stream.callbacks.append(fn)
         if self._stream.done:
             fn()
-        else:
-            self._stream.callbacks.append(fn)
 
 
 def _run(callbacks: list[Callable[[], None]]) -> None:
@@ -318,8 +319,15 @@ class RpcServer:
         while not self.stopping:
             try:
                 sock, _ = listener.accept()
-            except OSError:
-                break  # shut down by stop()
+            except OSError as exc:
+                if self.stopping:
+                    break  # shut down by stop()
+                # Out of file descriptors, most likely: keep the socket, try again.
+                log.error(
+                    "accepting a connection failed; retrying", server=self.name, error=str(exc)
+                )
+                time.sleep(0.1)
+                continue
             conn = _Connection(self, sock)
             with self._lock:
                 if self.stopping:

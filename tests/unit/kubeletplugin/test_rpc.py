@@ -241,3 +241,30 @@ def test_what_is_not_a_grpc_request() -> None:
     assert "is not POST" in request_problem({**ok, b":method": b"GET"})
     assert "content-type 'text/html'" in request_problem({**ok, b"content-type": b"text/html"})
     assert "grpc-encoding 'gzip'" in request_problem({**ok, b"grpc-encoding": b"gzip"})
+
+
+def test_a_failed_accept_is_retried_not_the_end_of_the_socket() -> None:
+    """Out of file descriptors for a moment: the server keeps its socket and serves the
+    next connection."""
+    root = Path(tempfile.mkdtemp(prefix="drrpc-"))
+    real = bind_unix(root / "s.sock")
+
+    class Flaky:
+        failures = 2
+
+        def accept(self) -> Any:
+            if self.failures:
+                self.failures -= 1
+                raise OSError(24, "Too many open files")
+            return real.accept()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    server = RpcServer(service(V1, "DRAPlugin", Dra()), 2, "t", Flaky())  # type: ignore[arg-type]
+    server.start()
+    try:
+        with grpc.insecure_channel(f"unix://{root / 's.sock'}") as ch:
+            assert prepare_stub(ch).NodePrepareResources(claims("a"), timeout=5).claims
+    finally:
+        server.stop(None).wait(5)
