@@ -11,6 +11,10 @@ The code itself lives in :mod:`dradriver.api.gen` and is generated from
   both versions carry the same messages and can be served side by side.
 - ``health_v1alpha1`` / ``health_v1alpha1_grpc``: the optional device health
   stream (``NodeWatchResources``).
+
+The plugin serves these with its own server (kubeletplugin/rpc/) from the messages and
+descriptors alone; the ``*_grpc`` stubs import grpcio, a development dependency that the
+tests and benchmarks call the sockets with.
 """
 
 from __future__ import annotations
