@@ -200,6 +200,23 @@ class Executor:
             ) from exc
         self.restore_mig_modes(rec, journal)
 
+    def forgotten_gpus(self, uid: str) -> set[str] | None:
+        """The GPUs the ledgers say this driver changed for claim `uid` (whose record is
+        gone): what its release_forgotten touches; None if they hold nothing for it."""
+        gpus: set[str] = set()
+        found = False
+        if self.sharing is not None:
+            e = self.sharing.ledger.load()
+            found = uid in e.claims()
+            gpus |= {g for g, m in e.compute_mode.items() if m.claim == uid}
+            gpus |= {g for g, c in e.time_slice.items() if c == uid}
+        if self.mig is not None:
+            mine = {i.gpu_uuid for i in self.mig.ledger.instances() if i.claim == uid}
+            mine |= {g for g, c in self.mig.ledger.disabled_for().items() if c == uid}
+            found = found or bool(mine)
+            gpus |= mine
+        return gpus if found else None
+
     def release_forgotten(self, uid: str, ref: str) -> None:
         """Unprepare of a claim the checkpoint does not know: if it was lost (a corrupt
         checkpoint moved aside), the ledgers and the CDI directory still know what was

@@ -370,7 +370,11 @@ class Preparer:
         rec = cp.claims.get(ref.uid)
         if rec is None:
             # Unknown, or already unprepared (the kubelet may repeat): success, once
-            # whatever the ledgers and the CDI directory still hold for it is undone.
+            # whatever the ledgers and the CDI directory still hold for it is undone;
+            # hardware under the GPUs' locks, like any other claim's.
+            gpus = self.executor.forgotten_gpus(ref.uid)
+            if gpus is not None:
+                return _OnGpus(frozenset(gpus)), None
             self.executor.release_forgotten(ref.uid, str(ref))
             return None, None
         if not self.executor.simple(rec):
@@ -396,7 +400,14 @@ class Preparer:
             with self.gpus.hold(gpus):
                 rec = self.commits.run(lambda cp: (copy.deepcopy(cp.claims.get(ref.uid)), None))
                 if rec is None:
-                    return None  # its prepare rolled back, or another call released it
+                    # Its prepare rolled back, another call released it, or its record
+                    # was lost: what the ledgers still hold for it is undone.
+                    more = self.executor.forgotten_gpus(ref.uid) or set()
+                    if more <= gpus:
+                        self.executor.release_forgotten(ref.uid, str(ref))
+                        return None
+                    gpus = gpus | more
+                    continue
                 if record_gpus(rec) <= gpus:
                     self.executor.release(Committed(self.commits, changed=self._count), rec)
                     return rec

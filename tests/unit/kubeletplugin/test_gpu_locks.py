@@ -24,7 +24,7 @@ from dradriver.kubeletplugin.records import PREPARE_COMPLETED, owned_partitions
 from dradriver.kubeletplugin.sharing_ledger import SharingLedger
 from dradriver.nvml.library import Nvml
 from fakenvml.host import FakeHost
-from tests.support.node import DRIVER, allocated_claim, fake_preparer
+from tests.support.node import DRIVER, allocated_claim, fake_preparer, lose_checkpoint
 
 SPEC = "4xH100-80GB"
 
@@ -270,3 +270,25 @@ def test_a_records_gpus_are_what_its_hardware_work_touches(node: Node) -> None:
     gpu1 = next(d.gpu.uuid for d in node.driver.devices().values() if d.gpu.index == 1)
     assert record_gpus(rec) == {gpu1}  # the parent, though the partition has its own UUID
     assert rec.devices[0].uuid and rec.devices[0].uuid.startswith("MIG-")
+
+
+def test_a_forgotten_claims_unprepare_waits_for_its_gpus_too(node: Node) -> None:
+    """A claim whose record was lost (a checkpoint moved aside) is released from what
+    the ledgers hold for it: that hardware work takes the GPUs' locks like any other."""
+    ref = node.ref("c", "gpu-0-mig-1g10gb-0")
+    prepared(node.driver.prepare([ref]), ref)
+    lose_checkpoint(node.tmp)
+    restarted, _ = fake_preparer(
+        node.tmp, SPEC, lambda r: node.claims[r.name], nvml=node.nvml, boot_id="boot-1"
+    )
+    gpu0 = next(d.gpu.uuid for d in node.driver.devices().values() if d.gpu.index == 0)
+    other = GpuLocks(node.tmp / "locks")  # the other instance, at work on GPU 0
+    with other.hold([gpu0]):
+        t, out = in_thread(lambda: restarted.unprepare([ref]))
+        t.join(0.3)
+        assert t.is_alive(), "the forgotten claim's MIG device was destroyed under a lock"
+        assert len(node.instances()) == 1
+    t.join(10)
+    assert out["result"] == {ref.uid: ""}
+    assert node.instances() == set()
+    assert MigModeLedger(node.tmp / "mig-mode.json").instances() == []
