@@ -12,7 +12,6 @@ durable in the checkpoint before the next one runs (execute.py).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Protocol
 
@@ -101,7 +100,7 @@ class Committed:
         self.commits.run(step)
 
     def record(self, rec: ClaimRecord) -> None:
-        self._publish(rec.uid, copy.deepcopy(rec))
+        self._publish(rec.uid, rec.copy())
 
     def forget(self, rec: ClaimRecord) -> None:
         self._publish(rec.uid, None)

@@ -16,7 +16,6 @@ prepare on another.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -224,8 +223,13 @@ class Preparer:
         )
         if not self.executor.simple(rec):
             self.executor.check(rec)
-            cp.claims[rec.uid] = copy.deepcopy(rec)  # the intent; the work is on `rec`
             self._in_flight.add(rec.uid)
+            if not any(d.carve is not None or d.sharing is not None for d in rec.devices):
+                # A whole GPU in dynamic MIG mode: its one hardware step (MIG mode off)
+                # is in the MIG ledger before it is taken, so no intent is saved for it,
+                # as before per-GPU locks; the completed record is its one save.
+                return (rec.devices, rec), None
+            cp.claims[rec.uid] = rec.copy()  # the intent; the work is on `rec`
             self._count(cp)
 
             def forget(cp: Checkpoint, exc: Exception) -> BaseException:
@@ -398,7 +402,7 @@ class Preparer:
         and released."""
         while True:
             with self.gpus.hold(gpus):
-                rec = self.commits.run(lambda cp: (copy.deepcopy(cp.claims.get(ref.uid)), None))
+                rec = self.commits.run(lambda cp: (self._copy_of(cp, ref.uid), None))
                 if rec is None:
                     # Its prepare rolled back, another call released it, or its record
                     # was lost: what the ledgers still hold for it is undone.
@@ -412,6 +416,11 @@ class Preparer:
                     self.executor.release(Committed(self.commits, changed=self._count), rec)
                     return rec
                 gpus = gpus | record_gpus(rec)  # a later attempt, on other GPUs
+
+    @staticmethod
+    def _copy_of(cp: Checkpoint, uid: str) -> ClaimRecord | None:
+        rec = cp.claims.get(uid)
+        return rec.copy() if rec is not None else None
 
     # -- startup ---------------------------------------------------------------------------
     def reconcile(self) -> None:

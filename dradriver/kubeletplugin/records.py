@@ -339,6 +339,11 @@ class ClaimRecord:
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    def copy(self) -> ClaimRecord:
+        """A separate record with the same content: what a save and a load would give
+        (half what copy.deepcopy costs)."""
+        return ClaimRecord.from_json(self.uid, self.to_json(), False, [])
+
     def to_json(self) -> dict[str, Any]:
         return {
             **self.unknown,
