@@ -17,7 +17,7 @@ from typing import Protocol
 
 from dradriver.errors import CheckpointError
 from dradriver.kubeletplugin.checkpoint import CheckpointStore
-from dradriver.kubeletplugin.group_commit import GroupCommit
+from dradriver.kubeletplugin.group_commit import GroupCommit, OnSaveFailed
 from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 
 
@@ -65,8 +65,7 @@ class Committed:
     """`guard` runs under the node lock before a completed record is published: it raises
     to stop a prepare the kubelet has meanwhile unprepared from completing (the steps
     before are recorded unguarded, so a rollback can always record what it could not
-    undo). `changed` sees the checkpoint
-    after each change (the prepared-claims metric)."""
+    undo). `changed` sees the checkpoint after each change (the prepared-claims metric)."""
 
     def __init__(
         self,
@@ -77,7 +76,7 @@ class Committed:
         self.commits, self.guard, self.changed = commits, guard, changed
 
     def _publish(self, uid: str, rec: ClaimRecord | None) -> None:
-        def step(cp: Checkpoint) -> tuple[None, Callable[[Checkpoint, Exception], BaseException]]:
+        def step(cp: Checkpoint) -> tuple[None, OnSaveFailed]:
             before = cp.claims.get(uid)
             if rec is None:
                 cp.claims.pop(uid, None)

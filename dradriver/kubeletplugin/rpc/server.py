@@ -209,15 +209,17 @@ class _Connection:
         data: bytes = b"",
         headers: list[tuple[bytes, bytes]] | None = None,
         end: list[tuple[bytes, bytes]] | None = None,
+        last: bool = False,
     ) -> None:
-        """Response headers (once), `data` as the peer's windows allow, then the trailers
-        `end` closing the stream: one write to the socket unless a window is full."""
+        """Response headers (once; `last`: they end the stream, a trailers-only answer),
+        `data` as the peer's windows allow, then the trailers `end` closing the stream:
+        one write to the socket unless a window is full."""
         view = memoryview(data)
         with self.cond:
             try:
                 self._check(st)
                 if headers is not None:
-                    self.h2.send_headers(st.id, headers, end_stream=end is not None and not data)
+                    self.h2.send_headers(st.id, headers, end_stream=last)
                     st.started = True
                 while view:
                     n = min(
@@ -233,7 +235,7 @@ class _Connection:
                         continue
                     self.h2.send_data(st.id, bytes(view[:n]))
                     view = view[n:]
-                if end is not None and not (headers is not None and not data):
+                if end is not None:
                     self.h2.send_headers(st.id, end, end_stream=True)
                 self._flush()
             except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
@@ -246,7 +248,7 @@ class _Connection:
         if st.started:
             self._send(st, end=trailers(status, message))
         else:
-            self._send(st, headers=trailers_only(status, message), end=[])
+            self._send(st, headers=trailers_only(status, message), last=True)
 
     def stream_start(self, st: _Stream) -> None:
         self._send(st, headers=response_headers())

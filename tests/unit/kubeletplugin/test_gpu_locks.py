@@ -89,6 +89,12 @@ class Gate:
 
         carver.create = create  # type: ignore[method-assign]
 
+    def prepare(self, driver: Preparer, ref: ClaimRef) -> tuple[threading.Thread, dict[str, Any]]:
+        """A prepare of `ref` in its own thread, once it has reached the held carve."""
+        t, out = in_thread(lambda: driver.prepare([ref]))
+        assert self.entered.wait(10)
+        return t, out
+
 
 @pytest.fixture
 def gate(node: Node) -> Iterator[Gate]:
@@ -112,8 +118,7 @@ def prepared(r: dict[str, Prepared], ref: ClaimRef) -> Prepared:
 
 def test_a_carve_on_one_gpu_does_not_hold_up_prepares_on_others(node: Node, gate: Gate) -> None:
     slow = node.ref("slow", "gpu-0-mig-1g10gb-0")
-    waiting, _ = in_thread(lambda: node.driver.prepare([slow]))
-    assert gate.entered.wait(10)
+    waiting, _ = gate.prepare(node.driver, slow)
     # While GPU 0 carves: a partition on GPU 1, a whole GPU 2, and their unprepares.
     others = [node.ref("mig", "gpu-1-mig-3g40gb-4"), node.ref("whole", "gpu-2")]
     for ref in others:
@@ -136,8 +141,7 @@ def test_an_unprepare_waits_for_the_claims_work_in_progress_and_wins(
     node: Node, gate: Gate
 ) -> None:
     ref = node.ref("c", "gpu-0-mig-1g10gb-0")
-    preparing, prep = in_thread(lambda: node.driver.prepare([ref]))
-    assert gate.entered.wait(10)
+    preparing, prep = gate.prepare(node.driver, ref)
     unpreparing, unprep = in_thread(lambda: node.driver.unprepare([ref]))
     unpreparing.join(0.3)
     assert unpreparing.is_alive(), "the unprepare did not wait for the carve"
@@ -157,8 +161,7 @@ def test_a_second_prepare_of_a_claim_in_progress_is_refused_for_a_retry(
     node: Node, gate: Gate
 ) -> None:
     ref = node.ref("c", "gpu-0-mig-1g10gb-0")
-    first, out = in_thread(lambda: node.driver.prepare([ref]))
-    assert gate.entered.wait(10)
+    first, out = gate.prepare(node.driver, ref)
     again = node.driver.prepare([ref])[ref.uid]
     assert "still being prepared by an earlier call" in again.error
     gate.opened.set()
@@ -172,8 +175,7 @@ def test_the_other_instance_neither_undoes_nor_repeats_work_in_progress(
     node: Node, gate: Gate
 ) -> None:
     ref = node.ref("c", "gpu-0-mig-1g10gb-0")
-    first, out = in_thread(lambda: node.driver.prepare([ref]))
-    assert gate.entered.wait(10)
+    first, out = gate.prepare(node.driver, ref)
     other = node.second_instance()
     assert "still being prepared" in other.prepare([ref])[ref.uid].error
     # Its startup waits for the work in progress instead of undoing it as a crash's.
