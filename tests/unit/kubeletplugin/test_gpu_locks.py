@@ -253,7 +253,7 @@ def test_ledger_changes_from_many_threads_are_all_kept(tmp_path: Path) -> None:
     assert set(sharing.load().time_slice) == set(gpus)
 
 
-def test_locks_are_taken_in_one_order_and_try_hold_never_waits(tmp_path: Path) -> None:
+def test_try_hold_never_waits_and_sees_every_other_holder(tmp_path: Path) -> None:
     locks, other = GpuLocks(tmp_path / "locks"), GpuLocks(tmp_path / "locks")
     with locks.hold(["GPU-b", "GPU-a"]):
         assert other.try_hold(["GPU-c", "GPU-a"]) is None  # another instance's files
