@@ -153,22 +153,11 @@ class SelfSignedTLS:
         self.cert_valid, self.clock = cert_valid, clock
         self.ca = CertificateAuthority(clock(), ca_valid)
         self.ca_pem: bytes | None = self.ca.pem
-        # ssl loads keys only from files: a directory only we can read, removed on close.
-        self._dir = Path(tempfile.mkdtemp(prefix="dradriver-webhook-"))
-        try:
-            self._issue()
-        except BaseException:
-            self.close()
-            raise
+        self._issue()
 
     def _issue(self) -> None:
         self.issued = self.ca.issue(self.dns_names, self.ips, self.clock(), self.cert_valid)
-        cert, key = self._dir / "tls.crt", self._dir / "tls.key"
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(self.issued.key_pem)
-        cert.write_bytes(self.issued.cert_pem + self.ca.pem)
-        self.context = server_context(cert, key)
+        self.context = _context_from_pem(self.issued.cert_pem + self.ca.pem, self.issued.key_pem)
 
     def describe(self) -> str:
         return f"self-signed CA; serving certificate for {', '.join(self.dns_names + self.ips)}"
@@ -181,7 +170,23 @@ class SelfSignedTLS:
         return True
 
     def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        """Nothing to remove: the key is on disk only while it is loaded."""
+
+
+def _context_from_pem(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+    """ssl loads a key only from a file: it is written to a directory only this user can
+    read and removed as soon as it is loaded, so a process killed with SIGKILL (which runs
+    no cleanup) leaves no private key behind in /tmp."""
+    tmp = Path(tempfile.mkdtemp(prefix="dradriver-webhook-"))
+    try:
+        cert, key = tmp / "tls.crt", tmp / "tls.key"
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key_pem)
+        cert.write_bytes(cert_pem)
+        return server_context(cert, key)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class FileTLS:

@@ -6,6 +6,7 @@ import datetime as dt
 import ipaddress
 import os
 import shutil
+import ssl
 import stat
 from pathlib import Path
 
@@ -39,13 +40,31 @@ def test_self_signed_certificate_is_for_the_service_and_loopback() -> None:
         assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
         leaf.verify_directly_issued_by(ca)
         assert leaf.not_valid_before_utc == NOW - tls.BACKDATE
-        # The key never leaves a directory only this user can read.
-        key_file = next(p for p in s._dir.iterdir() if p.name == "tls.key")
-        assert stat.S_IMODE(os.stat(s._dir).st_mode) == 0o700
-        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     finally:
         s.close()
-    assert not s._dir.exists()
+
+
+def test_the_key_is_on_disk_only_while_it_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller killed with SIGKILL runs no cleanup: nothing it wrote may outlive the
+    load (the e2e restart test kills it so, and each run used to leave a key in /tmp)."""
+    seen: list[tuple[Path, int, int]] = []
+    load = tls.server_context
+
+    def spy(cert: Path, key: Path) -> ssl.SSLContext:
+        seen.append(
+            (key, stat.S_IMODE(key.parent.stat().st_mode), stat.S_IMODE(key.stat().st_mode))
+        )
+        return load(cert, key)
+
+    monkeypatch.setattr(tls, "server_context", spy)
+    now = [NOW]
+    s = tls.SelfSignedTLS(["a.b.svc"], cert_valid=dt.timedelta(days=30), clock=lambda: now[0])
+    now[0] = NOW + dt.timedelta(days=21)
+    assert s.refresh()  # never closed, as after a SIGKILL
+    assert len(seen) == 2
+    for key, dir_mode, key_mode in seen:
+        assert (dir_mode, key_mode) == (0o700, 0o600)
+        assert not key.parent.exists()
 
 
 def test_long_namespaces_fit() -> None:
@@ -76,22 +95,25 @@ def test_serving_certificate_is_reissued_from_the_same_ca() -> None:
 def test_files_are_reloaded_when_replaced(tmp_path: Path) -> None:
     a = tls.SelfSignedTLS(["a.b.svc"])
     b = tls.SelfSignedTLS(["a.b.svc"])
+    for name, s in (("a", a), ("b", b)):
+        (tmp_path / f"{name}.crt").write_bytes(s.issued.cert_pem + (s.ca_pem or b""))
+        (tmp_path / f"{name}.key").write_bytes(s.issued.key_pem)
     try:
         cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-        shutil.copy(a._dir / "tls.crt", cert)
-        shutil.copy(a._dir / "tls.key", key)
+        shutil.copy(tmp_path / "a.crt", cert)
+        shutil.copy(tmp_path / "a.key", key)
         f = tls.FileTLS(cert, key)
         assert f.ca_pem is None and not f.refresh()
         ctx = f.context
         # Half a rotation (a new certificate, the old key) keeps the old context.
         new_cert = tmp_path / "new.crt"
-        shutil.copy(b._dir / "tls.crt", new_cert)
+        shutil.copy(tmp_path / "b.crt", new_cert)
         os.replace(new_cert, cert)
         with pytest.raises(OSError):
             f.refresh()
         assert f.context is ctx
         new_key = tmp_path / "new.key"
-        shutil.copy(b._dir / "tls.key", new_key)
+        shutil.copy(tmp_path / "b.key", new_key)
         os.replace(new_key, key)
         assert f.refresh() and f.context is not ctx
     finally:
