@@ -62,6 +62,14 @@ class CheckpointStore:
         # by a save, and a failed save forgets it.
         self._cached: tuple[bytes, Checkpoint] | None = None
 
+    @property
+    def cached(self) -> Checkpoint | None:
+        """The checkpoint as this process last read or wrote it, without I/O (None when
+        it has none it trusts); it may be behind the file (the other instance) and ahead
+        of what is durable (a step waiting for its save): a hint, never an answer."""
+        cached = self._cached
+        return None if cached is None else cached[1]
+
     def remove_stale_temps(self) -> None:
         """At startup: temp files a crash mid-write left."""
         for tmp in remove_stale_temps(self.path):

@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +349,27 @@ def test_write_is_atomic_and_readable(cdi_dir: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert writer.exists(UID) and not writer.exists(UID2)
     # Rewriting (after a reboot wiped /var/run/cdi, or on a repeated prepare) replaces it.
+    newer = spec_for([CdiDevice("gpu-1", GPU1)])
+    writer.write(UID, newer)
+    assert json.loads(path.read_text()) == newer
+    assert sorted(p.name for p in cdi_dir.iterdir()) == [path.name]
+
+
+def test_a_temp_file_a_dead_writer_left_is_written_over(cdi_dir: Path) -> None:
+    """Temp files are named for the writing process and thread (no random name): one a
+    crashed process of the same pid left must not stop the write, nor be followed if a
+    link."""
+    writer = CdiWriter(cdi_dir, DRIVER)
+    path = writer.write(UID, spec_for(two_gpus()))
+    tmp = cdi_dir / f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp"
+    elsewhere = cdi_dir.parent / "not-a-spec"
+    elsewhere.write_text("keep")
+    tmp.symlink_to(elsewhere)
+    with pytest.raises(CdiWriteError):
+        writer.write(UID, spec_for([CdiDevice("gpu-1", GPU1)]))
+    assert elsewhere.read_text() == "keep"
+    tmp.unlink()
+    tmp.write_text("half a spec from a crash")
     newer = spec_for([CdiDevice("gpu-1", GPU1)])
     writer.write(UID, newer)
     assert json.loads(path.read_text()) == newer

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dradriver.inventory.node_devices import MigMode
+from dradriver.k8s import KubeError
 from dradriver.kubeletplugin.plan import ClaimRef
 from tests.support.node import allocated_claim, fake_preparer
 
@@ -110,3 +111,41 @@ def test_a_failed_group_save_fails_and_undoes_each_claim_in_it(
     # And they prepare fine once there is room.
     again = in_threads(preparer.prepare, refs[1:])
     assert all(not p.error for p in again.values())
+
+
+def test_a_new_claim_takes_the_node_lock_once_and_a_prepared_one_needs_no_api_server(
+    tmp_path: Path,
+) -> None:
+    """A claim this process has no record of goes straight to the API server, then to
+    one locked step; one the other instance prepared meanwhile (a rolling update) still
+    answers from the checkpoint when the API server cannot be reached."""
+    claims = {}
+    for i in range(3):
+        c = allocated_claim(f"c{i}", f"gpu-{i}")
+        claims[c["metadata"]["uid"]] = c
+    refs = [ClaimRef("team", uid, c["metadata"]["name"]) for uid, c in claims.items()]
+    first, nvml = fake_preparer(tmp_path, "3xH100-80GB", lambda r: claims[r.uid], mode=MigMode.NONE)
+    first.executor.mig = None
+    assert first.prepare([refs[2]])[refs[2].uid].error == ""  # the checkpoint file exists
+
+    def unreachable(ref: ClaimRef) -> dict[str, Any]:
+        raise KubeError(0, "Unreachable", "connection refused")
+
+    other, _ = fake_preparer(tmp_path, "3xH100-80GB", unreachable, mode=MigMode.NONE, nvml=nvml)
+    other.executor.mig = None
+    runs = []
+    real_run = first.commits.run
+
+    def counting_run(step: Any) -> Any:
+        runs.append(step)
+        return real_run(step)
+
+    first.commits.run = counting_run  # type: ignore[method-assign]
+    done = first.prepare([refs[0]])[refs[0].uid]
+    assert done.error == "" and len(runs) == 1  # one locked step, under one node lock
+    # `other` loaded the checkpoint before that prepare: its view has no record of it.
+    assert other.store.cached is not None and refs[0].uid not in other.store.cached.claims
+    again = other.prepare([refs[0]])[refs[0].uid]
+    assert again.error == "" and again.devices == done.devices
+    failed = other.prepare([refs[1]])[refs[1].uid]
+    assert "connection refused" in failed.error
