@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from urllib.parse import urlsplit
 
 from dradriver.k8s.config import ClientCert, KubeConfig
+from dradriver.k8s.http1 import Reply, request_head
 
 Timeout = float | tuple[float, float]  # total, or (connect, read)
 
@@ -78,7 +79,7 @@ class Response:
     """A response whose body is read once: read() or lines(); then close() (done by both
     when they reach the end) hands the connection back to the pool."""
 
-    def __init__(self, pool: Pool, conn: _Conn, resp: http.client.HTTPResponse, what: str) -> None:
+    def __init__(self, pool: Pool, conn: _Conn, resp: Reply, what: str) -> None:
         self.status = resp.status
         self.reason = resp.reason
         self.headers = resp.headers
@@ -121,10 +122,9 @@ class Response:
         if self._done:
             return
         self._done = True
-        if self._resp.isclosed() and not self._resp.will_close:
+        if self._resp.isclosed() and not self._resp.will_close and not self._resp.leftover:
             self._pool._release(self._conn)
         else:
-            self._resp.close()
             self._conn.close()
 
     def _fail(self) -> None:
@@ -146,6 +146,8 @@ class Pool:
         self.host = url.hostname
         self.port = url.port or (443 if self.https else 80)
         self.prefix = url.path.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self._host_header = f"{host}:{self.port}"
         self._cfg = cfg
         self._proxy: tuple[str, int] | None = None
         if cfg.proxy_url:
@@ -211,14 +213,16 @@ class Pool:
             try:
                 assert conn.sock is not None
                 conn.sock.settimeout(read_timeout_now)
-                conn.request(method, url, body=body, headers=dict(headers))
-                resp = conn.getresponse()
+                conn.sock.sendall(
+                    request_head(method, url, self._host_header, headers, body) + (body or b"")
+                )
+                resp = Reply(conn.sock, head_only=method == "HEAD")
             except _STALE as exc:
                 conn.close()
                 if reused and attempt == 1 and method in IDEMPOTENT:
                     continue
                 raise TransportError(_describe(what, "sending the request", exc)) from exc
-            except (OSError, http.client.HTTPException) as exc:
+            except (OSError, http.client.HTTPException, ValueError) as exc:
                 conn.close()
                 raise TransportError(_describe(what, "waiting for the answer", exc)) from exc
             return Response(self, conn, resp, what)
