@@ -20,9 +20,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import hpack
-
 from dradriver.kubeletplugin.rpc import http2
+from dradriver.kubeletplugin.rpc.hpack_decode import Decoder, HpackError
 from dradriver.kubeletplugin.rpc.http2 import (
     ConnectionFault,
     ErrorCode,
@@ -114,8 +113,7 @@ class Connection:
         self.cond = threading.Condition()
         self.streams: dict[int, Stream] = {}
         self.closed = False
-        self._decoder = hpack.Decoder()
-        self._decoder.max_header_list_size = MAX_HEADER_LIST
+        self._decoder = Decoder(max_list_size=MAX_HEADER_LIST)
         self._last_stream = 0
         self._block: _HeaderBlock | None = None
         self._send_window = http2.DEFAULT_WINDOW
@@ -291,8 +289,8 @@ class Connection:
         self._block = None
         try:
             # Decoded whatever becomes of the stream: the dynamic table is the connection's.
-            fields = self._decoder.decode(b"".join(block.fragments), raw=True)
-        except hpack.HPACKError as exc:
+            fields = self._decoder.decode(b"".join(block.fragments))
+        except HpackError as exc:
             raise ConnectionFault(ErrorCode.COMPRESSION_ERROR, f"HPACK: {exc}") from exc
         sid = block.stream_id
         st = self.streams.get(sid)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from enum import IntEnum, IntFlag
+from enum import IntEnum
+from functools import lru_cache
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HEADER = struct.Struct(">HBBBL")  # length (24 bits, as 16 + 8), type, flags, stream id
@@ -33,7 +34,9 @@ class FrameType(IntEnum):
     CONTINUATION = 0x9
 
 
-class Flag(IntFlag):
+class Flag:
+    """Plain ints: an IntFlag's `&` cost more than parsing the frame it tested."""
+
     END_STREAM = 0x1  # ACK, on SETTINGS and PING
     END_HEADERS = 0x4
     PADDED = 0x8
@@ -196,7 +199,13 @@ def _string(s: bytes) -> bytes:
 def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
     """A header block: a dynamic table size update to 0 (this encoder never uses the
     table, whatever SETTINGS_HEADER_TABLE_SIZE the peer announces), then each field
-    indexed from the static table or as a literal never indexed."""
+    indexed from the static table or as a literal never indexed. Stateless, so the
+    blocks of every answer's constant headers are encoded once."""
+    return _encode(tuple(headers))
+
+
+@lru_cache(maxsize=64)
+def _encode(headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
     out = [b"\x20"]
     for name, value in headers:
         index = _STATIC_FIELDS.get((name, value))

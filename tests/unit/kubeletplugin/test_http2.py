@@ -5,6 +5,7 @@ hpack's encoder (grpcio's client is the reference for everything else: test_rpc.
 
 from __future__ import annotations
 
+import random
 import socket
 import struct
 import tempfile
@@ -20,6 +21,7 @@ from hyperframe import frame as hf
 
 from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.rpc import http2
+from dradriver.kubeletplugin.rpc.hpack_decode import Decoder, HpackError
 from dradriver.kubeletplugin.rpc.http2 import ConnectionFault, ErrorCode, Flag, FrameType
 from dradriver.kubeletplugin.rpc.listener import bind_unix
 from dradriver.kubeletplugin.rpc.server import RpcServer, service
@@ -46,6 +48,51 @@ def test_header_blocks_decode_with_hpack() -> None:
     d = hpack.Decoder()
     d.decode(block, raw=True)
     assert d.header_table.dynamic_entries == type(d.header_table.dynamic_entries)()
+
+
+def test_our_decoder_reads_what_hpacks_encoder_writes_as_its_table_churns() -> None:
+    """Thousands of header lists through one connection's tables: indexed fields, literals
+    added and evicted (a 256-byte table), Huffman and plain strings, size updates."""
+    rng = random.Random(7)
+    enc, dec = hpack.Encoder(), Decoder(max_table_size=4096)
+    enc.header_table_size = 256
+    names = [b":path", b"content-type", b"grpc-timeout", b"x-custom", b"te", b"user-agent"]
+    for i in range(3000):
+        fields = [
+            (
+                rng.choice(names),
+                bytes(rng.choice(b"abcdefghij%/9 ") for _ in range(rng.randrange(40))),
+            )
+            for _ in range(rng.randrange(1, 8))
+        ]
+        if i % 500 == 0:
+            enc.header_table_size = rng.choice([0, 100, 256, 4096])
+        block = enc.encode(fields, huffman=bool(i % 3))
+        assert dec.decode(block) == fields, i
+
+
+@pytest.mark.parametrize(
+    ("block", "why"),
+    [
+        (b"\xbe", "not in the table"),  # index 62: the dynamic table is empty
+        (b"\x80", "not in the table"),  # index 0
+        (b"\x82\x3f\xe1\x1f", "table size"),  # an update after a field
+        (b"\x3f\xe2\x1f", "table size"),  # 4097: over what SETTINGS allowed
+        (b"\x40\x05ab", "truncated"),
+        (b"\x00\x01a\x81\xff", "Huffman"),  # padding that is not the EOS prefix
+        (b"\xff\xff\xff\xff\xff\xff\x01", "too long"),
+    ],
+)
+def test_our_decoder_refuses_broken_blocks(block: bytes, why: str) -> None:
+    with pytest.raises(HpackError, match=why):
+        Decoder().decode(block)
+
+
+def test_a_header_list_over_its_limit_is_refused() -> None:
+    block = hpack.Encoder().encode([("x-big", "v" * 2000)])
+    assert Decoder(max_list_size=4096).decode(block) == [(b"x-big", b"v" * 2000)]
+    with pytest.raises(HpackError, match="header list"):
+        Decoder(max_list_size=1000).decode(block)
 
 
 def test_a_large_header_block_goes_on_in_continuation_frames() -> None:
