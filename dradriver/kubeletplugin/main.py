@@ -223,6 +223,7 @@ def run_plugin(
 
     api = _ApiProbe(kube)
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
+    publisher.start_prefetch()
     loop = PublishLoop(publisher, view.refresh, period=args.rediscover_period)
     watch = SliceWatch(kube, args.driver_name, args.node_name, lambda why: loop.trigger())
     publisher.on_written, publisher.on_deleted = watch.wrote, watch.deleted
@@ -330,7 +331,9 @@ def run_plugin(
         metrics.registered.set(1 if ok else 0)
         if ok:
             registered.set()
-            loop.trigger()  # the kubelet wipes a node's slices when it (re)starts
+            # The kubelet wipes a node's slices when it (re)starts: the same devices
+            # again, without the discovery the startup has just made.
+            loop.republish()
         else:
             registered.clear()
 

@@ -24,6 +24,9 @@ log = get_logger("slices.publish")
 RES = "resource.k8s.io/v1"
 SLICES = path_for(RES, "resourceslices")
 FINGERPRINT = "fingerprint"
+# How long the first sync waits for a prefetch in flight (about one API request's timeout)
+# before it asks itself.
+PREFETCH_WAIT = 30.0
 
 
 class PublishError(RuntimeError):
@@ -111,6 +114,9 @@ class SlicePublisher:
     _node_uid: str = field(default="", init=False)
     # The API server dropped our device taints (DRADeviceTaints off): said once.
     taints_dropped: bool = field(default=False, init=False)
+    _prefetched: tuple[threading.Event, list[list[dict[str, Any]]]] | None = field(
+        default=None, init=False
+    )
 
     @property
     def annotation(self) -> str:
@@ -133,6 +139,36 @@ class SlicePublisher:
                 "controller": True,
             }
         ]
+
+    def start_prefetch(self) -> None:
+        """At startup, while discovery runs: the first sync's LIST of this node's slices
+        and the Node's UID, fetched on a thread of their own, so that the first slice
+        waits for neither (nor for the TLS handshake before them). A failure is left to
+        the first sync, which then asks again."""
+        done = threading.Event()
+        fetched: list[list[dict[str, Any]]] = []
+        self._prefetched = (done, fetched)
+
+        def fetch() -> None:
+            try:
+                self._owner()
+                fetched.append(self.existing())
+            except Exception as exc:  # the first sync retries and reports it
+                log.debug("prefetching slices failed", node=self.node, error=str(exc))
+            finally:
+                done.set()
+
+        threading.Thread(target=fetch, name="slices-prefetch", daemon=True).start()
+
+    def _current(self) -> list[dict[str, Any]]:
+        """What the API server holds: the prefetched list, once, else a fresh one. A
+        prefetched list gone stale meanwhile only costs a conflict and a re-plan."""
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None:
+            done, fetched = prefetched
+            if done.wait(PREFETCH_WAIT) and fetched:
+                return fetched[0]
+        return self.existing()
 
     def existing(self) -> list[dict[str, Any]]:
         return list(
@@ -160,7 +196,7 @@ class SlicePublisher:
         )
 
     def _sync_once(self, desired: Sequence[SliceContent]) -> SyncStats:
-        current = self.existing()
+        current = self._current()
         gen = max((int(s["spec"]["pool"]["generation"]) for s in current), default=0)
         want = {slice_name(self.node, self.driver, c.key): c for c in desired}
         by_name = {s["metadata"]["name"]: s for s in current}
@@ -286,17 +322,40 @@ class PublishLoop:
     # What the startup's discovery found: published as is by the first round (no second
     # discovery on the way to the first slice).
     first: Sequence[SliceContent] | None = None
+    # What was last published, and whether the next round may publish it again without
+    # a discovery (republish()).
+    last: Sequence[SliceContent] | None = None
+    _same: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def trigger(self) -> None:
-        self._wake.set()
+        """A round with a new discovery."""
+        with self._lock:
+            self._same = False
+            self._wake.set()
+
+    def republish(self) -> None:
+        """A round that publishes the last content again, without a new discovery (the
+        devices did not change; the API server's slices may have), unless a trigger()
+        waiting asks for more."""
+        with self._lock:
+            if not self._wake.is_set():
+                self._same = True
+            self._wake.set()
 
     def run(self, stop: threading.Event) -> None:
         failures = 0
         while not stop.is_set():
             try:
-                content, self.first = (
-                    (self.first, None) if self.first is not None else (self.desired(), None)
-                )
+                with self._lock:
+                    same, self._same = self._same, False
+                if self.first is not None:
+                    content, self.first = self.first, None
+                elif same and self.last is not None:
+                    content = self.last
+                else:
+                    content = self.desired()
+                self.last = content
                 self.last_stats = self.publisher.sync(content)
                 self.rounds += 1
                 log.debug(

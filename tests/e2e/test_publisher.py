@@ -170,3 +170,49 @@ def test_partitions_without_their_counters_are_never_visible(
         pub.sync(build(inv, MigMode.DYNAMIC).slices)
     t.join(10)
     assert seen == [] and slices(kube, node) == []
+
+
+def test_a_stale_prefetch_costs_a_replan_and_a_republish_no_discovery(
+    cluster: Cluster, kube: Kube, hollow_node: Callable[..., HollowNode]
+) -> None:
+    """The startup's prefetched list (taken while discovery runs) is used once: gone
+    stale, as when another writer published meanwhile, it costs a conflict and a fresh
+    look, never a failed publish. A republish (the kubelet's registration, which wipes
+    the node's slices) writes the last content again without discovering."""
+    kubelet = hollow_node()
+    inv = open_nvml("fake:2xL4", node=kubelet.node, state_dir=None).discover().inventory
+    content = build(inv, MigMode.NONE).slices
+    pub = SlicePublisher(kube, DRIVER, kubelet.node)
+    pub.start_prefetch()
+    assert pub._prefetched is not None and pub._prefetched[0].wait(10)
+    assert pub._prefetched[1] == [[]]  # none yet
+    other = SlicePublisher(kube, DRIVER, kubelet.node)
+    assert other.sync(content).created == 1  # meanwhile: the prefetched list is stale
+    stats = pub.sync(content)
+    assert (stats.created, stats.updated, stats.deleted) == (0, 0, 0)
+    assert len(slices(kube, kubelet.node)) == 1
+
+    discoveries: list[float] = []
+
+    def desired() -> list:  # type: ignore[type-arg]
+        discoveries.append(time.monotonic())
+        return content
+
+    loop = PublishLoop(pub, desired, period=60, first=content)
+    stop = threading.Event()
+    t = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        wait_for(loop.published.is_set, "the first round", 10)
+        kube.delete_collection(
+            path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={kubelet.node}"
+        )
+        loop.republish()
+        wait_for(lambda: len(slices(kube, kubelet.node)) == 1, "the slices back", 10)
+        assert loop.rounds == 2 and discoveries == []
+        loop.trigger()
+        wait_for(lambda: loop.rounds == 3, "a round with a discovery", 10)
+        assert len(discoveries) == 1
+    finally:
+        stop.set()
+        t.join(5)
