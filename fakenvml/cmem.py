@@ -37,7 +37,8 @@ def pointer_value(arg: object) -> int | None:
     if isinstance(arg, ctypes.c_void_p):
         return arg.value
     if isinstance(arg, ctypes._Pointer):
-        return ctypes.cast(arg, ctypes.c_void_p).value
+        # The address the pointer holds, read from its own memory (a cast cost more).
+        return ctypes.c_void_p.from_buffer(arg).value
     raise NvmlReturn(INVALID_ARGUMENT, f"expected a handle, got {arg!r}")
 
 

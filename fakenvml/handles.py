@@ -7,8 +7,8 @@ another fake machine, a NULL, or garbage decodes to NVML_ERROR_INVALID_ARGUMENT.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 from fakenvml.returns import INVALID_ARGUMENT, NvmlReturn
 
@@ -21,12 +21,17 @@ class Kind(IntEnum):
     EVENT_SET = 5
 
 
-@dataclass(frozen=True)
-class Handle:
+class Handle(NamedTuple):
+    """A tuple, not a frozen dataclass: every fake NVML call decodes one, and a frozen
+    dataclass's construction was a sixth of a call."""
+
     kind: Kind
     gpu: int = 0  # GPU index; the set id for EVENT_SET
     gi: int = 0
     ci: int = 0
+
+
+_KINDS = {int(k): k for k in Kind}
 
 
 class HandleCodec:
@@ -46,6 +51,6 @@ class HandleCodec:
         if not value:
             raise NvmlReturn(INVALID_ARGUMENT, "NULL handle")
         kind = value >> 48
-        if (value >> 32) & 0xFFFF != self._tag or kind not in {int(k) for k in kinds}:
+        if (value >> 32) & 0xFFFF != self._tag or kind not in kinds:
             raise NvmlReturn(INVALID_ARGUMENT, f"not a handle of this fake: {value:#x}")
-        return Handle(Kind(kind), (value >> 16) & 0xFFFF, (value >> 8) & 0xFF, value & 0xFF)
+        return Handle(_KINDS[kind], (value >> 16) & 0xFFFF, (value >> 8) & 0xFF, value & 0xFF)
