@@ -31,6 +31,7 @@ import http.client
 import itertools
 import os
 import re
+import shutil
 import ssl
 import statistics
 import subprocess
@@ -491,6 +492,9 @@ def main() -> int:
         kubelet.terminate()
         kubelet.wait(10)
         cluster.down(work / "cluster")
+    # Its logs are kept when the run fails (above, raised past this); a run that
+    # measured has nothing left to read in them.
+    shutil.rmtree(work, ignore_errors=True)
 
     f50, f99 = statistics.median(base), pct(base, 99)
     p50, p99 = statistics.median(paired.prepare), pct(paired.prepare, 99)

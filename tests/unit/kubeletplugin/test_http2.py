@@ -6,6 +6,7 @@ hpack's encoder (grpcio's client is the reference for everything else: test_rpc.
 from __future__ import annotations
 
 import random
+import shutil
 import socket
 import struct
 import tempfile
@@ -142,6 +143,7 @@ def sock_path() -> Iterator[str]:
     server.start()
     yield str(root / "s.sock")
     server.stop(None).wait(5)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def request_body(*names: str) -> bytes:

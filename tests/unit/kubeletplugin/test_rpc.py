@@ -6,6 +6,7 @@ garbage on the socket. Then gRPC's framing as plain values."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import tempfile
 import threading
@@ -91,6 +92,7 @@ def served() -> Iterator[tuple[RpcServer, str, Dra, Health]]:
     server.start()
     yield server, f"unix://{root / 's.sock'}", dra, health
     server.stop(None).wait(5)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def prepare_stub(ch: grpc.Channel) -> Any:
@@ -268,3 +270,4 @@ def test_a_failed_accept_is_retried_not_the_end_of_the_socket() -> None:
             assert prepare_stub(ch).NodePrepareResources(claims("a"), timeout=5).claims
     finally:
         server.stop(None).wait(5)
+        shutil.rmtree(root, ignore_errors=True)
