@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dradriver import logs
 from dradriver.commands import flags
@@ -17,25 +18,21 @@ from dradriver.health.model import Health, HealthConfigError, Policy, parse_xids
 from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
 from dradriver.k8s import Kube, KubeError
-from dradriver.kubeletplugin import cdi
 from dradriver.kubeletplugin.checkpoint import CheckpointStore, current_boot_id
-from dradriver.kubeletplugin.claim_status import StatusWriter
-from dradriver.kubeletplugin.execute import Executor
 from dradriver.kubeletplugin.files import FileLock, NodeLock
 from dradriver.kubeletplugin.grpcserver import LateDriver, PluginServers, RegistrationHooks
 from dradriver.kubeletplugin.health import HealthOptions, NodeEvents, NodeHealth
-from dradriver.kubeletplugin.metrics import Metrics
 from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer, held_instances
 from dradriver.kubeletplugin.ops import OpsServer
 from dradriver.kubeletplugin.options import add_arguments
-from dradriver.kubeletplugin.prepare import Preparer
 from dradriver.kubeletplugin.records import owned_partitions
-from dradriver.kubeletplugin.sharing_steps import SharingSteps
 from dradriver.nvml.library import DevicesSpecError, Nvml, open_nvml
-from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import SliceContent, build
 from dradriver.slices.publish import PublishLoop, SlicePublisher
 from dradriver.slices.watch import SliceWatch
+
+if TYPE_CHECKING:
+    from dradriver.kubeletplugin.prepare import Preparer
 
 log = logs.get_logger("kubeletplugin")
 
@@ -182,7 +179,6 @@ def run_plugin(
             kubeconfig=args.kubeconfig or "(in-cluster, then ~/.kube/config)",
         )
         return 2
-    metrics = Metrics()
     store = CheckpointStore(state_dir / "checkpoint.json", current_boot_id())
     mode = MigMode(args.mig_mode)
     switching = MigSwitching(args.mig_mode_switching)
@@ -248,7 +244,7 @@ def run_plugin(
     ops = OpsServer(
         args.healthz_address,
         args.healthz_port,
-        metrics,
+        None,  # set once the first slice is published (below)
         live={"process": lambda: (True, "serving")},
         ready={
             "discovery": lambda: (view.discovered.is_set(), view.last_error or "ok"),
@@ -291,6 +287,18 @@ def run_plugin(
     # read from it directly (DeviceView), so this need not wait for the reconcile below.
     publisher_thread = threading.Thread(target=loop.run, args=(stop,), name="publish", daemon=True)
     publisher_thread.start()
+    # What only prepares and the operator endpoints need is imported from here on, not
+    # before discovery (a tenth of a second of the way to the first slice).
+    from dradriver.kubeletplugin import cdi
+    from dradriver.kubeletplugin.claim_status import StatusWriter
+    from dradriver.kubeletplugin.execute import Executor
+    from dradriver.kubeletplugin.metrics import Metrics
+    from dradriver.kubeletplugin.prepare import Preparer
+    from dradriver.kubeletplugin.sharing_steps import SharingSteps
+    from dradriver.nvml.mig import MigCarver
+
+    metrics = Metrics()
+    ops.metrics = metrics
     threading.Thread(target=watch.run, args=(stop,), name="slice-watch", daemon=True).start()
     signal.signal(signal.SIGHUP, lambda s, f: loop.trigger())
     # Each health change: one publish (the taints) and one message on every health stream.

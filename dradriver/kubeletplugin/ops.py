@@ -7,11 +7,12 @@ import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from typing import TYPE_CHECKING
 
 from dradriver.httpreply import reply
-from dradriver.kubeletplugin.metrics import Metrics
+
+if TYPE_CHECKING:
+    from dradriver.kubeletplugin.metrics import Metrics
 
 Check = Callable[[], tuple[bool, str]]
 
@@ -21,16 +22,24 @@ class OpsServer:
         self,
         address: str,
         port: int,
-        metrics: Metrics,
+        metrics: Metrics | None,
         live: dict[str, Check],
         ready: dict[str, Check],
     ) -> None:
+        """`metrics` may be set later: the server answers probes from before the first
+        slice is published, and prometheus_client (a twentieth of a second to import)
+        is imported after it."""
         outer = self
         self.metrics, self.live, self.ready = metrics, live, ready
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path == "/metrics":
+                    if outer.metrics is None:
+                        self._send(503, b"starting: no metrics yet\n", "text/plain")
+                        return
+                    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
                     body = generate_latest(outer.metrics.registry)
                     self._send(200, body, CONTENT_TYPE_LATEST)
                 elif self.path in ("/healthz", "/readyz"):
