@@ -112,6 +112,10 @@ class SharingSteps:
 
     def undo(self, rec: ClaimRecord) -> None:
         """Stops daemons, restores compute modes and intervals; idempotent."""
+        if all(d.sharing is None for d in rec.devices):
+            # Nothing of it was ever shared: no step wrote the ledger for it (a claim's
+            # sharing comes from its plan, before any step), so it is not read.
+            return
         errors: list[str] = []
         stopped: set[str] = set()
         ledger = self.ledger.load()
