@@ -259,12 +259,15 @@ class CdiWriter:
         # of a millisecond of every prepare); `jq .` shows it to a human.
         data = (json.dumps(spec, separators=(",", ":")) + "\n").encode()
         try:
-            self.cdi_dir.mkdir(parents=True, exist_ok=True)
             # Runtimes read specs as root, but 0644 lets node tools inspect them too.
             # Not fsync'd: the checkpoint saved after it is the durable record, and
             # startup rewrites every prepared claim's spec from it, so a spec a power
             # loss emptied (or a reboot wiped from tmpfs) is whole again before any call.
-            atomic_write(path, data, mode=0o644, durable=False)
+            try:
+                atomic_write(path, data, mode=0o644, durable=False)
+            except FileNotFoundError:  # no directory yet (or removed): made on demand
+                self.cdi_dir.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, data, mode=0o644, durable=False)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             if exc.errno == errno.ENOSPC:

@@ -8,6 +8,7 @@ import copy
 import errno
 import json
 import os
+import shutil
 import stat
 import threading
 from pathlib import Path
@@ -353,6 +354,14 @@ def test_write_is_atomic_and_readable(cdi_dir: Path) -> None:
     writer.write(UID, newer)
     assert json.loads(path.read_text()) == newer
     assert sorted(p.name for p in cdi_dir.iterdir()) == [path.name]
+
+
+def test_a_spec_directory_removed_meanwhile_is_made_again(cdi_dir: Path) -> None:
+    writer = CdiWriter(cdi_dir, DRIVER)
+    writer.write(UID, spec_for(two_gpus()))
+    shutil.rmtree(cdi_dir)  # /var/run/cdi is a tmpfs an admin may clear
+    path = writer.write(UID2, spec_for(two_gpus()))
+    assert path.parent == cdi_dir and json.loads(path.read_text())["devices"]
 
 
 def test_a_temp_file_a_dead_writer_left_is_written_over(cdi_dir: Path) -> None:
