@@ -114,7 +114,7 @@ class SlicePublisher:
     _node_uid: str = field(default="", init=False)
     # The API server dropped our device taints (DRADeviceTaints off): said once.
     taints_dropped: bool = field(default=False, init=False)
-    _prefetched: tuple[threading.Event, list[list[dict[str, Any]]]] | None = field(
+    _prefetched: tuple[threading.Event, list[list[dict[str, Any]] | Exception]] | None = field(
         default=None, init=False
     )
 
@@ -143,18 +143,18 @@ class SlicePublisher:
     def start_prefetch(self) -> None:
         """At startup, while discovery runs: the first sync's LIST of this node's slices
         and the Node's UID, fetched on a thread of their own, so that the first slice
-        waits for neither (nor for the TLS handshake before them). A failure is left to
-        the first sync, which then asks again."""
+        waits for neither (nor for the TLS handshake before them). A failure is the first
+        sync's, as if it had asked itself."""
         done = threading.Event()
-        fetched: list[list[dict[str, Any]]] = []
+        fetched: list[list[dict[str, Any]] | Exception] = []
         self._prefetched = (done, fetched)
 
         def fetch() -> None:
             try:
                 self._owner()
                 fetched.append(self.existing())
-            except Exception as exc:  # the first sync retries and reports it
-                log.debug("prefetching slices failed", node=self.node, error=str(exc))
+            except Exception as exc:
+                fetched.append(exc)
             finally:
                 done.set()
 
@@ -162,11 +162,15 @@ class SlicePublisher:
 
     def _current(self) -> list[dict[str, Any]]:
         """What the API server holds: the prefetched list, once, else a fresh one. A
-        prefetched list gone stale meanwhile only costs a conflict and a re-plan."""
+        prefetched list gone stale meanwhile only costs a conflict and a re-plan; a
+        prefetch that failed fails this round (the loop retries it with a fresh LIST),
+        rather than make it wait out the same unreachable server twice."""
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None:
             done, fetched = prefetched
             if done.wait(PREFETCH_WAIT) and fetched:
+                if isinstance(fetched[0], Exception):
+                    raise fetched[0]
                 return fetched[0]
         return self.existing()
 

@@ -5,6 +5,7 @@ real control plane and a hollow node (the real kubelet), and `dradriver explain`
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shutil
 import tempfile
@@ -225,7 +226,14 @@ def test_wrong_kubelet_dir(faulty: Faulty) -> None:
     plugin.start()
     try:
         readyz = f"http://127.0.0.1:{plugin.port}/readyz"
-        wait_for(lambda: plugin.http("/readyz")[0] == 503, "the plugin to answer /readyz", 20)
+
+        def started() -> bool:
+            # Up but for the registration: the checkpoint is loaded a moment after the
+            # first slice, and doctor names a startup still under way first.
+            code, body = plugin.http("/readyz")
+            return code == 503 and json.loads(body)["checkpoint"]["ok"]
+
+        wait_for(started, "the plugin started, but for its registration", 20)
         rc, lines = faulty.doctor(
             readyz=readyz, devices="fake:1xL4", **{"state-dir": str(plugin.state_dir)}
         )

@@ -119,6 +119,7 @@ def test_api_server_unavailable_is_retried(cluster: Cluster, tmp_path: Path) -> 
     )
     unreachable = Kube.from_kubeconfig(str(dead))
     pub = SlicePublisher(unreachable, DRIVER, "nowhere")
+    pub.start_prefetch()  # as the plugin starts: its failure is the first round's
     inv = open_nvml("fake:1xL4", node="nowhere", state_dir=None).discover().inventory
     loop = PublishLoop(pub, lambda: build(inv, MigMode.NONE).slices, backoff_max=0.2)
     stop = threading.Event()
