@@ -176,23 +176,19 @@ class Preparer:
         # The look under the node lock is skipped when this process's last view of the
         # checkpoint has no record of the claim (a new claim: nearly every call); the
         # step after the GET looks again under the lock, the other instance's records too.
+        def look() -> list[PreparedDevice] | None:
+            return self.commits.run(lambda cp: (self._already_prepared(cp, ref), None))
+
         cached = self.store.cached
         looked = cached is None or bool(self.refusal) or ref.uid in cached.claims
-        if looked:
-            done = self.commits.run(lambda cp: (self._already_prepared(cp, ref), None))
-            if done is not None:
-                return done
+        if looked and (done := look()) is not None:
+            return done
         try:
             claim = self._claim(ref)
         except Exception:
             # The API server unreachable, or the claim gone: one the other instance
             # prepared meanwhile still answers from the checkpoint.
-            done = (
-                None
-                if looked
-                else self.commits.run(lambda cp: (self._already_prepared(cp, ref), None))
-            )
-            if done is None:
+            if looked or (done := look()) is None:
                 raise
             return done
         local = self.devices()  # one view of the node for this whole prepare

@@ -12,6 +12,8 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent import futures
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,9 +116,7 @@ class SlicePublisher:
     _node_uid: str = field(default="", init=False)
     # The API server dropped our device taints (DRADeviceTaints off): said once.
     taints_dropped: bool = field(default=False, init=False)
-    _prefetched: tuple[threading.Event, list[list[dict[str, Any]] | Exception]] | None = field(
-        default=None, init=False
-    )
+    _prefetched: Future[list[dict[str, Any]]] | None = field(default=None, init=False)
 
     @property
     def annotation(self) -> str:
@@ -145,18 +145,15 @@ class SlicePublisher:
         and the Node's UID, fetched on a thread of their own, so that the first slice
         waits for neither (nor for the TLS handshake before them). A failure is the first
         sync's, as if it had asked itself."""
-        done = threading.Event()
-        fetched: list[list[dict[str, Any]] | Exception] = []
-        self._prefetched = (done, fetched)
+        prefetched: Future[list[dict[str, Any]]] = Future()
+        self._prefetched = prefetched
 
         def fetch() -> None:
             try:
                 self._owner()
-                fetched.append(self.existing())
+                prefetched.set_result(self.existing())
             except Exception as exc:
-                fetched.append(exc)
-            finally:
-                done.set()
+                prefetched.set_exception(exc)
 
         threading.Thread(target=fetch, name="slices-prefetch", daemon=True).start()
 
@@ -167,11 +164,9 @@ class SlicePublisher:
         rather than make it wait out the same unreachable server twice."""
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None:
-            done, fetched = prefetched
-            if done.wait(PREFETCH_WAIT) and fetched:
-                if isinstance(fetched[0], Exception):
-                    raise fetched[0]
-                return fetched[0]
+            futures.wait([prefetched], PREFETCH_WAIT)
+            if prefetched.done():
+                return prefetched.result()  # or raises what the prefetch met
         return self.existing()
 
     def existing(self) -> list[dict[str, Any]]:

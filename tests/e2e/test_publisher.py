@@ -185,8 +185,7 @@ def test_a_stale_prefetch_costs_a_replan_and_a_republish_no_discovery(
     content = build(inv, MigMode.NONE).slices
     pub = SlicePublisher(kube, DRIVER, kubelet.node)
     pub.start_prefetch()
-    assert pub._prefetched is not None and pub._prefetched[0].wait(10)
-    assert pub._prefetched[1] == [[]]  # none yet
+    assert pub._prefetched is not None and pub._prefetched.result(10) == []  # none yet
     other = SlicePublisher(kube, DRIVER, kubelet.node)
     assert other.sync(content).created == 1  # meanwhile: the prefetched list is stale
     stats = pub.sync(content)

@@ -93,7 +93,6 @@ class _HeaderBlock:
     stream_id: int
     end_stream: bool
     fragments: list[bytes]
-    size: int
 
 
 class Connection:
@@ -117,7 +116,6 @@ class Connection:
         self._last_stream = 0
         self._block: _HeaderBlock | None = None
         self._send_window = http2.DEFAULT_WINDOW
-        self._recv_window = RECEIVE_WINDOW
         self._recv_unacked = 0
         self._peer_initial_window = http2.DEFAULT_WINDOW
         self._peer_max_frame = http2.DEFAULT_MAX_FRAME
@@ -243,13 +241,12 @@ class Connection:
         sid, n = head.stream_id, len(payload)
         if not sid:
             raise ConnectionFault(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
-        if n > self._recv_window:
-            raise ConnectionFault(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the window")
-        self._recv_window -= n
+        # The connection's window is RECEIVE_WINDOW less what is not given back yet.
         self._recv_unacked += n
+        if self._recv_unacked > RECEIVE_WINDOW:
+            raise ConnectionFault(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the window")
         if self._recv_unacked >= RECEIVE_WINDOW // 2:
             self._out.append(http2.window_update(0, self._recv_unacked))
-            self._recv_window += self._recv_unacked
             self._recv_unacked = 0
         st = self.streams.get(sid)
         if st is None or st.received:
@@ -274,15 +271,14 @@ class Connection:
         if not sid or not sid & 1:
             raise ConnectionFault(ErrorCode.PROTOCOL_ERROR, f"HEADERS on stream {sid}")
         fragment = http2.header_fragment(head, payload)
-        self._block = _HeaderBlock(sid, bool(head.flags & Flag.END_STREAM), [], 0)
+        self._block = _HeaderBlock(sid, bool(head.flags & Flag.END_STREAM), [])
         self._fragment(fragment, head.flags & Flag.END_HEADERS, ready)
 
     def _fragment(self, fragment: bytes, last: int, ready: list[Stream]) -> None:
         block = self._block
         assert block is not None
         block.fragments.append(fragment)
-        block.size += len(fragment)
-        if block.size > MAX_HEADER_LIST:
+        if sum(map(len, block.fragments)) > MAX_HEADER_LIST:
             raise ConnectionFault(ErrorCode.ENHANCE_YOUR_CALM, "a header block too large")
         if not last:
             return

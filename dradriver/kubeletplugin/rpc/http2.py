@@ -158,8 +158,8 @@ def ping_ack(payload: bytes) -> bytes:
     return frame(FrameType.PING, ACK, 0, payload)
 
 
-def data_frame(stream_id: int, data: bytes, end_stream: bool = False) -> bytes:
-    return frame(FrameType.DATA, Flag.END_STREAM if end_stream else 0, stream_id, data)
+def data_frame(stream_id: int, data: bytes) -> bytes:
+    return frame(FrameType.DATA, 0, stream_id, data)  # trailers end the stream
 
 
 def headers_frames(stream_id: int, block: bytes, end_stream: bool, max_frame: int) -> bytes:

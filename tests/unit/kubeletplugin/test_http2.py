@@ -194,6 +194,13 @@ class Raw:
             )
         )
 
+    def request(self, sid: int, *names: str) -> list[hf.Frame]:
+        """A whole unary request on stream `sid`: its HEADERS, then its one DATA."""
+        return [
+            hf.HeadersFrame(sid, self.block(), flags=["END_HEADERS"]),
+            hf.DataFrame(sid, request_body(*names), flags=["END_STREAM"]),
+        ]
+
     def send(self, *chunks: bytes | hf.Frame) -> None:
         self.sock.sendall(b"".join(c.serialize() if isinstance(c, hf.Frame) else c for c in chunks))
 
@@ -246,11 +253,7 @@ class Raw:
 
 def test_a_request_in_the_same_write_as_the_preface_is_answered(sock_path: str) -> None:
     c = Raw(sock_path)
-    c.send(
-        c.hello(),
-        hf.HeadersFrame(1, c.block(), flags=["END_HEADERS"]),
-        hf.DataFrame(1, request_body("a"), flags=["END_STREAM"]),
-    )
+    c.send(c.hello(), *c.request(1, "a"))
     assert c.answer(1).devices() == ["gpu-a"]
 
 
@@ -312,8 +315,7 @@ def test_an_answer_waits_for_the_peers_window(sock_path: str) -> None:
     names = [f"claim-{i:03d}" for i in range(40)]  # an answer of over 1,000 bytes
     c.send(
         c.hello({hf.SettingsFrame.INITIAL_WINDOW_SIZE: 100}),
-        hf.HeadersFrame(1, c.block(), flags=["END_HEADERS"]),
-        hf.DataFrame(1, request_body(*names), flags=["END_STREAM"]),
+        *c.request(1, *names),
     )
     early = b""
     while len(early) < 100:
@@ -370,18 +372,11 @@ def test_protocol_errors_end_the_connection_with_their_code(
 
 def test_data_on_a_finished_stream_resets_that_stream_only(sock_path: str) -> None:
     c = Raw(sock_path)
-    c.send(
-        c.hello(),
-        hf.HeadersFrame(1, c.block(), flags=["END_HEADERS"]),
-        hf.DataFrame(1, request_body("a"), flags=["END_STREAM"]),
-    )
+    c.send(c.hello(), *c.request(1, "a"))
     assert c.answer(1).devices() == ["gpu-a"]
     c.send(hf.DataFrame(1, b"late"))
     assert c.answer(1).reset == ErrorCode.STREAM_CLOSED
-    c.send(
-        hf.HeadersFrame(3, c.block(), flags=["END_HEADERS"]),
-        hf.DataFrame(3, request_body("b"), flags=["END_STREAM"]),
-    )
+    c.send(*c.request(3, "b"))
     assert c.answer(3).devices() == ["gpu-b"]
 
 
