@@ -201,7 +201,9 @@ class CheckpointStore:
         state dir) with what the last save wrote still the state a load returns."""
         if self.boot_id:
             cp.boot_id = self.boot_id
-        self._cached = None
+        # The cached view stays while the save runs: the lock-free hint (`cached`) is
+        # read then most of all, while this save's fsync has the node lock; only a load,
+        # which cannot run meanwhile, would trust it as the file's content.
         seq = self._seq + 1
         previous, cp.seq = cp.seq, seq
         try:
@@ -217,6 +219,7 @@ class CheckpointStore:
                 data = self._main.write(data, sync=self._foreign)
         except BaseException:
             cp.seq = previous
+            self._cached = None  # the file may hold neither this state nor the cached one
             raise
         self._seq = seq
         self._started = True
