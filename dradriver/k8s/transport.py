@@ -25,6 +25,8 @@ from dradriver.k8s.http1 import Reply, request_head
 Timeout = float | tuple[float, float]  # total, or (connect, read)
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+# A pooled connection used this recently is taken without looking for a close first.
+RECENT_SECONDS = 1.0
 # Errors of a request on a connection the server had already closed, raised before a
 # status line arrived: RemoteDisconnected (no bytes at all), a reset, a broken pipe, TLS
 # finding the stream closed under it.
@@ -58,6 +60,7 @@ class _Conn(http.client.HTTPConnection):
         self._ctx = ctx
         self._server_name = server_name or host
         self.generation = generation
+        self.idle_since = 0.0  # when it was last handed back to the pool
 
     def connect(self) -> None:
         super().connect()  # TCP, and the CONNECT tunnel when there is a proxy
@@ -194,7 +197,9 @@ class Pool:
         url = self.prefix + target
         for attempt in (1, 2):
             # The retry takes a new connection: the next idle one may be as stale.
-            conn, reused = self._acquire(connect_timeout, fresh=attempt == 2)
+            conn, reused = self._acquire(
+                connect_timeout, fresh=attempt == 2, retryable=method in IDEMPOTENT
+            )
             try:
                 if conn.sock is None:
                     start = time.monotonic()
@@ -212,7 +217,8 @@ class Pool:
                 raise TransportError(_describe(what, doing, exc)) from exc
             try:
                 assert conn.sock is not None
-                conn.sock.settimeout(read_timeout_now)
+                if conn.sock.gettimeout() != read_timeout_now:  # a syscall, mostly the same
+                    conn.sock.settimeout(read_timeout_now)
                 conn.sock.sendall(
                     request_head(method, url, self._host_header, headers, body) + (body or b"")
                 )
@@ -234,14 +240,18 @@ class Pool:
         for c in idle:
             c.close()
 
-    def _acquire(self, connect_timeout: float, fresh: bool) -> tuple[_Conn, bool]:
+    def _acquire(self, connect_timeout: float, fresh: bool, retryable: bool) -> tuple[_Conn, bool]:
         while True:
             with self._lock:
                 conn = self._idle.pop() if self._idle and not fresh else None
                 generation, ctx = self._generation, self._ctx
             if conn is None:
                 break
-            if conn.dropped():
+            # The look for a close by the server (a select) is skipped for a request that
+            # is retried on a stale connection anyway, when the connection was in use
+            # within the last second: a server closes connections idle for far longer.
+            recent = time.monotonic() - conn.idle_since < RECENT_SECONDS
+            if not (retryable and recent) and conn.dropped():
                 conn.close()
                 continue
             return conn, True
@@ -253,6 +263,7 @@ class Pool:
         return conn, False
 
     def _release(self, conn: _Conn) -> None:
+        conn.idle_since = time.monotonic()
         with self._lock:
             if conn.generation == self._generation and len(self._idle) < self._max_idle:
                 self._idle.append(conn)

@@ -33,7 +33,9 @@ def fsync_dir(directory: Path) -> None:
         log.warning("could not fsync directory", path=str(directory), error=str(exc))
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600, durable: bool = True) -> None:
+def atomic_write(
+    path: str | os.PathLike[str], data: bytes, mode: int = 0o600, durable: bool = True
+) -> None:
     """Replaces `path` with `data` so that a reader (or, when `durable`, the file after a
     crash or power loss) sees either the old content or the new, never a mix. The temp
     file is a dot file ending in .tmp in the same directory (a rename cannot cross
@@ -42,7 +44,9 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, durable: bool = Tru
     crash (a power loss may leave them empty or gone)."""
     # Named for this thread: no two writers alive share the name, so no random name
     # (mkstemp's cost a third of a CDI spec's write); one a dead process left is reused.
-    tmp = f"{path.parent}/.{path.name}.{os.getpid()}-{threading.get_ident()}.tmp"
+    parent, name = os.path.split(os.fspath(path))
+    parent = parent or "."
+    tmp = f"{parent}/.{name}.{os.getpid()}-{threading.get_ident()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         try:
@@ -60,7 +64,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, durable: bool = Tru
             os.unlink(tmp)
         raise
     if durable:
-        fsync_dir(path.parent)
+        fsync_dir(Path(parent))
 
 
 def remove_stale_temps(path: Path, older_than: float = STALE_TEMP_SECONDS) -> list[Path]:

@@ -47,7 +47,9 @@ class InPlaceFile:
             return self._fd
         if self._fd is not None:
             try:
-                if os.fstat(self._fd).st_ino == os.stat(self.path).st_ino:
+                st = os.fstat(self._fd)
+                if st.st_ino == os.stat(self.path).st_ino:
+                    self._size = st.st_size  # another writer may have grown it
                     return self._fd
             except FileNotFoundError:
                 pass
@@ -63,12 +65,14 @@ class InPlaceFile:
         self._fd, self._size = fd, os.fstat(fd).st_size
         return fd
 
-    def write(self, data: bytes, *, sync: bool) -> bytes:
+    def write(self, data: bytes, *, sync: bool, checked: bool = False) -> bytes:
         """Makes the file hold `data` (padded) and returns the file's bytes. With `sync`,
         they are durable when this returns. A missing file is created atomically and
-        durably. Raises OSError; a failure while the file grows (disk full) leaves its old
-        content readable, as only spaces were added past it."""
-        fd = self._current()
+        durably. `checked`: present() answered True under the same hold of the node lock,
+        so the open file is still the one there (nobody replaces it without that lock).
+        Raises OSError; a failure while the file grows (disk full) leaves its old content
+        readable, as only spaces were added past it."""
+        fd = self._fd if checked and self._fd is not None else self._current()
         needed = -(-(len(data) + 1) // BLOCK) * BLOCK
         if fd is None:
             padded = data.ljust(needed)
@@ -93,7 +97,10 @@ class InPlaceFile:
         fd = self._current()
         if fd is None:
             return None
-        size = self._size = os.fstat(fd).st_size  # another writer may have grown it
+        # A shared file's size is as _current just found it; an unshared one may have
+        # been grown by another instance of this release since we opened it.
+        size = self._size if self.shared else os.fstat(fd).st_size
+        self._size = size
         data = os.pread(fd, size, 0)
         while len(data) < size:  # a short read
             more = os.pread(fd, size - len(data), len(data))

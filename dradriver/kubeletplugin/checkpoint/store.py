@@ -216,7 +216,7 @@ class CheckpointStore:
                 self._wals[seq % 2].write(data, sync=True)
             else:
                 self._write_ahead(self._wals[seq % 2], data)  # durable from here on
-                data = self._main.write(data, sync=self._foreign)
+                data = self._main.write(data, sync=self._foreign, checked=True)
         except BaseException:
             cp.seq = previous
             self._cached = None  # the file may hold neither this state nor the cached one

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.k8s import Conflict, Kube, KubeError, NotFound
+from dradriver.k8s import Conflict, Kube, KubeError, NotFound, transport
 from dradriver.k8s.config import ClientCert, KubeConfig
 from tests.unit.k8s.certs import TestCA
 from tests.unit.k8s.conftest import WriteKubeconfig
@@ -125,6 +125,29 @@ def test_an_idle_connection_closed_by_the_server_is_replaced(api: FakeAPI, kube:
     time.sleep(0.1)
     assert kube.get("/version")["method"] == "GET"
     assert len(connections(api)) == 2
+
+
+def test_a_post_finds_a_closed_idle_connection_before_using_it(api: FakeAPI, kube: Kube) -> None:
+    kube.get("/idle-close")
+    time.sleep(0.1)
+    assert kube.create("/version", {})["method"] == "POST"  # not retried: looked first
+    assert len(connections(api)) == 2
+
+
+def test_only_requests_that_are_retried_skip_the_look_on_a_recent_connection(
+    api: FakeAPI, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks: list[int] = []
+    real = transport._Conn.dropped
+    monkeypatch.setattr(transport._Conn, "dropped", lambda c: looks.append(1) or real(c))
+    kube.get("/version")
+    kube.get("/version")  # reused within the second: a stale one is retried instead
+    assert looks == []
+    kube.create("/version", {})
+    assert looks == [1]
+    monkeypatch.setattr(transport, "RECENT_SECONDS", 0.0)
+    kube.get("/version")
+    assert looks == [1, 1]
 
 
 def test_a_get_on_a_stale_connection_is_retried_once(api: FakeAPI, kube: Kube) -> None:
