@@ -23,7 +23,6 @@ from dradriver.kubeletplugin.files import FileLock, NodeLock
 from dradriver.kubeletplugin.grpcserver import LateDriver, PluginServers, RegistrationHooks
 from dradriver.kubeletplugin.health import HealthOptions, NodeEvents, NodeHealth
 from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer, held_instances
-from dradriver.kubeletplugin.ops import OpsServer
 from dradriver.kubeletplugin.options import add_arguments
 from dradriver.kubeletplugin.records import owned_partitions
 from dradriver.nvml.library import DevicesSpecError, Nvml, open_nvml
@@ -32,6 +31,7 @@ from dradriver.slices.publish import PublishLoop, SlicePublisher
 from dradriver.slices.watch import SliceWatch
 
 if TYPE_CHECKING:
+    from dradriver.kubeletplugin.ops import OpsServer
     from dradriver.kubeletplugin.prepare import Preparer
 
 log = logs.get_logger("kubeletplugin")
@@ -241,20 +241,28 @@ def run_plugin(
             return False, "not loaded yet"
         return not preparers[0].refusal, preparers[0].refusal or "ok"
 
-    ops = OpsServer(
-        args.healthz_address,
-        args.healthz_port,
-        None,  # set once the first slice is published (below)
-        live={"process": lambda: (True, "serving")},
-        ready={
-            "discovery": lambda: (view.discovered.is_set(), view.last_error or "ok"),
-            "registration": registration_ready,
-            "api": api.check,
-            "slices": slices_ready,
-            "checkpoint": checkpoint_ready,
-        },
-    )
-    ops.start()
+    def start_ops() -> OpsServer:
+        # http.server and what it imports: a twentieth of a second of CPU, not spent on
+        # the way to the first slice when discovery succeeds at once.
+        from dradriver.kubeletplugin.ops import OpsServer
+
+        ops = OpsServer(
+            args.healthz_address,
+            args.healthz_port,
+            None,  # set once the prepare side exists (below)
+            live={"process": lambda: (True, "serving")},
+            ready={
+                "discovery": lambda: (view.discovered.is_set(), view.last_error or "ok"),
+                "registration": registration_ready,
+                "api": api.check,
+                "slices": slices_ready,
+                "checkpoint": checkpoint_ready,
+            },
+        )
+        ops.start()
+        log.info("operator endpoints up", healthz_port=ops.port)
+        return ops
+
     log.info(
         "starting",
         node=args.node_name,
@@ -262,11 +270,13 @@ def run_plugin(
         devices=args.devices,
         mig_mode=args.mig_mode,
         instance=args.instance,
-        healthz_port=ops.port,
     )
 
     # Nothing is published and nothing registers before the devices are known. NVML stays
-    # initialised for the life of the process (MIG carving needs it; init is slow).
+    # initialised for the life of the process (MIG carving needs it; init is slow). The
+    # operator endpoints come up after the first discovery, or at its first failure, so
+    # that /readyz says why it keeps failing.
+    ops: OpsServer | None = None
     backoff = 1.0
     while not stop.is_set():
         try:
@@ -278,15 +288,20 @@ def run_plugin(
             log.error(
                 "device discovery failed; retrying", error=str(exc), retry_in=f"{backoff:.0f}s"
             )
+            if ops is None:
+                ops = start_ops()
             stop.wait(backoff)
             backoff = min(60.0, backoff * 2)
     if stop.is_set():
-        ops.stop()
+        if ops is not None:
+            ops.stop()
         return 0
     # Published as soon as the devices are known: the checkpoint's own partitions are
     # read from it directly (DeviceView), so this need not wait for the reconcile below.
     publisher_thread = threading.Thread(target=loop.run, args=(stop,), name="publish", daemon=True)
     publisher_thread.start()
+    if ops is None:
+        ops = start_ops()
     # What only prepares and the operator endpoints need is imported from here on, not
     # before discovery (a tenth of a second of the way to the first slice).
     from dradriver.kubeletplugin import cdi
