@@ -73,6 +73,10 @@ class InPlaceFile:
         Raises OSError; a failure while the file grows (disk full) leaves its old content
         readable, as only spaces were added past it."""
         fd = self._fd if checked and self._fd is not None else self._current()
+        if fd is not None and not self.shared:
+            # Another instance of this release may have grown it: content written only
+            # up to our older size would leave the end of its longer state behind.
+            self._size = os.fstat(fd).st_size
         needed = -(-(len(data) + 1) // BLOCK) * BLOCK
         if fd is None:
             padded = data.ljust(needed)

@@ -34,6 +34,7 @@ from dradriver.kubeletplugin.checkpoint import (
     payload_checksum,
     reconcile_boot,
 )
+from dradriver.kubeletplugin.checkpoint.store import wal_paths
 from dradriver.kubeletplugin.files import FileLock, LockTimeout
 from dradriver.kubeletplugin.records import Carve, MigIds, Mps, MpsLimits, TimeSlicing
 
@@ -257,6 +258,25 @@ def test_disk_full_while_the_files_grow_leaves_old_checkpoint(
     # Once there is room, it grows.
     store.save(big)
     assert len(CheckpointStore(path, BOOT1).load().claims) == 40
+
+
+def test_a_copy_another_instance_grew_is_not_left_with_its_tail(path: Path) -> None:
+    """Two instances of this release (a rolling update) write the same write-ahead
+    copies: one that grew them must not leave the other's smaller state followed by the
+    rest of its own bytes, which no JSON reader takes."""
+    a = saved_twice(path)
+    b = CheckpointStore(path, BOOT1)
+    big = checkpoint(*(record(f"{i:08d}-0000-4000-8000-000000000000") for i in range(40)))
+    b.load()
+    b.save(big)  # grows both files past a block
+    b.save(big)
+    small = a.load()
+    small.claims = {UID_A: record(UID_A)}
+    a.save(small)
+    a.save(small)
+    for wal in wal_paths(path):
+        doc = json.loads(wal.read_bytes())  # whole: nothing of b's state after it
+        assert list(doc["payload"]["claims"]) == [UID_A]
 
 
 def _crash_in_save(path: Path, patch: str) -> subprocess.CompletedProcess[str]:
