@@ -240,7 +240,8 @@ class CdiWriter:
         _check_driver(driver)
         self.cdi_dir = Path(cdi_dir)
         self.driver = driver
-        self._prefix = f"{self.cdi_dir}/{driver}-{CLAIM_CLASS}-"
+        self._name_prefix = f"{driver}-{CLAIM_CLASS}-"
+        self._prefix = f"{self.cdi_dir}/{self._name_prefix}"
 
     def spec_path(self, claim_uid: str) -> Path:
         """<cdi_dir>/<driver>-claim-<uid>.json; ValueError for a UID that is not one."""
@@ -303,7 +304,7 @@ class CdiWriter:
         except FileNotFoundError:
             return []
         uids = []
-        prefix = f"{self.driver}-{CLAIM_CLASS}-"
+        prefix = self._name_prefix
         for name in names:
             if name.startswith(prefix) and name.endswith(".json"):
                 uid = name[len(prefix) : -len(".json")]

@@ -42,14 +42,13 @@ class InPlaceFile:
 
     def _current(self) -> int | None:
         """Our open file if it is still the one at `path`, else the one there now; None
-        if there is none."""
-        if self._fd is not None and not self.shared:
-            return self._fd
+        if there is none. `_size` is the file's size then: another writer (the other
+        instance, of this release or another) may have grown it since."""
         if self._fd is not None:
             try:
                 st = os.fstat(self._fd)
-                if st.st_ino == os.stat(self.path).st_ino:
-                    self._size = st.st_size  # another writer may have grown it
+                if not self.shared or st.st_ino == os.stat(self.path).st_ino:
+                    self._size = st.st_size
                     return self._fd
             except FileNotFoundError:
                 pass
@@ -72,11 +71,9 @@ class InPlaceFile:
         so the open file is still the one there (nobody replaces it without that lock).
         Raises OSError; a failure while the file grows (disk full) leaves its old content
         readable, as only spaces were added past it."""
+        # Padded to the size _current found, not to our own last one: content written
+        # only that far would leave the end of another writer's longer state behind.
         fd = self._fd if checked and self._fd is not None else self._current()
-        if fd is not None and not self.shared:
-            # Another instance of this release may have grown it: content written only
-            # up to our older size would leave the end of its longer state behind.
-            self._size = os.fstat(fd).st_size
         needed = -(-(len(data) + 1) // BLOCK) * BLOCK
         if fd is None:
             padded = data.ljust(needed)
@@ -101,10 +98,7 @@ class InPlaceFile:
         fd = self._current()
         if fd is None:
             return None
-        # A shared file's size is as _current just found it; an unshared one may have
-        # been grown by another instance of this release since we opened it.
-        size = self._size if self.shared else os.fstat(fd).st_size
-        self._size = size
+        size = self._size  # as _current just found it
         data = os.pread(fd, size, 0)
         while len(data) < size:  # a short read
             more = os.pread(fd, size - len(data), len(data))
