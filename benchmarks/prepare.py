@@ -228,6 +228,19 @@ class Floor:
         self.channel.close()
 
 
+def cdi_dir(on: str, work: Path) -> Path:
+    """The plugin's CDI directory. On a node it is /var/run/cdi, which is /run, a tmpfs
+    (systemd mounts it so; a reboot wipes the specs, and the plugin rewrites them from its
+    checkpoint). The state directory stays on the disk, as /var/lib/dradriver is: its
+    fsyncs are part of what a prepare costs there."""
+    if on == "tmpfs":
+        shm = Path("/dev/shm")
+        if shm.is_dir() and os.access(shm, os.W_OK):
+            return Path(tempfile.mkdtemp(prefix="drbench-cdi-", dir=shm))
+        print("bench: no writable /dev/shm; the CDI specs go to the disk", flush=True)
+    return work / "kubelet" / "cdi"
+
+
 def wait_node_ready(kube: Kube, kubelet: subprocess.Popen[bytes], work: Path) -> None:
     """A starting kubelet deletes its node's slices: the plugin starts after it is up."""
     end = time.monotonic() + 120
@@ -300,7 +313,14 @@ class Plugin:
     """The plugin process, timed from its start to each milestone."""
 
     def __init__(
-        self, work: Path, kube: Kube, kubeconfig: str, root: Path, state: Path, status: str
+        self,
+        work: Path,
+        kube: Kube,
+        kubeconfig: str,
+        root: Path,
+        state: Path,
+        status: str,
+        cdi: Path,
     ) -> None:
         # The first slice is this process's: none of a previous one is left.
         kube.delete_collection(
@@ -339,7 +359,7 @@ class Plugin:
                 "--kubelet-dir",
                 str(root),
                 "--cdi-dir",
-                str(root / "cdi"),
+                str(cdi),
                 "--state-dir",
                 str(state),
                 "--healthz-address",
@@ -417,6 +437,14 @@ class Plugin:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--claims", type=int, default=1000, help="claims per run")
+    ap.add_argument(
+        "--cdi-on",
+        choices=("tmpfs", "disk"),
+        default="tmpfs",
+        help="where the CDI specs go: a tmpfs, as /var/run/cdi is on a node (the default), "
+        "or the disk under the work directory (the layout of runs before 2026-12-01's "
+        "seventh session)",
+    )
     args = ap.parse_args()
     repo = Path(__file__).resolve().parents[1]
     compileall.compile_dir(repo / "dradriver", quiet=2, workers=0)
@@ -427,6 +455,8 @@ def main() -> int:
     kube = Kube.from_kubeconfig(st.kubeconfig)
     control = (st.pids["kube-apiserver"], st.pids["etcd"])
     root, state = work / "kubelet", work / "state"
+    cdi = cdi_dir(args.cdi_on, work)
+    print(f"bench: CDI specs in {cdi}", flush=True)
     kubelet = subprocess.Popen(
         [
             sys.executable,
@@ -453,7 +483,7 @@ def main() -> int:
         claims = make_claims(kube, ns, args.claims)
 
         # A driver that writes no claim status: what the API server and etcd spend then.
-        plugin = Plugin(work, kube, st.kubeconfig, root, state, "off")
+        plugin = Plugin(work, kube, st.kubeconfig, root, state, "off", cdi)
         plugin.milestones(kube)
         sock = str(next((root / "plugins" / DRIVER).glob("dra*.sock")))
         c0 = cpu_seconds(*control)
@@ -464,7 +494,7 @@ def main() -> int:
         quiet_cpu = (cpu_seconds(*control) - c0) / sum(len(r.prepare) for r in quiet) * 100
         plugin.stop()
 
-        plugin = Plugin(work, kube, st.kubeconfig, root, state, "on")
+        plugin = Plugin(work, kube, st.kubeconfig, root, state, "on", cdi)
         starts = plugin.milestones(kube)
         sock = str(next((root / "plugins" / DRIVER).glob("dra*.sock")))
         raw = RawGet(st.kubeconfig)
@@ -492,6 +522,8 @@ def main() -> int:
         kubelet.terminate()
         kubelet.wait(10)
         cluster.down(work / "cluster")
+        if not cdi.is_relative_to(work):  # a tmpfs keeps what is not removed
+            shutil.rmtree(cdi, ignore_errors=True)
     # Its logs are kept when the run fails (above, raised past this); a run that
     # measured has nothing left to read in them.
     shutil.rmtree(work, ignore_errors=True)
