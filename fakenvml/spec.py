@@ -59,8 +59,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fakenvml import mig_rules
 from fakenvml.products import PRODUCTS, Product, product
 
@@ -219,6 +217,11 @@ def _checked(spec: MachineSpec) -> MachineSpec:
 
 
 def parse_yaml_file(path: Path) -> MachineSpec:
+    # Imported here: only @file specs need it, and the plugin in a pod (in-cluster
+    # config, no kubeconfig to parse) would otherwise load it, 20-30 ms, on its way to
+    # the first slice.
+    import yaml
+
     try:
         text = path.read_text()
     except OSError as exc:
