@@ -8,6 +8,10 @@ Rules:
 - Any other XID, a double-bit ECC event, or a probe that finds the GPU lost (or a row
   remapping / page retirement pending) makes the GPU unhealthy. The first fault's reason
   is kept until the GPU recovers, so a burst of events is one change, not several.
+  One exception: XID 79 ("GPU has fallen off the bus") names the cause of a probe's
+  "lost", which a probe often sees moments before the driver reports the XID; it
+  replaces "lost" (the time stays the first fault's), so the taint says what the driver
+  said.
 - An XID that NVML ties to one GPU instance makes only that instance's devices unhealthy.
 - MIG devices (and MIG partitions) inherit their parent GPU's health.
 - A GPU recovers after `recovery_probes` probes in a row that find nothing wrong; a probe
@@ -31,6 +35,8 @@ DEFAULT_RECOVERY_PROBES = 3
 
 LOST = "lost"
 ECC_DBE = "ecc-dbe"
+# NVIDIA's XID catalogue: "GPU has fallen off the bus", what a probe sees as lost.
+XID_FELL_OFF_THE_BUS = 79
 
 
 class Health(enum.StrEnum):
@@ -185,6 +191,8 @@ def _next(g: GpuHealth, obs: Observation, policy: Policy, now: int) -> GpuHealth
         if obs.xid in policy.skip_xids:
             return g
         fault = Fault(f"xid-{obs.xid}", now, obs.xid)
+        if obs.xid == XID_FELL_OFF_THE_BUS and g.fault is not None and g.fault.reason == LOST:
+            return replace(g, fault=replace(fault, since=g.fault.since), good_probes=0)
         if obs.instance is not None and g.fault is None:
             if g.instance_fault(obs.instance) is not None:
                 return replace(g, good_probes=0)

@@ -74,6 +74,22 @@ def test_first_reason_is_kept_and_a_burst_is_one_change() -> None:
     assert book.get(G0).fault == Fault("xid-48", 100, 48)
 
 
+def test_xid_79_names_the_cause_of_a_probes_lost_and_keeps_its_time() -> None:
+    book = HealthBook()
+    book.observe(Probe(G0, problem="lost"), now=100)
+    t = book.observe(XidEvent(G0, 79), now=101)
+    # A visible change: the taint's value becomes the driver's word for it.
+    assert t is not None and t.before.fault == Fault("lost", 100)
+    assert book.get(G0).fault == Fault("xid-79", 100, 79)
+    # Only the XID that means "lost" does; the first reason stays for any other.
+    book.observe(Probe(G1, problem="lost"), now=100)
+    assert book.observe(XidEvent(G1, 48), now=101) is None
+    assert book.get(G1).fault == Fault("lost", 100)
+    # And a later probe's "lost" does not take it back.
+    assert book.observe(Probe(G0, problem="lost"), now=102) is None
+    assert book.get(G0).fault == Fault("xid-79", 100, 79)
+
+
 def test_configured_skip_list() -> None:
     book = HealthBook(Policy(skip_xids=parse_xids("79, 48")))
     assert book.observe(XidEvent(G0, 79), now=1) is None
