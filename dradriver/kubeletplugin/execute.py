@@ -236,6 +236,11 @@ class Executor:
             off = {g for g, c in self.mig.ledger.disabled_for().items() if c == uid}
             if off:
                 self.mig.restore_disabled(off, set())
+        self.remove_forgotten_spec(uid, ref)
+
+    def remove_forgotten_spec(self, uid: str, ref: str) -> None:
+        """release_forgotten's last step, alone: for a claim forgotten_gpus found no
+        ledger entry of (read under the same lock), nothing else is left to undo."""
         if self.cdi_writer.exists(uid):
             try:
                 self.cdi_writer.remove(uid)

@@ -393,7 +393,8 @@ class Preparer:
             gpus = self.executor.forgotten_gpus(ref.uid)
             if gpus is not None:
                 return _OnGpus(frozenset(gpus)), None
-            self.executor.release_forgotten(ref.uid, str(ref))
+            # The ledgers, just read, hold nothing for it: not read a second time.
+            self.executor.remove_forgotten_spec(ref.uid, str(ref))
             return None, None
         if not self.executor.simple(rec):
             return _OnGpus(frozenset(record_gpus(rec))), None

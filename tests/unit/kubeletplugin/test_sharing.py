@@ -314,3 +314,18 @@ def test_a_daemon_started_but_not_recorded_is_still_stopped(node: Node) -> None:
     restarted.driver.reconcile()
     assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
     assert not mps_alive(pid)
+
+
+def test_a_lost_checkpoint_of_a_plain_claim_still_has_its_spec_removed(node: Node) -> None:
+    """No ledger knows a claim without sharing: its unprepare, after the checkpoint was
+    lost, finds nothing to undo on the GPUs and removes only the CDI spec the runtime
+    would otherwise keep offering."""
+    ref = node.claim("plain", "gpu-0", None)
+    node.prepare(ref)
+    lose_checkpoint(node.tmp)
+    restarted = Node(node.tmp)
+    restarted.driver.reconcile()
+    assert len(list((node.tmp / "cdi").glob("*.json"))) == 1  # its pod may still run
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
+    assert not list((node.tmp / "cdi").glob("*.json"))
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}  # the kubelet repeats
