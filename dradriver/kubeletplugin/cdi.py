@@ -20,6 +20,7 @@ for claims the checkpoint still holds.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import re
@@ -49,6 +50,7 @@ _DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"[^A-Z0-9_]")
 
 
+@functools.cache  # pure; once per driver name, not once per spec
 def _check_driver(driver: str) -> None:
     if len(driver) > 63 or not _DRIVER.match(driver):
         raise ValueError(
@@ -253,10 +255,10 @@ class CdiWriter:
         _check_uid(claim_uid)
         return f"{self._prefix}{claim_uid}.json"
 
-    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
-        """Atomically writes the claim's spec (a runtime never reads half a file) and
-        returns its path. Raises CdiWriteError (an OSError) on failure, with no temp file
-        left behind."""
+    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> None:
+        """Atomically writes the claim's spec (a runtime never reads half a file) to
+        spec_path(claim_uid). Raises CdiWriteError (an OSError) on failure, with no temp
+        file left behind."""
         path = self._file(claim_uid)
         # One line: json's C encoder (indenting falls back to its pure-Python one, a tenth
         # of a millisecond of every prepare); `jq .` shows it to a human.
@@ -284,7 +286,6 @@ class CdiWriter:
                 exc.errno,
                 f"CDI layer: cannot write the spec of claim {claim_uid} to {path}: {reason}",
             ) from exc
-        return Path(path)
 
     def exists(self, claim_uid: str) -> bool:
         return os.path.isfile(self._file(claim_uid))

@@ -344,8 +344,9 @@ def test_write_is_atomic_and_readable(cdi_dir: Path) -> None:
     writer = CdiWriter(cdi_dir, DRIVER)
     assert not cdi_dir.exists()
     spec = spec_for(two_gpus())
-    path = writer.write(UID, spec)
-    assert path == cdi_dir / f"gpu.dradriver.io-claim-{UID}.json" == writer.spec_path(UID)
+    writer.write(UID, spec)
+    path = writer.spec_path(UID)
+    assert path == cdi_dir / f"gpu.dradriver.io-claim-{UID}.json"
     assert json.loads(path.read_text()) == spec
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert writer.exists(UID) and not writer.exists(UID2)
@@ -360,7 +361,8 @@ def test_a_spec_directory_removed_meanwhile_is_made_again(cdi_dir: Path) -> None
     writer = CdiWriter(cdi_dir, DRIVER)
     writer.write(UID, spec_for(two_gpus()))
     shutil.rmtree(cdi_dir)  # /var/run/cdi is a tmpfs an admin may clear
-    path = writer.write(UID2, spec_for(two_gpus()))
+    writer.write(UID2, spec_for(two_gpus()))
+    path = writer.spec_path(UID2)
     assert path.parent == cdi_dir and json.loads(path.read_text())["devices"]
 
 
@@ -369,7 +371,8 @@ def test_a_temp_file_a_dead_writer_left_is_written_over(cdi_dir: Path) -> None:
     crashed process of the same pid left must not stop the write, nor be followed if a
     link."""
     writer = CdiWriter(cdi_dir, DRIVER)
-    path = writer.write(UID, spec_for(two_gpus()))
+    writer.write(UID, spec_for(two_gpus()))
+    path = writer.spec_path(UID)
     tmp = cdi_dir / f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp"
     elsewhere = cdi_dir.parent / "not-a-spec"
     elsewhere.write_text("keep")

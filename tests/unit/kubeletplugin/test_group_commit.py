@@ -149,3 +149,52 @@ def test_a_new_claim_takes_the_node_lock_once_and_a_prepared_one_needs_no_api_se
     assert again.error == "" and again.devices == done.devices
     failed = other.prepare([refs[1]])[refs[1].uid]
     assert "connection refused" in failed.error
+
+
+def test_no_caller_is_left_waiting_when_a_leader_cannot_take_the_lock() -> None:
+    """Leaders hand over to the next queued caller, also when taking the node lock
+    fails: every step runs once or its caller gets the error, and no thread hangs."""
+    from dradriver.kubeletplugin.group_commit import GroupCommit
+    from dradriver.kubeletplugin.records import Checkpoint
+
+    class FlakyLock:
+        def __init__(self) -> None:
+            self.n = 0
+            self.held = threading.Lock()
+
+        def __enter__(self) -> None:
+            self.n += 1
+            if self.n % 3 == 0:
+                raise OSError(errno.EIO, "lock file unreadable")
+            self.held.acquire()
+            time.sleep(0.002)  # the others queue meanwhile
+
+        def __exit__(self, *exc: object) -> None:
+            self.held.release()
+
+    saved: list[int] = []
+    commits = GroupCommit(FlakyLock(), Checkpoint, lambda cp: saved.append(1))  # type: ignore[arg-type]
+    ran: list[int] = []
+    outcome: dict[int, str] = {}
+
+    def call(i: int) -> None:
+        def step(cp: Checkpoint) -> tuple[int, None]:
+            ran.append(i)
+            return i, None
+
+        try:
+            outcome[i] = f"ok {commits.run(step)}"
+        except OSError:
+            outcome[i] = "lock failed"
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(60)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert len(outcome) == 60
+    done = {i for i, o in outcome.items() if o.startswith("ok")}
+    assert sorted(ran) == sorted(done) and len(set(ran)) == len(ran)  # each step once
+    assert all(outcome[i] == f"ok {i}" for i in done)
+    assert "lock failed" in outcome.values() and done
