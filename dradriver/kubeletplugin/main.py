@@ -346,7 +346,10 @@ def run_plugin(
         status=status,
     )
     preparers.append(driver)
-    driver.reconcile()
+    if driver.reconcile():
+        # The first discovery saw the checkpoint before the undo: a partition it held
+        # then is free now, and a refresh racing the undo may have seen neither.
+        loop.trigger()
 
     def on_registered(ok: bool, error: str) -> None:
         registration.refused = "" if ok else error

@@ -41,6 +41,7 @@ from dradriver.kubeletplugin.records import (
     Checkpoint,
     ClaimRecord,
     PreparedDevice,
+    owned_partitions,
 )
 from dradriver.kubeletplugin.unprepared import UnpreparedMeanwhile
 from dradriver.logs import get_logger
@@ -438,21 +439,24 @@ class Preparer:
         return rec.copy() if rec is not None else None
 
     # -- startup ---------------------------------------------------------------------------
-    def reconcile(self) -> None:
+    def reconcile(self) -> bool:
         """Finishes what a crash or reboot left (see reconcile.py). Every GPU's lock
-        first: the other instance's hardware work in progress is not a crash's leftover."""
+        first: the other instance's hardware work in progress is not a crash's leftover.
+        True when it changed the partitions the checkpoint holds (an interrupted carve
+        undone): what was discovered before, and published, must be discovered again."""
         local = self.devices().values()
         every = {d.gpu.uuid for d in local} | {str(d.uuid) for d in local if d.uuid}
         with self.gpus.hold(every), self.lock:
             self.store.remove_stale_temps()
             try:
-                self._load()
+                before = owned_partitions(self._load())
             except ClaimStateError:
                 log.error(
                     "CHECKPOINT FROM A NEWER RELEASE: not reconciling, and refusing every "
                     "prepare and unprepare until it is resolved",
                     error=self.refusal,
                 )
-                return
+                return False
             cp = reconcile(self.store, self.executor, self.devices)
             self.metrics.prepared_claims.set(len(cp.claims))
+            return owned_partitions(cp) != before

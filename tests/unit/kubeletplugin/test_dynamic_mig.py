@@ -215,13 +215,16 @@ def test_a_crash_at_any_step_is_recovered_at_restart(tmp_path: Path, point: str)
         crashpoints.hook = None
     # A new process: NVML state is what the hardware kept, the checkpoint what was saved.
     again = start_node(tmp_path, node.claims)
-    again.driver.reconcile()
+    # The partition it intended is free again: the devices must be discovered anew.
+    assert again.driver.reconcile() is True
     assert again.instances() == set(), f"stray instance after a crash at {point}"
     assert again.driver.store.load().claims == {}
     assert list((tmp_path / "cdi").glob("*.json")) == []
     assert not again.fake.machine.gpus[0].mig_enabled
     (d,) = again.prepare(ref)  # and the claim can be prepared again
     assert again.instances() == {(d.carve.gpu_uuid, 9, 4)}
+    # A restart with nothing interrupted changes nothing the devices depend on.
+    assert start_node(tmp_path, node.claims).driver.reconcile() is False
 
 
 def test_foreign_instances_are_left_alone_and_reported(node: Node) -> None:
