@@ -15,7 +15,9 @@ import pytest
 
 from dradriver.inventory.node_devices import MigMode
 from dradriver.k8s import KubeError
+from dradriver.kubeletplugin.group_commit import GroupCommit
 from dradriver.kubeletplugin.plan import ClaimRef
+from dradriver.kubeletplugin.records import Checkpoint
 from tests.support.node import allocated_claim, fake_preparer
 
 
@@ -154,8 +156,6 @@ def test_a_new_claim_takes_the_node_lock_once_and_a_prepared_one_needs_no_api_se
 def test_no_caller_is_left_waiting_when_a_leader_cannot_take_the_lock() -> None:
     """Leaders hand over to the next queued caller, also when taking the node lock
     fails: every step runs once or its caller gets the error, and no thread hangs."""
-    from dradriver.kubeletplugin.group_commit import GroupCommit
-    from dradriver.kubeletplugin.records import Checkpoint
 
     class FlakyLock:
         def __init__(self) -> None:
