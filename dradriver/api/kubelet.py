@@ -12,9 +12,9 @@ The code itself lives in :mod:`dradriver.api.gen` and is generated from
 - ``health_v1alpha1`` / ``health_v1alpha1_grpc``: the optional device health
   stream (``NodeWatchResources``).
 
-The plugin serves these with its own server (kubeletplugin/rpc/) from the messages and
-descriptors alone; the ``*_grpc`` stubs import grpcio, a development dependency that the
-tests and benchmarks call the sockets with.
+The plugin serves these with grpcio's asyncio server (kubeletplugin/grpc_edge/), through
+the generated ``add_*Servicer_to_server`` functions; the tests and benchmarks call the
+sockets with the generated stubs.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, 
 from dradriver.k8s import Kube, KubeError
 from dradriver.kubeletplugin.checkpoint import CheckpointStore, current_boot_id
 from dradriver.kubeletplugin.files import FileLock, NodeLock
-from dradriver.kubeletplugin.grpcserver import LateDriver, PluginServers, RegistrationHooks
+from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
+from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 from dradriver.kubeletplugin.health import HealthOptions, NodeEvents, NodeHealth
 from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer, held_instances
 from dradriver.kubeletplugin.options import add_arguments

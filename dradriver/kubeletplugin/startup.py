@@ -1,7 +1,8 @@
 """`dradriver kubelet-plugin` from the process's first instant: the kubelet's two sockets
 are up before anything heavy is imported (NVML, the API client, the config models), so
-the kubelet finds the plugin in a tenth of a second; a call that arrives before the rest
-is ready waits for it (see grpcserver.LateDriver). Then main.py wires the rest."""
+the kubelet finds the plugin within a few tenths of a second; a call that arrives before
+the rest is ready waits for it (see grpc_edge.late.LateDriver). Then main.py wires the
+rest."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import threading
 from pathlib import Path
 
 from dradriver import logs
-from dradriver.kubeletplugin.grpcserver import LateDriver, PluginServers, RegistrationHooks
+from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
+from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 
 log = logs.get_logger("kubeletplugin")
 
@@ -29,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         instance=args.instance,
         on_registered=hooks.notify,
     )
-    too_long = [str(p) for p in (servers.reg_socket, servers.dra_socket) if len(str(p)) > 107]
+    too_long = [str(p) for p in servers.sockets() if len(str(p)) > 107]
     if too_long:
         log.error(
             "socket path longer than a Unix socket path may be (107 bytes): use a shorter "

@@ -4,6 +4,7 @@ published, state across a restart) and the kubelet's health stream."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,8 +16,8 @@ from dradriver.health.model import Health, Policy, Transition
 from dradriver.health.monitor import HealthMonitor, probe_gpu
 from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import MigMode
+from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.kubeletplugin.health import HealthOptions, NodeEvents, NodeHealth
-from dradriver.kubeletplugin.health_service import HealthFeed
 from dradriver.nvml.library import Nvml, open_nvml
 from dradriver.slices.build import build
 
@@ -198,20 +199,19 @@ def test_damaged_health_state_is_not_fatal(tmp_path: Path) -> None:
 def test_health_stream_sends_full_state_then_each_change() -> None:
     feed = HealthFeed(resend=0.2)
     state = {"gpu-0": "Healthy", "gpu-1": "Healthy"}
-    active = threading.Event()
-    active.set()
     got: list[dict[str, str]] = []
 
-    def reader() -> None:
-        for msg in feed.stream(active.is_set):
+    async def read() -> None:
+        async for msg in feed.stream():
             got.append(
                 {d.device.device_name: type(d).DESCRIPTOR.fields_by_name["health"]
                  .enum_type.values_by_number[d.health].name for d in msg.devices}
             )  # fmt: skip
             assert all(d.device.pool_name == "node-a" for d in msg.devices)
 
-    t = threading.Thread(target=reader, daemon=True)
+    t = threading.Thread(target=asyncio.run, args=(read(),), daemon=True)
     t.start()
+    wait_until(lambda: feed.streams == 1, "the stream open")
     time.sleep(0.1)
     assert got == []  # nothing before the plugin knows its devices
     feed.attach("node-a", lambda: dict(state))
@@ -234,7 +234,8 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
     import grpc
 
     from dradriver.api import kubelet as kapi
-    from dradriver.kubeletplugin.grpcserver import LateDriver, PluginServers
+    from dradriver.kubeletplugin.grpc_edge.late import LateDriver
+    from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 
     root = Path(tempfile.mkdtemp(prefix="drh-"))  # a Unix socket path stays short
     servers = PluginServers(
@@ -246,7 +247,7 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
     )
     servers.start()
     try:
-        info = servers.GetInfo(None, None)
+        info = servers.registration.info()
         assert list(info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
@@ -270,6 +271,7 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
             second = next(stream)
             assert {d.health for d in second.devices} == {h.Value("HEALTHY")}
             stream.cancel()
+        wait_until(lambda: servers.health.streams == 0, "the cancelled stream ended")
     finally:
         t0 = time.monotonic()
         servers.stop(grace=5)

@@ -1,4 +1,4 @@
-"""The kubelet's DRA health service (KEP-4680, gate ResourceHealthStatus):
+"""What the kubelet's DRA health streams send (KEP-4680, gate ResourceHealthStatus):
 v1alpha1.DRAResourceHealth/NodeWatchResources on the DRA socket.
 
 What the v1.34 kubelet does with it (pkg/kubelet/cm/dra): it opens the stream on every
@@ -7,13 +7,19 @@ its view of the devices it names; a device not heard of for 30 s (healthinfo.go'
 healthTimeout) becomes Unknown. So each stream gets the full state at once, again on
 every change, and again every `resend` seconds (well inside the 30 s). The registration
 names the service in supported_versions, as the Go kubeletplugin helper does.
+
+The feed is told of changes from the health monitor's threads; the streams wait on the
+gRPC loop, each on an asyncio.Event that a change sets through its loop, so an open
+stream holds no thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from dradriver.api import kubelet as kapi
@@ -31,33 +37,42 @@ class HealthFeed:
 
     def __init__(self, resend: float = RESEND_SECONDS) -> None:
         self.resend = resend
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._version = 0
         self._stopped = False
         self._pool = ""
         self._source: Callable[[], Mapping[str, str]] | None = None
-        self.streams = 0  # open streams, for tests and /metrics
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+
+    @property
+    def streams(self) -> int:
+        """Open streams, for tests and /metrics."""
+        with self._lock:
+            return len(self._waiters)
 
     def attach(self, pool: str, source: Callable[[], Mapping[str, str]]) -> None:
-        with self._cond:
+        with self._lock:
             self._pool, self._source = pool, source
-            self._version += 1
-            self._cond.notify_all()
+        self.changed()
 
     def changed(self) -> None:
-        with self._cond:
+        """Every stream sends the state again. Safe from any thread."""
+        with self._lock:
             self._version += 1
-            self._cond.notify_all()
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nothing waits
+                loop.call_soon_threadsafe(event.set)
 
     def stop(self) -> None:
         """Ends every stream (the kubelet reconnects to whichever instance serves)."""
-        with self._cond:
+        with self._lock:
             self._stopped = True
-            self._cond.notify_all()
+        self.changed()
 
     def message(self) -> Any:
         msgs = kapi.health_v1alpha1
-        with self._cond:
+        with self._lock:
             pool, source = self._pool, self._source
         now = int(time.time())
         resp = msgs.NodeWatchResourcesResponse()
@@ -69,34 +84,29 @@ class HealthFeed:
             )
         return resp
 
-    def stream(self, active: Callable[[], bool]) -> Iterator[Any]:
-        with self._cond:
-            self.streams += 1
+    async def stream(self) -> AsyncIterator[Any]:
+        """The messages of one stream, until stop(); a cancelled call (the kubelet went
+        away) ends it where it waits."""
+        event = asyncio.Event()
+        me = (asyncio.get_running_loop(), event)
+        with self._lock:
+            self._waiters.add(me)
         try:
-            with self._cond:
-                while self._source is None and not self._stopped and active():
-                    self._cond.wait(1.0)
-            while not self._stopped and active():
-                with self._cond:
-                    seen = self._version
-                yield self.message()
-                with self._cond:
-                    self._cond.wait_for(
-                        lambda seen=seen: self._version != seen or self._stopped,  # type: ignore[misc]
-                        timeout=self.resend,
-                    )
+            while True:
+                # Cleared before the state is read: a change after this wakes the wait.
+                event.clear()
+                with self._lock:
+                    stopped, attached, seen = self._stopped, self._source is not None, self._version
+                if stopped:
+                    return
+                if attached:
+                    yield self.message()
+                with self._lock:
+                    if self._version != seen or self._stopped:
+                        continue
+                timeout = self.resend if attached else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout)
         finally:
-            with self._cond:
-                self.streams -= 1
-
-
-class HealthServicer:
-    """v1alpha1.DRAResourceHealth, served from `feed`."""
-
-    def __init__(self, feed: HealthFeed) -> None:
-        self.feed = feed
-
-    def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
-        # A cancelled stream (the kubelet went away) wakes its waiting generator.
-        context.add_callback(self.feed.changed)
-        yield from self.feed.stream(context.is_active)
+            with self._lock:
+                self._waiters.discard(me)

@@ -1,0 +1,232 @@
+"""The two gRPC endpoints the kubelet talks to: the registration socket in its plugin
+registry and the DRA socket (DRA v1 and v1beta1, and the health stream, on one server),
+each served by a grpcio asyncio server on the loop thread.
+
+Socket names carry an instance id so two plugin instances can run side by side during a
+rolling update; the kubelet prefers the newest. If one of our sockets disappears
+(someone cleaned the registry, or the plugin directory), it is recreated within a
+second, so a kubelet restart never leaves the node without the driver.
+
+Each server binds a hidden name beside its socket and renames it into place. The
+kubelet's plugin watcher ignores names that start with a dot, so it never sees a socket
+that does not answer yet; and grpcio removes the path it bound when its server stops,
+which must never be the path a newer server now serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from dradriver.api import kubelet as kapi
+from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
+from dradriver.kubeletplugin.grpc_edge.late import Driver
+from dradriver.kubeletplugin.grpc_edge.loop import LoopThread
+from dradriver.kubeletplugin.grpc_edge.servicers import (
+    DraV1beta1Servicer,
+    DraV1Servicer,
+    HealthServicer,
+    RegistrationServicer,
+    Work,
+)
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.grpc")
+
+# grpc's own default, said aloud: the kubelet's requests are a few hundred bytes a
+# claim, and a larger message is refused (RESOURCE_EXHAUSTED) before it is buffered.
+MAX_MESSAGE = 4 << 20
+
+# The kubelet waits this long for calls in flight when it replaces a plugin.
+STOP_GRACE = 30.0
+
+SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
+    # Streams one connection may hold open at once. A reset stream frees its slot at
+    # once, but never runs its handler (servicers.Work); beyond the limit the client
+    # waits (grpc-go queues streams), it is not refused.
+    ("grpc.max_concurrent_streams", 32),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    # The kubelet may turn keepalives on: pings at least a second apart are answered,
+    # even between calls. A peer pinging faster is struck, then sent a GOAWAY
+    # (ENHANCE_YOUR_CALM) on its third strike, as grpc does by default.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 2),
+)
+
+
+def staging_path(path: Path) -> Path:
+    """Where a server binds before its socket is renamed to `path`."""
+    return path.with_name(f".{path.name}.new")
+
+
+@dataclass
+class _Served:
+    server: grpc.aio.Server
+    path: Path
+    inode: int
+
+
+class PluginServers:
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        driver_name: str,
+        kubelet_dir: Path,
+        instance: str,
+        on_registered: Callable[[bool, str], None],
+        workers: int = 16,
+    ) -> None:
+        self.driver_name = driver_name
+        self.registry_dir = kubelet_dir / "plugins_registry"
+        self.plugin_dir = kubelet_dir / "plugins" / driver_name
+        suffix = f"-{instance}" if instance else ""
+        self.reg_socket = self.registry_dir / f"{driver_name}{suffix}-reg.sock"
+        self.dra_socket = self.plugin_dir / f"dra{suffix}.sock"
+        self._driver = driver
+        self._on_registered = on_registered
+        # The device health stream (v1alpha1.DRAResourceHealth), served on the DRA socket.
+        self.health = HealthFeed()
+        self._work = Work(workers, "dra-call")
+        self._reg_work = Work(2, "reg-call")
+        self.registration = RegistrationServicer(
+            driver_name, str(self.dra_socket), self._notified, self._reg_work
+        )
+        self._loop: LoopThread | None = None
+        self._dra: _Served | None = None
+        self._reg: _Served | None = None
+        self._stop = threading.Event()
+        self._watch: threading.Thread | None = None
+
+    def sockets(self) -> list[Path]:
+        """Every path the servers bind, staging names included (for the length check)."""
+        return [p for s in (self.reg_socket, self.dra_socket) for p in (s, staging_path(s))]
+
+    def _notified(self, ok: bool, error: str) -> None:
+        if ok:
+            log.info(
+                "registered with the kubelet", driver=self.driver_name, socket=str(self.reg_socket)
+            )
+        else:
+            log.error("the kubelet refused the registration", driver=self.driver_name, error=error)
+        self._on_registered(ok, error)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serves both sockets, the registration socket last: once it exists the kubelet
+        may connect at once, and the DRA socket it names must answer."""
+        self._loop = LoopThread()
+        self._dra = self._serve(self.plugin_dir, self.dra_socket, self._dra_services)
+        self._reg = self._serve(self.registry_dir, self.reg_socket, self._reg_services)
+        self._watch = threading.Thread(target=self._keep_sockets, name="socket-watch", daemon=True)
+        self._watch.start()
+
+    def _dra_services(self, server: grpc.aio.Server) -> None:
+        kapi.dra_v1_grpc.add_DRAPluginServicer_to_server(
+            DraV1Servicer(self._driver, self._work), server
+        )
+        kapi.dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
+            DraV1beta1Servicer(self._driver, self._work), server
+        )
+        kapi.health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(self.health), server
+        )
+
+    def _reg_services(self, server: grpc.aio.Server) -> None:
+        kapi.registration_grpc.add_RegistrationServicer_to_server(self.registration, server)
+
+    def _serve(
+        self, directory: Path, path: Path, services: Callable[[grpc.aio.Server], None]
+    ) -> _Served:
+        assert self._loop is not None
+        directory.mkdir(parents=True, exist_ok=True)
+        staging = staging_path(path)
+
+        async def start() -> grpc.aio.Server:
+            server = grpc.aio.server(options=SERVER_OPTIONS)
+            services(server)
+            try:
+                server.add_insecure_port(f"unix:{staging}")
+            except RuntimeError as exc:  # grpc says only "Failed to bind"; say where
+                raise OSError(f"cannot bind the Unix socket {staging}: {exc}") from exc
+            await server.start()
+            return server
+
+        server = self._loop.run(start(), timeout=30)
+        try:
+            os.rename(staging, path)
+            inode = os.stat(path).st_ino
+        except OSError:
+            self._loop.run(server.stop(None), timeout=10)
+            raise
+        return _Served(server, path, inode)
+
+    def _stop_served(self, served: _Served, grace: float | None, wait: bool) -> None:
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(served.server.stop(grace), self._loop.loop)
+        if wait:
+            with contextlib.suppress(Exception):
+                future.result((grace or 0) + 10)
+
+    @staticmethod
+    def _alive(served: _Served | None) -> bool:
+        if served is None:
+            return False
+        try:
+            return os.stat(served.path).st_ino == served.inode
+        except FileNotFoundError:
+            return False
+
+    def _keep_sockets(self) -> None:
+        while not self._stop.wait(0.5):
+            if not self._alive(self._dra) and not self._stop.is_set():
+                # Someone cleaned the plugin directory: the kubelet's next call would find
+                # no socket. A new server at the same path; in-flight calls on the old
+                # one get a few seconds to finish.
+                log.warning("DRA socket gone; recreating it", socket=str(self.dra_socket))
+                old = self._dra
+                try:
+                    self._dra = self._serve(self.plugin_dir, self.dra_socket, self._dra_services)
+                except (OSError, RuntimeError, TimeoutError) as exc:
+                    log.error("recreating the DRA socket failed", error=str(exc))
+                if old is not None and old is not self._dra:
+                    self._stop_served(old, grace=5, wait=False)
+            if not self._alive(self._reg) and not self._stop.is_set():
+                log.warning("registration socket gone; recreating it", socket=str(self.reg_socket))
+                if self._reg is not None:
+                    self._stop_served(self._reg, grace=None, wait=True)
+                    self._reg = None
+                self._on_registered(False, "")  # not refused: to be registered anew
+                try:
+                    self._reg = self._serve(self.registry_dir, self.reg_socket, self._reg_services)
+                except (OSError, RuntimeError, TimeoutError) as exc:
+                    log.error("recreating the registration socket failed", error=str(exc))
+
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Stop taking calls (a GOAWAY on every connection), let in-flight ones finish
+        within `grace`, remove our sockets. Once."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.health.stop()  # its streams would otherwise hold the grace period
+        if self._loop is None:
+            return
+        for served, g in ((self._reg, None), (self._dra, grace)):
+            if served is None:
+                continue
+            self._stop_served(served, g, wait=True)
+            if self._alive(served):
+                served.path.unlink(missing_ok=True)
+        self._work.close()
+        self._reg_work.close()
+        self._loop.close()
