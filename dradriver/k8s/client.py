@@ -1,24 +1,26 @@
-"""A thin JSON client for the Kubernetes API.
+"""A thin JSON client for the Kubernetes API: plain dicts in and out, over the official
+library's configuration and credentials (config.py, auth.py) and urllib3 (transport.py).
 
-The official client's typed models drop fields they do not know and choke on alpha
-fields (consumesCounters, binding conditions), and a DRA driver lives on exactly those;
-importing it also costs ~400 ms and ~32 MiB, more than the kubelet plugin may spend
-starting. So we exchange plain dicts, as the API server itself does, over our own
-config loading (config.py), credentials (auth.py) and connection pool (transport.py).
+The library's typed models drop fields they do not know and choke on alpha fields
+(consumesCounters, binding conditions), and a DRA driver lives on exactly those; so we
+exchange plain dicts, as the API server itself does, and never deserialize through its
+ApiClient. The library is imported at the first Kube, not with this module: importing it
+costs a third of a second and ~20 MiB, which `import dradriver.k8s` must not.
+
+Retries live here, in one place: a 429 is sent again after its Retry-After while that
+still fits in the caller's timeout, and a request an exec plugin's credential was refused
+for (401) is sent once more with a fresh one. Nothing else is retried.
 """
 
 from __future__ import annotations
 
 import json
-import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote
 
 from dradriver.api import depth
-from dradriver.k8s import config as kubeconfig
-from dradriver.k8s.auth import Credentials
-from dradriver.k8s.config import ClientCert, KubeConfig
 from dradriver.k8s.errors import (
     Conflict,
     CredentialError,
@@ -26,14 +28,24 @@ from dradriver.k8s.errors import (
     NotFound,
     error_from_response,
 )
+from dradriver.logs import get_logger
 
 if TYPE_CHECKING:
-    from dradriver.k8s.transport import Pool, Response
+    import urllib3
+
+    from dradriver.k8s.auth import Credentials
+    from dradriver.k8s.transport import Timeout, Transport
 
 __all__ = ["Conflict", "Kube", "KubeError", "NotFound", "Obj", "path_for"]
 
+log = get_logger("k8s")
+
 Obj = dict[str, Any]
 USER_AGENT = "dradriver"
+# The longest Retry-After waited for inside a call; a server asking for more is asking
+# the caller to back off, which it does on its own clock.
+MAX_RETRY_AFTER = 10.0
+DEFAULT_RETRY_AFTER = 1.0
 
 
 def path_for(
@@ -60,52 +72,48 @@ def path_for(
 
 
 class Kube:
-    """Plain-dict access to the API server. Thread-safe: the underlying pool is."""
+    """Plain-dict access to the API server. Thread-safe: urllib3's pool is."""
 
-    def __init__(self, config: KubeConfig | Any, default_timeout: float = 30.0) -> None:
-        """`config`: a KubeConfig, or an official `kubernetes.client.ApiClient` (read once:
-        its server, TLS settings and credentials hook)."""
-        if not isinstance(config, KubeConfig):
-            from dradriver.k8s.legacy import from_official
+    def __init__(self, config: Any, default_timeout: float = 30.0) -> None:
+        """`config`: the library's `kubernetes.client.Configuration` (or an `ApiClient`,
+        whose configuration is used), or what config.load made of a kubeconfig."""
+        from dradriver.k8s.auth import Credentials
+        from dradriver.k8s.config import Loaded
+        from dradriver.k8s.transport import Transport
 
-            config = from_official(config.configuration)
-        self._config = config
+        loaded = config if isinstance(config, Loaded) else Loaded(_configuration(config))
+        cfg = loaded.configuration
+        self._loaded = loaded
         self._timeout = default_timeout
-        self._creds = Credentials(config)
-        # Made at the first request: ssl and http.client are not imported before.
-        self._pool: Pool | None = None
-        self._pool_lock = threading.Lock()
+        self._base = str(cfg.host).rstrip("/")
+        self._creds: Credentials = Credentials(
+            cfg, token_file=loaded.token_file, exec_auth=loaded.exec
+        )
+        self._transport: Transport = Transport(cfg)
+        self._impersonate = loaded.impersonate
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None) -> Kube:
         """Loads `path`, or the in-cluster config when `path` is None and we run in a pod,
-        or the default kubeconfig otherwise. Raises kubeconfig.ConfigError (one line)."""
-        return cls(kubeconfig.load(path))
+        or the default kubeconfig otherwise. Raises ConfigError (one line)."""
+        from dradriver.k8s import config
+
+        return cls(config.load(path))
 
     def with_token(self, token: str) -> Kube:
         """The same server and trust, authenticated as someone else (a ServiceAccount token):
-        no client certificate, nothing that could put the kubeconfig's credentials back."""
-        return Kube(self._config.with_token(token), self._timeout)
+        no client certificate, no impersonation, nothing that could put the kubeconfig's
+        credentials back."""
+        from dradriver.k8s import config
+
+        return Kube(config.with_token(self._loaded.configuration, token), self._timeout)
 
     @property
     def host(self) -> str:
-        return self._config.server
+        return self._base
 
     def close(self) -> None:
-        with self._pool_lock:
-            pool = self._pool
-        if pool is not None:
-            pool.close()
-
-    def _pool_for(self, cert: ClientCert | None) -> Pool:
-        with self._pool_lock:
-            if self._pool is None:
-                from dradriver.k8s.transport import Pool
-
-                self._pool = Pool(self._config, cert)
-            pool = self._pool
-        pool.use_client_cert(cert)  # an exec plugin may have renewed it
-        return pool
+        self._transport.close()
 
     def _call(
         self,
@@ -115,37 +123,60 @@ class Kube:
         query: dict[str, Any] | None = None,
         body: Any = None,
         content_type: str = "application/json",
-        timeout: float | tuple[float, float] | None = None,
-    ) -> Response:
+        timeout: Timeout | None = None,
+        stream: bool = False,
+    ) -> urllib3.BaseHTTPResponse:
         from dradriver.k8s.transport import TransportError
 
-        headers = {
-            "Accept": "application/json",
-            "Content-Type": content_type,
-            "User-Agent": USER_AGENT,
-        }
-        target = path + _query(query)
+        url = self._base + path + _query(query)
         # Encoded here, compactly: the API server keeps opaque config parameters byte for
         # byte, and a later PATCH (which re-encodes them compactly) must not look like a
         # change to an immutable field.
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         t = timeout if timeout is not None else self._timeout
-        try:
-            authorization, cert = self._creds.current()
-            if authorization is not None:
-                headers["authorization"] = authorization
-            # No hidden retries: a read must not take a multiple of its timeout. Callers
-            # that want retries loop themselves, on their clock.
-            resp = self._pool_for(cert).request(method, target, headers, data, t)
-        except CredentialError as exc:
-            raise KubeError(0, "NoCredentials", str(exc)) from exc
-        except TransportError as exc:
-            raise KubeError(0, "Unreachable", str(exc)) from exc
-        if not 200 <= resp.status < 300:
-            if resp.status == 401:
+        deadline = time.monotonic() + (sum(t) if isinstance(t, tuple) else t)
+        renewed = False
+        while True:
+            try:
+                authorization, cert = self._creds.current()
+                if self._creds.cert_files_changed():
+                    log.info("client certificate files replaced; reconnecting", server=self._base)
+                    self._transport.reconnect()
+                headers = {
+                    "Accept": "application/json",
+                    "Content-Type": content_type,
+                    "User-Agent": USER_AGENT,
+                }
+                if authorization is not None:
+                    headers["Authorization"] = authorization
+                resp = self._transport.send(
+                    method,
+                    url,
+                    headers,
+                    data,
+                    t,
+                    cert=cert,
+                    repeated=self._impersonate,
+                    stream=stream,
+                )
+            except CredentialError as exc:
+                raise KubeError(0, "NoCredentials", str(exc)) from exc
+            except TransportError as exc:
+                raise KubeError(0, "Unreachable", str(exc)) from exc
+            if 200 <= resp.status < 300:
+                return resp
+            error = error_from_response(resp.status, str(resp.reason or ""), _body(resp))
+            if resp.status == 401 and self._creds.renewable and not renewed:
                 self._creds.unauthorized()
-            raise error_from_response(resp.status, str(resp.reason or ""), _body(resp))
-        return resp
+                renewed = True
+                continue
+            wait = _retry_after(resp) if resp.status == 429 else None
+            left = deadline - time.monotonic()
+            if wait is None or wait >= left:
+                raise error
+            _sleep(wait)
+            if not isinstance(t, tuple):
+                t = max(left - wait, 0.001)  # the whole call stays within its timeout
 
     def _data(self, method: str, path: str, **kwargs: Any) -> bytes:
         return _body(self._call(method, path, **kwargs))
@@ -231,35 +262,60 @@ class Kube:
             allowWatchBookmarks="true",
             resourceVersion=resource_version,
         )
-        resp = self._call("GET", path, query=q, timeout=(10.0, timeout_seconds + 10.0))
-        from dradriver.k8s.transport import TransportError
+        resp = self._call("GET", path, query=q, timeout=(10.0, timeout_seconds + 10.0), stream=True)
+        import urllib3
+        from kubernetes.watch.watch import iter_resp_lines
 
+        finished = False
         try:
-            for line in resp.lines():
+            for line in iter_resp_lines(resp):
                 if not line.strip():
                     continue
-                event = cast(Obj, json.loads(line))
+                try:
+                    event = cast(Obj, depth.loads(line))
+                except (ValueError, RecursionError) as exc:
+                    raise KubeError(0, "Unreachable", f"watch {path}: not JSON: {exc}") from exc
                 if event.get("type") == "ERROR":
-                    status = event.get("object", {})
+                    status = event.get("object") or {}
                     raise KubeError(
                         int(status.get("code", 0)),
                         str(status.get("reason", "")),
                         str(status.get("message", "")),
                     )
                 yield event
-        except TransportError as exc:  # the stream broke or went silent past its timeout
-            raise KubeError(0, "Unreachable", str(exc)) from exc
+            finished = True
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # The stream broke, or went silent past its read timeout.
+            from dradriver.k8s.transport import describe
+
+            raise KubeError(0, "Unreachable", f"watch {path}: {describe(exc)}") from exc
         finally:
-            resp.close()
+            if not finished:
+                resp.close()  # unread bytes must not be taken for the next response
+            resp.release_conn()
 
 
-def _body(resp: Response) -> bytes:
-    from dradriver.k8s.transport import TransportError
+def _configuration(config: Any) -> Any:
+    """The library's Configuration, given it or an ApiClient holding one."""
+    return getattr(config, "configuration", config)
 
+
+def _body(resp: urllib3.BaseHTTPResponse) -> bytes:
+    return bytes(resp.data or b"")
+
+
+def _retry_after(resp: urllib3.BaseHTTPResponse) -> float | None:
+    """Seconds a 429 asks to wait (1 when it does not say), or None when that is longer
+    than we wait inside a call."""
+    value = resp.headers.get("Retry-After")
     try:
-        return resp.read()
-    except TransportError as exc:
-        raise KubeError(0, "Unreachable", str(exc)) from exc
+        wait = max(float(value), 0.0) if value is not None else DEFAULT_RETRY_AFTER
+    except ValueError:  # an HTTP date: the API server never sends one
+        wait = DEFAULT_RETRY_AFTER
+    return wait if wait <= MAX_RETRY_AFTER else None
+
+
+_sleep = time.sleep  # the tests' clock
 
 
 def _query(query: dict[str, Any] | None) -> str:

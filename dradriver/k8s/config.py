@@ -1,96 +1,49 @@
-"""Where the API server is and how to authenticate to it: a kubeconfig or the pod's
-service account, read into one typed record without the official client library.
+"""Where the API server is and who we are to it, read by the official library's own
+loaders into its Configuration: a kubeconfig (several files joined by os.pathsep, merged
+by its KubeConfigMerger), or the pod's service account (its InClusterConfigLoader).
 
-Importing `kubernetes` costs ~400 ms and ~32 MiB, more than the kubelet plugin may spend
-starting. So the common cases (token, token file, client certificate, exec plugins, the
-in-cluster service account) are read here; only what we do not implement (the deprecated
-auth-provider, exec plugins of another API version) goes to the official loader.
+What the loaders lack is added here, thinly:
+- the current-context of merged files is the first file's that names one, as kubectl
+  has it (the merger keeps the last);
+- the user's impersonation fields become headers (impersonation.py);
+- an exec plugin is taken out of the loader's hands (exec_auth.py says why);
+- a token file is read again when it changes (auth.py): the kubeconfig loader reads a
+  tokenFile once, the in-cluster one re-reads the token every minute whether it changed
+  or not, so that re-read is turned off and ours does it;
+- a kubeconfig's proxy-url is used for every request, as client-go does; NO_PROXY from the
+  environment applies to the environment's proxy only;
+- every failure of a loader is one ConfigError naming the file.
 """
 
 from __future__ import annotations
 
-import base64
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+from dradriver.k8s import impersonation
+from dradriver.k8s.errors import ConfigError, one_line
+from dradriver.k8s.exec_auth import ExecAuth
+
 DEFAULT_KUBECONFIG = "~/.kube/config"
-# client-go's exec protocol versions; v1alpha1 is gone from client-go too.
-EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
-
-
-class ConfigError(ValueError):
-    """The config cannot be used; str() is one line naming the file and the problem.
-
-    A ValueError so callers that caught the official library's errors as ValueError still
-    catch it."""
 
 
 @dataclass(frozen=True)
-class ClientCert:
-    """A client certificate and key, each a PEM file or PEM bytes."""
+class Loaded:
+    """A Configuration and what we add to it."""
 
-    cert_file: str | None = None
-    key_file: str | None = None
-    cert_pem: bytes | None = None
-    key_pem: bytes | None = None
-
-
-@dataclass(frozen=True)
-class ExecConfig:
-    """A client-go credential plugin (`users[].user.exec`)."""
-
-    command: str
-    api_version: str
-    args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    base_dir: str = ""  # the kubeconfig's directory: the plugin runs there
-    install_hint: str = ""
-    # spec.cluster of KUBERNETES_EXEC_INFO, when provideClusterInfo is set.
-    cluster: dict[str, Any] | None = None
+    configuration: Any  # kubernetes.client.Configuration
+    token_file: str | None = None
+    exec: ExecAuth | None = None
+    impersonate: impersonation.Headers = ()
 
 
-@dataclass(frozen=True)
-class KubeConfig:
-    """One API server and one identity: what the transport and the credentials need."""
-
-    server: str  # scheme://host[:port][/prefix], no trailing slash
-    ca_file: str | None = None
-    ca_data: bytes | None = None  # PEM, or DER
-    insecure: bool = False
-    tls_server_name: str | None = None
-    proxy_url: str | None = None
-    token: str | None = None
-    token_file: str | None = None  # re-read when it changes: bound tokens rotate
-    username: str | None = None
-    password: str | None = None
-    client_cert: ClientCert | None = None
-    exec: ExecConfig | None = None
-    # The official library's Configuration, for what only it can authenticate (its
-    # refresh hook yields the Authorization header). Kept out of equality and repr.
-    legacy: Any = field(default=None, compare=False, repr=False)
-
-    def with_token(self, token: str) -> KubeConfig:
-        """The same server and trust, authenticated by `token` alone."""
-        return KubeConfig(
-            server=self.server,
-            ca_file=self.ca_file,
-            ca_data=self.ca_data,
-            insecure=self.insecure,
-            tls_server_name=self.tls_server_name,
-            proxy_url=self.proxy_url,
-            token=token,
-        )
-
-
-def load(path: str | None) -> KubeConfig:
+def load(path: str | None) -> Loaded:
     """`path` (a kubeconfig, or several joined by os.pathsep); with None, the pod's service
     account when running in a pod, else $KUBECONFIG or ~/.kube/config."""
     if path:
         return load_kubeconfig(path)
-    incluster = load_incluster()
+    incluster, why_not = load_incluster()
     if incluster is not None:
         return incluster
     default = os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
@@ -99,233 +52,149 @@ def load(path: str | None) -> KubeConfig:
     except ConfigError as exc:
         if _existing(default):
             raise
-        raise ConfigError(f"not running in a pod and {exc}") from exc
+        raise ConfigError(f"not running in a pod ({why_not}) and {exc}") from exc
 
 
-def load_incluster(
-    environ: dict[str, str] | None = None, sa_dir: str | None = None
-) -> KubeConfig | None:
-    """The service account's config, or None when not in a pod (no service env, no token
-    or CA file): the caller then tries a kubeconfig, as the official library does."""
-    env = os.environ if environ is None else environ
-    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port:
-        return None
-    sa = Path(sa_dir or SERVICE_ACCOUNT_DIR)
-    token, ca = sa / "token", sa / "ca.crt"
+def load_incluster(environ: dict[str, str] | None = None) -> tuple[Loaded | None, str]:
+    """The service account's config, or None and why not (no service env, no token or CA
+    file: not in a pod), for the caller to try a kubeconfig."""
+    from kubernetes import client
+    from kubernetes.config import incluster_config
+
+    token = incluster_config.SERVICE_TOKEN_FILENAME
+    cfg = client.Configuration()
+    loader = incluster_config.InClusterConfigLoader(
+        token_filename=token,
+        cert_filename=incluster_config.SERVICE_CERT_FILENAME,
+        try_refresh_token=False,
+        environ=os.environ if environ is None else environ,
+    )
     try:
-        if not token.read_bytes().strip() or not ca.read_bytes().strip():
-            return None
-    except OSError:
-        return None
-    if ":" in host or "%" in host:
-        host = f"[{host}]"
-    return KubeConfig(server=f"https://{host}:{port}", ca_file=str(ca), token_file=str(token))
+        loader.load_and_set(cfg)
+    except Exception as exc:  # ConfigException, or a file that vanished meanwhile
+        return None, one_line(exc).rstrip(".")
+    return Loaded(cfg, token_file=token), ""
 
 
-def load_kubeconfig(paths: str) -> KubeConfig:
-    """The current context of the kubeconfig files in `paths` (os.pathsep-separated),
-    merged as kubectl does: the first file to name a cluster, user, context or the
-    current-context wins."""
-    files = _existing(paths)
-    if not files:
+def load_kubeconfig(paths: str) -> Loaded:
+    """The current context of the kubeconfig files in `paths`."""
+    from kubernetes.config import kube_config
+
+    try:
+        merger = kube_config.KubeConfigMerger(paths)
+    except Exception as exc:  # yaml's errors, an empty file, not a mapping
+        problem = _problem(exc, "not a kubeconfig")
+        raise ConfigError(f"kubeconfig {_failed_file(exc, paths)}: {problem}") from exc
+    if merger.config is None:
         raise ConfigError(f"no kubeconfig at {paths}: no such file")
-    merged = _merge(files)
-    name = merged.current
-    if not name:
-        raise ConfigError(f"kubeconfig {paths}: no current-context set")
-    ctx = merged.named("contexts", name, paths)
-    cluster = merged.named("clusters", str(ctx.get("cluster") or ""), paths)
-    user = merged.named("users", str(ctx["user"]), paths) if ctx.get("user") else {}
-    if _needs_official_loader(user):
-        from dradriver.k8s.legacy import load_with_official_library
-
-        return load_with_official_library(paths)
     try:
-        return _record(cluster, user)
-    except ConfigError as exc:
-        raise ConfigError(f"kubeconfig {paths}, context {name}: {exc}") from exc
+        return _load(merger, paths)
+    except ConfigError:
+        raise
+    except Exception as exc:  # ConfigException, a file it names, a malformed entry
+        raise ConfigError(f"kubeconfig {paths}: {_problem(exc, 'a malformed entry')}") from exc
 
 
-def _existing(paths: str) -> list[Path]:
-    out = []
-    for p in paths.split(os.pathsep):
-        if p and (path := Path(p).expanduser()).is_file():
-            out.append(path)
+def _load(merger: Any, paths: str) -> Loaded:
+    from kubernetes import client
+    from kubernetes.config import kube_config
+
+    merged = merger.config
+    current = next(
+        (
+            str(doc["current-context"])
+            for doc in merger.config_files.values()
+            if isinstance(doc, dict) and doc.get("current-context")
+        ),
+        None,
+    )
+    if current is None:
+        raise ConfigError(f"kubeconfig {paths}: no current-context set")
+    context = merged["contexts"].get_with_name(current)["context"]
+    cluster = merged["clusters"].get_with_name(context["cluster"])["cluster"]
+    user_name = context.safe_get("user")
+    user = None
+    if user_name and merged.safe_get("users"):
+        entry = merged["users"].get_with_name(user_name, safe=True)
+        user = entry["user"] if entry is not None else None
+    body: dict[str, Any] = user.value if user is not None else {}
+    where = f"kubeconfig {paths}, user {user_name!r}"
+    user_dir = os.path.dirname(os.path.abspath(user.path)) if user is not None else ""
+    exec_auth = None
+    # The loader would run the plugin now, once, and log its failure instead of raising
+    # it; a token or an auth-provider wins over exec (the loader's order), so it is only
+    # taken when it would have been used.
+    if (
+        user is not None
+        and body.get("exec")
+        and not any(body.get(k) for k in ("auth-provider", "token", "tokenFile"))
+    ):
+        cluster_dir = os.path.dirname(os.path.abspath(cluster.path))
+        exec_auth = ExecAuth(
+            user["exec"], cwd=user_dir, cluster=cluster.value, cluster_dir=cluster_dir, where=where
+        )
+    if user is not None:
+        body.pop("exec", None)
+    token_file = None
+    if body.get("tokenFile") and not body.get("token"):
+        token_file = os.path.normpath(os.path.join(user_dir, str(body["tokenFile"])))
+    headers = impersonation.headers(body, where)
+    # The loader leaves the Configuration's default (http://localhost) when the cluster
+    # has no server, and takes any scheme.
+    server = str(cluster.safe_get("server") or "")
+    if not server:
+        raise ConfigError(f"kubeconfig {paths}: the cluster {context['cluster']!r} has no server")
+    if not server.startswith(("https://", "http://")):
+        raise ConfigError(f"kubeconfig {paths}: server {server!r} is not an http(s) URL")
+
+    cfg = client.Configuration()
+    loader = kube_config.KubeConfigLoader(
+        config_dict=merged, active_context=current, config_base_path=None
+    )
+    loader.load_and_set(cfg)
+    if cluster.safe_get("proxy-url"):
+        cfg.no_proxy = None
+    return Loaded(cfg, token_file=token_file, exec=exec_auth, impersonate=headers)
+
+
+def with_token(cfg: Any, token: str) -> Any:
+    """A Configuration for the same server and trust, authenticated by `token` alone: no
+    client certificate, no refresh hook, nothing that could bring the first identity back."""
+    from kubernetes import client
+
+    out = client.Configuration(
+        host=cfg.host,
+        api_key={"BearerToken": f"Bearer {token}"},
+        ssl_ca_cert=cfg.ssl_ca_cert,
+        ca_cert_data=cfg.ca_cert_data,
+        verify_ssl=cfg.verify_ssl,
+        assert_hostname=cfg.assert_hostname,
+        tls_server_name=cfg.tls_server_name,
+        proxy=cfg.proxy,
+        proxy_headers=cfg.proxy_headers,
+    )
+    out.no_proxy = cfg.no_proxy
     return out
 
 
-class _Merged:
-    def __init__(self) -> None:
-        self.current = ""
-        # kind -> name -> (the entry's body, the directory relative paths start from)
-        self.entries: dict[str, dict[str, tuple[dict[str, Any], Path]]] = {
-            "clusters": {},
-            "users": {},
-            "contexts": {},
-        }
-
-    def named(self, kind: str, name: str, paths: str) -> dict[str, Any]:
-        found = self.entries[kind].get(name)
-        if found is None:
-            raise ConfigError(f"kubeconfig {paths}: no {kind[:-1]} named {name!r}")
-        body, base = found
-        return {**body, "__base__": base}
+def _existing(paths: str) -> list[str]:
+    return [p for p in paths.split(os.pathsep) if p and os.path.isfile(os.path.expanduser(p))]
 
 
-def _merge(files: list[Path]) -> _Merged:
-    import yaml  # only kubeconfigs need it, not the in-cluster config
-
-    merged = _Merged()
-    for f in files:
-        try:
-            doc = yaml.safe_load(f.read_text())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"kubeconfig {f}: cannot read: {exc}") from exc
-        except yaml.YAMLError as exc:
-            problem = " ".join(str(exc).split())
-            raise ConfigError(f"kubeconfig {f}: not valid YAML: {problem}") from exc
-        if not isinstance(doc, dict):
-            raise ConfigError(f"kubeconfig {f}: empty or not a mapping")
-        if not merged.current and doc.get("current-context"):
-            merged.current = str(doc["current-context"])
-        for kind, body_key in (("clusters", "cluster"), ("users", "user"), ("contexts", "context")):
-            for item in doc.get(kind) or []:
-                if not isinstance(item, dict) or "name" not in item:
-                    raise ConfigError(f"kubeconfig {f}: a {body_key} without a name")
-                body = item.get(body_key) or {}
-                if not isinstance(body, dict):
-                    what = f"{body_key} {item['name']!r}"
-                    raise ConfigError(f"kubeconfig {f}: {what} is not a mapping")
-                merged.entries[kind].setdefault(str(item["name"]), (body, f.parent.resolve()))
-    return merged
+def _failed_file(exc: BaseException, paths: str) -> str:
+    """The file yaml failed in, when it says (the merger reads several)."""
+    mark = getattr(exc, "problem_mark", None)
+    name = getattr(mark, "name", None)
+    return str(name) if name and os.path.isfile(str(name)) else paths
 
 
-def _needs_official_loader(user: dict[str, Any]) -> bool:
-    """What only the official library implements: the deprecated auth-provider (gcp, oidc),
-    and exec plugins of a protocol version client-go no longer speaks. The official
-    loader checks the auth-provider first, so a user with one goes there whole."""
-    if user.get("auth-provider"):
-        return True
-    exec_ = user.get("exec")
-    has_token = bool(user.get("token") or user.get("tokenFile"))
-    return (
-        isinstance(exec_, dict)
-        and not has_token
-        and exec_.get("apiVersion") not in EXEC_API_VERSIONS
-        and exec_.get("apiVersion") is not None
-    )
+def _problem(exc: BaseException, otherwise: str) -> str:
+    import yaml
 
-
-def _record(cluster: dict[str, Any], user: dict[str, Any]) -> KubeConfig:
-    server = str(cluster.get("server") or "").rstrip("/")
-    if not server:
-        raise ConfigError("the cluster has no server")
-    if not server.startswith(("https://", "http://")):
-        raise ConfigError(f"server {server!r} is not an http(s) URL")
-    cbase, ubase = cluster["__base__"], user.get("__base__", cluster["__base__"])
-    # TLS material only matters for https, and the official loader reads it only then.
-    https = server.startswith("https://")
-    token = str(user["token"]) if user.get("token") else None
-    token_file = None if token else _file(user, "tokenFile", ubase)
-    if token_file is not None:
-        try:
-            Path(token_file).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"tokenFile: {exc.strerror or exc}: {token_file}") from exc
-    # Checked in the official loader's order (token, then exec, then basic): an exec
-    # section the token overrides is never run, so it need not even be valid.
-    exec_ = None
-    if user.get("exec") and not token and not token_file:
-        exec_ = _exec(user["exec"], ubase, cluster)
-    proxy = str(cluster["proxy-url"]) if cluster.get("proxy-url") else None
-    if proxy is not None and not proxy.startswith("http://"):
-        raise ConfigError(f"proxy-url {proxy!r}: only http:// proxies are supported")
-    basic = user.get("username") is not None and user.get("password") is not None
-    return KubeConfig(
-        server=server,
-        ca_file=_file(cluster, "certificate-authority", cbase, must_exist=True) if https else None,
-        ca_data=_data(cluster, "certificate-authority-data") if https else None,
-        insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
-        tls_server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
-        proxy_url=proxy,
-        token=token,
-        token_file=token_file,
-        username=str(user["username"]) if basic else None,
-        password=str(user["password"]) if basic else None,
-        client_cert=_client_cert(user, ubase) if https else None,
-        exec=exec_,
-    )
-
-
-def _file(obj: dict[str, Any], key: str, base: Path, must_exist: bool = False) -> str | None:
-    value = obj.get(key)
-    if not value:
-        return None
-    path = str(base / Path(str(value)).expanduser())
-    if must_exist and not os.path.isfile(path):
-        raise ConfigError(f"{key} {path}: no such file")
-    return path
-
-
-def _data(obj: dict[str, Any], key: str) -> bytes | None:
-    value = obj.get(key)
-    if not value:
-        return None
-    try:
-        return base64.b64decode(str(value), validate=False)
-    except ValueError as exc:
-        raise ConfigError(f"{key} is not base64: {exc}") from exc
-
-
-def _client_cert(user: dict[str, Any], base: Path) -> ClientCert | None:
-    cert = ClientCert(
-        cert_file=_file(user, "client-certificate", base, must_exist=True),
-        key_file=_file(user, "client-key", base, must_exist=True),
-        cert_pem=_data(user, "client-certificate-data"),
-        key_pem=_data(user, "client-key-data"),
-    )
-    has_cert = cert.cert_file or cert.cert_pem
-    has_key = cert.key_file or cert.key_pem
-    if not has_cert and not has_key:
-        return None
-    if not has_cert or not has_key:
-        raise ConfigError("the user has a client certificate without its key, or a key alone")
-    return cert
-
-
-def _exec(spec: Any, base: Path, cluster: dict[str, Any]) -> ExecConfig:
-    if not isinstance(spec, dict) or not spec.get("command"):
-        raise ConfigError("exec: no command")
-    if not spec.get("apiVersion"):
-        raise ConfigError("exec: no apiVersion")
-    env = []
-    for item in spec.get("env") or []:
-        if not isinstance(item, dict) or "name" not in item:
-            raise ConfigError("exec: an env entry without a name")
-        env.append((str(item["name"]), str(item.get("value", ""))))
-    info: dict[str, Any] | None = None
-    if spec.get("provideClusterInfo"):
-        info = {k: v for k, v in cluster.items() if k != "__base__" and k != "extensions"}
-        if ca := cluster.get("certificate-authority"):
-            info.pop("certificate-authority", None)
-            try:
-                pem = (cluster["__base__"] / str(ca)).read_bytes()
-            except OSError as exc:
-                raise ConfigError(f"exec: cannot read the cluster CA {ca}: {exc}") from exc
-            info["certificate-authority-data"] = base64.b64encode(pem).decode()
-        for ext in cluster.get("extensions") or []:
-            if isinstance(ext, dict) and ext.get("name") == "client.authentication.k8s.io/exec":
-                info["config"] = ext.get("extension")
-    command = str(spec["command"])
-    if os.sep in command and not os.path.isabs(command):
-        command = str(base / command)  # as client-go: relative to the kubeconfig
-    return ExecConfig(
-        command=command,
-        api_version=str(spec["apiVersion"]),
-        args=tuple(str(a) for a in spec.get("args") or ()),
-        env=tuple(env),
-        base_dir=str(base),
-        install_hint=str(spec.get("installHint") or ""),
-        cluster=info,
-    )
+    if isinstance(exc, yaml.YAMLError):
+        return f"not valid YAML: {one_line(exc)}"
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.strerror or one_line(exc)}: {exc.filename}"
+    if type(exc).__name__ == "ConfigException":
+        return one_line(exc)
+    return f"{otherwise} ({type(exc).__name__}: {one_line(exc)})"

@@ -1,5 +1,5 @@
 """The API's failures as typed errors: callers branch on NotFound and Conflict, and on
-status 0 for a server that never answered."""
+status 0 for a server that never answered; a config that cannot be used is a ConfigError."""
 
 from __future__ import annotations
 
@@ -24,9 +24,21 @@ class Conflict(KubeError):
     pass
 
 
+class ConfigError(ValueError):
+    """The config cannot be used; str() is one line naming the file and the problem.
+
+    A ValueError so callers that caught the official library's errors as ValueError still
+    catch it."""
+
+
 class CredentialError(Exception):
     """No credentials for a request (an exec plugin failed, the token file vanished);
     str() is one line. Kube raises it as a KubeError with status 0."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's text on one line: the library's messages span several."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def error_from_response(status: int, reason: str, body: bytes) -> KubeError:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client import Configuration
 
 from tests.unit.k8s.certs import TestCA
 from tests.unit.k8s.fakeapi import FakeAPI
@@ -54,3 +55,11 @@ def write_kubeconfig(tmp_path: Path) -> WriteKubeconfig:
         return path
 
     return write
+
+
+def configuration(server: str, token: str | None = None, **settings: Any) -> Configuration:
+    """A Configuration as the library's loaders fill one."""
+    cfg = Configuration(host=server, **settings)
+    if token is not None:
+        cfg.api_key = {"BearerToken": f"Bearer {token}"}
+    return cfg

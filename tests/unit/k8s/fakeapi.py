@@ -1,4 +1,4 @@
-"""A stand-in API server for the transport tests: stdlib http.server over TLS (or plain
+"""A stand-in API server for the client's tests: stdlib http.server over TLS (or plain
 HTTP) in a thread, HTTP/1.1 keep-alive, with a few routes that misbehave on purpose."""
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ class FakeAPI:
         self.watch_gate = threading.Event()  # the rest of the events wait for it
         self.slow = 2.0
         self.flaky_hits = 0
+        # /busy answers 429 this many times (with this Retry-After, if any), then 200.
+        self.busy = 0
+        self.retry_after: str | None = "0"
+        # Credentials answered 401: Authorization headers, and client certificate CNs.
+        self.deny: set[str] = set()
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,7 +55,16 @@ class FakeAPI:
 
             do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def shutdown_request(self, request: Any) -> None:
+                super().shutdown_request(request)
+                api.closed.set()
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # clients that hang up or fail TLS on purpose: not the test's news
+
+        self.closed = threading.Event()  # the server closed a connection
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         if tls:
             pair = self.ca.issue("fake API", server=True, names=("127.0.0.1", "localhost"))
@@ -88,6 +102,17 @@ class FakeAPI:
         with self.lock:
             self.seen.append(seen)
         route = h.path.split("?", 1)[0]
+        if h.headers.get("authorization") in self.deny or (cn is not None and cn in self.deny):
+            msg = "Unauthorized"
+            return _json(h, 401, {"kind": "Status", "reason": "Unauthorized", "message": msg})
+        if route == "/busy":
+            with self.lock:
+                busy, self.busy = self.busy > 0, max(self.busy - 1, 0)
+            if busy:
+                extra = {"Retry-After": self.retry_after} if self.retry_after is not None else {}
+                body = {"kind": "Status", "reason": "TooManyRequests", "message": "slow down"}
+                return _json(h, 429, body, extra)
+            return _json(h, 200, {"ok": True})
         if route == "/flaky":
             with self.lock:
                 self.flaky_hits += 1
@@ -124,6 +149,9 @@ class FakeAPI:
                 "method": h.command,
                 "path": h.path,
                 "auth": h.headers.get("authorization"),
+                "impersonate": [
+                    [k, v] for k, v in h.headers.items() if k.lower().startswith("impersonate-")
+                ],
                 "contentType": h.headers.get("Content-Type"),
                 "cn": cn,
                 "body": body.decode(),
@@ -145,12 +173,22 @@ class FakeAPI:
         h.wfile.flush()
 
 
-def _json(h: BaseHTTPRequestHandler, status: int, obj: Any) -> None:
-    _raw(h, status, json.dumps(obj).encode(), "application/json")
+def _json(
+    h: BaseHTTPRequestHandler, status: int, obj: Any, headers: dict[str, str] | None = None
+) -> None:
+    _raw(h, status, json.dumps(obj).encode(), "application/json", headers)
 
 
-def _raw(h: BaseHTTPRequestHandler, status: int, data: bytes, ctype: str) -> None:
+def _raw(
+    h: BaseHTTPRequestHandler,
+    status: int,
+    data: bytes,
+    ctype: str,
+    headers: dict[str, str] | None = None,
+) -> None:
     h.send_response(status)
+    for k, v in (headers or {}).items():
+        h.send_header(k, v)
     h.send_header("Content-Type", ctype)
     h.send_header("Content-Length", str(len(data)))
     h.end_headers()

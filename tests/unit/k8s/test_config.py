@@ -1,5 +1,5 @@
-"""Loading a kubeconfig or the pod's service account into a KubeConfig, and the
-credentials each request then carries."""
+"""Loading a kubeconfig or the pod's service account through the official library's
+loaders, what we add on top, and the credentials each request then carries."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from dradriver.k8s import config
+from dradriver.k8s import auth, config
 from dradriver.k8s.auth import Credentials
-from dradriver.k8s.config import ClientCert, ConfigError, KubeConfig
-from dradriver.k8s.errors import CredentialError
+from dradriver.k8s.config import Loaded
+from dradriver.k8s.errors import ConfigError, CredentialError
 from tests.unit.k8s.conftest import WriteKubeconfig
 
 
@@ -23,16 +24,28 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+def creds(loaded: Loaded) -> Credentials:
+    return Credentials(loaded.configuration, token_file=loaded.token_file, exec_auth=loaded.exec)
+
+
+@pytest.fixture
+def recheck_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files looked at on every request, not once a second."""
+    monkeypatch.setattr(auth, "RECHECK_SECONDS", 0.0)
+
+
 def test_token_and_ca_data(write_kubeconfig: WriteKubeconfig) -> None:
     path = write_kubeconfig(
         {"server": "https://10.0.0.1:6443/", "certificate-authority-data": b64(b"PEM")},
         {"token": "abc"},
     )
-    cfg = config.load(str(path))
-    assert cfg.server == "https://10.0.0.1:6443"  # no trailing slash: paths are appended
-    assert cfg.ca_data == b"PEM"
-    assert cfg.token == "abc"
-    assert Credentials(cfg).current() == ("Bearer abc", None)
+    loaded = config.load(str(path))
+    cfg = loaded.configuration
+    assert cfg.host == "https://10.0.0.1:6443"  # no trailing slash: paths are appended
+    assert Path(cfg.ssl_ca_cert).read_bytes() == b"PEM"
+    assert cfg.verify_ssl
+    assert creds(loaded).current() == ("Bearer abc", None)
+    assert (loaded.token_file, loaded.exec, loaded.impersonate) == (None, None, ())
 
 
 def test_relative_files_are_relative_to_the_kubeconfig(
@@ -44,13 +57,13 @@ def test_relative_files_are_relative_to_the_kubeconfig(
         {"server": "https://h", "certificate-authority": "ca.crt", "tls-server-name": "api"},
         {"client-certificate": "c.crt", "client-key": "c.key"},
     )
-    cfg = config.load(str(path))
-    assert cfg.ca_file == str(tmp_path / "ca.crt")
+    loaded = config.load(str(path))
+    cfg = loaded.configuration
+    assert cfg.ssl_ca_cert == str(tmp_path / "ca.crt")
     assert cfg.tls_server_name == "api"
-    assert cfg.client_cert == ClientCert(
-        cert_file=str(tmp_path / "c.crt"), key_file=str(tmp_path / "c.key")
-    )
-    assert Credentials(cfg).current() == (None, cfg.client_cert)
+    cert = (str(tmp_path / "c.crt"), str(tmp_path / "c.key"))
+    assert (cfg.cert_file, cfg.key_file) == cert
+    assert creds(loaded).current() == (None, cert)
 
 
 def test_client_cert_data(write_kubeconfig: WriteKubeconfig) -> None:
@@ -58,15 +71,10 @@ def test_client_cert_data(write_kubeconfig: WriteKubeconfig) -> None:
         {"server": "https://h", "insecure-skip-tls-verify": True},
         {"client-certificate-data": b64(b"CERT"), "client-key-data": b64(b"KEY")},
     )
-    cfg = config.load(str(path))
-    assert cfg.insecure
-    assert cfg.client_cert == ClientCert(cert_pem=b"CERT", key_pem=b"KEY")
-
-
-def test_a_cert_without_its_key_is_refused(write_kubeconfig: WriteKubeconfig) -> None:
-    path = write_kubeconfig({"server": "https://h"}, {"client-certificate-data": b64(b"C")})
-    with pytest.raises(ConfigError, match="without its key"):
-        config.load(str(path))
+    cfg = config.load(str(path)).configuration
+    assert not cfg.verify_ssl
+    assert Path(cfg.cert_file).read_bytes() == b"CERT"
+    assert Path(cfg.key_file).read_bytes() == b"KEY"
 
 
 def test_plain_http_ignores_tls_material(write_kubeconfig: WriteKubeconfig) -> None:
@@ -74,39 +82,76 @@ def test_plain_http_ignores_tls_material(write_kubeconfig: WriteKubeconfig) -> N
         {"server": "http://h:8080", "certificate-authority": "/nonexistent"},
         {"client-certificate": "/nonexistent", "client-key": "/nonexistent", "token": "t"},
     )
-    cfg = config.load(str(path))
-    assert (cfg.ca_file, cfg.client_cert, cfg.token) == (None, None, "t")
+    loaded = config.load(str(path))
+    assert (loaded.configuration.ssl_ca_cert, loaded.configuration.cert_file) == (None, None)
+    assert creds(loaded).current() == ("Bearer t", None)
 
 
 def test_token_file_is_reread_when_it_changes(
-    write_kubeconfig: WriteKubeconfig, tmp_path: Path
+    write_kubeconfig: WriteKubeconfig, tmp_path: Path, recheck_at_once: None
 ) -> None:
     token = tmp_path / "token"
     token.write_text("one\n")
     path = write_kubeconfig({"server": "https://h"}, {"tokenFile": "token"})
-    creds = Credentials(config.load(str(path)))
-    assert creds.current()[0] == "Bearer one"
+    loaded = config.load(str(path))
+    assert loaded.token_file == str(token)
+    c = creds(loaded)
+    assert c.current()[0] == "Bearer one"
     # As the kubelet rotates a projected token: a new file renamed over the old one.
     (tmp_path / "token.new").write_text("two")
     os.replace(tmp_path / "token.new", token)
-    assert creds.current()[0] == "Bearer two"
+    assert c.current()[0] == "Bearer two"
     token.unlink()
     with pytest.raises(CredentialError, match="token"):
-        creds.current()
+        c.current()
 
 
-def test_token_wins_over_token_file_and_exec(write_kubeconfig: WriteKubeconfig) -> None:
+def test_a_token_file_is_looked_at_once_a_second_at_most(
+    write_kubeconfig: WriteKubeconfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
+    stats: list[str] = []
+    real_stat = os.stat
+    monkeypatch.setattr(auth.os, "stat", lambda p: stats.append(str(p)) or real_stat(p))
+    (tmp_path / "token").write_text("one")
+    path = write_kubeconfig({"server": "https://h"}, {"tokenFile": "token"})
+    c = creds(config.load(str(path)))
+    stats.clear()
+    for _ in range(50):
+        assert c.current()[0] == "Bearer one"
+    assert stats == []
+    (tmp_path / "token").write_text("rotated")
+    clock[0] += auth.RECHECK_SECONDS
+    assert c.current()[0] == "Bearer rotated"
+    assert len(stats) == 1
+
+
+def test_token_wins_over_token_file_and_exec(
+    write_kubeconfig: WriteKubeconfig, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
     path = write_kubeconfig(
         {"server": "https://h"},
-        {"token": "t", "tokenFile": "/nonexistent", "exec": {"command": "false"}},
+        {
+            "token": "t",
+            "tokenFile": "/nonexistent",
+            "exec": {
+                "apiVersion": "client.authentication.k8s.io/v1",
+                "command": "touch",
+                "args": [str(ran)],
+            },
+        },
     )
-    cfg = config.load(str(path))
-    assert (cfg.token, cfg.token_file, cfg.exec) == ("t", None, None)
+    loaded = config.load(str(path))
+    assert (loaded.token_file, loaded.exec) == (None, None)
+    assert creds(loaded).current()[0] == "Bearer t"
+    assert not ran.exists()  # the loader never ran the plugin
 
 
 def test_basic_auth(write_kubeconfig: WriteKubeconfig) -> None:
     path = write_kubeconfig({"server": "https://h"}, {"username": "u", "password": "p"})
-    assert Credentials(config.load(str(path))).current()[0] == "Basic " + b64(b"u:p")
+    assert creds(config.load(str(path))).current()[0] == "Basic " + b64(b"u:p")
 
 
 def test_contexts_and_merged_files(tmp_path: Path) -> None:
@@ -129,8 +174,9 @@ def test_contexts_and_merged_files(tmp_path: Path) -> None:
     }
     (tmp_path / "a").write_text(yaml.safe_dump(a))
     (tmp_path / "b").write_text(yaml.safe_dump(b))
-    cfg = config.load(os.pathsep.join(str(tmp_path / n) for n in ("a", "missing", "b")))
-    assert (cfg.server, cfg.token) == ("https://two", "b")
+    loaded = config.load(os.pathsep.join(str(tmp_path / n) for n in ("a", "missing", "b")))
+    assert loaded.configuration.host == "https://two"
+    assert creds(loaded).current()[0] == "Bearer b"
 
 
 def test_a_context_without_a_user_is_anonymous(tmp_path: Path) -> None:
@@ -140,26 +186,32 @@ def test_a_context_without_a_user_is_anonymous(tmp_path: Path) -> None:
         "contexts": [{"name": "x", "context": {"cluster": "c"}}],
     }
     (tmp_path / "k").write_text(yaml.safe_dump(doc))
-    assert Credentials(config.load(str(tmp_path / "k"))).current() == (None, None)
+    assert creds(config.load(str(tmp_path / "k"))).current() == (None, None)
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("current-context: x\ncontexts: []\n", "no context named 'x'"),
+        ("current-context: x\ncontexts: []\n", "Expected object with name x"),
         ("clusters: []\n", "no current-context"),
         ("key: [unclosed\n", "not valid YAML"),
-        ("", "empty or not a mapping"),
+        ("", "is empty"),
+        ("- a list\n", "not a kubeconfig"),
         (
             "current-context: x\ncontexts: [{name: x, context: {cluster: c}}]\n"
             "clusters: [{name: c, cluster: {server: ftp://h}}]\n",
             "not an http(s) URL",
         ),
         (
+            "current-context: x\ncontexts: [{name: x, context: {cluster: c}}]\n"
+            "clusters: [{name: c, cluster: {insecure-skip-tls-verify: true}}]\n",
+            "has no server",
+        ),
+        (
             "current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
             "clusters: [{name: c, cluster: {server: 'https://h'}}]\n"
             "users: [{name: u, user: {tokenFile: /nonexistent/token}}]\n",
-            "tokenFile",
+            "No such file or directory: /nonexistent/token",
         ),
     ],
 )
@@ -170,6 +222,7 @@ def test_errors_are_one_line(tmp_path: Path, text: str, message: str) -> None:
     assert message in str(exc.value)
     assert "\n" not in str(exc.value)
     assert str(tmp_path / "k") in str(exc.value)
+    assert isinstance(exc.value, ValueError)
 
 
 def test_a_missing_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,8 +230,12 @@ def test_a_missing_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         config.load(str(tmp_path / "missing"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
-    with pytest.raises(ConfigError, match="not running in a pod and no kubeconfig"):
+    with pytest.raises(ConfigError) as exc:
         config.load(None)
+    assert str(exc.value) == (
+        "not running in a pod (Service host/port is not set) and no kubeconfig at "
+        f"{tmp_path / 'missing'}: no such file"
+    )
 
 
 def test_kubeconfig_env_then_home(
@@ -187,73 +244,100 @@ def test_kubeconfig_env_then_home(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     path = write_kubeconfig({"server": "https://from-env"})
     monkeypatch.setenv("KUBECONFIG", str(path))
-    assert config.load(None).server == "https://from-env"
+    assert config.load(None).configuration.host == "https://from-env"
     monkeypatch.delenv("KUBECONFIG")
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / ".kube").mkdir()
     path.rename(tmp_path / ".kube" / "config")
-    assert config.load(None).server == "https://from-env"
+    assert config.load(None).configuration.host == "https://from-env"
 
 
-def service_account(tmp_path: Path, token: str = "sa-token") -> Path:
+def service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token: str = "sa-token"
+) -> Path:
+    """The pod's service account files, where the library's in-cluster loader looks."""
+    from kubernetes.config import incluster_config
+
     sa = tmp_path / "sa"
     sa.mkdir()
     (sa / "token").write_text(token)
     (sa / "ca.crt").write_text("CA")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(sa / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(sa / "ca.crt"))
     return sa
 
 
-def test_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    sa = service_account(tmp_path)
-    monkeypatch.setattr(config, "SERVICE_ACCOUNT_DIR", str(sa))
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+def in_a_pod(monkeypatch: pytest.MonkeyPatch, host: str = "10.96.0.1", port: str = "443") -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+
+
+def test_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recheck_at_once: None) -> None:
+    sa = service_account(tmp_path, monkeypatch)
+    in_a_pod(monkeypatch)
     monkeypatch.setenv("KUBECONFIG", "/nonexistent")  # in a pod, the pod's identity wins
-    cfg = config.load(None)
-    assert cfg == KubeConfig(
-        server="https://10.96.0.1:443", ca_file=str(sa / "ca.crt"), token_file=str(sa / "token")
-    )
-    creds = Credentials(cfg)
-    assert creds.current()[0] == "Bearer sa-token"
+    loaded = config.load(None)
+    assert loaded.configuration.host == "https://10.96.0.1:443"
+    assert loaded.configuration.ssl_ca_cert == str(sa / "ca.crt")
+    assert loaded.configuration.refresh_api_key_hook is None  # ours re-reads the token
+    assert loaded.token_file == str(sa / "token")
+    c = creds(loaded)
+    assert c.current()[0] == "Bearer sa-token"
     (sa / "token").write_text("rotated-token")  # bound tokens rotate
-    assert creds.current()[0] == "Bearer rotated-token"
+    assert c.current()[0] == "Bearer rotated-token"
 
 
-def test_not_in_a_pod_without_the_service_account_files() -> None:
+def test_not_in_a_pod_without_the_service_account_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubernetes.config import incluster_config
+
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "none"))
+    loaded, why = config.load_incluster(
+        {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
+    )
+    assert loaded is None
+    assert why == "Service token file does not exist"
+
+
+def test_in_cluster_ipv6_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    service_account(tmp_path, monkeypatch)
     env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
-    cfg = config.load_incluster(env, "/nonexistent")
-    assert cfg is None  # no service account files: not in a pod
-
-
-def test_in_cluster_ipv6_server(tmp_path: Path) -> None:
-    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
-    cfg = config.load_incluster(env, str(service_account(tmp_path)))
-    assert cfg is not None and cfg.server == "https://[fd00::1]:443"
+    loaded, _ = config.load_incluster(env)
+    assert loaded is not None and loaded.configuration.host == "https://[fd00::1]:443"
 
 
 def test_an_explicit_path_ignores_the_pod(
     tmp_path: Path, write_kubeconfig: WriteKubeconfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(config, "SERVICE_ACCOUNT_DIR", str(service_account(tmp_path)))
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    service_account(tmp_path, monkeypatch)
+    in_a_pod(monkeypatch)
     path = write_kubeconfig({"server": "https://explicit"})
-    assert config.load(str(path)).server == "https://explicit"
+    assert config.load(str(path)).configuration.host == "https://explicit"
 
 
 def test_with_token_keeps_only_server_and_trust(write_kubeconfig: WriteKubeconfig) -> None:
     path = write_kubeconfig(
-        {"server": "https://h", "certificate-authority-data": b64(b"CA")},
-        {"client-certificate-data": b64(b"C"), "client-key-data": b64(b"K"), "token": "t"},
+        {"server": "https://h", "certificate-authority-data": b64(b"CA"), "tls-server-name": "n"},
+        {
+            "client-certificate-data": b64(b"C"),
+            "client-key-data": b64(b"K"),
+            "token": "t",
+            "as": "someone",
+        },
     )
-    cfg = config.load(str(path)).with_token("sa")
-    assert Credentials(cfg).current() == ("Bearer sa", None)
-    assert cfg.ca_data == b"CA"
+    cfg = config.load(str(path)).configuration
+    other = config.with_token(cfg, "sa")
+    assert Credentials(other).current() == ("Bearer sa", None)
+    assert (other.host, other.ssl_ca_cert, other.tls_server_name) == (
+        "https://h",
+        cfg.ssl_ca_cert,
+        "n",
+    )
+    assert other.refresh_api_key_hook is None and other.username is None
 
 
-def test_auth_provider_falls_back_to_the_official_library(
-    write_kubeconfig: WriteKubeconfig,
-) -> None:
+def test_auth_provider_comes_from_the_library(write_kubeconfig: WriteKubeconfig) -> None:
     # An OIDC id-token without expiry: the official loader uses it as is.
     claims = base64.urlsafe_b64encode(b'{"sub":"me"}').decode().rstrip("=")
     jwt = f"eyJhbGciOiJub25lIn0.{claims}.sig"
@@ -261,26 +345,39 @@ def test_auth_provider_falls_back_to_the_official_library(
         {"server": "https://h", "certificate-authority-data": b64(b"PEM")},
         {"auth-provider": {"name": "oidc", "config": {"id-token": jwt, "client-id": "x"}}},
     )
-    cfg = config.load(str(path))
-    assert cfg.legacy is not None
-    assert cfg.server == "https://h"
-    assert cfg.ca_file is not None and Path(cfg.ca_file).read_bytes() == b"PEM"
-    assert Credentials(cfg).current()[0] == f"Bearer {jwt}"
-    # Someone else's identity replaces the official library's entirely.
-    assert Credentials(cfg.with_token("sa")).current() == ("Bearer sa", None)
+    loaded = config.load(str(path))
+    assert loaded.configuration.refresh_api_key_hook is not None
+    assert creds(loaded).current()[0] == f"Bearer {jwt}"
 
 
-def test_the_common_path_does_not_import_the_official_library(
+def test_the_configurations_refresh_hook_runs_once_a_second_at_most(
+    write_kubeconfig: WriteKubeconfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
+    cfg = config.load(str(write_kubeconfig({"server": "https://h"}, {"token": "t"}))).configuration
+    calls: list[Any] = []
+    real = cfg.get_api_key_with_prefix  # which runs the hook (and rewrites cfg)
+    cfg.get_api_key_with_prefix = lambda *a, **kw: calls.append(a) or real(*a, **kw)
+    c = Credentials(cfg)
+    for _ in range(20):
+        assert c.current()[0] == "Bearer t"
+    assert len(calls) == 1
+    clock[0] += auth.RECHECK_SECONDS
+    c.current()
+    assert len(calls) == 2
+
+
+def test_importing_the_package_imports_neither_the_library_nor_urllib3(
     write_kubeconfig: WriteKubeconfig,
 ) -> None:
-    path = write_kubeconfig(
-        {"server": "https://h", "insecure-skip-tls-verify": True},
-        {"exec": {"command": "true", "apiVersion": "client.authentication.k8s.io/v1"}},
-    )
+    path = write_kubeconfig({"server": "https://h"}, {"token": "t"})
     code = (
-        "import sys; from dradriver.k8s import Kube; "
-        f"k = Kube.from_kubeconfig({str(path)!r}); "
-        "assert 'kubernetes' not in sys.modules and 'urllib3' not in sys.modules, "
-        "sorted(m for m in sys.modules if m.startswith(('kubernetes', 'urllib3')))"
+        "import sys; import dradriver.k8s; from dradriver.k8s import Kube\n"
+        "heavy = lambda: sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('kubernetes', 'urllib3', 'yaml', 'ssl'))\n"
+        "assert heavy() == [], heavy()\n"
+        f"Kube.from_kubeconfig({str(path)!r})\n"
+        "assert 'kubernetes.config.kube_config' in sys.modules and 'urllib3' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])
