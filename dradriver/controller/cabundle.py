@@ -17,6 +17,7 @@ import base64
 import binascii
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from dradriver import logs
 from dradriver.k8s import Kube, KubeError, path_for
+from dradriver.k8s.watching import resource_version, resumable
 
 log = logs.get_logger("controller.cabundle")
 API = "admissionregistration.k8s.io/v1"
@@ -94,6 +96,7 @@ class CaBundleSyncer:
         self.path = path_for(API, PLURAL, name=name)
         self.patched = threading.Event()
         self.last_error = f"validatingwebhookconfiguration {name} not seen yet"
+        self._waiting_logged = False
 
     def sync(self, config: dict[str, Any]) -> None:
         ops = patch_ops(config, self.ca_pem(), self.failure_policy, self.clock())
@@ -113,45 +116,64 @@ class CaBundleSyncer:
         self.last_error = ""
 
     def run(self, stop: threading.Event) -> None:
-        """Lists the one object by name and watches it, so its creation is seen at once."""
+        """Lists the one object by name and watches it, so its creation is seen at once.
+        A watch that ends or breaks goes on from the last resourceVersion seen; the object
+        is listed again only when that version is gone or a patch was refused (it moved
+        on: what to patch is computed again from what it is now)."""
         backoff = 1.0
         selector = f"metadata.name={self.name}"
-        waiting_logged = False
+        rv: str | None = None  # where the next watch starts; None: list first
         while not stop.is_set():
             try:
-                listed = self.kube.list(path_for(API, PLURAL), fieldSelector=selector)
-                for config in listed.get("items") or []:
-                    self.sync(config)
-                if not listed.get("items"):
-                    self.last_error = f"validatingwebhookconfiguration {self.name} not found"
-                    if not waiting_logged:
-                        log.info("waiting for the webhook configuration", webhook_config=self.name)
-                        waiting_logged = True
-                backoff = 1.0
-                rv = (listed.get("metadata") or {}).get("resourceVersion")
+                if rv is None:
+                    rv = self._list(selector)
+                started, events = time.monotonic(), 0
                 for event in self.kube.watch(
                     path_for(API, PLURAL), resource_version=rv, fieldSelector=selector
                 ):
                     if stop.is_set():
                         return
+                    events += 1
                     if event.get("type") in ("ADDED", "MODIFIED"):
-                        self.sync(event["object"])
-                # The server ended the watch: list again and watch on, after a pause in
-                # case it ends every watch at once.
-                stop.wait(1.0)
+                        try:
+                            self.sync(event["object"])
+                        except KubeError:
+                            rv = None  # the patch was refused: list, and compute it anew
+                            raise
+                    rv = resource_version(event) or rv
+                backoff = 1.0
+                # The server ended the watch; a pause only if it ends every one at once.
+                if not events and time.monotonic() - started < 1.0:
+                    stop.wait(1.0)
                 continue
             except KubeError as exc:
-                # A failed resourceVersion test lands here too: list again and recompute.
+                if rv is not None and not resumable(exc):
+                    rv = None
                 self.last_error = f"{self.name}: {exc.message}"
                 log.warning(
-                    "patching the webhook configuration failed; retrying",
+                    "syncing the webhook configuration failed; retrying",
                     webhook_config=self.name,
                     error=exc.message,
+                    then="list" if rv is None else "watch",
                     retry_in=f"{backoff:.0f}s",
                 )
             except Exception as exc:
                 # Never let this thread die quietly: readiness would stay false for good.
+                rv = None
                 self.last_error = f"{self.name}: {exc}"
                 log.error("webhook configuration sync failed; retrying", exc=True, error=str(exc))
             stop.wait(backoff)
             backoff = min(30.0, backoff * 2)
+
+    def _list(self, selector: str) -> str | None:
+        """Lists the object and syncs it; returns the resourceVersion to watch from."""
+        listed = self.kube.list(path_for(API, PLURAL), fieldSelector=selector)
+        for config in listed.get("items") or []:
+            self.sync(config)
+        if not listed.get("items"):
+            self.last_error = f"validatingwebhookconfiguration {self.name} not found"
+            if not self._waiting_logged:
+                log.info("waiting for the webhook configuration", webhook_config=self.name)
+                self._waiting_logged = True
+        rv = (listed.get("metadata") or {}).get("resourceVersion")
+        return str(rv) if rv else None

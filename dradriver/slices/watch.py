@@ -11,12 +11,14 @@ publishing nothing for minutes.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.k8s import Kube, KubeError
+from dradriver.k8s.watching import resource_version, resumable
 from dradriver.logs import get_logger
 from dradriver.slices.publish import SLICES
 
@@ -64,21 +66,16 @@ class SliceWatch:
         return sum(len(s.get("spec", {}).get("devices") or []) for s in self.held())
 
     def run(self, stop: threading.Event) -> None:
+        """Lists once, then watches on from the last resourceVersion seen (an event's or a
+        bookmark's) each time a watch ends or breaks; lists again only when that version
+        is gone (410) or the server refuses to resume from it."""
         failures = 0
+        rv: str | None = None  # where the next watch starts; None: list first
         while not stop.is_set():
             try:
-                listing = self.kube.list(SLICES, fieldSelector=self.selector)
-                now = {s["metadata"]["name"]: s for s in listing.get("items", [])}
-                with self._lock:
-                    before = {n: o["metadata"]["resourceVersion"] for n, o in self._held.items()}
-                    self._held = now
-                first = not self.synced.is_set()
-                self.synced.set()
-                # Whatever happened while we were not watching is looked at once.
-                if first or before != {n: o["metadata"]["resourceVersion"] for n, o in now.items()}:
-                    self.on_change("relisted")
-                failures = 0
-                rv = listing.get("metadata", {}).get("resourceVersion")
+                if rv is None:
+                    rv = self._relist()
+                started, events = time.monotonic(), 0
                 for ev in self.kube.watch(
                     SLICES,
                     resource_version=rv,
@@ -87,17 +84,46 @@ class SliceWatch:
                 ):
                     if stop.is_set():
                         return
+                    rv = resource_version(ev) or rv
+                    events, failures = events + 1, 0
                     self._event(ev)
+                failures = 0
+                if not events and time.monotonic() - started < 1.0:
+                    stop.wait(1.0)  # a server ending every watch at once: no busy loop
             except KubeError as exc:
                 failures += 1
-                wait = min(self.backoff_max, 0.5 * 2 ** min(failures, 8))
+                if rv is not None and not resumable(exc):
+                    rv = None
+                    if failures == 1:  # a version compacted away is routine
+                        log.info("slice watch expired; re-listing", node=self.node)
+                        continue
+                wait = self._backoff(failures)
                 log.warning(
-                    "slice watch failed; re-listing",
+                    "slice watch failed; " + ("re-listing" if rv is None else "resuming"),
                     node=self.node,
                     error=exc.message or str(exc),
+                    resource_version=rv,
                     retry_in=f"{wait:.1f}s",
                 )
                 stop.wait(wait)
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.backoff_max, 0.5 * 2.0 ** min(failures, 8))
+
+    def _relist(self) -> str | None:
+        """Lists the node's slices; returns the resourceVersion to watch from."""
+        listing = self.kube.list(SLICES, fieldSelector=self.selector)
+        now = {s["metadata"]["name"]: s for s in listing.get("items", [])}
+        with self._lock:
+            before = {n: o["metadata"]["resourceVersion"] for n, o in self._held.items()}
+            self._held = now
+        first = not self.synced.is_set()
+        self.synced.set()
+        # Whatever happened while we were not watching is looked at once.
+        if first or before != {n: o["metadata"]["resourceVersion"] for n, o in now.items()}:
+            self.on_change("relisted")
+        rv = (listing.get("metadata") or {}).get("resourceVersion")
+        return str(rv) if rv else None
 
     def _event(self, ev: dict[str, Any]) -> None:
         kind = ev.get("type")

@@ -153,3 +153,56 @@ def test_a_failed_patch_is_retried_and_readiness_waits_for_it(cas: list[bytes]) 
     kube.fail_patches = 1
     s = run_until(kube, cas)
     assert s.patched.is_set() and len(kube.patches) == 1
+
+
+class ResumingKube(FakeKube):
+    """Watches that end at their timeout: each the next of `streams`."""
+
+    def __init__(self, obj: dict[str, Any], streams: list[list[dict[str, Any]]]) -> None:
+        super().__init__(obj)
+        self.streams = streams
+        self.watched_from: list[str | None] = []
+        self.stop = threading.Event()
+
+    def watch(self, path: str, **kw: Any) -> Iterator[dict[str, Any]]:
+        self.watched_from.append(kw["resource_version"])
+        if not self.streams:
+            self.stop.set()
+            return
+        yield from self.streams.pop(0)
+
+
+def test_a_watch_that_ends_is_resumed_from_its_last_version_without_a_list(
+    cas: list[bytes],
+) -> None:
+    patched = config(webhook(b64(cas[0])), rv="8")
+    kube = ResumingKube(
+        config(webhook(b64(cas[0]))),
+        [
+            [{"type": "MODIFIED", "object": patched}],
+            [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}}],
+        ],
+    )
+    s = cabundle.CaBundleSyncer(kube, "adm", lambda: cas[0], "Fail", tls.utcnow)  # type: ignore[arg-type]
+    t = threading.Thread(target=s.run, args=(kube.stop,), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    assert kube.lists == 1
+    assert kube.watched_from == ["1", "8", "12"]
+    assert s.patched.is_set() and kube.patches == []  # ours was there already
+
+
+def test_a_patch_refused_during_a_watch_lists_again(cas: list[bytes]) -> None:
+    kube = ResumingKube(
+        config(webhook(b64(cas[0]))),
+        [[{"type": "MODIFIED", "object": config(webhook(""), rv="9")}]],
+    )
+    kube.fail_patches = 1
+    s = cabundle.CaBundleSyncer(kube, "adm", lambda: cas[0], "Fail", tls.utcnow)  # type: ignore[arg-type]
+    t = threading.Thread(target=s.run, args=(kube.stop,), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    assert kube.lists == 2  # the refusal, then what the object is now
+    assert kube.watched_from == ["1", "1"]
