@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dradriver import logs  # noqa: E402
-from dradriver.kubeletplugin.plan import ClaimRef  # noqa: E402
+from dradriver.kubeletplugin.prepare.plan import ClaimRef  # noqa: E402
 from tests.support.node import allocated_claim, fake_preparer  # noqa: E402
 
 PROFILES = ["1g10gb-0", "2g20gb-2", "3g40gb-4", "7g80gb-0"]

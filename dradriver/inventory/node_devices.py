@@ -2,7 +2,7 @@
 
 `offer(inventory, mode)` is a pure function. The slice builder renders its devices into
 ResourceSlices (dradriver.slices.build) and prepare looks the allocated names up in it
-(dradriver.kubeletplugin.plan), so publishing and preparing can never disagree about
+(dradriver.kubeletplugin.prepare.plan), so publishing and preparing can never disagree about
 what a device name means, and prepare never reads slice JSON back.
 
 Three MIG modes:

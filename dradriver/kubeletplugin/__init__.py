@@ -1,1 +1,18 @@
-"""The node component: registration, DRA gRPC, prepare/unprepare."""
+"""The node component, `dradriver kubelet-plugin`: the kubelet's sockets, prepare and
+unprepare, the node's state on disk and the hardware steps. Its packages, from the edge
+inwards:
+
+- grpc_edge/: the kubelet's registration, DRA (v1, v1beta1) and health sockets on
+  grpcio's asyncio server; imports nothing heavy, and reaches the driver only through a
+  protocol (grpc_edge.late.Driver);
+- prepare/: a claim from the API to its CDI devices and back: plan (pure), execute,
+  reconcile at startup, claim status, CDI specs;
+- state/: what the node keeps on disk: the checkpoint, the MIG and sharing ledgers, the
+  journal of steps, group commit, the node and GPU locks; imports no other package here;
+- hardware/: the MIG and sharing (time-slicing, MPS) steps the executor runs, over NVML
+  (dradriver.nvml) and the ledgers in state/;
+- devices/: the device view publishing and prepare share, and the node's GPU health;
+- ops/: /healthz, /readyz and /metrics.
+
+main.py wires them (startup.py first binds the sockets); options.py holds the flags.
+"""

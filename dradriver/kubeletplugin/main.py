@@ -8,7 +8,6 @@ import gc
 import signal
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,24 +16,26 @@ from dradriver import logs
 from dradriver.commands import flags
 from dradriver.health.model import Health, HealthConfigError, Policy, parse_xids
 from dradriver.health.taints import TaintEffect
-from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
-from dradriver.k8s import Kube, KubeError
-from dradriver.kubeletplugin.checkpoint import CheckpointStore, current_boot_id
-from dradriver.kubeletplugin.files import FileLock, NodeLock
+from dradriver.inventory.node_devices import MigMode, MigSwitching
+from dradriver.k8s import Kube
+from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
+from dradriver.kubeletplugin.devices.view import DeviceView
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
-from dradriver.kubeletplugin.health import HealthOptions, NodeEvents, NodeHealth
-from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer, held_instances
+from dradriver.kubeletplugin.hardware.mig import MigPreparer
+from dradriver.kubeletplugin.ops.api_probe import ApiProbe
 from dradriver.kubeletplugin.options import add_arguments
-from dradriver.kubeletplugin.records import owned_partitions
-from dradriver.nvml.library import DevicesSpecError, Nvml, open_nvml
-from dradriver.slices.build import SliceContent, build
+from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_boot_id
+from dradriver.kubeletplugin.state.files import FileLock, NodeLock
+from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
+from dradriver.kubeletplugin.state.records import owned_partitions
+from dradriver.nvml.library import DevicesSpecError, open_nvml
 from dradriver.slices.publish import PublishLoop, SlicePublisher
 from dradriver.slices.watch import SliceWatch
 
 if TYPE_CHECKING:
-    from dradriver.kubeletplugin.ops import OpsServer
-    from dradriver.kubeletplugin.prepare import Preparer
+    from dradriver.kubeletplugin.ops.server import OpsServer
+    from dradriver.kubeletplugin.prepare.preparer import Preparer
 
 log = logs.get_logger("kubeletplugin")
 
@@ -59,92 +60,6 @@ class _Registration:
     refused: str = ""  # the kubelet's reason, when it refused us
     since: float = field(default_factory=time.monotonic)  # waiting since
     warned: bool = False
-
-
-class DeviceView:
-    """The latest discovery and what it publishes, shared by publishing and prepare."""
-
-    def __init__(
-        self,
-        nvml: Nvml,
-        mode: MigMode,
-        owned: Callable[[], set[tuple[str, int, int]]] = set,
-        switching: MigSwitching = MigSwitching.ON_DEMAND,
-        held: Callable[[set[tuple[str, int, int]]], set[tuple[str, int, int]]] = lambda o: set(),
-        profiles: frozenset[str] = frozenset(),
-        health: NodeHealth | None = None,
-    ) -> None:
-        self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
-        self.health = health
-        self.held, self.offered_profiles = held, profiles
-        self._unknown_profiles: frozenset[str] = frozenset()
-        self._lock = threading.Lock()
-        self._slices: list[SliceContent] = []
-        self._index: dict[str, NodeDevice] = {}
-        self.discovered = threading.Event()
-        self.last_error = "not discovered yet"
-        self.skipped: list[Skipped] = []
-
-    def refresh(self) -> list[SliceContent]:
-        try:
-            found = self.nvml.discover()
-        except Exception as exc:
-            self.last_error = str(exc)
-            raise
-        for problem in found.problems:
-            log.error("GPU problem", detail=problem)
-        owned = self.owned()
-        inv = found.inventory
-        if self.health is not None:
-            # An unhealthy GPU NVML cannot describe any more stays published, tainted.
-            inv = self.health.inventory(inv)
-        built = build(
-            inv,
-            self.mode,
-            owned,
-            self.switching,
-            self.held(owned),
-            self.offered_profiles,
-        )
-        slices = built.slices
-        if self.health is not None:
-            slices = self.health.taint(slices, built.offer.devices().values())
-        if self.offered_profiles and self.mode is MigMode.DYNAMIC:
-            known = {p.name for g in found.inventory.gpus for p in g.mig_profiles}
-            unknown = self.offered_profiles - known
-            if unknown != self._unknown_profiles and unknown:
-                # A typo, or a product this node does not have: say it once.
-                log.warning(
-                    "--mig-profiles names profiles no GPU of this node has",
-                    unknown=",".join(sorted(unknown)),
-                    known=",".join(sorted(known)),
-                )
-            self._unknown_profiles = frozenset(unknown)
-        for skip in built.skipped:
-            log.warning(
-                "GPU not published as a whole",
-                gpu=skip.uuid,
-                reason=skip.reason,
-                detail=skip.message,
-            )
-        self.skipped = built.skipped
-        with self._lock:
-            self._slices, self._index = slices, built.offer.devices()
-        self.last_error = ""
-        self.discovered.set()
-        return slices
-
-    def devices(self) -> dict[str, NodeDevice]:
-        with self._lock:
-            return dict(self._index)
-
-    def profiles(self) -> dict[str, list[int]]:
-        """GPU UUID -> its MIG profile IDs, for finding MIG instances."""
-        return {
-            d.gpu.uuid: [p.profile_id for p in d.gpu.mig_profiles]
-            for d in self.devices().values()
-            if d.gpu.mig_profiles
-        }
 
 
 def run_plugin(
@@ -219,7 +134,7 @@ def run_plugin(
             return False, not_registered_message(kubelet_dir, waited)
         return False, "waiting for the kubelet"
 
-    api = _ApiProbe(kube)
+    api = ApiProbe(kube)
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
     publisher.start_prefetch()
     loop = PublishLoop(publisher, view.refresh, period=args.rediscover_period)
@@ -246,7 +161,7 @@ def run_plugin(
     def start_ops() -> OpsServer:
         # http.server and what it imports: a twentieth of a second of CPU, not spent on
         # the way to the first slice when discovery succeeds at once.
-        from dradriver.kubeletplugin.ops import OpsServer
+        from dradriver.kubeletplugin.ops.server import OpsServer
 
         ops = OpsServer(
             args.healthz_address,
@@ -306,12 +221,12 @@ def run_plugin(
         ops = start_ops()
     # What only prepares and the operator endpoints need is imported from here on, not
     # before discovery (a tenth of a second of the way to the first slice).
-    from dradriver.kubeletplugin import cdi
-    from dradriver.kubeletplugin.claim_status import StatusWriter
-    from dradriver.kubeletplugin.execute import Executor
-    from dradriver.kubeletplugin.metrics import Metrics
-    from dradriver.kubeletplugin.prepare import Preparer
-    from dradriver.kubeletplugin.sharing_steps import SharingSteps
+    from dradriver.kubeletplugin.hardware.sharing import SharingSteps
+    from dradriver.kubeletplugin.ops.metrics import Metrics
+    from dradriver.kubeletplugin.prepare import cdi
+    from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
+    from dradriver.kubeletplugin.prepare.execute import Executor
+    from dradriver.kubeletplugin.prepare.preparer import Preparer
     from dradriver.nvml.mig import MigCarver
 
     metrics = Metrics()
@@ -408,35 +323,3 @@ def run_plugin(
     ops.stop()
     log.info("stopped")
     return 0
-
-
-class _ApiProbe:
-    """API reachability for /readyz: probed in the background, every `ttl` seconds at most,
-    so /readyz answers at once even while the API server hangs (it then says for how long
-    the probe has waited)."""
-
-    def __init__(self, kube: Kube, ttl: float = 5.0, timeout: float = 3.0) -> None:
-        self.kube, self.ttl, self.timeout = kube, ttl, timeout
-        self._at = float("-inf")
-        self._result = (False, "not checked yet")
-        self._since: float | None = None  # when the probe in flight started
-        self._lock = threading.Lock()
-
-    def check(self) -> tuple[bool, str]:
-        now = time.monotonic()
-        with self._lock:
-            if self._since is None and now - self._at > self.ttl:
-                self._since = now
-                threading.Thread(target=self._probe, name="api-probe", daemon=True).start()
-            if self._since is not None and now - self._since > self.timeout:
-                return False, f"API server not answering for {now - self._since:.0f} s"
-            return self._result
-
-    def _probe(self) -> None:
-        try:
-            self.kube.get("/version", timeout=self.timeout)
-            result = (True, self.kube.host)
-        except KubeError as exc:
-            result = (False, f"API server unreachable: {exc.message}")
-        with self._lock:
-            self._result, self._at, self._since = result, time.monotonic(), None

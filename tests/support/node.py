@@ -10,16 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice
-from dradriver.kubeletplugin.cdi import CdiWriter
-from dradriver.kubeletplugin.checkpoint import CheckpointStore
-from dradriver.kubeletplugin.execute import Executor
-from dradriver.kubeletplugin.files import FileLock, NodeLock
-from dradriver.kubeletplugin.metrics import Metrics
-from dradriver.kubeletplugin.mig_steps import MigModeLedger, MigPreparer, held_instances
-from dradriver.kubeletplugin.plan import ClaimRef
-from dradriver.kubeletplugin.prepare import Preparer
-from dradriver.kubeletplugin.records import owned_partitions
-from dradriver.kubeletplugin.sharing_steps import SharingSteps
+from dradriver.kubeletplugin.hardware.mig import MigPreparer
+from dradriver.kubeletplugin.hardware.sharing import SharingSteps
+from dradriver.kubeletplugin.ops.metrics import Metrics
+from dradriver.kubeletplugin.prepare.cdi import CdiWriter
+from dradriver.kubeletplugin.prepare.execute import Executor
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
+from dradriver.kubeletplugin.prepare.preparer import Preparer
+from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
+from dradriver.kubeletplugin.state.files import FileLock, NodeLock
+from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
+from dradriver.kubeletplugin.state.records import owned_partitions
 from dradriver.nvml.library import Nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import build
@@ -31,7 +32,7 @@ DRIVER, NODE = "gpu.dradriver.io", "node-a"
 def lose_checkpoint(state_dir: Path) -> None:
     """The checkpoint damaged beyond repair: checkpoint.json torn, and its write-ahead
     copies (which would otherwise bring the last state back) torn with it."""
-    from dradriver.kubeletplugin.checkpoint.store import wal_paths
+    from dradriver.kubeletplugin.state.checkpoint.store import wal_paths
 
     main = state_dir / "checkpoint.json"
     for p in (main, *wal_paths(main)):

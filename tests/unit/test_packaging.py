@@ -32,7 +32,7 @@ def test_the_wheel_holds_the_product_and_nothing_else(tmp_path: Path) -> None:
     modules = {Path(n).stem for n in names if n.endswith(".py")}
     for bench in ("cluster", "demo", "kubeletsim", "hollow_node", "standin"):
         assert bench not in modules, bench
-    assert "dradriver/kubeletplugin/prepare.py" in names
+    assert "dradriver/kubeletplugin/prepare/preparer.py" in names
     assert "dradriver/controller/main.py" in names
 
 

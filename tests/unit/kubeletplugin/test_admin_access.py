@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.kubeletplugin.plan import ClaimRef
-from dradriver.kubeletplugin.prepare import Preparer
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
+from dradriver.kubeletplugin.prepare.preparer import Preparer
 from fakenvml import FakeNvml
 from tests.support.node import DRIVER, NODE, fake_preparer
 

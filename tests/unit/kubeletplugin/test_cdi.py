@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dradriver.errors import CdiError
-from dradriver.kubeletplugin.cdi import (
+from dradriver.kubeletplugin.prepare.cdi import (
     CDI_VERSIONS,
     CdiDevice,
     CdiWriteError,

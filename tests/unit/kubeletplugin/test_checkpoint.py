@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.kubeletplugin import checkpoint as ckpt
-from dradriver.kubeletplugin.checkpoint import (
+from dradriver.kubeletplugin.state import checkpoint as ckpt
+from dradriver.kubeletplugin.state.checkpoint import (
     CURRENT_VERSION,
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -34,9 +34,9 @@ from dradriver.kubeletplugin.checkpoint import (
     payload_checksum,
     reconcile_boot,
 )
-from dradriver.kubeletplugin.checkpoint.store import wal_paths
-from dradriver.kubeletplugin.files import FileLock, LockTimeout
-from dradriver.kubeletplugin.records import Carve, MigIds, Mps, MpsLimits, TimeSlicing
+from dradriver.kubeletplugin.state.checkpoint.store import wal_paths
+from dradriver.kubeletplugin.state.files import FileLock, LockTimeout
+from dradriver.kubeletplugin.state.records import Carve, MigIds, Mps, MpsLimits, TimeSlicing, Unread
 
 REPO = Path(__file__).resolve().parents[3]
 BOOT1 = "6f1d2c4e-0000-4000-8000-000000000001"
@@ -114,7 +114,11 @@ def test_round_trip_keeps_every_field(path: Path) -> None:
     static = device("gpu-1-mig-1g10gb-3", kind="mig", minor=1, mig=MigIds(9, 0))
     sliced = device("gpu-2", minor=2, sharing=TimeSlicing("Long", applied=True))
     original = checkpoint(
-        record(UID_A, devices=[device(uuid=None), carved, static, sliced], extra={"pods": ["p1"]}),
+        record(
+            UID_A,
+            devices=[device(uuid=None), carved, static, sliced],
+            extra_unknown=Unread({"pods": ["p1"]}),
+        ),
         record(UID_B, state=PREPARE_STARTED, devices=[]),
     )
     store = CheckpointStore(path, BOOT1)
@@ -169,7 +173,7 @@ def test_save_rejects_inconsistent_records_and_keeps_old_file(path: Path) -> Non
     with pytest.raises(ValueError, match="unknown state"):
         store.save(checkpoint(record(state="Prepared")))
     with pytest.raises(TypeError):
-        store.save(checkpoint(record(extra={"x": object()})))
+        store.save(checkpoint(record(extra_unknown=Unread({"x": object()}))))
     assert path.read_bytes() == before
     assert leftovers(path.parent) == []
 
@@ -285,7 +289,7 @@ def _crash_in_save(path: Path, patch: str) -> subprocess.CompletedProcess[str]:
     script = textwrap.dedent(f"""
         import os
         from pathlib import Path
-        from dradriver.kubeletplugin import checkpoint as c
+        from dradriver.kubeletplugin.state import checkpoint as c
         {patch}
         store = c.CheckpointStore(Path({str(path)!r}), {BOOT1!r})
         cp = store.load()
@@ -593,7 +597,7 @@ def test_newer_version_loads_what_it_understands(
     assert doc["payload"]["nodeName"] == "node-a"
     assert doc["payload"]["claims"][UID_A]["leases"] == [{"pod": "p1"}]
     assert doc["payload"]["claims"][UID_A]["devices"][0]["health"] == "Healthy"
-    assert store.load().claims[UID_A].unknown == {"leases": [{"pod": "p1"}]}
+    assert store.load().claims[UID_A].unknown == Unread({"leases": [{"pod": "p1"}]})
 
 
 def test_newer_version_with_bad_checksum_is_corrupt(path: Path) -> None:
@@ -694,7 +698,7 @@ def test_current_boot_id(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> No
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from dradriver.kubeletplugin.files import FileLock
+    from dradriver.kubeletplugin.state.files import FileLock
     with FileLock(Path(sys.argv[1])):
         print("locked", flush=True)
         sys.stdin.readline()

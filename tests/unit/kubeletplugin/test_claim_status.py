@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dradriver.kubeletplugin.claim_status import StatusWriter
-from dradriver.kubeletplugin.plan import ClaimRef
-from dradriver.kubeletplugin.records import PreparedDevice
+from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
+from dradriver.kubeletplugin.state.records import PreparedDevice
 from tests.e2e.helpers import wait_for
 
 

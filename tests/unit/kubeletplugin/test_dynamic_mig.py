@@ -18,10 +18,10 @@ import pytest
 from dradriver import crashpoints
 from dradriver.errors import DriverError
 from dradriver.inventory.node_devices import MigMode
-from dradriver.kubeletplugin.mig_steps import MigModeLedger, held_instances
-from dradriver.kubeletplugin.plan import ClaimRef
-from dradriver.kubeletplugin.prepare import Preparer
-from dradriver.kubeletplugin.records import owned_partitions
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
+from dradriver.kubeletplugin.prepare.preparer import Preparer
+from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
+from dradriver.kubeletplugin.state.records import owned_partitions
 from dradriver.nvml.library import open_nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import build
@@ -399,7 +399,7 @@ def test_a_read_only_cdi_directory_is_a_cdi_layer_error_with_a_clean_rollback(
 ) -> None:
     import errno
 
-    from dradriver.kubeletplugin import cdi
+    from dradriver.kubeletplugin.prepare import cdi
 
     def read_only(*a: Any, **k: Any) -> None:
         raise OSError(errno.EROFS, "Read-only file system")

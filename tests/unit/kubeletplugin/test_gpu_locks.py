@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from dradriver.kubeletplugin.gpu_locks import GpuLocks, record_gpus
-from dradriver.kubeletplugin.mig_steps import MigModeLedger
-from dradriver.kubeletplugin.plan import ClaimRef
-from dradriver.kubeletplugin.prepare import Prepared, Preparer
-from dradriver.kubeletplugin.records import PREPARE_COMPLETED, owned_partitions
-from dradriver.kubeletplugin.sharing_ledger import SharingLedger
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
+from dradriver.kubeletplugin.prepare.preparer import Prepared, Preparer
+from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
+from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger
+from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, owned_partitions
+from dradriver.kubeletplugin.state.sharing_ledger import SharingLedger
 from dradriver.nvml.library import Nvml
 from fakenvml.host import FakeHost
 from tests.support.node import DRIVER, allocated_claim, fake_preparer, lose_checkpoint

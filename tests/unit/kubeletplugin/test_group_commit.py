@@ -15,9 +15,9 @@ import pytest
 
 from dradriver.inventory.node_devices import MigMode
 from dradriver.k8s import KubeError
-from dradriver.kubeletplugin.group_commit import GroupCommit
-from dradriver.kubeletplugin.plan import ClaimRef
-from dradriver.kubeletplugin.records import Checkpoint
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
+from dradriver.kubeletplugin.state.group_commit import GroupCommit
+from dradriver.kubeletplugin.state.records import Checkpoint
 from tests.support.node import allocated_claim, fake_preparer
 
 

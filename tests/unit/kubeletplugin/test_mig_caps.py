@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.kubeletplugin import cdi
+from dradriver.kubeletplugin.prepare import cdi
 from dradriver.nvml.host import DeviceNode, RealHost
 from dradriver.nvml.mig import caps_device_minors
 from tests.support.cdi_reference import reference_resolver

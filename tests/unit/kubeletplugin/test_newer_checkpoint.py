@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dradriver.kubeletplugin.plan import ClaimRef
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from tests.support.node import DRIVER, allocated_claim, fake_preparer
 
 

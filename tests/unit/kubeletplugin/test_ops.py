@@ -6,8 +6,8 @@ import json
 import urllib.error
 import urllib.request
 
-from dradriver.kubeletplugin.metrics import Metrics
-from dradriver.kubeletplugin.ops import OpsServer
+from dradriver.kubeletplugin.ops.metrics import Metrics
+from dradriver.kubeletplugin.ops.server import OpsServer
 
 
 def get(port: int, path: str) -> tuple[int, str]:

@@ -9,8 +9,8 @@ import pytest
 
 from dradriver.errors import ConfigError, DeviceError, DriverError
 from dradriver.inventory.node_devices import MigMode, offer
-from dradriver.kubeletplugin.plan import ClaimRef, check_ref, claim_devices, plan
-from dradriver.kubeletplugin.records import (
+from dradriver.kubeletplugin.prepare.plan import ClaimRef, check_ref, claim_devices, plan
+from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     Checkpoint,

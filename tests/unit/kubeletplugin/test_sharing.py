@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from dradriver.errors import DriverError
-from dradriver.kubeletplugin.plan import ClaimRef
-from dradriver.kubeletplugin.records import Mps
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
+from dradriver.kubeletplugin.state.records import Mps
 from dradriver.nvml.host import mps_alive
 from fakenvml import FakeNvml
 from fakenvml.host import FakeHost

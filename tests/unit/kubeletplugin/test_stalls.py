@@ -16,9 +16,9 @@ import pytest
 from kubernetes import client as kclient
 
 from dradriver.k8s import Kube
-from dradriver.kubeletplugin import prepare as prepare_mod
-from dradriver.kubeletplugin.main import _ApiProbe
-from dradriver.kubeletplugin.plan import ClaimRef
+from dradriver.kubeletplugin.ops.api_probe import ApiProbe
+from dradriver.kubeletplugin.prepare import claim_read
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from tests.support.node import allocated_claim, fake_preparer
 
 
@@ -85,7 +85,7 @@ def test_an_unprepare_during_a_stalled_prepare_wins(tmp_path: Path) -> None:
 def test_a_hung_api_server_fails_the_claim_read_in_time(
     tmp_path: Path, hung_api: Kube, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(prepare_mod, "CLAIM_READ_TIMEOUT", 1.0)
+    monkeypatch.setattr(claim_read, "CLAIM_READ_TIMEOUT", 1.0)
     driver, _ = fake_preparer(tmp_path, "1xH100-80GB", lambda r: {})
     driver.read_claim, driver.kube = None, hung_api
     ref = ClaimRef("team", str(uuidlib.uuid4()), "c")
@@ -96,7 +96,7 @@ def test_a_hung_api_server_fails_the_claim_read_in_time(
 
 
 def test_readyz_answers_at_once_while_the_api_server_hangs(hung_api: Kube) -> None:
-    probe = _ApiProbe(hung_api, ttl=0.1, timeout=0.5)
+    probe = ApiProbe(hung_api, ttl=0.1, timeout=0.5)
     for _ in range(8):
         start = time.monotonic()
         ok, why = probe.check()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.inventory.node_devices import MigSwitching
-from dradriver.kubeletplugin.plan import ClaimRef
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 

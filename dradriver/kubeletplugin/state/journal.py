@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from dradriver.errors import CheckpointError
-from dradriver.kubeletplugin.checkpoint import CheckpointStore
-from dradriver.kubeletplugin.group_commit import GroupCommit, OnSaveFailed
-from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
+from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
+from dradriver.kubeletplugin.state.group_commit import GroupCommit, OnSaveFailed
+from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 
 
 def held_whole(cp: Checkpoint, exclude: str = "") -> set[str]:

@@ -7,19 +7,19 @@ plugin finishes or undoes its work instead of forgetting it.
 - boot.py: what a restart does about the claims it finds.
 """
 
-from dradriver.kubeletplugin.checkpoint.boot import (
+from dradriver.kubeletplugin.state.checkpoint.boot import (
     BOOT_ID_PATH,
     BootReconciliation,
     current_boot_id,
     reconcile_boot,
 )
-from dradriver.kubeletplugin.checkpoint.codec import (
+from dradriver.kubeletplugin.state.checkpoint.codec import (
     encode_checkpoint,
     parse_checkpoint,
     payload_checksum,
 )
-from dradriver.kubeletplugin.checkpoint.store import CheckpointStore
-from dradriver.kubeletplugin.records import (
+from dradriver.kubeletplugin.state.checkpoint.store import CheckpointStore
+from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
     PREPARE_COMPLETED,
     PREPARE_STARTED,

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from dradriver.kubeletplugin.files import FileLock, LockTimeout
-from dradriver.kubeletplugin.records import ClaimRecord
+from dradriver.kubeletplugin.state.files import FileLock, LockTimeout
+from dradriver.kubeletplugin.state.records import ClaimRecord
 
 
 def record_gpus(rec: ClaimRecord) -> set[str]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from dradriver.httpreply import reply
 
 if TYPE_CHECKING:
-    from dradriver.kubeletplugin.metrics import Metrics
+    from dradriver.kubeletplugin.ops.metrics import Metrics
 
 Check = Callable[[], tuple[bool, str]]
 

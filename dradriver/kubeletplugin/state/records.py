@@ -59,6 +59,14 @@ def unknown(obj: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in known}
 
 
+@dataclass(frozen=True)
+class Unread:
+    """JSON a newer release wrote where this one knows no key: written back as it was
+    read, never looked into (nothing of this release may put anything here)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
 def _object(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CheckpointCorrupt(f"{where}: expected an object")
@@ -332,8 +340,10 @@ class ClaimRecord:
     state: str  # PREPARE_STARTED or PREPARE_COMPLETED
     devices: list[PreparedDevice] = field(default_factory=list)
     updated_at: float = 0.0  # epoch seconds; 0.0 when migrated from a format without it
-    extra: dict[str, Any] = field(default_factory=dict)
-    unknown: dict[str, Any] = field(default_factory=dict, repr=False)
+    # The claim's "extra" (this release defines no key in it) and its other keys, as a
+    # newer release wrote them.
+    extra_unknown: Unread = field(default_factory=Unread, repr=False)
+    unknown: Unread = field(default_factory=Unread, repr=False)
 
     @property
     def ref(self) -> str:
@@ -346,14 +356,14 @@ class ClaimRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            **self.unknown,
+            **self.unknown.fields,
             "uid": self.uid,
             "namespace": self.namespace,
             "name": self.name,
             "state": self.state,
             "devices": [d.to_json() for d in self.devices],
             "updatedAt": self.updated_at,
-            "extra": self.extra,
+            "extra": self.extra_unknown.fields,
         }
 
     @classmethod
@@ -384,8 +394,8 @@ class ClaimRecord:
                 PreparedDevice.from_json(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)
             ],
             updated_at=float(get(obj, "updatedAt", (int, float), where)),
-            extra=dict(optional(obj, "extra", dict, {}, where)),
-            unknown=unknown(obj, _CLAIM_KEYS),
+            extra_unknown=Unread(dict(optional(obj, "extra", dict, {}, where))),
+            unknown=Unread(unknown(obj, _CLAIM_KEYS)),
         )
 
 

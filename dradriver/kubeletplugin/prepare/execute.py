@@ -13,11 +13,11 @@ from typing import Any
 
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import CdiError, CheckpointError, DriverError, MigError, SharingError
-from dradriver.kubeletplugin import cdi
-from dradriver.kubeletplugin.journal import Journal
-from dradriver.kubeletplugin.mig_steps import MigPreparer
-from dradriver.kubeletplugin.records import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord
-from dradriver.kubeletplugin.sharing_steps import SharingSteps, container_edits
+from dradriver.kubeletplugin.hardware.mig import MigPreparer
+from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
+from dradriver.kubeletplugin.prepare import cdi
+from dradriver.kubeletplugin.state.journal import Journal
+from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord
 from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import ModuleType
 
 from dradriver.errors import SharingError
-from dradriver.kubeletplugin.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
-from dradriver.kubeletplugin.sharing_ledger import SharingLedger
+from dradriver.kubeletplugin.state.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
+from dradriver.kubeletplugin.state.sharing_ledger import SharingLedger
 from dradriver.logs import get_logger
 from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
 from dradriver.nvml.host import GpuHost, mps_alive

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
+from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.checkpoint")

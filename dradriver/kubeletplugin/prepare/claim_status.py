@@ -21,7 +21,7 @@ from typing import Any
 
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.records import PreparedDevice
+from dradriver.kubeletplugin.state.records import PreparedDevice
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.status")

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from dradriver.kubeletplugin.files import NodeLock
-from dradriver.kubeletplugin.records import Checkpoint
+from dradriver.kubeletplugin.state.files import NodeLock
+from dradriver.kubeletplugin.state.records import Checkpoint
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ import errno
 import os
 from pathlib import Path
 
-from dradriver.kubeletplugin.files import atomic_write
+from dradriver.kubeletplugin.state.files import atomic_write
 
 # Files grow in steps of this many bytes, so that a growing checkpoint rarely extends them.
 BLOCK = 4096

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dradriver.kubeletplugin.files import FileLock, atomic_write
+from dradriver.kubeletplugin.state.files import FileLock, atomic_write
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.sharing")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dradriver.errors import CdiError
-from dradriver.kubeletplugin.files import atomic_write
+from dradriver.kubeletplugin.state.files import atomic_write
 from dradriver.nvml.host import DeviceNode
 
 CLAIM_CLASS: Final = "claim"

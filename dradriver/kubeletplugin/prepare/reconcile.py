@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping
 
 from dradriver.errors import CdiError, MigError, SharingError
 from dradriver.inventory.node_devices import NodeDevice
-from dradriver.kubeletplugin.checkpoint import CheckpointStore, reconcile_boot
-from dradriver.kubeletplugin.execute import Executor
-from dradriver.kubeletplugin.journal import held_whole
-from dradriver.kubeletplugin.records import PREPARE_COMPLETED, Checkpoint
+from dradriver.kubeletplugin.prepare.execute import Executor
+from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, reconcile_boot
+from dradriver.kubeletplugin.state.journal import held_whole
+from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.reconcile")

@@ -22,7 +22,7 @@ import hashlib
 import json
 from typing import Any
 
-from dradriver.kubeletplugin.records import (
+from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
     PREPARE_COMPLETED,
     STATES,
@@ -163,7 +163,8 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     )
     kept = list(cp.unknown)
     for rec in cp.claims.values():
-        kept += [f"claims.{rec.uid}.{k}" for k in rec.unknown]
+        kept += [f"claims.{rec.uid}.{k}" for k in rec.unknown.fields]
+        kept += [f"claims.{rec.uid}.extra.{k}" for k in rec.extra_unknown.fields]
         for d in rec.devices:
             kept += [f"claims.{rec.uid}.{d.device}.{k}" for k in d.unknown]
             kept += [f"claims.{rec.uid}.{d.device}.extra.{k}" for k in d.extra_unknown]

@@ -24,10 +24,10 @@ import os
 import time
 from pathlib import Path
 
-from dradriver.kubeletplugin.checkpoint.codec import encode_checkpoint, parse_checkpoint
-from dradriver.kubeletplugin.checkpoint.inplace import InPlaceFile
-from dradriver.kubeletplugin.files import fsync_dir, remove_stale_temps
-from dradriver.kubeletplugin.records import CURRENT_VERSION, Checkpoint, CheckpointCorrupt
+from dradriver.kubeletplugin.state.checkpoint.codec import encode_checkpoint, parse_checkpoint
+from dradriver.kubeletplugin.state.checkpoint.inplace import InPlaceFile
+from dradriver.kubeletplugin.state.files import fsync_dir, remove_stale_temps
+from dradriver.kubeletplugin.state.records import CURRENT_VERSION, Checkpoint, CheckpointCorrupt
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.checkpoint")

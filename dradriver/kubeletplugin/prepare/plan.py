@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestError
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
-from dradriver.kubeletplugin.cdi import qualified_name
 from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.records import (
+from dradriver.kubeletplugin.prepare.cdi import qualified_name
+from dradriver.kubeletplugin.state.records import (
     PREPARE_STARTED,
     Carve,
     Checkpoint,

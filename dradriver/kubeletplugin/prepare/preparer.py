@@ -21,21 +21,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.errors import ApiError, CdiError, CheckpointError, ClaimStateError, DriverError
+from dradriver.errors import CdiError, CheckpointError, ClaimStateError, DriverError
 from dradriver.inventory.node_devices import NodeDevice
-from dradriver.k8s import Kube, KubeError, NotFound, path_for
-from dradriver.kubeletplugin.checkpoint import CheckpointStore
-from dradriver.kubeletplugin.claim_status import StatusWriter
+from dradriver.k8s import Kube
 from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.execute import Executor
-from dradriver.kubeletplugin.files import NodeLock
-from dradriver.kubeletplugin.gpu_locks import GpuLocks, record_gpus
-from dradriver.kubeletplugin.group_commit import GroupCommit, OnSaveFailed
-from dradriver.kubeletplugin.journal import Committed, InLock
-from dradriver.kubeletplugin.metrics import Metrics
-from dradriver.kubeletplugin.plan import check_ref, plan
-from dradriver.kubeletplugin.reconcile import reconcile
-from dradriver.kubeletplugin.records import (
+from dradriver.kubeletplugin.ops.metrics import Metrics
+from dradriver.kubeletplugin.prepare.claim_read import read_claim
+from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
+from dradriver.kubeletplugin.prepare.execute import Executor
+from dradriver.kubeletplugin.prepare.plan import check_ref, plan
+from dradriver.kubeletplugin.prepare.reconcile import reconcile
+from dradriver.kubeletplugin.prepare.unprepared import UnpreparedMeanwhile
+from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
+from dradriver.kubeletplugin.state.files import NodeLock
+from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
+from dradriver.kubeletplugin.state.group_commit import GroupCommit, OnSaveFailed
+from dradriver.kubeletplugin.state.journal import Committed, InLock
+from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
     PREPARE_COMPLETED,
     Checkpoint,
@@ -43,14 +45,12 @@ from dradriver.kubeletplugin.records import (
     PreparedDevice,
     owned_partitions,
 )
-from dradriver.kubeletplugin.unprepared import UnpreparedMeanwhile
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.prepare")
 
 # The kubelet gives a whole NodePrepareResources call 45 s; one claim read gets far less,
 # so a hung API server fails the claim with time to spare (and the kubelet retries).
-CLAIM_READ_TIMEOUT = 10.0
 
 
 def _internal(ref: ClaimRef, exc: Exception) -> DriverError:
@@ -335,19 +335,7 @@ class Preparer:
         if self.read_claim is not None:
             return self.read_claim(ref)
         assert self.kube is not None
-        try:
-            return self.kube.get(
-                path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name),
-                timeout=CLAIM_READ_TIMEOUT,
-            )
-        except NotFound as exc:
-            raise ClaimStateError(
-                f"claim {ref} not found in the API server", reason="not_found"
-            ) from exc
-        except KubeError as exc:
-            raise ApiError(
-                f"API layer: reading claim {ref} failed: {exc.message}", reason="api"
-            ) from exc
+        return read_claim(self.kube, ref)
 
     # -- unprepare -------------------------------------------------------------------------
     def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:

@@ -1,0 +1,6 @@
+"""The node's devices as the plugin sees them between discoveries:
+
+- view.py: the latest discovery and the slices it publishes, shared with prepare;
+- health.py: GPU health (XIDs, probes) turned into taints, health-stream answers and
+  node Events.
+"""

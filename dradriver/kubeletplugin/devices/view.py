@@ -1,0 +1,102 @@
+"""The latest discovery and what it publishes (DeviceView), shared by publishing and
+prepare: both see the same devices, health-tainted, with the partitions our claims hold
+counted as ours."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from dradriver import logs
+from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
+from dradriver.kubeletplugin.devices.health import NodeHealth
+from dradriver.nvml.library import Nvml
+from dradriver.slices.build import SliceContent, build
+
+log = logs.get_logger("kubeletplugin")
+
+
+class DeviceView:
+    """Refreshed by the publish loop; read by prepare (devices) and MIG (profiles)."""
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        mode: MigMode,
+        owned: Callable[[], set[tuple[str, int, int]]] = set,
+        switching: MigSwitching = MigSwitching.ON_DEMAND,
+        held: Callable[[set[tuple[str, int, int]]], set[tuple[str, int, int]]] = lambda o: set(),
+        profiles: frozenset[str] = frozenset(),
+        health: NodeHealth | None = None,
+    ) -> None:
+        self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
+        self.health = health
+        self.held, self.offered_profiles = held, profiles
+        self._unknown_profiles: frozenset[str] = frozenset()
+        self._lock = threading.Lock()
+        self._slices: list[SliceContent] = []
+        self._index: dict[str, NodeDevice] = {}
+        self.discovered = threading.Event()
+        self.last_error = "not discovered yet"
+        self.skipped: list[Skipped] = []
+
+    def refresh(self) -> list[SliceContent]:
+        try:
+            found = self.nvml.discover()
+        except Exception as exc:
+            self.last_error = str(exc)
+            raise
+        for problem in found.problems:
+            log.error("GPU problem", detail=problem)
+        owned = self.owned()
+        inv = found.inventory
+        if self.health is not None:
+            # An unhealthy GPU NVML cannot describe any more stays published, tainted.
+            inv = self.health.inventory(inv)
+        built = build(
+            inv,
+            self.mode,
+            owned,
+            self.switching,
+            self.held(owned),
+            self.offered_profiles,
+        )
+        slices = built.slices
+        if self.health is not None:
+            slices = self.health.taint(slices, built.offer.devices().values())
+        if self.offered_profiles and self.mode is MigMode.DYNAMIC:
+            known = {p.name for g in found.inventory.gpus for p in g.mig_profiles}
+            unknown = self.offered_profiles - known
+            if unknown != self._unknown_profiles and unknown:
+                # A typo, or a product this node does not have: say it once.
+                log.warning(
+                    "--mig-profiles names profiles no GPU of this node has",
+                    unknown=",".join(sorted(unknown)),
+                    known=",".join(sorted(known)),
+                )
+            self._unknown_profiles = frozenset(unknown)
+        for skip in built.skipped:
+            log.warning(
+                "GPU not published as a whole",
+                gpu=skip.uuid,
+                reason=skip.reason,
+                detail=skip.message,
+            )
+        self.skipped = built.skipped
+        with self._lock:
+            self._slices, self._index = slices, built.offer.devices()
+        self.last_error = ""
+        self.discovered.set()
+        return slices
+
+    def devices(self) -> dict[str, NodeDevice]:
+        with self._lock:
+            return dict(self._index)
+
+    def profiles(self) -> dict[str, list[int]]:
+        """GPU UUID -> its MIG profile IDs, for finding MIG instances."""
+        return {
+            d.gpu.uuid: [p.profile_id for p in d.gpu.mig_profiles]
+            for d in self.devices().values()
+            if d.gpu.mig_profiles
+        }

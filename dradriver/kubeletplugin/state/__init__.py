@@ -1,0 +1,10 @@
+"""What the node keeps on disk, versioned and tolerant of older and newer formats:
+
+- checkpoint/ and records.py: the prepared claims, typed, with their codec and store;
+- mig_ledger.py and sharing_ledger.py: what the driver changed in MIG and in GPU
+  sharing, kept apart from the checkpoint so that losing it loses nothing;
+- journal.py, group_commit.py: each step recorded, several callers' saves in one fsync;
+- files.py, gpu_locks.py: atomic writes, the node lock, per-GPU locks.
+
+Imports no other package of the plugin: everything else builds on it.
+"""

@@ -1,0 +1,63 @@
+"""The node component's packages keep to what their docstrings say they may import, so
+the tree goes on showing the design (dradriver/kubeletplugin/__init__.py)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PLUGIN = Path(__file__).resolve().parents[3] / "dradriver" / "kubeletplugin"
+PACKAGES = ("grpc_edge", "prepare", "state", "hardware", "devices", "ops")
+# What each package may import of the plugin's other packages.
+ALLOWED = {
+    "grpc_edge": set(),
+    "state": set(),
+    "hardware": {"state"},
+    "devices": set(),
+    "ops": set(),
+    "prepare": {"state", "hardware", "ops"},
+}
+# Off the registration path: the gRPC edge binds the sockets before any of these loads.
+HEAVY = ("dradriver.k8s", "dradriver.nvml", "dradriver.slices", "kubernetes", "pynvml", "fakenvml")
+
+
+def imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_each_package_imports_only_what_it_may() -> None:
+    for pkg in PACKAGES:
+        for path in (PLUGIN / pkg).rglob("*.py"):
+            used = {
+                m.split(".")[2]
+                for m in imports(path)
+                if m.startswith("dradriver.kubeletplugin.") and m.split(".")[2] in PACKAGES
+            }
+            assert used - {pkg} <= ALLOWED[pkg], f"{path.relative_to(PLUGIN)}: {used}"
+
+
+def test_the_grpc_edge_imports_nothing_heavy() -> None:
+    for path in (PLUGIN / "grpc_edge").rglob("*.py"):
+        heavy = {m for m in imports(path) if m.startswith(HEAVY)}
+        assert not heavy, f"{path.name}: {heavy}"
+
+
+def test_every_package_says_what_it_holds_and_no_module_is_large() -> None:
+    for pkg in (PLUGIN, *(PLUGIN / p for p in PACKAGES), PLUGIN / "state" / "checkpoint"):
+        doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text()))
+        assert doc and len(doc) > 80, pkg
+    for path in PLUGIN.rglob("*.py"):
+        assert len(path.read_text().splitlines()) <= 460, path.relative_to(PLUGIN)
+    assert sorted(p.name for p in PLUGIN.glob("*.py")) == [
+        "__init__.py",
+        "claimref.py",
+        "main.py",
+        "options.py",
+        "startup.py",
+    ]
