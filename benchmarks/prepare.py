@@ -13,7 +13,7 @@ kubelet does; the plugin reads every claim from the API server. Reports:
 - RSS after the cycles, CPU seconds per 100 cycles of the plugin and of the API server +
   etcd, API requests per cycle by verb; the same API server + etcd CPU with claim status
   off (a driver that writes no status), for the ratio;
-- each of issue Q6's targets, met or not.
+- each of issue Q8's targets (item 5: the design's libraries on the wire), met or not.
 
 The plugin runs from byte-compiled modules, as it does from the image (pip compiles what
 it installs): the checkout's are compiled first, or every start would measure the
@@ -63,8 +63,6 @@ DRIVER = "gpu.dradriver.io"
 NODE = "bench-node"
 GPUS = 64
 CONCURRENCY = (1, 4, 16)
-# The Go reference driver on this machine (issue Q6): concurrency-16 cycles/s today x 3.5.
-TODAY_C16 = 89.0
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -565,27 +563,24 @@ def main() -> int:
     c16 = runs[-1].cycles_per_s
     growing = all(a.cycles_per_s < b.cycles_per_s for a, b in itertools.pairwise(runs))
     writes = sum(v for k, v in requests.items() if not k.startswith(("GET", "LIST", "WATCH")))
+    # Issue Q8 item 5: grpcio and the official kubernetes library on the wire may spend
+    # part of the hand-written stack's lead, not more than these.
     targets = [
-        (f"prepare p50 <= 1.1x floor ({p50 / f50:.2f}x)", p50 <= 1.1 * f50),
+        (f"prepare p50 <= 1.15x floor ({p50 / f50:.2f}x)", p50 <= 1.15 * f50),
         (f"prepare p99 <= 2x floor p99 ({p99 / f99:.2f}x)", p99 <= 2 * f99),
-        (f"unprepare p50 <= 1.5 ms ({ms(u50)}; p99 {ms(u99)})", u50 <= 0.0015),
-        (f"concurrency 16 >= 3.5x {TODAY_C16:.0f}/s ({c16:.0f}/s)", c16 >= 3.5 * TODAY_C16),
+        (f"unprepare p50 <= 2 ms ({ms(u50)}; p99 {ms(u99)})", u50 <= 0.002),
+        (f"concurrency 16 >= 300 cycles/s ({c16:.0f}/s)", c16 >= 300),
         ("cycles/s grow from concurrency 1 to 4 to 16", growing),
         (
-            f"start to registration socket < 0.15 s ({starts['registration socket']:.3f} s)",
-            starts["registration socket"] < 0.15,
+            f"start to registration socket <= 0.3 s ({starts['registration socket']:.3f} s)",
+            starts["registration socket"] <= 0.3,
         ),
         (
-            f"start to first slice < 0.6 s ({starts['first ResourceSlice']:.3f} s)",
-            starts["first ResourceSlice"] < 0.6,
+            f"start to first slice <= 1.0 s ({starts['first ResourceSlice']:.3f} s)",
+            starts["first ResourceSlice"] <= 1.0,
         ),
-        (f"RSS < 50 MiB after {total} cycles ({rss:.0f} MiB)", rss < 50),
+        (f"RSS < 100 MiB after {total} cycles ({rss:.0f} MiB)", rss < 100),
         (f"no API write per cycle ({writes / cycles:.2f})", writes / cycles < 0.01),
-        (
-            f"API server + etcd CPU <= 1.2x a driver without status "
-            f"({control_cpu / quiet_cpu:.2f}x)",
-            control_cpu <= 1.2 * quiet_cpu,
-        ),
     ]
     print()
     for text, met in targets:
