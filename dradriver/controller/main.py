@@ -89,7 +89,7 @@ def _serving_tls(args: argparse.Namespace) -> ServingTLS:
 def run(args: argparse.Namespace) -> int:
     from dradriver.controller import server, tls
     from dradriver.controller.cabundle import CaBundleSyncer
-    from dradriver.k8s import Kube
+    from dradriver.k8s import ConfigError, Kube
 
     logs.setup(args.log_level)
     try:
@@ -102,9 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if serving.ca_pem is not None:
         try:
             kube = Kube.from_kubeconfig(args.kubeconfig)
-        except (
-            Exception
-        ) as exc:  # ConfigError, or what the official fallback (auth-provider) raises
+        except ConfigError as exc:  # whatever the library's loaders refused, one line
             log.error("cannot load the kubeconfig", error=str(exc), kubeconfig=args.kubeconfig)
             serving.close()
             return 2

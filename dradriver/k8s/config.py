@@ -100,52 +100,47 @@ def _load(merger: Any, paths: str) -> Loaded:
     from kubernetes.config import kube_config
 
     merged = merger.config
-    current = next(
-        (
-            str(doc["current-context"])
-            for doc in merger.config_files.values()
-            if isinstance(doc, dict) and doc.get("current-context")
-        ),
-        None,
-    )
+    current = _current_context(merger)
     if current is None:
         raise ConfigError(f"kubeconfig {paths}: no current-context set")
     context = merged["contexts"].get_with_name(current)["context"]
     cluster = merged["clusters"].get_with_name(context["cluster"])["cluster"]
-    user_name = context.safe_get("user")
-    user = None
-    if user_name and merged.safe_get("users"):
-        entry = merged["users"].get_with_name(user_name, safe=True)
-        user = entry["user"] if entry is not None else None
-    body: dict[str, Any] = user.value if user is not None else {}
-    where = f"kubeconfig {paths}, user {user_name!r}"
-    user_dir = os.path.dirname(os.path.abspath(user.path)) if user is not None else ""
-    exec_auth = None
-    # The loader would run the plugin now, once, and log its failure instead of raising
-    # it; a token or an auth-provider wins over exec (the loader's order), so it is only
-    # taken when it would have been used.
-    if (
-        user is not None
-        and body.get("exec")
-        and not any(body.get(k) for k in ("auth-provider", "token", "tokenFile"))
-    ):
-        cluster_dir = os.path.dirname(os.path.abspath(cluster.path))
-        exec_auth = ExecAuth(
-            user["exec"], cwd=user_dir, cluster=cluster.value, cluster_dir=cluster_dir, where=where
-        )
-    if user is not None:
-        body.pop("exec", None)
-    token_file = None
-    if body.get("tokenFile") and not body.get("token"):
-        token_file = os.path.normpath(os.path.join(user_dir, str(body["tokenFile"])))
-    headers = impersonation.headers(body, where)
-    # The loader leaves the Configuration's default (http://localhost) when the cluster
-    # has no server, and takes any scheme.
+    # The loader's checks stop short of these: without a server it keeps the
+    # Configuration's default (http://localhost), and it takes any scheme.
     server = str(cluster.safe_get("server") or "")
     if not server:
         raise ConfigError(f"kubeconfig {paths}: the cluster {context['cluster']!r} has no server")
     if not server.startswith(("https://", "http://")):
         raise ConfigError(f"kubeconfig {paths}: server {server!r} is not an http(s) URL")
+    user_name = context.safe_get("user")
+    user = None
+    if user_name and merged.safe_get("users"):
+        entry = merged["users"].get_with_name(user_name, safe=True)
+        user = entry["user"] if entry is not None else None
+    where = f"kubeconfig {paths}, user {user_name!r}"
+    token_file: str | None = None
+    exec_auth: ExecAuth | None = None
+    headers: impersonation.Headers = ()
+    if user is not None:
+        body: dict[str, Any] = user.value
+        user_dir = os.path.dirname(os.path.abspath(user.path))
+        # The loader would run the plugin now, once, and log its failure instead of
+        # raising it. A token or an auth-provider wins over exec (the loader's order), so
+        # exec is only ours when it would have been used; the loader never sees it.
+        if body.get("exec") and not any(
+            body.get(k) for k in ("auth-provider", "token", "tokenFile")
+        ):
+            exec_auth = ExecAuth(
+                user["exec"],
+                cwd=user_dir,
+                cluster=cluster.value,
+                cluster_dir=os.path.dirname(os.path.abspath(cluster.path)),
+                where=where,
+            )
+        body.pop("exec", None)
+        if body.get("tokenFile") and not body.get("token"):
+            token_file = os.path.normpath(os.path.join(user_dir, str(body["tokenFile"])))
+        headers = impersonation.headers(body, where)
 
     cfg = client.Configuration()
     loader = kube_config.KubeConfigLoader(
@@ -155,6 +150,14 @@ def _load(merger: Any, paths: str) -> Loaded:
     if cluster.safe_get("proxy-url"):
         cfg.no_proxy = None
     return Loaded(cfg, token_file=token_file, exec=exec_auth, impersonate=headers)
+
+
+def _current_context(merger: Any) -> str | None:
+    """The first file's current-context, as kubectl reads merged files."""
+    for doc in merger.config_files.values():
+        if isinstance(doc, dict) and doc.get("current-context"):
+            return str(doc["current-context"])
+    return None
 
 
 def with_token(cfg: Any, token: str) -> Any:

@@ -1,10 +1,11 @@
 """client-go credential plugins (a kubeconfig user's `exec`), run by the official
 library's ExecProvider, with what its kubeconfig loader leaves out added on top:
 
-- the credential is cached until its expirationTimestamp and fetched again after it, or
-  after a 401 (the loader runs the plugin once, at load, and renews only a token);
-- a client certificate from the plugin is renewed like a token (written to private
-  files the connection pool loads; the loader's temporary files are never replaced);
+- the plugin runs at the first request, not at load, and its credential is cached until
+  its expirationTimestamp, or until a 401 (the loader renews a token when it expires,
+  never after a 401);
+- a client certificate from the plugin is renewed the same way, written to private files
+  the connection pool loads (the loader never renews one);
 - a failure is an error naming the plugin, with its installHint when it is missing (the
   loader logs the failure and goes on without credentials);
 - provideClusterInfo passes the cluster as client-go does (its CA as data, the exec
@@ -12,8 +13,10 @@ library's ExecProvider, with what its kubeconfig loader leaves out added on top:
 - interactiveMode: `Always` without a terminal is refused at load (a daemon never has
   one). What remains the library's: it decides whether to hand the plugin the terminal
   by whether stdout is one, where client-go looks at stdin and honours `Never`. So
-  `Never` holds in every daemon (stdout is a pipe), but a command run at a terminal
-  (`dradriver doctor`) lets an `IfAvailable` or `Never` plugin prompt there.
+  `Never` holds in a daemon (its stdout is a pipe or a file), but a command run at a
+  terminal (`dradriver doctor`) lets an `IfAvailable` or `Never` plugin prompt there;
+- the library waits for the plugin without a time limit: one that hangs (a browser login
+  nobody completes) holds up the requests that wait for its credential.
 """
 
 from __future__ import annotations
