@@ -17,7 +17,7 @@ from dradriver.commands import flags
 from dradriver.health.model import Health, HealthConfigError, Policy, parse_xids
 from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import MigMode, MigSwitching
-from dradriver.k8s import Kube
+from dradriver.k8s import ConfigError, Kube
 from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
 from dradriver.kubeletplugin.devices.view import DeviceView
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
@@ -89,7 +89,7 @@ def run_plugin(
         return 2
     try:
         kube = Kube.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:  # ConfigError, or what the official fallback (auth-provider) raises
+    except ConfigError as exc:  # every failure of the library's loaders, in one line
         log.error(
             "cannot load the kubeconfig: pass --kubeconfig, or run in a pod",
             error=str(exc),
