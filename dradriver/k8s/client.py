@@ -143,11 +143,9 @@ class Kube:
                 if self._creds.cert_files_changed():
                     log.info("client certificate files replaced; reconnecting", server=self._base)
                     self._transport.reconnect()
-                headers = {
-                    "Accept": "application/json",
-                    "Content-Type": content_type,
-                    "User-Agent": USER_AGENT,
-                }
+                headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+                if data is not None:
+                    headers["Content-Type"] = content_type
                 if authorization is not None:
                     headers["Authorization"] = authorization
                 resp = self._transport.send(

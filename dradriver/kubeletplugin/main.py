@@ -45,6 +45,9 @@ __all__ = ["add_arguments", "run_plugin"]
 # The kubelet scans its plugin registry within seconds; after this long without being
 # accepted, the likeliest cause is a socket in a directory the kubelet does not watch.
 REGISTRATION_PATIENCE = 45.0
+# How long the rest of startup waits for the first round of publishing (an API server
+# that hangs must not keep the operator endpoints down).
+FIRST_ROUND_PATIENCE = 2.0
 
 
 def not_registered_message(kubelet_dir: Path, waited: float) -> str:
@@ -217,10 +220,13 @@ def run_plugin(
     # read from it directly (DeviceView), so this need not wait for the reconcile below.
     publisher_thread = threading.Thread(target=loop.run, args=(stop,), name="publish", daemon=True)
     publisher_thread.start()
+    # Nothing can be prepared before the node's devices are published (the scheduler
+    # allocates from the slices): what only prepares and the operator endpoints need is
+    # imported once the first round has ended, not on the way to the first slice, whose
+    # thread would otherwise share the interpreter with a tenth of a second of imports.
+    loop.attempted.wait(FIRST_ROUND_PATIENCE)
     if ops is None:
         ops = start_ops()
-    # What only prepares and the operator endpoints need is imported from here on, not
-    # before discovery (a tenth of a second of the way to the first slice).
     from dradriver.kubeletplugin.hardware.sharing import SharingSteps
     from dradriver.kubeletplugin.ops.metrics import Metrics
     from dradriver.kubeletplugin.prepare import cdi

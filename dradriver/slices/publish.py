@@ -314,6 +314,8 @@ class PublishLoop:
     backoff_max: float = 60.0
     on_error: Callable[[Exception], None] | None = None
     published: threading.Event = field(default_factory=threading.Event)
+    # Set once the first round has ended, published or failed.
+    attempted: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
     last_stats: SyncStats | None = None
     last_error: str = ""
@@ -379,6 +381,7 @@ class PublishLoop:
                 )
                 if self.on_error:
                     self.on_error(exc)
+            self.attempted.set()
             deadline = time.monotonic() + wait
             while not stop.is_set() and time.monotonic() < deadline:
                 if self._wake.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
