@@ -1,6 +1,6 @@
 """The sharing steps of prepare and unprepare: a time-slice interval, or an MPS control
-daemon with limits, applied as the claim's record says (plan.py decided it) and undone
-exactly. Every change is written to the sharing ledger (sharing_ledger.py) before it is
+daemon with limits, applied as the claim's record says (prepare/plan.py decided it) and undone
+exactly. Every change is written to the sharing ledger (state/sharing_ledger.py) before it is
 made and saved in the record right after, so a failed or interrupted prepare, a restart,
 or even a lost checkpoint leaves no daemon and no changed compute mode behind.
 """

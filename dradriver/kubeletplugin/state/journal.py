@@ -1,5 +1,5 @@
 """Where the executor records a claim's progress: each step that changes the hardware is
-durable in the checkpoint before the next one runs (execute.py).
+durable in the checkpoint before the next one runs (prepare/execute.py).
 
 - `InLock`: the caller holds the node lock and the checkpoint: a record is written into
   it and saved at once (or, not `durable`, left to the caller's group commit, for a

@@ -1,6 +1,6 @@
 """Typed records of what this node prepared: per claim, per device, with the MIG
 partition carved for it, the existing MIG device it names, the sharing set up for it and
-its GPU's minor number. The planner (plan.py) makes them, the executor (execute.py)
+its GPU's minor number. The planner (prepare/plan.py) makes them, the executor (prepare/execute.py)
 fills them in step by step, the checkpoint keeps them (checkpoint/).
 
 Each record converts to and from its JSON form explicitly. The JSON layout is the one
