@@ -12,6 +12,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from tests.support.pyimports import module_imports
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -36,21 +38,11 @@ def test_the_wheel_holds_the_product_and_nothing_else(tmp_path: Path) -> None:
     assert "dradriver/controller/main.py" in names
 
 
-def _imports(path: Path) -> set[str]:
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-    return out
-
-
 def test_the_driver_reaches_the_fake_only_through_the_backend_choice() -> None:
     importers = {
         str(p.relative_to(REPO))
         for p in (REPO / "dradriver").rglob("*.py")
-        if any(m == "fakenvml" or m.startswith("fakenvml.") for m in _imports(p))
+        if any(m == "fakenvml" or m.startswith("fakenvml.") for m in module_imports(p))
     }
     assert importers == {"dradriver/nvml/library.py"}
     # And no code of the driver asks whether it runs on fake GPUs.

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from kubernetes.client import Configuration
 
+from dradriver.k8s import Kube
 from tests.unit.k8s.certs import TestCA
 from tests.unit.k8s.fakeapi import FakeAPI
 
@@ -17,6 +18,14 @@ def api(tmp_path: Path) -> Iterator[FakeAPI]:
     srv = FakeAPI(tmp_path)
     yield srv
     srv.close()
+
+
+@pytest.fixture
+def kube(api: FakeAPI) -> Iterator[Kube]:
+    """A client of `api` with a token and its CA."""
+    k = Kube(configuration(api.url, "secret", ssl_ca_cert=str(api.ca_file)))
+    yield k
+    k.close()
 
 
 @pytest.fixture

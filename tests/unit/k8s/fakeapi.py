@@ -91,6 +91,11 @@ class FakeAPI:
         with self.lock:
             return [s.path for s in self.seen]
 
+    def connections(self) -> set[tuple[str, int]]:
+        """The client addresses seen: one per TCP connection."""
+        with self.lock:
+            return {s.conn for s in self.seen}
+
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""

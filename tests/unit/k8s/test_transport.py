@@ -18,23 +18,11 @@ from tests.unit.k8s.fakeapi import FakeAPI
 from tests.unit.k8s.proxy import ConnectProxy
 
 
-@pytest.fixture
-def kube(api: FakeAPI) -> Iterator[Kube]:
-    k = Kube(configuration(api.url, "secret", ssl_ca_cert=str(api.ca_file)))
-    yield k
-    k.close()
-
-
-def connections(api: FakeAPI) -> set[tuple[str, int]]:
-    with api.lock:
-        return {s.conn for s in api.seen}
-
-
 def test_requests_reuse_a_kept_alive_connection(api: FakeAPI, kube: Kube) -> None:
     for _ in range(5):
         got = kube.get("/version")
         assert got["auth"] == "Bearer secret"
-    assert len(connections(api)) == 1
+    assert len(api.connections()) == 1
     (first, *_) = api.seen
     assert first.headers["User-Agent"] == "dradriver"
     assert first.headers["Accept"] == "application/json"
@@ -84,7 +72,7 @@ def test_errors_keep_the_connection(api: FakeAPI, kube: Kube) -> None:
     for _ in range(3):
         with pytest.raises(NotFound):
             kube.get("/missing")
-    assert len(connections(api)) == 1
+    assert len(api.connections()) == 1
 
 
 def test_a_timeout_is_an_unreachable_error(api: FakeAPI, kube: Kube) -> None:
@@ -132,7 +120,7 @@ def test_an_idle_connection_closed_by_the_server_is_replaced(api: FakeAPI, kube:
     assert api.closed.wait(5)
     assert kube.get("/version")["method"] == "GET"
     assert kube.create("/version", {})["method"] == "POST"  # not retried: looked at first
-    assert len(connections(api)) == 2
+    assert len(api.connections()) == 2
     assert api.paths().count("/version") == 2
 
 
@@ -219,7 +207,7 @@ def test_threads_share_the_pool(api: FakeAPI, kube: Kube) -> None:
         t.join(30)
     assert not errors, errors[0]
     assert len(api.seen) == 8 * 15
-    assert len(connections(api)) <= 8  # one per concurrent request at most, then reused
+    assert len(api.connections()) <= 8  # one per concurrent request at most, then reused
 
 
 def test_untrusted_server_certificate(api: FakeAPI, tmp_path: Path) -> None:

@@ -3,26 +3,11 @@ as the stream ended; and when a failed watch may resume from its resourceVersion
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from dradriver.k8s import Kube, KubeError
 from dradriver.k8s.watching import resource_version, resumable
-from tests.unit.k8s.conftest import configuration
 from tests.unit.k8s.fakeapi import FakeAPI
-
-
-@pytest.fixture
-def kube(api: FakeAPI) -> Iterator[Kube]:
-    k = Kube(configuration(api.url, "secret", ssl_ca_cert=str(api.ca_file)))
-    yield k
-    k.close()
-
-
-def connections(api: FakeAPI) -> set[tuple[str, int]]:
-    with api.lock:
-        return {s.conn for s in api.seen}
 
 
 def test_watch_streams_events_as_they_come(api: FakeAPI, kube: Kube) -> None:
@@ -46,7 +31,7 @@ def test_watch_streams_events_as_they_come(api: FakeAPI, kube: Kube) -> None:
     assert seen.headers["Authorization"] == "Bearer secret"
     # The stream ended cleanly: its connection serves the next request.
     kube.get("/version")
-    assert len(connections(api)) == 1
+    assert len(api.connections()) == 1
 
 
 def test_watch_error_events_raise(api: FakeAPI, kube: Kube) -> None:
@@ -67,7 +52,7 @@ def test_a_watch_left_early_closes_its_connection(api: FakeAPI, kube: Kube) -> N
     stream.close()
     api.watch_gate.set()
     kube.get("/version")
-    assert len(connections(api)) == 2  # the half-read stream was not reused
+    assert len(api.connections()) == 2  # the half-read stream was not reused
 
 
 def test_a_watch_that_is_refused_raises_its_status(kube: Kube) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support.pyimports import module_imports
+
 PLUGIN = Path(__file__).resolve().parents[3] / "dradriver" / "kubeletplugin"
 PACKAGES = ("grpc_edge", "prepare", "state", "hardware", "devices", "ops")
 # What each package may import of the plugin's other packages.
@@ -21,22 +23,12 @@ ALLOWED = {
 HEAVY = ("dradriver.k8s", "dradriver.nvml", "dradriver.slices", "kubernetes", "pynvml", "fakenvml")
 
 
-def imports(path: Path) -> set[str]:
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-    return out
-
-
 def test_each_package_imports_only_what_it_may() -> None:
     for pkg in PACKAGES:
         for path in (PLUGIN / pkg).rglob("*.py"):
             used = {
                 m.split(".")[2]
-                for m in imports(path)
+                for m in module_imports(path)
                 if m.startswith("dradriver.kubeletplugin.") and m.split(".")[2] in PACKAGES
             }
             assert used - {pkg} <= ALLOWED[pkg], f"{path.relative_to(PLUGIN)}: {used}"
@@ -44,7 +36,7 @@ def test_each_package_imports_only_what_it_may() -> None:
 
 def test_the_grpc_edge_imports_nothing_heavy() -> None:
     for path in (PLUGIN / "grpc_edge").rglob("*.py"):
-        heavy = {m for m in imports(path) if m.startswith(HEAVY)}
+        heavy = {m for m in module_imports(path) if m.startswith(HEAVY)}
         assert not heavy, f"{path.name}: {heavy}"
 
 
