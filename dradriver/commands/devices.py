@@ -54,11 +54,19 @@ def run(args: argparse.Namespace) -> int:
     except (NvmlUnavailable, DevicesSpecError) as exc:
         print(f"dradriver devices: {exc}", file=sys.stderr)
         return 1
+    from dradriver.slices.consumable import ConsumableModeError
+
+    try:
+        consumable = flags.consumable(args.consumable_capacity, args.mig_mode)
+    except ConsumableModeError as exc:
+        print(f"dradriver devices: {exc}", file=sys.stderr)
+        return 2
     result = build(
         found.inventory,
         MigMode(args.mig_mode),
         switching=MigSwitching(args.mig_mode_switching),
         profiles=flags.mig_profiles(args.mig_profiles),
+        consumable=consumable,
     )
     book = health_now(nvml, found.inventory, Path(args.state_dir))
     from dradriver.health.model import device_health, unhealthy

@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dradriver import DEFAULT_DRIVER_NAME
+
+if TYPE_CHECKING:
+    from dradriver.slices.consumable import Consumable
 
 
 def env_name(flag: str) -> str:
@@ -67,6 +70,16 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
     )
     add(
         p,
+        "--consumable-capacity",
+        "off",
+        "let several claims share a device, each consuming part of it (the "
+        "DRAConsumableCapacity gate): off (one claim per device), memory (a claim takes "
+        "the memory and multiprocessors it asks for; all the memory when it asks for "
+        "nothing), shares=N (N shares, one per claim by default), unlimited (any number "
+        "of claims); whole GPUs and, in static MIG mode, existing MIG devices",
+    )
+    add(
+        p,
         "--state-dir",
         "/var/lib/dradriver",
         "where the plugin keeps its checkpoint (and the fake backend its MIG state)",
@@ -76,3 +89,13 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
 def mig_profiles(value: str) -> frozenset[str]:
     """--mig-profiles as a set of names (empty: all)."""
     return frozenset(p.strip() for p in value.split(",") if p.strip())
+
+
+def consumable(value: str, mig_mode: str) -> Consumable:
+    """--consumable-capacity, checked against --mig-mode; ConsumableModeError names both."""
+    from dradriver.inventory.node_devices import MigMode
+    from dradriver.slices.consumable import check_mig_mode, parse_mode
+
+    c = parse_mode(value)
+    check_mig_mode(c, MigMode(mig_mode))
+    return c

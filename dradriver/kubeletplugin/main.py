@@ -30,6 +30,7 @@ from dradriver.kubeletplugin.state.files import FileLock, NodeLock
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
 from dradriver.kubeletplugin.state.records import owned_partitions
 from dradriver.nvml.library import DevicesSpecError, open_nvml
+from dradriver.slices.consumable import ConsumableModeError
 from dradriver.slices.publish import PublishLoop, SlicePublisher
 from dradriver.slices.watch import SliceWatch
 
@@ -99,6 +100,11 @@ def run_plugin(
             kubeconfig=args.kubeconfig or "(in-cluster, then ~/.kube/config)",
         )
         return 2
+    try:
+        consumable = flags.consumable(args.consumable_capacity, args.mig_mode)
+    except ConsumableModeError as exc:
+        log.error("bad --consumable-capacity", error=str(exc))
+        return 2
     store = CheckpointStore(state_dir / "checkpoint.json", current_boot_id())
     mode = MigMode(args.mig_mode)
     switching = MigSwitching(args.mig_mode_switching)
@@ -120,6 +126,7 @@ def run_plugin(
         lambda owned: held_instances(mig_ledger, owned),
         flags.mig_profiles(args.mig_profiles),
         health,
+        consumable,
     )
     late.reason = lambda: view.last_error or "loading the checkpoint"
     registered = threading.Event()
@@ -266,6 +273,7 @@ def run_plugin(
         devices=view.devices,
         metrics=metrics,
         status=status,
+        consumable=consumable,
     )
     preparers.append(driver)
     if driver.reconcile():

@@ -31,6 +31,7 @@ from dradriver.inventory.node_devices import (
     offer,
 )
 from dradriver.slices import counters as ctr
+from dradriver.slices.consumable import OFF, Consumable, capacity
 
 __all__ = ["BuildResult", "MigMode", "SliceContent", "build", "render"]
 
@@ -140,14 +141,28 @@ def _capacity(memory_bytes: int, sms: int | None = None) -> dict[str, Any]:
     return cap
 
 
-def render(inv: Inventory, dev: NodeDevice) -> dict[str, Any]:
+def render(inv: Inventory, dev: NodeDevice, consumable: Consumable = OFF) -> dict[str, Any]:
     """One device of a ResourceSlice, without counters (pure). A MIG device's engines
-    are its profile's (`dradriver devices` lists them): a claim names the profile."""
+    are its profile's (`dradriver devices` lists them): a claim names the profile. With
+    consumable capacity on, whole GPUs and existing MIG devices allow multiple
+    allocations (consumable.py); partitions never do (dynamic MIG refuses the mode)."""
     gpu = dev.gpu
     if dev.kind is DeviceKind.GPU:
-        capacity = _capacity(gpu.memory_bytes, gpu.multiprocessors)
-        return {"name": dev.name, "attributes": _gpu_attributes(inv, gpu), "capacity": capacity}
+        out: dict[str, Any] = {"name": dev.name, "attributes": _gpu_attributes(inv, gpu)}
+        if consumable.on:
+            out["capacity"] = capacity(consumable, gpu.memory_bytes, gpu.multiprocessors)
+            out["allowMultipleAllocations"] = True
+        else:
+            out["capacity"] = _capacity(gpu.memory_bytes, gpu.multiprocessors)
+        return out
     if dev.mig is not None:
+        if consumable.on:
+            return {
+                "name": dev.name,
+                "attributes": _mig_attributes(dev),
+                "capacity": capacity(consumable, dev.mig.memory_bytes, dev.mig.multiprocessors),
+                "allowMultipleAllocations": True,
+            }
         memory = dev.mig.memory_bytes
     else:
         assert dev.partition is not None
@@ -256,6 +271,7 @@ def build(
     switching: MigSwitching = MigSwitching.ON_DEMAND,
     held_mig: Iterable[tuple[str, int, int]] = (),
     profiles: frozenset[str] = frozenset(),
+    consumable: Consumable = OFF,
 ) -> BuildResult:
     """The node's slices. `owned_mig`: (parent UUID, profile ID, placement start) of MIG
     devices this driver created for prepared claims; they stay published as partitions
@@ -273,7 +289,8 @@ def build(
                 check_limits([content])
             else:
                 content = SliceContent(
-                    key=f"gpu-{g.gpu.index}", devices=tuple(render(inv, d) for d in g.devices)
+                    key=f"gpu-{g.gpu.index}",
+                    devices=tuple(render(inv, d, consumable) for d in g.devices),
                 )
                 check_limits([content])
         except (LimitError, KeyError, ValueError) as exc:

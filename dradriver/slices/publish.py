@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -95,6 +95,19 @@ def render(
     ]
 
 
+SHARING_DROPPED = (
+    "slices layer: the API server dropped allowMultipleAllocations and the capacities' "
+    "requestPolicy, so every device goes to one claim at a time: enable the "
+    "DRAConsumableCapacity feature gate on kube-apiserver, kube-scheduler and "
+    "kube-controller-manager, or run with --consumable-capacity=off. Publishing goes on "
+    "without them."
+)
+
+
+def _shared(devices: Sequence[Mapping[str, Any]]) -> int:
+    return sum(1 for d in devices if d.get("allowMultipleAllocations"))
+
+
 COUNTERS_DROPPED = (
     "slices layer: the API server dropped the MIG partitions' shared counters. "
     "Dynamic MIG mode needs the DRAPartitionableDevices feature gate on "
@@ -116,6 +129,8 @@ class SlicePublisher:
     _node_uid: str = field(default="", init=False)
     # The API server dropped our device taints (DRADeviceTaints off): said once.
     taints_dropped: bool = field(default=False, init=False)
+    # The API server dropped allowMultipleAllocations (DRAConsumableCapacity off): said once.
+    sharing_dropped: bool = field(default=False, init=False)
     _prefetched: Future[list[dict[str, Any]]] | None = field(default=None, init=False)
 
     @property
@@ -286,6 +301,10 @@ class SlicePublisher:
             raise PublishError(COUNTERS_DROPPED)
         # Taints are kept publishing without: a device the scheduler may still hand out
         # beats a node that offers nothing; the log says which gate to enable.
+        if _shared(c.devices) and not _shared(stored["spec"].get("devices") or []):
+            if not self.sharing_dropped:
+                log.warning(SHARING_DROPPED, node=self.node, shared=_shared(c.devices))
+            self.sharing_dropped = True
         if taints_dropped(c, stored):
             if not self.taints_dropped:
                 log.warning(TAINTS_DROPPED, node=self.node, tainted=tainted(c.devices))

@@ -12,6 +12,7 @@ from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, 
 from dradriver.kubeletplugin.devices.health import NodeHealth
 from dradriver.nvml.library import Nvml
 from dradriver.slices.build import SliceContent, build
+from dradriver.slices.consumable import OFF, Consumable
 
 log = logs.get_logger("kubeletplugin")
 
@@ -28,7 +29,9 @@ class DeviceView:
         held: Callable[[set[tuple[str, int, int]]], set[tuple[str, int, int]]] = lambda o: set(),
         profiles: frozenset[str] = frozenset(),
         health: NodeHealth | None = None,
+        consumable: Consumable = OFF,
     ) -> None:
+        self.consumable = consumable
         self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
         self.health = health
         self.held, self.offered_profiles = held, profiles
@@ -60,6 +63,7 @@ class DeviceView:
             self.switching,
             self.held(owned),
             self.offered_profiles,
+            self.consumable,
         )
         slices = built.slices
         if self.health is not None:

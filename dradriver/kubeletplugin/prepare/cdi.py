@@ -87,6 +87,9 @@ class CdiDevice:
     # Devices handed to a container together (one request; "" = the whole claim) share a
     # UUID list; see the module docstring.
     group: str = ""
+    # The DRA device, where the CDI name is not it (a share: gpu-0-share-<shareID>):
+    # DRADRIVER_DEVICE_<NAME> names the device either way.
+    device: str = ""
 
 
 def cdi_kind(driver: str) -> str:
@@ -140,7 +143,7 @@ def claim_spec(
         env = [f"NVIDIA_VISIBLE_DEVICES={visible}"]
         if not dev.device_nodes:
             env.append(f"CUDA_VISIBLE_DEVICES={visible}")
-        env += [f"{device_env_name(dev.name)}={dev.uuid}", *dev.env]
+        env += [f"{device_env_name(dev.device or dev.name)}={dev.uuid}", *dev.env]
         edits: dict[str, Any] = {"env": env}
         if dev.mounts:
             edits["mounts"] = [

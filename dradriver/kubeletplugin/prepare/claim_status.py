@@ -55,24 +55,7 @@ class StatusWriter:
 
     def prepared(self, ref: ClaimRef, devices: list[PreparedDevice]) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        entries = [
-            {
-                "driver": self.driver,
-                "pool": d.pool,
-                "device": d.device,
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "Prepared",
-                        "message": "device prepared by the kubelet plugin",
-                        "lastTransitionTime": now,
-                    }
-                ],
-                "data": {"uuid": d.uuid, "cdiDeviceIDs": d.cdi_device_ids},
-            }
-            for d in devices
-        ]
+        entries = [_entry(self.driver, d, now) for d in devices]
         # No notify: the writer looks at least twice per delay (waking its thread on every
         # prepare was a context switch in the prepare's answer, for a write due later).
         with self._cond:
@@ -144,3 +127,33 @@ class StatusWriter:
             body,
             field_manager=self.driver,
         )
+
+
+def _entry(driver: str, d: PreparedDevice, now: str) -> dict[str, Any]:
+    """A status.devices entry; a share's is keyed by its shareID too (status.devices is
+    a map on driver, pool, device and shareID)."""
+    entry: dict[str, Any] = {
+        "driver": driver,
+        "pool": d.pool,
+        "device": d.device,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Prepared",
+                "message": "device prepared by the kubelet plugin",
+                "lastTransitionTime": now,
+            }
+        ],
+        "data": {"uuid": d.uuid, "cdiDeviceIDs": d.cdi_device_ids},
+    }
+    if d.share is not None:
+        entry["shareID"] = d.share.share_id
+        limits = {}
+        if d.share.memory_limit is not None:
+            limits["memory"] = d.share.memory_limit
+        if d.share.compute_limit is not None:
+            limits["compute"] = d.share.compute_limit
+        if limits:
+            entry["data"]["limits"] = limits
+    return entry

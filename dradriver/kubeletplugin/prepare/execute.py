@@ -17,7 +17,12 @@ from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
 from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.state.journal import Journal
-from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord
+from dradriver.kubeletplugin.state.records import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    ClaimRecord,
+    PreparedDevice,
+)
 from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost
 
@@ -102,9 +107,11 @@ class Executor:
         devices = []
         for d in rec.devices:
             env, mounts = container_edits(d)
+            env += share_env(d)
             devices.append(
                 cdi.CdiDevice(
-                    name=d.device,
+                    name=d.cdi_name,
+                    device=d.device,
                     uuid=d.uuid or "",
                     device_nodes=tuple(self.host.device_nodes(d.minor, d.mig_ids())),
                     group=",".join(d.request_names),
@@ -261,3 +268,17 @@ class Executor:
         whole = {d.uuid for d in rec.devices if d.kind == "gpu" and d.uuid}
         if whole:
             self.mig.restore_disabled(whole, journal.held_whole(rec.uid))
+
+
+def share_env(d: PreparedDevice) -> list[str]:
+    """What a share was allocated, for the workload to size itself by (a framework's
+    memory fraction, a server's worker count): the shareID and the limits prepare
+    derived from the allocation (prepare/shares.py)."""
+    if d.share is None:
+        return []
+    env = [f"DRADRIVER_SHARE_ID={d.share.share_id}"]
+    if d.share.memory_limit is not None:
+        env.append(f"DRADRIVER_SHARE_MEMORY_LIMIT={d.share.memory_limit}")
+    if d.share.compute_limit is not None:
+        env.append(f"DRADRIVER_SHARE_COMPUTE_LIMIT={d.share.compute_limit}")
+    return env

@@ -16,6 +16,7 @@ from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestE
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.cdi import qualified_name
+from dradriver.kubeletplugin.prepare.shares import share_of
 from dradriver.kubeletplugin.state.records import (
     PREPARE_STARTED,
     Carve,
@@ -25,9 +26,11 @@ from dradriver.kubeletplugin.state.records import (
     Mps,
     MpsLimits,
     PreparedDevice,
+    Share,
     Sharing,
     TimeSlicing,
 )
+from dradriver.slices.consumable import OFF, Consumable
 
 # The config models (pydantic) load with the first claim that carries a config: most
 # claims have none, and the plugin's memory is a budget.
@@ -65,6 +68,10 @@ class PlannedDevice:
     # Opaque config parameters for our driver that apply to this device's request, in
     # precedence order (class configs first, then claim configs; later wins).
     configs: tuple[dict[str, Any], ...] = ()
+    # One share of a device that allows multiple allocations: the scheduler's shareID
+    # and consumedCapacity (capacity name -> quantity); "" and () for a whole device.
+    share_id: str = ""
+    consumed: tuple[tuple[str, str], ...] = ()
 
     @property
     def request_name(self) -> str:
@@ -130,6 +137,9 @@ def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str) 
                 reason="wrong_pool",
             )
         request = str(r.get("request", ""))
+        consumed = r.get("consumedCapacity") or {}
+        if not isinstance(consumed, dict):
+            consumed = {}
         out.devices.append(
             PlannedDevice(
                 request=request,
@@ -141,6 +151,8 @@ def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str) 
                     for c in configs
                     if _applies(c.get("requests"), request)
                 ),
+                share_id=str(r.get("shareID") or ""),
+                consumed=tuple(sorted((str(k), str(v)) for k, v in consumed.items())),
             )
         )
     if not out.devices:
@@ -191,10 +203,15 @@ def carve_intent(dev: NodeDevice) -> Carve | None:
 
 
 def check_exclusive(
-    cp: Checkpoint, ref: ClaimRef, devs: list[NodeDevice], local: Mapping[str, NodeDevice]
+    cp: Checkpoint,
+    ref: ClaimRef,
+    devs: list[tuple[NodeDevice, bool]],
+    local: Mapping[str, NodeDevice],
 ) -> None:
     """A device (or the hardware under it) serves one claim at a time; a device given
-    by adminAccess stands beside that claim, taking nothing from it."""
+    by adminAccess stands beside that claim, taking nothing from it; shares of a device
+    that allows multiple allocations stand beside each other (`devs`: each device, and
+    whether it is a share), never beside a claim that holds the device whole."""
     for other in cp.claims.values():
         if other.uid == ref.uid:
             continue
@@ -202,7 +219,9 @@ def check_exclusive(
             if od.admin_access:
                 continue
             theirs = local.get(od.device)
-            for dev in devs:
+            for dev, shared in devs:
+                if shared and od.share is not None and dev.name == od.device:
+                    continue
                 if dev.name == od.device or (theirs is not None and dev.overlaps(theirs)):
                     raise DeviceError(
                         f"claim {ref}: device {dev.name} is already prepared for claim "
@@ -247,17 +266,21 @@ def admin_device(
         gi, ci = holder.carve.gpu_instance_id, holder.carve.compute_instance_id
         assert gi is not None and ci is not None
         mig = MigIds(gi, ci)
-    return PreparedDevice(
+    share = Share(pd.share_id, pd.consumed) if pd.share_id else None
+    out = PreparedDevice(
         request_names=[pd.request_name],
         pool=node,
         device=dev.name,
-        cdi_device_ids=[qualified_name(driver, dev.name, ref.uid)],
+        cdi_device_ids=[],
         uuid=uuid,
         kind=dev.kind.value,
         minor=dev.gpu.minor,
         mig=mig,
         admin_access=True,
+        share=share,
     )
+    out.cdi_device_ids = [qualified_name(driver, out.cdi_name, ref.uid)]
+    return out
 
 
 def plan(
@@ -269,13 +292,14 @@ def plan(
     devices: Mapping[str, NodeDevice],
     checkpoint: Checkpoint,
     now: float,
+    consumable: Consumable = OFF,
 ) -> ClaimRecord:
     """The record of everything prepare does for `claim`, in state PrepareStarted: the
     devices with their request names, GPU minors, MIG ids or carve intents, and sharing
     setups, nothing applied yet. Raises a typed DriverError for a claim this node cannot
     prepare."""
     cd = claim_devices(claim, ref, driver, node)
-    records: dict[str, PreparedDevice] = {}
+    records: dict[tuple[str, str], PreparedDevice] = {}
     for pd in cd.devices:
         dev = devices.get(pd.device)
         if dev is None:
@@ -284,13 +308,14 @@ def plan(
                 "node (any more); the claim must be allocated again",
                 reason="not_published",
             )
-        rec = records.get(pd.device)
+        key = (pd.device, pd.share_id)
+        rec = records.get(key)
         if rec is not None:
             if pd.request_name not in rec.request_names:
                 rec.request_names.append(pd.request_name)
             continue
         if pd.admin_access:
-            records[pd.device] = admin_device(ref, driver, node, pd, dev, checkpoint)
+            records[key] = admin_device(ref, driver, node, pd, dev, checkpoint)
             continue
         try:
             cfg = None
@@ -298,14 +323,19 @@ def plan(
                 from dradriver.api.config import effective
 
                 cfg = effective(list(pd.configs), dev.kind.value, pd.request_name)
-            share = sharing_for(dev, cfg)
+            sharing = sharing_for(dev, cfg)
         except ConfigError as exc:
             raise ConfigError(f"claim {ref}: {exc}", reason="config") from exc
-        records[pd.device] = PreparedDevice(
+        share = None
+        if pd.share_id:
+            memory = dev.mig.memory_bytes if dev.mig is not None else dev.gpu.memory_bytes
+            where = f"claim {ref}: device {dev.name}, share {pd.share_id}"
+            share = share_of(pd.share_id, dict(pd.consumed), memory, consumable, where)
+        records[key] = out = PreparedDevice(
             request_names=[pd.request_name],
             pool=node,
             device=dev.name,
-            cdi_device_ids=[qualified_name(driver, dev.name, ref.uid)],
+            cdi_device_ids=[],
             uuid=dev.uuid,
             kind=dev.kind.value,
             minor=dev.gpu.minor,
@@ -313,9 +343,13 @@ def plan(
             mig=MigIds(dev.mig.gpu_instance_id, dev.mig.compute_instance_id)
             if dev.mig is not None
             else None,
-            sharing=share,
+            sharing=sharing,
+            share=share,
         )
-    exclusive = [devices[n] for n, r in records.items() if not r.admin_access]
+        out.cdi_device_ids = [qualified_name(driver, out.cdi_name, ref.uid)]
+    exclusive = [
+        (devices[r.device], r.share is not None) for r in records.values() if not r.admin_access
+    ]
     check_exclusive(checkpoint, ref, exclusive, devices)
     return ClaimRecord(
         uid=ref.uid,

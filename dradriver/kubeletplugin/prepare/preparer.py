@@ -46,6 +46,7 @@ from dradriver.kubeletplugin.state.records import (
     owned_partitions,
 )
 from dradriver.logs import get_logger
+from dradriver.slices.consumable import OFF, Consumable
 
 log = get_logger("kubeletplugin.prepare")
 
@@ -103,6 +104,8 @@ class Preparer:
     meanwhile: UnpreparedMeanwhile = field(default_factory=UnpreparedMeanwhile)
     # The GPUs' locks for hardware work; <checkpoint's directory>/locks by default.
     gpu_locks: GpuLocks | None = None
+    # --consumable-capacity: how a share's limits follow from its allocation.
+    consumable: Consumable = OFF
 
     def _load(self) -> Checkpoint:
         """The checkpoint, unless a newer release wrote it: then every call is refused,
@@ -235,6 +238,7 @@ class Preparer:
             devices=local,
             checkpoint=cp,
             now=time.time(),
+            consumable=self.consumable,
         )
         if not self.executor.simple(rec):
             self.executor.check(rec)

@@ -15,48 +15,19 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+# The decoding helpers are re-exported: the checkpoint's codec reads with them too.
+from dradriver.kubeletplugin.state.decode import CheckpointCorrupt as CheckpointCorrupt
+from dradriver.kubeletplugin.state.decode import get as get
+from dradriver.kubeletplugin.state.decode import obj as _object
+from dradriver.kubeletplugin.state.decode import optional as optional
+from dradriver.kubeletplugin.state.decode import str_list as str_list
+from dradriver.kubeletplugin.state.decode import unknown as unknown
+from dradriver.kubeletplugin.state.share import Share as Share
+
 PREPARE_STARTED: Final = "PrepareStarted"
 PREPARE_COMPLETED: Final = "PrepareCompleted"
 STATES: Final = (PREPARE_STARTED, PREPARE_COMPLETED)
 CURRENT_VERSION: Final = 1
-
-
-class CheckpointCorrupt(ValueError):
-    """The bytes are not a checkpoint this release can trust."""
-
-
-# -- decoding helpers ---------------------------------------------------------------------------
-
-
-def get(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
-    if key not in obj:
-        raise CheckpointCorrupt(f"{where}: missing {key!r}")
-    value = obj[key]
-    types = typ if isinstance(typ, tuple) else (typ,)
-    # bool is an int in Python but never a valid number field here.
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        names = " or ".join(t.__name__ for t in types)
-        raise CheckpointCorrupt(f"{where}.{key}: expected {names}, got {value!r:.60}")
-    return value
-
-
-def optional(
-    obj: dict[str, Any], key: str, typ: type | tuple[type, ...], default: Any, where: str
-) -> Any:
-    if key not in obj or obj[key] is None:
-        return default
-    return get(obj, key, typ, where)
-
-
-def str_list(obj: dict[str, Any], key: str, where: str) -> list[str]:
-    value = get(obj, key, list, where)
-    if not all(isinstance(v, str) for v in value):
-        raise CheckpointCorrupt(f"{where}.{key}: expected a list of strings")
-    return list(value)
-
-
-def unknown(obj: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in obj.items() if k not in known}
 
 
 @dataclass(frozen=True)
@@ -65,12 +36,6 @@ class Unread:
     read, never looked into (nothing of this release may put anything here)."""
 
     fields: dict[str, Any] = field(default_factory=dict)
-
-
-def _object(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise CheckpointCorrupt(f"{where}: expected an object")
-    return value
 
 
 # -- the parts of a prepared device -------------------------------------------------------------
@@ -249,7 +214,7 @@ def sharing_from_json(value: Any, where: str) -> Sharing:
 # -- devices, claims, the checkpoint ----------------------------------------------------------
 
 _DEVICE_KEYS = ("requestNames", "pool", "device", "cdiDeviceIds", "uuid", "kind", "extra")
-_EXTRA_KEYS = ("minor", "carve", "mig", "sharing", "adminAccess")
+_EXTRA_KEYS = ("minor", "carve", "mig", "sharing", "adminAccess", "share")
 _CLAIM_KEYS = ("uid", "namespace", "name", "state", "devices", "updatedAt", "extra")
 
 
@@ -271,10 +236,22 @@ class PreparedDevice:
     # Given by adminAccess (monitoring, diagnostics): beside whatever claim holds the
     # device, with nothing carved, switched or shared for it.
     admin_access: bool = False
+    # One share of a device that allows multiple allocations; None: the whole device.
+    share: Share | None = None
     # Keys of "extra" and of the device written by a newer release; written back
     # unchanged so a downgrade followed by an upgrade does not lose them.
     extra_unknown: dict[str, Any] = field(default_factory=dict, repr=False)
     unknown: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What tells a claim's devices apart: the device, and its share."""
+        return self.device, self.share.share_id if self.share is not None else ""
+
+    @property
+    def cdi_name(self) -> str:
+        """The device's name in the claim's CDI spec: each share is a CDI device."""
+        return self.device if self.share is None else f"{self.device}-{self.share.cdi_name}"
 
     def mig_ids(self) -> tuple[int, int] | None:
         """(GPU instance, compute instance) of the MIG device, once it exists."""
@@ -297,6 +274,8 @@ class PreparedDevice:
             extra["sharing"] = self.sharing.to_json()
         if self.admin_access:
             extra["adminAccess"] = True
+        if self.share is not None:
+            extra["share"] = self.share.to_json()
         return {
             **self.unknown,
             "requestNames": list(self.request_names),
@@ -327,6 +306,7 @@ class PreparedDevice:
             if extra.get("sharing")
             else None,
             admin_access=optional(extra, "adminAccess", bool, False, ew),
+            share=Share.from_json(extra["share"], f"{ew}.share") if extra.get("share") else None,
             extra_unknown=unknown(extra, _EXTRA_KEYS),
             unknown=unknown(obj, _DEVICE_KEYS),
         )

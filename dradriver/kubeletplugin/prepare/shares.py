@@ -1,0 +1,76 @@
+"""What one share of a device may use (pure): from the scheduler's consumedCapacity, the
+device and the node's consumable-capacity mode.
+
+- memory: the memory it consumed; compute: the `compute` percentage it consumed, no limit
+  of its own when it consumed none (it runs beside the others, as with time-slicing).
+- shares=N with k shares consumed: k/N of the memory and of the compute, unless the claim
+  asked for memory or compute itself (then that).
+- unlimited: only what it asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from fractions import Fraction
+
+from dradriver.diagnose.quantity import QuantityError, parse
+from dradriver.errors import ClaimStateError
+from dradriver.kubeletplugin.state.records import Share
+from dradriver.slices.consumable import COMPUTE, COMPUTE_WHOLE, MIB, Consumable, ConsumableMode
+
+
+def _amount(consumed: Mapping[str, str], name: str, where: str) -> Fraction:
+    text = consumed.get(name)
+    if text is None:
+        return Fraction(0)
+    try:
+        value = parse(text)
+    except QuantityError as exc:
+        raise ClaimStateError(
+            f"{where}: consumedCapacity {name}={text!r} is not a quantity: {exc}",
+            reason="bad_allocation",
+        ) from exc
+    if value < 0:
+        raise ClaimStateError(
+            f"{where}: consumedCapacity {name}={text} is negative", reason="bad_allocation"
+        )
+    return value
+
+
+def share_of(
+    share_id: str,
+    consumed: Mapping[str, str],
+    memory_bytes: int,
+    mode: Consumable,
+    where: str,
+) -> Share:
+    """The share's record. `where` names the claim and device for an error."""
+    memory = _amount(consumed, "memory", where)
+    compute = _amount(consumed, COMPUTE, where)
+    if memory > memory_bytes:
+        raise ClaimStateError(
+            f"{where}: the allocation consumes {consumed['memory']} of memory, more than "
+            f"the device has ({memory_bytes} bytes); the claim must be allocated again",
+            reason="bad_allocation",
+        )
+    if compute > COMPUTE_WHOLE:
+        raise ClaimStateError(
+            f"{where}: the allocation consumes compute {consumed[COMPUTE]}, more than "
+            f"{COMPUTE_WHOLE}%; the claim must be allocated again",
+            reason="bad_allocation",
+        )
+    memory_limit = int(memory) // MIB * MIB if memory else None
+    compute_limit = int(compute) if compute else None
+    if mode.mode is ConsumableMode.SHARES and mode.shares:
+        held = _amount(consumed, "shares", where) or Fraction(1)
+        part = min(held / mode.shares, Fraction(1))
+        if memory_limit is None:
+            memory_limit = int(memory_bytes * part) // MIB * MIB
+        if compute_limit is None:
+            compute_limit = max(1, int(COMPUTE_WHOLE * part))  # floor: never past 100
+    return Share(
+        share_id=share_id,
+        consumed=tuple(sorted(consumed.items())),
+        memory_limit=memory_limit,
+        compute_limit=compute_limit,
+    )

@@ -1,0 +1,46 @@
+"""A share's record: one allocation of a device several claims share (consumable
+capacity), as the checkpoint keeps it under a prepared device's "share"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dradriver.kubeletplugin.state.decode import CheckpointCorrupt, get, obj, optional
+
+
+@dataclass(frozen=True)
+class Share:
+    """One allocation of a device several claims share (consumable capacity): the
+    scheduler's shareID and consumedCapacity, and the limits they come to on this node
+    (prepare/shares.py); None where the share has no limit of its own."""
+
+    share_id: str
+    consumed: tuple[tuple[str, str], ...] = ()  # capacity name -> quantity, as allocated
+    memory_limit: int | None = None  # bytes
+    compute_limit: int | None = None  # percent of the device's SMs
+
+    @property
+    def cdi_name(self) -> str:
+        return f"share-{self.share_id}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"shareID": self.share_id, "consumed": dict(self.consumed)}
+        if self.memory_limit is not None:
+            out["memoryLimit"] = self.memory_limit
+        if self.compute_limit is not None:
+            out["computeLimit"] = self.compute_limit
+        return out
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Share:
+        s = obj(value, where)
+        consumed = optional(s, "consumed", dict, {}, where)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in consumed.items()):
+            raise CheckpointCorrupt(f"{where}.consumed: expected strings")
+        return cls(
+            get(s, "shareID", str, where),
+            tuple(sorted(consumed.items())),
+            optional(s, "memoryLimit", int, None, where),
+            optional(s, "computeLimit", int, None, where),
+        )
