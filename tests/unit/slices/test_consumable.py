@@ -136,9 +136,12 @@ def test_shares_and_unlimited_consume_memory_only_when_asked() -> None:
         "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}},
     }
     assert shares["memory"]["requestPolicy"]["default"] == "0"
-    assert "step" not in capacity(parse_mode("shares=1"), H100_MEMORY, None)["shares"][
-        "requestPolicy"
-    ]["validRange"]
+    assert (
+        "step"
+        not in capacity(parse_mode("shares=1"), H100_MEMORY, None)["shares"]["requestPolicy"][
+            "validRange"
+        ]
+    )
     unlimited = capacity(parse_mode("unlimited"), H100_MEMORY, None)
     assert set(unlimited) == {"memory", "compute"}
     assert unlimited["memory"]["requestPolicy"]["default"] == "0"
