@@ -1,0 +1,183 @@
+"""Consumable capacity end to end (Q9) on the alpha control plane: the real scheduler packs
+claims onto one fake 80 GB H100 published with allowMultipleAllocations, the real kubelet
+(hollow node) prepares each share through the plugin, and each container gets its own
+share's CDI device and limits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dradriver.k8s import Kube, path_for
+
+from .helpers import (
+    RES,
+    Cluster,
+    HollowNode,
+    NodeUnderTest,
+    PluginProc,
+    ensure_device_classes,
+    get_or_none,
+    wait_for,
+)
+
+DRIVER = "gpu.dradriver.io"
+GI = 2**30
+
+
+class SharedGpuNode(NodeUnderTest):
+    def share(self, name: str, memory: str | None = None) -> None:
+        """A claim for one share of a GPU (asking `memory` of it, or nothing) and a pod
+        on this node using it."""
+        exactly: dict[str, Any] = {"deviceClassName": DRIVER}
+        if memory is not None:
+            exactly["capacity"] = {"requests": {"memory": memory}}
+        self.kube.create(
+            path_for(RES, "resourceclaims", self.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+            },
+        )
+        self.kube.create(
+            path_for("v1", "pods", self.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": self.kubelet.node},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
+                },
+            },
+        )
+
+    def claim(self, name: str) -> dict[str, Any]:
+        c = get_or_none(self.kube, path_for(RES, "resourceclaims", self.ns, name))
+        assert c is not None
+        return c
+
+    def result(self, name: str) -> dict[str, Any]:
+        (r,) = self.claim(name)["status"]["allocation"]["devices"]["results"]
+        return dict(r)
+
+    def stays_pending(self, name: str, seconds: float = 6) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            assert not (self.claim(name).get("status") or {}).get("allocation"), name
+            time.sleep(0.5)
+
+
+@pytest.fixture
+def shared_gpu(
+    alpha_cluster: Cluster, alpha_kube: Kube, hollow_node: Callable[..., HollowNode]
+) -> Iterator[Callable[[str], SharedGpuNode]]:
+    k = alpha_kube
+    ensure_device_classes(k)
+    made: list[tuple[str, PluginProc]] = []
+
+    def start(mode: str) -> SharedGpuNode:
+        ns = f"share-{len(made)}-{int(time.time() * 1000) % 100000}"
+        k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+        wait_for(
+            lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+            "the default ServiceAccount",
+            30,
+        )
+        kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
+        plugin = PluginProc(
+            alpha_cluster.kubeconfig,
+            kubelet,
+            "fake:1xH100-80GB",
+            extra_args=["--consumable-capacity", mode],
+        )
+        plugin.start()
+        made.append((ns, plugin))
+        wait_for(plugin.ready, "the plugin", 30)
+        return SharedGpuNode(k, ns, kubelet, plugin)
+
+    yield start
+    for ns, plugin in made:
+        pods = [p["metadata"]["name"] for p in k.list(path_for("v1", "pods", ns))["items"]]
+        NodeUnderTest(k, ns, plugin.kubelet, plugin).delete(*pods)
+        plugin.stop()
+        k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
+    shared_gpu: Callable[[str], SharedGpuNode],
+) -> None:
+    node = shared_gpu("memory")
+    names = ["a", "b", "c"]
+    for n in names:
+        node.share(n, "20Gi")
+    pods = {n: node.running(n) for n in names}
+    results = {n: node.result(n) for n in names}
+    assert {r["device"] for r in results.values()} == {"gpu-0"}
+    share_ids = {r["shareID"] for r in results.values()}
+    assert len(share_ids) == 3
+    for n in names:
+        r, env = results[n], node.env(pods[n])
+        assert r["consumedCapacity"]["memory"] == "20Gi"
+        assert env["DRADRIVER_SHARE_ID"] == r["shareID"]
+        assert env["DRADRIVER_SHARE_MEMORY_LIMIT"] == str(20 * GI)
+        assert "DRADRIVER_SHARE_COMPUTE_LIMIT" not in env  # it asked for no compute
+        assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    # Each share's status entry, keyed by its shareID.
+    for n in names:
+        entries = wait_for(
+            lambda n=n: node.claim(n).get("status", {}).get("devices"), f"status of {n}", 30
+        )
+        assert [(e["device"], e["shareID"]) for e in entries] == [("gpu-0", results[n]["shareID"])]
+    # 79.6Gi less 60Gi leaves 19.6Gi: a 30Gi share waits.
+    node.share("big", "30Gi")
+    node.stays_pending("big")
+    node.delete("a")
+    node.running("big", timeout=90)
+    assert node.result("big")["consumedCapacity"]["memory"] == "30Gi"
+    # A restart keeps every share prepared: the kubelet's pods keep running and a
+    # repeated prepare answers from the checkpoint.
+    node.plugin.stop()
+    node.plugin.start()
+    wait_for(node.plugin.ready, "the restarted plugin", 30)
+    for n in ("b", "c", "big"):
+        assert node.running(n)["status"]["phase"] == "Running"
+    specs = sorted(p.name for p in node.kubelet.cdi_dir.glob("*.json"))
+    assert len(specs) == 3
+
+
+def test_shares_mode_refuses_a_fifth_claim(shared_gpu: Callable[[str], SharedGpuNode]) -> None:
+    node = shared_gpu("shares=4")
+    for n in ("s1", "s2", "s3", "s4"):
+        node.share(n)
+    pods = {n: node.running(n) for n in ("s1", "s2", "s3", "s4")}
+    for n, pod in pods.items():
+        r = node.result(n)
+        assert r["device"] == "gpu-0" and r["consumedCapacity"]["shares"] == "1"
+        env = node.env(pod)
+        assert env["DRADRIVER_SHARE_COMPUTE_LIMIT"] == "25"
+        assert int(env["DRADRIVER_SHARE_MEMORY_LIMIT"]) == 81559 * 2**20 // 4 // 2**20 * 2**20
+    node.share("s5")
+    node.stays_pending("s5")
+
+
+def test_unlimited_mode_places_ten_claims_that_ask_for_nothing(
+    shared_gpu: Callable[[str], SharedGpuNode],
+) -> None:
+    node = shared_gpu("unlimited")
+    names = [f"u{i}" for i in range(10)]
+    for n in names:
+        node.share(n)
+    for n in names:
+        env = node.env(node.running(n))
+        assert "DRADRIVER_SHARE_MEMORY_LIMIT" not in env
+    assert {node.result(n)["device"] for n in names} == {"gpu-0"}
+    assert len({node.result(n)["shareID"] for n in names}) == 10
