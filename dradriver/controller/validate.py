@@ -91,10 +91,62 @@ def devices_problems(devices: Mapping[str, Any], driver: str, where: str) -> lis
         problems += reference_problems(devices, _list(cfg.get("requests")), f"{at}.requests")
         params_at = f"{at}.opaque.parameters"
         try:
-            decode(opaque.get("parameters"), params_at)
+            config = decode(opaque.get("parameters"), params_at)
         except ConfigError as exc:
             problems.append(Problem(params_at, str(exc)))
+            continue
+        if config.sharing is not None:
+            problems += shared_problems(
+                devices, _list(cfg.get("requests")), config.sharing.strategy, params_at, where
+            )
     return problems
+
+
+def consuming_requests(devices: Mapping[str, Any], where: str) -> dict[str, str]:
+    """Requests (and `request/subrequest`s) that ask for part of a device's capacity
+    (consumable capacity: they are shares), with the path of their capacity field."""
+    out: dict[str, str] = {}
+    for i, r in enumerate(_list(devices.get("requests"))):
+        r = _dict(r)
+        name = r.get("name")
+        if not isinstance(name, str):
+            continue
+        if _dict(_dict(r.get("exactly")).get("capacity")).get("requests"):
+            out[name] = f"{where}.requests[{i}].exactly.capacity"
+        for j, sub in enumerate(_list(r.get("firstAvailable"))):
+            sub = _dict(sub)
+            if _dict(sub.get("capacity")).get("requests") and isinstance(sub.get("name"), str):
+                out[f"{name}/{sub['name']}"] = f"{where}.requests[{i}].firstAvailable[{j}].capacity"
+    return out
+
+
+def shared_problems(
+    devices: Mapping[str, Any], refs: Sequence[Any], strategy: str, params_at: str, where: str
+) -> list[Problem]:
+    """A share of a device runs beside the device's other shares under the one MPS
+    daemon the plugin keeps for them, with the limits its allocation gives it; a
+    time-slicing or MPS config of its own would take the device over for one claim."""
+    consuming = consuming_requests(devices, where)
+    named = {str(r) for r in refs}
+    hit = [
+        (req, at)
+        for req, at in consuming.items()
+        if not named or req in named or req.split("/", 1)[0] in named
+    ]
+    if not hit:
+        return []
+    req, at = hit[0]
+    field = f"{params_at}.sharing"
+    return [
+        Problem(
+            field,
+            f"{field}: a {strategy} config cannot apply to request {req!r}, which asks for "
+            f"part of a device's capacity ({at}): a share runs beside the device's other "
+            "shares, limited to what it was allocated, so it cannot be time-sliced or given "
+            "an MPS daemon of its own. Drop the sharing config for this request, or ask for "
+            "a whole device (no capacity requests)",
+        )
+    ]
 
 
 def object_problems(kind: str, obj: Mapping[str, Any], driver: str) -> list[Problem]:

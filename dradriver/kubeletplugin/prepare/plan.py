@@ -327,6 +327,15 @@ def plan(
         except ConfigError as exc:
             raise ConfigError(f"claim {ref}: {exc}", reason="config") from exc
         share = None
+        if pd.share_id and sharing is not None:
+            raise ConfigError(
+                f"claim {ref}: device {dev.name}, share {pd.share_id}: "
+                f"{'an MPS' if isinstance(sharing, Mps) else 'a time-slicing'} config applies "
+                "to a device held whole; a share "
+                "runs beside the device's other shares with the limits of its allocation. "
+                "Drop the sharing config (claim or DeviceClass) for this request",
+                reason="config",
+            )
         if pd.share_id:
             memory = dev.mig.memory_bytes if dev.mig is not None else dev.gpu.memory_bytes
             where = f"claim {ref}: device {dev.name}, share {pd.share_id}"

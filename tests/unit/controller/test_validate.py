@@ -186,3 +186,47 @@ def test_a_time_slice_interval_on_mig_devices_is_refused_at_admission() -> None:
     }
     (msg,) = messages("ResourceClaim", claim(config(mig_sliced)))
     assert "a time-slice interval applies to whole GPUs" in msg
+
+
+SHARE_REQUEST = {
+    "name": "gpu",
+    "exactly": {
+        "deviceClassName": "gpu.dradriver.io",
+        "capacity": {"requests": {"memory": "20Gi"}},
+    },
+}
+MPS = {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+
+
+@pytest.mark.parametrize("params", [SHARED, MPS])
+def test_a_share_with_its_own_sharing_config_is_refused_naming_both_fields(
+    params: dict[str, Any],
+) -> None:
+    (msg,) = messages("ResourceClaim", claim(config(params), requests=[SHARE_REQUEST]))
+    assert msg.startswith("spec.devices.config[0].opaque.parameters.sharing: a ")
+    assert "spec.devices.requests[0].exactly.capacity" in msg
+    # A template's paths are under spec.spec; a subrequest that consumes is found too.
+    prioritized = {
+        "name": "gpu",
+        "firstAvailable": [
+            {"name": "whole", "deviceClassName": "gpu.dradriver.io"},
+            {
+                "name": "part",
+                "deviceClassName": "gpu.dradriver.io",
+                "capacity": {"requests": {"memory": "8Gi"}},
+            },
+        ],
+    }
+    (msg,) = messages(
+        "ResourceClaimTemplate", template(config(params, ["gpu/part"]), requests=[prioritized])
+    )
+    assert "spec.spec.devices.requests[0].firstAvailable[1].capacity" in msg
+
+
+def test_sharing_configs_for_other_requests_and_plain_shares_are_admitted() -> None:
+    whole = {"name": "other", "exactly": {"deviceClassName": "gpu.dradriver.io"}}
+    assert (
+        messages("ResourceClaim", claim(config(SHARED, ["other"]), requests=[SHARE_REQUEST, whole]))
+        == []
+    )
+    assert messages("ResourceClaim", claim(config(GOOD), requests=[SHARE_REQUEST])) == []

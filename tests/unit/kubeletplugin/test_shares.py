@@ -147,3 +147,32 @@ def test_status_entries_are_keyed_by_share() -> None:
     assert e["data"]["limits"] == {"memory": 20 * GI, "compute": 30}
     (whole,) = planned(B, [result("gpu-1", "gpu")]).devices
     assert "shareID" not in _entry(DRIVER, whole, "2026-12-02T00:00:00Z")
+
+
+def test_a_share_with_a_sharing_config_is_refused_at_prepare() -> None:
+    from .test_plan import CFG
+
+    c = claim(
+        [shared("gpu-0", S1, {"memory": "20Gi"})],
+        uid=A.uid,
+        configs=[
+            {
+                "source": "FromClass",
+                "requests": None,
+                "opaque": {"driver": DRIVER, "parameters": {**CFG, "sharing": {"strategy": "MPS"}}},
+            }
+        ],
+    )
+    with pytest.raises(
+        DriverError, match=r"share .*: an MPS config applies to a device held whole"
+    ):
+        plan(
+            c,
+            A,
+            driver=DRIVER,
+            node=POOL,
+            devices=h100_devices(MigMode.NONE),
+            checkpoint=Checkpoint(),
+            now=1.0,
+            consumable=parse_mode("memory"),
+        )
