@@ -273,4 +273,52 @@ def table(
     for uuid, h in sorted(book.gpus.items()):
         if uuid not in known and h.faulty:
             out.append(f"  unhealthy: {uuid}: {_reason(book, uuid)} (NVML cannot describe it)")
+    out += _shares(result, Path(args.state_dir), getattr(args, "consumable_capacity", "off"))
     return "\n".join(out)
+
+
+def _shares(result: BuildResult, state_dir: Path, mode: str) -> list[str]:
+    """Each device several claims may share (--consumable-capacity), with what the shares
+    this node's plugin prepared hold of it (its checkpoint in --state-dir, read only)."""
+    from fractions import Fraction
+
+    from dradriver.diagnose.capacity import capacities
+    from dradriver.diagnose.quantity import human, parse
+    from dradriver.kubeletplugin.state.checkpoint.codec import parse_checkpoint
+    from dradriver.kubeletplugin.state.records import CheckpointCorrupt
+
+    shared = [d for s in result.slices for d in s.devices if d.get("allowMultipleAllocations")]
+    if not shared:
+        return []
+    held: dict[str, dict[str, Fraction]] = {}
+    claims: dict[str, int] = {}
+    note = ""
+    path = state_dir / "checkpoint.json"
+    try:
+        cp, _ = parse_checkpoint(path.read_bytes())
+        for rec in cp.claims.values():
+            for pd in rec.devices:
+                if pd.share is None:
+                    continue
+                claims[pd.device] = claims.get(pd.device, 0) + 1
+                sums = held.setdefault(pd.device, {})
+                for name, amount in pd.share.consumed:
+                    sums[name] = sums.get(name, Fraction(0)) + parse(amount)
+    except FileNotFoundError:
+        note = f" (no checkpoint at {path}: no shares prepared)"
+    except (OSError, CheckpointCorrupt, ValueError) as exc:
+        note = f" (checkpoint {path} unreadable: {exc})"
+    out = ["", f"Shared devices (--consumable-capacity {mode}){note}:"]
+    for d in shared:
+        caps = capacities(d)
+        mine = held.get(d["name"], {})
+        parts = []
+        for name, c in sorted(caps.items()):
+            binary = name == "memory"
+            used = mine.get(name, Fraction(0))
+            parts.append(
+                f"{name} {human(used, binary)} of {human(c.value, binary)} "
+                f"({human(c.value - used, binary)} free)"
+            )
+        out.append(f"  {d['name']}: {claims.get(d['name'], 0)} shares; " + ", ".join(parts))
+    return out

@@ -149,7 +149,7 @@ def render(report: Report) -> str:
         if r.rows:
             head = (
                 "NODE", "PUBLISHED", "IN-CLASS", "MATCHING", "TAKEN", "COUNTERS", "TAINTED",
-                "FREE", "",
+                "SHORT", "FREE", "",
             )  # fmt: skip
             table = [head] + [
                 (
@@ -160,6 +160,7 @@ def render(report: Report) -> str:
                     str(x.taken),
                     str(x.counters),
                     str(x.tainted),
+                    str(x.short),
                     str(x.free),
                     x.refused,
                 )
@@ -171,6 +172,7 @@ def render(report: Report) -> str:
                     "    "
                     + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                 )
+        out += [f"    shared: {line}" for line in r.shares]
     if report.finding:
         out.append(f"=> {report.finding.line()}")
     else:

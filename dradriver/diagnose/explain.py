@@ -11,9 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dradriver.diagnose.capacity import Fit, fit, requested
 from dradriver.diagnose.cel import CompileError, Selector
 from dradriver.diagnose.nearest import explain_miss
 from dradriver.diagnose.nodes import refusal
+from dradriver.diagnose.shares import miss_text, share_lines
 from dradriver.diagnose.world import (
     Published,
     World,
@@ -45,6 +47,7 @@ class NodeRow:
     taken: int = 0
     counters: int = 0
     tainted: int = 0  # a device taint the request does not tolerate
+    short: int = 0  # its capacity (or what its shares leave of it) is too small
     free: int = 0
     usable: int = 0  # free and within a matchAttribute group
     refused: str = ""  # why the pod may not go there (cordon, taint, selector)
@@ -59,6 +62,7 @@ class RequestReport:
     rows: list[NodeRow] = field(default_factory=list)
     finding: Finding | None = None
     fits_on: list[str] = field(default_factory=list)
+    shares: list[str] = field(default_factory=list)  # each shared device that matched
 
 
 @dataclass
@@ -219,6 +223,8 @@ def explain_request(
         return rows[n]
 
     free_by_node: dict[str, list[Published]] = defaultdict(list)
+    asked = requested(req)
+    misses: list[tuple[Published, Fit]] = []
     match_ids = {d.id for d in matching}
     class_ids = {d.id for d in in_class}
     for d in w.devices:
@@ -235,6 +241,11 @@ def explain_request(
                 r.tainted += 1
             elif blocked_by_counters(d, left):
                 r.counters += 1
+            elif (asked or d.multi) and not (
+                ft := fit(d.caps, d.multi, asked, w.consumed.get(d.id, {}))
+            ).ok:
+                r.short += 1
+                misses.append((d, ft))
             else:
                 r.free += 1
                 free_by_node[n].append(d)
@@ -243,6 +254,7 @@ def explain_request(
         for attribute in constraints:
             r.usable = min(r.usable, _group_max(free_by_node[n], attribute))
     rep.rows = sorted(rows.values(), key=lambda r: r.node)
+    rep.shares = share_lines(matching, w)
 
     if not in_class:
         return done(_no_class_match(class_name, class_sels, w))
@@ -276,6 +288,9 @@ def explain_request(
             )
         )
     if not any(enough(r, "free") for r in rep.rows):
+        if misses and not any(r.taken or r.counters or r.tainted for r in rep.rows):
+            message, fix = miss_text(request_name, class_name, asked, misses, w)
+            return done(Finding("capacity", message, fix))
         return done(_all_taken(request_name, need, rep.rows, matching, w, left, req))
     if constraints and not any(enough(r, "usable") for r in rep.rows):
         best = max(rep.rows, key=lambda r: r.usable)

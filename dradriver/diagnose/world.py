@@ -11,6 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from dradriver.diagnose import quantity
+from dradriver.diagnose.capacity import Capacity, capacities
 from dradriver.diagnose.cel import Device, device_from_api
 
 Obj = Mapping[str, Any]
@@ -28,6 +29,10 @@ class Published:
     consumes: Counters
     # Device taints (DRADeviceTaints): an unhealthy GPU's `<driver>/unhealthy`, an admin's.
     taints: tuple[Obj, ...] = field(default=(), compare=False)
+    # Its capacities with their requestPolicy, and whether several claims may hold
+    # shares of it (consumable capacity).
+    caps: Mapping[str, Capacity] = field(default_factory=dict, compare=False)
+    multi: bool = False
 
     @property
     def id(self) -> DeviceId:
@@ -46,6 +51,10 @@ class World:
     devices: list[Published] = field(default_factory=list)
     shared: dict[tuple[str, str], dict[str, dict[str, Fraction]]] = field(default_factory=dict)
     holders: dict[DeviceId, list[str]] = field(default_factory=dict)  # device -> claims
+    # Devices that allow multiple allocations: the claims holding shares of each, and
+    # what their shares consume together (capacity name -> amount).
+    sharers: dict[DeviceId, list[str]] = field(default_factory=dict)
+    consumed: dict[DeviceId, dict[str, Fraction]] = field(default_factory=dict)
     classes: dict[str, Obj] = field(default_factory=dict)
     nodes: dict[str, Obj] = field(default_factory=dict)
     slice_count: int = 0
@@ -94,6 +103,8 @@ def build_world(
                     device_from_api(driver, d),
                     _counters(d.get("consumesCounters", [])),
                     tuple(d.get("taints") or ()),
+                    capacities(d),
+                    bool(d.get("allowMultipleAllocations")),
                 )
             )
     w.classes = {c["metadata"]["name"]: c for c in classes}
@@ -104,7 +115,14 @@ def build_world(
         for r in results or []:
             if r.get("adminAccess"):
                 continue  # admin access never takes a device away from anyone
-            w.holders.setdefault((r["driver"], r["pool"], r["device"]), []).append(name)
+            dev = (r["driver"], r["pool"], r["device"])
+            if r.get("shareID"):  # one share: the device stays open to more
+                w.sharers.setdefault(dev, []).append(name)
+                held = w.consumed.setdefault(dev, {})
+                for cap, amount in (r.get("consumedCapacity") or {}).items():
+                    held[cap] = held.get(cap, Fraction(0)) + quantity.parse(str(amount))
+                continue
+            w.holders.setdefault(dev, []).append(name)
     return w
 
 

@@ -153,3 +153,39 @@ def test_devices_show_health_as_the_plugin_and_a_probe_see_it(
         if d.get("taints")
     }
     assert taints == {"gpu-0": "xid-79", "gpu-2": "row-remap-pending"}
+
+
+def test_shared_devices_show_what_the_prepared_shares_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dradriver.kubeletplugin.state.checkpoint.codec import encode_checkpoint
+    from dradriver.kubeletplugin.state.records import (
+        PREPARE_COMPLETED,
+        Checkpoint,
+        ClaimRecord,
+        PreparedDevice,
+        Share,
+    )
+
+    claims = {}
+    for i in range(3):
+        uid = f"{i}aaaaaaa-1111-2222-3333-444455556666"
+        share = Share(
+            f"{i}0000000-0000-4000-8000-000000000000", (("compute", "0"), ("memory", "20Gi"))
+        )
+        dev = PreparedDevice(["gpu"], "node-a", "gpu-0", [], share=share)
+        claims[uid] = ClaimRecord(uid, "team", f"c{i}", PREPARE_COMPLETED, [dev])
+    (tmp_path / "checkpoint.json").write_bytes(encode_checkpoint(Checkpoint(claims=claims)))
+    argv = ["devices", "--devices", "fake:2xH100-80GB", "--consumable-capacity", "memory"]
+    assert main([*argv, "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Shared devices (--consumable-capacity memory):" in out
+    assert (
+        "  gpu-0: 3 shares; compute 0 of 100 (100 free), memory 60Gi of 79.6Gi (19.6Gi free)" in out
+    )
+    assert "  gpu-1: 0 shares;" in out
+    # Off: no such section, and dynamic MIG with shares is refused naming both flags.
+    assert main(["devices", "--devices", "fake:2xH100-80GB", "--state-dir", str(tmp_path)]) == 0
+    assert "Shared devices" not in capsys.readouterr().out
+    assert main([*argv, "--mig-mode", "dynamic"]) == 2
+    assert "--mig-mode=dynamic" in capsys.readouterr().err
