@@ -140,6 +140,16 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
     # 79.6Gi less 60Gi leaves 19.6Gi: a 30Gi share waits.
     node.share("big", "30Gi")
     node.stays_pending("big")
+    # explain, against the same API server, says why and names the nearest device.
+    from dradriver.commands.explain import gather
+
+    report = gather(node.kube, "pod/big", node.ns)
+    assert report.finding is not None
+    assert report.finding.line().startswith(
+        "capacity: request gpu asks for memory 30Gi, which takes 30Gi of memory; the most "
+        f"free memory on any {DRIVER} device is 19.6Gi, on gpu-0 of {node.kubelet.node}, "
+        "where 3 shares hold 60Gi"
+    ), report.finding.line()
     node.delete("a")
     node.running("big", timeout=90)
     assert node.result("big")["consumedCapacity"]["memory"] == "30Gi"
