@@ -38,15 +38,24 @@ NODES = {
     # node name: (devices, MIG mode)
     "h100-node": ("fake:8xH100-80GB", "dynamic"),
     "mixed-node": ("fake:4xA100-80GB:nvlink=pairs+2xL4", "none"),
+    "shared-node": ("fake:1xH100-80GB", "none"),
 }
+# Further plugin flags of a node: the shared node's GPU goes to several claims by memory.
+PLUGIN_ARGS = {"shared-node": ["--consumable-capacity", "memory"]}
 SHOWN_ENV = (
     "NVIDIA_VISIBLE_DEVICES",
     "DRADRIVER_CLAIM",
     "CUDA_MPS_PIPE_DIRECTORY",
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "DRADRIVER_SHARE_ID",
+    "DRADRIVER_SHARE_MEMORY_LIMIT",
 )
 # Which node each example belongs on, so the summary shows both nodes at work.
-PLACEMENT = {"gpu-by-memory": "mixed-node", "prioritized-list": "mixed-node"}
+PLACEMENT = {
+    "gpu-by-memory": "mixed-node",
+    "prioritized-list": "mixed-node",
+    **{p: "shared-node" for p in ("share-a", "share-b", "share-c")},
+}
 
 
 def say(msg: str) -> None:
@@ -132,6 +141,7 @@ def start_node(
             "127.0.0.1",
             "--healthz-port",
             str(healthz_port),
+            *PLUGIN_ARGS.get(name, []),
         ],
         stdout=open(logs / f"{name}-plugin.log", "ab"),  # noqa: SIM115
         stderr=subprocess.STDOUT,
@@ -166,7 +176,20 @@ def wait(what: str, fn: Any, timeout: float = 60.0) -> Any:
 
 # Examples the demo does not apply with the rest: a job for a sick GPU (the demo makes one
 # sick later, and that job would take a healthy GPU another example needs meanwhile).
-NOT_APPLIED = {"gpu-tolerating-unhealthy.yaml"}
+# The shares=4 and unlimited examples need a node in their own mode (the e2e tests run
+# them); the demo's shared node is in memory mode.
+NOT_APPLIED = {
+    "gpu-tolerating-unhealthy.yaml",
+    "gpu-share-of-four.yaml",
+    "gpu-share-unlimited.yaml",
+}
+
+
+def not_on(nodes: list[str]) -> dict[str, Any]:
+    """A pod affinity that keeps a pod off these nodes."""
+    term = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": nodes}
+    required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
 
 
 def apply_examples(kube: Kube) -> list[str]:
@@ -181,6 +204,8 @@ def apply_examples(kube: Kube) -> list[str]:
                 node = PLACEMENT.get(doc["metadata"]["name"])
                 if node:
                     doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+                else:  # the shared node's GPU is for the shares alone
+                    doc["spec"]["affinity"] = not_on(list(PLUGIN_ARGS))
                 pods.append(doc["metadata"]["name"])
             plural = {
                 "Pod": "pods",
