@@ -58,11 +58,22 @@ class FakeHost:
         data: dict[str, dict[str, int]] = json.loads(self.record.read_text())
         return data
 
-    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path) -> int:
+    def start_mps(
+        self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path, protocol: int = 2
+    ) -> int:
         cmd = [sys.executable, "-m", "fakenvml.mpsd", "--pipe-dir", str(pipe_dir)]
         cmd += ["--log-dir", str(log_dir), "--devices", ",".join(uuids)]
-        cmd += ["--shm-dir", str(shm_dir)]
+        cmd += ["--shm-dir", str(shm_dir), "--protocol", str(protocol)]
         return spawn_mps(cmd, uuids, pipe_dir, log_dir, self)
+
+    def mps_command(self, pipe_dir: Path, command: str) -> str:
+        from dradriver.errors import SharingError
+        from fakenvml import mps_v3
+
+        try:
+            return mps_v3.command(pipe_dir, command)
+        except (mps_v3.MpsCommandError, OSError) as exc:
+            raise SharingError(f"MPS control `{command}`: {exc}", reason="mps") from exc
 
     def stop_mps(self, pid: int, pipe_dir: Path) -> None:
         if pid <= 0:

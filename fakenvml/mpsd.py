@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from fakenvml import mps_v3
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fake-mps-control")
@@ -19,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", required=True)
     # The directory the real daemon would see as /dev/shm (shared with its clients).
     p.add_argument("--shm-dir")
+    # -p 3: MPS v3, with servers and namespaces (fakenvml.mps_v3).
+    p.add_argument("--protocol", type=int, default=2, choices=[2, 3])
     args = p.parse_args(argv)
     pipe, logs = Path(args.pipe_dir), Path(args.log_dir)
     control = pipe / "control"
@@ -30,12 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         running = False
 
     signal.signal(signal.SIGTERM, quit_)
+    mps_v3.started(pipe, args.protocol, args.devices)
     control.write_text(f"{os.getpid()}\n")
     if args.shm_dir:
         # What the real server keeps there for its clients: proof they share one.
         Path(args.shm_dir, "cuda.shm.mps-server").write_text(f"{os.getpid()}\n")
     with open(log, "a") as f:
-        f.write(f"started pid={os.getpid()} devices={args.devices}\n")
+        f.write(f"started pid={os.getpid()} devices={args.devices} protocol={args.protocol}\n")
     while running:
         time.sleep(0.1)
     control.unlink(missing_ok=True)

@@ -234,6 +234,7 @@ def run_plugin(
     loop.attempted.wait(FIRST_ROUND_PATIENCE)
     if ops is None:
         ops = start_ops()
+    from dradriver.kubeletplugin.hardware.shares import mps_protocol
     from dradriver.kubeletplugin.hardware.sharing import SharingSteps
     from dradriver.kubeletplugin.ops.metrics import Metrics
     from dradriver.kubeletplugin.prepare import cdi
@@ -261,7 +262,9 @@ def run_plugin(
         host=nvml.host,
         profiles=view.profiles,
         mig=mig,
-        sharing=SharingSteps(nvml.module, nvml.host, state_dir / "mps"),
+        sharing=SharingSteps(
+            nvml.module, nvml.host, state_dir / "mps", lambda: mps_protocol(view.driver_version)
+        ),
     )
     driver = Preparer(
         driver=args.driver_name,

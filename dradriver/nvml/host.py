@@ -51,9 +51,16 @@ class GpuHost(Protocol):
     def set_timeslice(self, uuid: str, interval: str) -> None:
         """Sets a GPU's time-slice interval ("Default", "Short", "Medium", "Long")."""
 
-    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path) -> int:
+    def start_mps(
+        self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path, protocol: int = 2
+    ) -> int:
         """Starts an MPS control daemon for these GPUs in its own session, with `shm_dir`
-        as its /dev/shm (its clients get the same one); its PID."""
+        as its /dev/shm (its clients get the same one); its PID. Protocol 3: MPS v3
+        (driver r615+), with named servers and namespaces."""
+
+    def mps_command(self, pipe_dir: Path, command: str) -> str:
+        """Gives the daemon of `pipe_dir` one control command; its answer. SharingError
+        when it refuses."""
 
     def stop_mps(self, pid: int, pipe_dir: Path) -> None:
         """Stops the daemon (idempotent); with pid 0, the one its pipe directory finds."""
@@ -89,7 +96,9 @@ class RealHost:
                 f"{' '.join(cmd)}: {out.stderr.strip() or out.stdout.strip()}", reason="timeslice"
             )
 
-    def start_mps(self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path) -> int:
+    def start_mps(
+        self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path, protocol: int = 2
+    ) -> int:
         # MPS server and clients talk through shared memory in /dev/shm, so both must see
         # the same one: the daemon gets the claim's directory as /dev/shm in a mount
         # namespace of its own (the plugin runs privileged), the clients through CDI.
@@ -97,8 +106,31 @@ class RealHost:
         # spawn, so the PID recorded is the daemon's (`-d` forks, and the recorded
         # parent is gone at once). The man page lists -f from driver R510 on.
         script = 'mount --bind "$1" /dev/shm && exec nvidia-cuda-mps-control -f'
+        if protocol == 3:
+            script += " -p 3"
         cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
         return spawn_mps([*cmd, "sh", str(shm_dir)], uuids, pipe_dir, log_dir, self)
+
+    def mps_command(self, pipe_dir: Path, command: str) -> str:
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
+        try:
+            done = subprocess.run(
+                ["nvidia-cuda-mps-control"],
+                input=command + "\n",
+                text=True,
+                env=env,
+                capture_output=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SharingError(f"MPS control `{command}`: {exc}", reason="mps") from exc
+        answer = (done.stdout + done.stderr).strip()
+        if done.returncode != 0 or answer.lower().startswith("error"):
+            raise SharingError(
+                f"MPS control `{command}` failed ({done.returncode}): {answer[:300]}",
+                reason="mps",
+            )
+        return answer
 
     def stop_mps(self, pid: int, pipe_dir: Path) -> None:
         env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dradriver.k8s import Kube, path_for
+from dradriver.nvml.host import mps_alive
+from fakenvml.mps_v3 import Client, CudaError, namespaces
 
 from .helpers import (
     RES,
@@ -29,6 +32,9 @@ GI = 2**30
 
 
 class SharedGpuNode(NodeUnderTest):
+    def daemons(self) -> list[int]:
+        return [int(p.read_text()) for p in (self.plugin.state_dir / "mps").glob("*/pipe/control")]
+
     def share(self, name: str, memory: str | None = None) -> None:
         """A claim for one share of a GPU (asking `memory` of it, or nothing) and a pod
         on this node using it."""
@@ -93,10 +99,13 @@ def shared_gpu(
             30,
         )
         kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
+        # A driver with MPS v3 (r615+): each share's limits are set in the daemon.
+        fleet = kubelet.root.parent / f"{kubelet.node}-gpus.yaml"
+        fleet.write_text('driverVersion: "615.71.09"\ngpus:\n  - product: H100-80GB\n')
         plugin = PluginProc(
             alpha_cluster.kubeconfig,
             kubelet,
-            "fake:1xH100-80GB",
+            f"fake:@{fleet}",
             extra_args=["--consumable-capacity", mode],
         )
         plugin.start()
@@ -131,6 +140,14 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
         assert env["DRADRIVER_SHARE_MEMORY_LIMIT"] == str(20 * GI)
         assert "DRADRIVER_SHARE_COMPUTE_LIMIT" not in env  # it asked for no compute
         assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+        # Held to it by the device's MPS daemon, in the share's own namespace.
+        client = Client(Path(env["CUDA_MPS_PIPE_DIRECTORY"]), env)
+        assert client.limits() == (20 * GI, None)
+        client.allocate(20 * GI)
+        with pytest.raises(CudaError):
+            client.allocate(1)
+    (daemon,) = node.daemons()
+    assert len({node.env(pods[n])["CUDA_MPS_PIPE_DIRECTORY"] for n in names}) == 3
     # Each share's status entry, keyed by its shareID.
     for n in names:
         entries = wait_for(
@@ -162,6 +179,14 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
         assert node.running(n)["status"]["phase"] == "Running"
     specs = sorted(p.name for p in node.kubelet.cdi_dir.glob("*.json"))
     assert len(specs) == 3
+    assert node.daemons() == [daemon] and mps_alive(daemon)
+    assert (
+        len(namespaces(Path(node.env(node.running("big"))["CUDA_MPS_PIPE_DIRECTORY"]).parents[1]))
+        == 3
+    )
+    # The last share out stops the daemon.
+    node.delete("b", "c", "big")
+    wait_for(lambda: not mps_alive(daemon), "the shares' MPS daemon to stop", 30)
 
 
 def test_shares_mode_refuses_a_fifth_claim(shared_gpu: Callable[[str], SharedGpuNode]) -> None:

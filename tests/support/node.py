@@ -24,6 +24,7 @@ from dradriver.kubeletplugin.state.records import owned_partitions
 from dradriver.nvml.library import Nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import build
+from dradriver.slices.consumable import OFF, Consumable
 from fakenvml import open_backend
 
 DRIVER, NODE = "gpu.dradriver.io", "node-a"
@@ -48,6 +49,8 @@ def fake_preparer(
     mode: MigMode = MigMode.DYNAMIC,
     switching: MigSwitching = MigSwitching.ON_DEMAND,
     nvml: Nvml | None = None,
+    consumable: Consumable = OFF,
+    mps_protocol: int = 2,
 ) -> tuple[Preparer, Nvml]:
     """A Preparer (and its NVML backend) over the fake node `spec` with state in `tmp`:
     what one plugin process holds. A second call with the same `tmp` is a restart; with
@@ -61,7 +64,9 @@ def fake_preparer(
     inv = nvml.discover().inventory
     ledger = MigModeLedger(tmp / "mig-mode.json")
     owned = owned_partitions(store.load())
-    known = build(inv, mode, owned, switching, held_instances(ledger, owned)).offer.devices()
+    known = build(
+        inv, mode, owned, switching, held_instances(ledger, owned), consumable=consumable
+    ).offer.devices()
 
     def devices() -> dict[str, NodeDevice]:
         return known
@@ -76,7 +81,7 @@ def fake_preparer(
             if d.gpu.mig_profiles
         },
         mig=MigPreparer(MigCarver(nvml.module), ledger, switching),
-        sharing=SharingSteps(nvml.module, nvml.host, tmp / "mps"),
+        sharing=SharingSteps(nvml.module, nvml.host, tmp / "mps", lambda: mps_protocol),
     )
     preparer = Preparer(
         driver=DRIVER,
@@ -88,6 +93,7 @@ def fake_preparer(
         devices=devices,
         metrics=Metrics(),
         read_claim=read_claim,
+        consumable=consumable,
     )
     return preparer, nvml
 

@@ -42,6 +42,7 @@ class DeviceView:
         self.discovered = threading.Event()
         self.last_error = "not discovered yet"
         self.skipped: list[Skipped] = []
+        self.driver_version = ""  # the NVIDIA driver's, from the latest discovery
 
     def refresh(self) -> list[SliceContent]:
         try:
@@ -53,6 +54,7 @@ class DeviceView:
             log.error("GPU problem", detail=problem)
         owned = self.owned()
         inv = found.inventory
+        self.driver_version = inv.driver_version
         if self.health is not None:
             # An unhealthy GPU NVML cannot describe any more stays published, tainted.
             inv = self.health.inventory(inv)

@@ -14,6 +14,7 @@ from typing import Any
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import CdiError, CheckpointError, DriverError, MigError, SharingError
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
+from dradriver.kubeletplugin.hardware.shares import share_edits
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
 from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.state.journal import Journal
@@ -56,7 +57,8 @@ class Executor:
         """What this node cannot do for the claim at all, before anything is recorded."""
         if any(d.carve is not None for d in rec.devices) and self.mig is None:
             raise MigError(f"claim {rec.ref}: MIG partitions need --mig-mode dynamic")
-        if any(d.sharing is not None for d in rec.devices) and self.sharing is None:
+        shares = any(d.share is not None and not d.admin_access for d in rec.devices)
+        if (shares or any(d.sharing is not None for d in rec.devices)) and self.sharing is None:
             raise SharingError(f"claim {rec.ref}: sharing is not available on this node")
 
     def apply(
@@ -72,7 +74,11 @@ class Executor:
         `rec` durable as it is (the intent), so the first hardware step may start."""
         self.check(rec)
         carving = [d for d in rec.devices if d.carve is not None]
-        shared = [d for d in rec.devices if d.sharing is not None]
+        shared = [
+            d
+            for d in rec.devices
+            if d.sharing is not None or (d.share is not None and not d.admin_access)
+        ]
         try:
             if carving or shared:
                 if not intent_recorded:
@@ -107,7 +113,9 @@ class Executor:
         devices = []
         for d in rec.devices:
             env, mounts = container_edits(d)
-            env += share_env(d)
+            more_env, more_mounts = share_edits(d)
+            env += more_env + share_env(d)
+            mounts += more_mounts
             devices.append(
                 cdi.CdiDevice(
                     name=d.cdi_name,
@@ -170,7 +178,10 @@ class Executor:
     def simple(self, rec: ClaimRecord) -> bool:
         """Nothing but a CDI spec and the record: no MIG device, MIG mode or sharing
         setup, so its checkpoint save may be shared with others (a group commit)."""
-        return self.mig is None and all(d.carve is None and d.sharing is None for d in rec.devices)
+        return self.mig is None and all(
+            d.carve is None and d.sharing is None and (d.share is None or d.admin_access)
+            for d in rec.devices
+        )
 
     def release(self, journal: Journal, rec: ClaimRecord) -> None:
         """Undoes a prepared (or half-prepared) claim and forgets it. A step that fails
@@ -217,6 +228,7 @@ class Executor:
             found = uid in e.claims()
             gpus |= {g for g, m in e.compute_mode.items() if m.claim == uid}
             gpus |= {g for g, c in e.time_slice.items() if c == uid}
+            gpus |= {k for k, sd in e.shared.items() if uid in sd.members.values()}
         if self.mig is not None:
             mine = {i.gpu_uuid for i in self.mig.ledger.instances() if i.claim == uid}
             mine |= {g for g, c in self.mig.ledger.disabled_for().items() if c == uid}

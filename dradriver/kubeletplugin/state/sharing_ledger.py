@@ -10,7 +10,11 @@ here first, per GPU and per daemon, and only ever removed once undone:
   (a daemon restarted after a reboot) never overwrites what the GPU had before;
 - timeSlice: GPU -> the claim whose interval is set (undone by setting Default);
 - mpsDaemons: daemon key -> PID and pipe directory, so a second daemon is never started
-  for the same group and a daemon whose claim is forgotten is still stopped.
+  for the same group and a daemon whose claim is forgotten is still stopped;
+- shareDaemons: device UUID -> the one MPS daemon the device's shares (consumable
+  capacity) run under, the compute mode the GPU had before it, and its members (share ID
+  -> claim): a member is added before its namespace is made and removed after it is
+  gone, so the last one out stops the daemon, also for a claim the checkpoint lost.
 
 Startup undoes every entry whose claim the checkpoint no longer holds. Loading never
 raises: an unreadable ledger is moved aside and reported, like the checkpoint. Each
@@ -50,17 +54,28 @@ class Daemon:
     claim: str
 
 
+@dataclass(frozen=True)
+class SharedDaemon:
+    pid: int  # 0 while it starts
+    pipe_dir: str
+    gpu: str  # the GPU whose compute mode it changed; "" for a MIG device
+    mode_before: int | None  # that GPU's mode before; None when unchanged
+    members: dict[str, str] = field(default_factory=dict)  # share ID -> claim
+
+
 @dataclass
 class Entries:
     compute_mode: dict[str, ModeChange] = field(default_factory=dict)
     time_slice: dict[str, str] = field(default_factory=dict)  # GPU -> claim
     daemons: dict[str, Daemon] = field(default_factory=dict)
+    shared: dict[str, SharedDaemon] = field(default_factory=dict)  # device UUID -> daemon
 
     def claims(self) -> set[str]:
         return (
             {m.claim for m in self.compute_mode.values()}
             | set(self.time_slice.values())
             | {d.claim for d in self.daemons.values()}
+            | {c for d in self.shared.values() for c in d.members.values()}
         )
 
 
@@ -113,6 +128,16 @@ class SharingLedger:
                 k: {"pid": d.pid, "pipeDir": d.pipe_dir, "claim": d.claim}
                 for k, d in sorted(e.daemons.items())
             },
+            "shareDaemons": {
+                k: {
+                    "pid": d.pid,
+                    "pipeDir": d.pipe_dir,
+                    "gpu": d.gpu,
+                    "modeBefore": d.mode_before,
+                    "members": dict(sorted(d.members.items())),
+                }
+                for k, d in sorted(e.shared.items())
+            },
         }
         atomic_write(self.path, json.dumps(doc).encode(), 0o600)
 
@@ -154,6 +179,44 @@ class SharingLedger:
     def daemon_stopped(self, key: str) -> None:
         self._update(lambda e: e.daemons.pop(key, None) is not None)
 
+    def shared_daemon(
+        self, device: str, pid: int, pipe_dir: str, gpu: str, mode_before: int | None
+    ) -> SharedDaemon:
+        """Records the device's shared daemon (before it starts: pid 0; then its PID),
+        keeping its members and the first mode recorded for its GPU."""
+
+        def change(e: Entries) -> bool:
+            old = e.shared.get(device)
+            before = old.mode_before if old is not None and old.gpu == gpu else mode_before
+            members = dict(old.members) if old is not None else {}
+            e.shared[device] = SharedDaemon(pid, pipe_dir, gpu, before, members)
+            return True
+
+        return self._update(change).shared[device]
+
+    def member(self, device: str, share: str, claim: str | None) -> SharedDaemon | None:
+        """Adds (claim) or removes (None) a share of the device's daemon; what is left."""
+
+        def change(e: Entries) -> bool:
+            d = e.shared.get(device)
+            if d is None:
+                return False
+            members = dict(d.members)
+            if claim is None:
+                if members.pop(share, None) is None:
+                    return False
+            elif members.get(share) == claim:
+                return False
+            else:
+                members[share] = claim
+            e.shared[device] = SharedDaemon(d.pid, d.pipe_dir, d.gpu, d.mode_before, members)
+            return True
+
+        return self._update(change).shared.get(device)
+
+    def shared_stopped(self, device: str) -> None:
+        self._update(lambda e: e.shared.pop(device, None) is not None)
+
 
 def _decode(doc: Any) -> Entries:
     if not isinstance(doc, dict):
@@ -170,4 +233,13 @@ def _decode(doc: Any) -> Entries:
         e.time_slice[str(g)] = str(t["claim"])
     for k, d in dict(doc.get("mpsDaemons") or {}).items():
         e.daemons[str(k)] = Daemon(int(d["pid"]), str(d["pipeDir"]), str(d["claim"]))
+    for k, d in dict(doc.get("shareDaemons") or {}).items():
+        before = d.get("modeBefore")
+        e.shared[str(k)] = SharedDaemon(
+            int(d["pid"]),
+            str(d["pipeDir"]),
+            str(d.get("gpu") or ""),
+            None if before is None else int(before),
+            {str(s): str(c) for s, c in dict(d.get("members") or {}).items()},
+        )
     return e

@@ -1,0 +1,209 @@
+"""Shares of a device (consumable capacity) held to their limits: the shares of one device
+run under one MPS control daemon for that device, started by the first share's prepare
+and stopped by the last one's unprepare (the sharing ledger's `shareDaemons` counts them,
+so a lost checkpoint still stops it).
+
+Where the driver has MPS v3 (r615+) the limits are set on the server side: the daemon runs
+with `-p 3`, one server for the device (`--allowed-devices` = the device alone) and one
+namespace per share with its pinned-memory limit and active-thread percentage; a
+container gets only its namespace's pipe directory mounted, so it cannot reach another
+share's namespace, and its own environment can only lower what the namespace allows.
+Older drivers (MPS v2: one server per user ID, so no per-share server) get the limits in
+the client's environment only, which a container can unset; the README says which.
+
+Every step is recorded first (the ledger before the daemon and its members, the record's
+share after), so a crash anywhere leaves nothing the next unprepare cannot find.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from dradriver.errors import SharingError
+from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice, Share
+from dradriver.kubeletplugin.state.sharing_ledger import SharedDaemon, SharingLedger
+from dradriver.logs import get_logger
+from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
+from dradriver.nvml.host import GpuHost, mps_alive
+
+log = get_logger("kubeletplugin.sharing")
+Save = Callable[[], None]
+SERVER = "shares"  # the one MPS v3 server of a device's daemon
+MIB = 2**20
+# The first driver branch with MPS v3 (servers, namespaces): NVIDIA's MPS documentation.
+MPS_V3_FROM = 615
+
+
+def mps_protocol(driver_version: str) -> int:
+    major = driver_version.split(".", 1)[0]
+    return 3 if major.isdigit() and int(major) >= MPS_V3_FROM else 2
+
+
+def share_devices(rec: ClaimRecord) -> list[PreparedDevice]:
+    return [d for d in rec.devices if d.share is not None and not d.admin_access]
+
+
+def _share(d: PreparedDevice) -> Share:
+    assert d.share is not None
+    return d.share
+
+
+@dataclass
+class ShareSteps:
+    nvml: ModuleType
+    host: GpuHost
+    mps_root: Path
+    ledger: SharingLedger
+    protocol: Callable[[], int] = lambda: 2
+
+    def _dirs(self, device: str) -> tuple[Path, Path, Path]:
+        base = self.mps_root / ("shared-" + "".join(c if c.isalnum() else "-" for c in device))
+        return base / "pipe", base / "log", base / "shm"
+
+    # -- prepare ---------------------------------------------------------------------------
+    def join(self, rec: ClaimRecord, d: PreparedDevice, save: Save) -> None:
+        """Sets the share up under its device's daemon (starting it if it is the first)."""
+        share, device = _share(d), str(d.uuid)
+        pipe, logs, shm = self._dirs(device)
+        known = self.ledger.load().shared.get(device)
+        if known is None or not mps_alive(known.pid):
+            self._start(d, pipe, logs, shm)
+        # A member before its namespace: a crash in between still finds it.
+        self.ledger.member(device, share.share_id, rec.uid)
+        client, server_side = pipe, False
+        if (pipe / SERVER / "control").exists():
+            client, server_side = self._namespace(pipe, share), True
+        d.share = dataclasses.replace(
+            share,
+            pipe_dir=str(client),
+            log_dir=str(logs),
+            shm_dir=str(shm),
+            applied=True,
+            server_side=server_side,
+        )
+        save()
+        log.info(
+            "share set up under the device's MPS daemon",
+            claim_uid=rec.uid,
+            device=d.device,
+            share=share.share_id,
+            memory_limit=share.memory_limit,
+            compute_limit=share.compute_limit,
+            server_side=server_side,
+        )
+
+    def _start(self, d: PreparedDevice, pipe: Path, logs: Path, shm: Path) -> None:
+        device = str(d.uuid)
+        gpu = device if d.kind == "gpu" else ""  # a MIG device's GPU keeps its mode
+        before = get_compute_mode(self.nvml, gpu) if gpu else None
+        # In the ledger before anything changes; an earlier entry keeps the first mode.
+        known = self.ledger.shared_daemon(device, 0, str(pipe), gpu, before)
+        if gpu:
+            set_compute_mode(self.nvml, gpu, exclusive_process(self.nvml))
+        if pipe.parent.exists():
+            # A daemon whose PID a crash did not let us record is found by its pipe
+            # directory and told to quit; then what it left goes: a new one starts clean.
+            self.host.stop_mps(0, pipe)
+            shutil.rmtree(pipe.parent)
+        shm.mkdir(parents=True, mode=0o1777)
+        protocol = self.protocol()
+        pid = self.host.start_mps([device], pipe, logs, shm, protocol)
+        self.ledger.shared_daemon(device, pid, str(pipe), gpu, known.mode_before)
+        if protocol == 3:
+            self.host.mps_command(pipe, f"server create {SERVER} --allowed-devices={device}")
+        log.info("MPS control daemon for a device's shares started", device=device, pid=pid)
+
+    def _namespace(self, pipe: Path, share: Share) -> Path:
+        ns = share.namespace
+        where = pipe / SERVER / ns
+        if not (where / "control").exists():
+            self.host.mps_command(pipe, f"namespace create {ns} --server={SERVER}")
+        limits = []
+        if share.memory_limit is not None:
+            limits.append(f"--pinned-memory-limit={max(1, share.memory_limit // MIB)}M")
+        if share.compute_limit is not None:
+            limits.append(f"--active-thread-percentage={share.compute_limit}")
+        if limits:
+            self.host.mps_command(pipe, f"namespace set {ns} --server={SERVER} " + " ".join(limits))
+        return where
+
+    # -- unprepare -------------------------------------------------------------------------
+    def leave(self, rec: ClaimRecord, d: PreparedDevice) -> None:
+        """Removes the share from its device's daemon; the last one out stops it."""
+        self._leave(str(d.uuid), _share(d).share_id, rec.uid)
+
+    def _leave(self, device: str, share_id: str, claim: str) -> None:
+        known = self.ledger.load().shared.get(device)
+        if known is None:
+            return
+        if share_id in known.members:
+            pipe = Path(known.pipe_dir)
+            ns = Share(share_id).namespace
+            if mps_alive(known.pid) and (pipe / SERVER / ns / "control").exists():
+                self.host.mps_command(pipe, f"namespace delete {ns} --server={SERVER}")
+            left = self.ledger.member(device, share_id, None)
+        else:
+            left = known
+        if left is not None and not left.members:
+            self._stop(device, left)
+
+    def _stop(self, device: str, known: SharedDaemon) -> None:
+        if known.pid or Path(known.pipe_dir).exists():
+            self.host.stop_mps(known.pid, Path(known.pipe_dir))
+        if known.gpu and known.mode_before is not None:
+            set_compute_mode(self.nvml, known.gpu, known.mode_before)
+        shutil.rmtree(Path(known.pipe_dir).parent, ignore_errors=True)
+        self.ledger.shared_stopped(device)
+        log.info("MPS control daemon of a device's shares stopped", device=device, pid=known.pid)
+
+    def forget(self, claim: str) -> list[str]:
+        """Undoes the shares the ledger holds for `claim`, whose record is gone; errors."""
+        errors = []
+        for device, known in self.ledger.load().shared.items():
+            for share_id, member in known.members.items():
+                if member != claim:
+                    continue
+                try:
+                    self._leave(device, share_id, claim)
+                except SharingError as exc:
+                    errors.append(f"share {share_id} of {device}: {exc}")
+        return errors
+
+    def recheck(self, rec: ClaimRecord, save: Save) -> None:
+        """Startup: a completed claim's shares must be under a running daemon (a reboot
+        or a lost daemon ends them), with their namespaces."""
+        for d in share_devices(rec):
+            share = _share(d)
+            known = self.ledger.load().shared.get(str(d.uuid))
+            alive = known is not None and mps_alive(known.pid)
+            if not alive or not (share.pipe_dir and Path(share.pipe_dir, "control").exists()):
+                log.warning(
+                    "the MPS daemon of a prepared share is gone; setting it up again",
+                    claim_uid=rec.uid,
+                    share=share.share_id,
+                )
+                self.join(rec, d, save)
+
+
+def share_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]]:
+    """(env, mounts) a share's containers need (pure): the pipe directory of its
+    namespace (only that one is mounted) or of the daemon, the daemon's log directory and
+    /dev/shm, and where MPS v3 is missing the limits as the client's own variables."""
+    share = d.share
+    if share is None or not share.pipe_dir:
+        return [], []
+    env = [f"CUDA_MPS_PIPE_DIRECTORY={share.pipe_dir}", f"CUDA_MPS_LOG_DIRECTORY={share.log_dir}"]
+    if not share.server_side:
+        if share.compute_limit is not None:
+            env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share.compute_limit}")
+        if share.memory_limit is not None:
+            env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}={share.memory_limit // MIB}M")
+    mounts = [(share.pipe_dir, share.pipe_dir), (str(share.log_dir), str(share.log_dir))]
+    if share.shm_dir:
+        mounts.append((share.shm_dir, "/dev/shm"))
+    return env, mounts
