@@ -42,6 +42,7 @@ class SharedNode:
             mps_protocol=protocol,
         )
         self.fake: FakeNvml = nvml.backend
+        self.nvml = nvml
 
     def share(self, name: str, memory: str, compute: str = "0", device: str = "gpu-0") -> ClaimRef:
         uid = str(uuidlib.uuid4())
@@ -239,3 +240,94 @@ def test_without_mps_v3_the_limits_are_the_clients_own_variables(tmp_path: Path)
     finally:
         for pid in node.daemons():
             os.kill(pid, 15)
+
+
+class Crash(BaseException):
+    """The process dies here: nothing after it runs (no rollback either)."""
+
+
+@pytest.mark.parametrize("point", ["intent-recorded", "sharing-applied", "cdi-written"])
+def test_a_crash_preparing_a_share_is_undone_at_restart_and_its_neighbour_kept(
+    node: SharedNode, point: str
+) -> None:
+    from dradriver import crashpoints
+
+    first = node.share("first", "20Gi")
+    (pid,) = node.daemons()
+
+    def crash(name: str) -> None:
+        if name == point:
+            raise Crash(name)
+
+    crashpoints.hook = crash
+    try:
+        with pytest.raises(Crash):
+            node.share("second", "30Gi")
+    finally:
+        crashpoints.hook = None
+    restarted = SharedNode(node.tmp)
+    restarted.claims = node.claims
+    restarted.driver.reconcile()
+    # The interrupted share is gone; its neighbour and the daemon are as they were.
+    assert list(namespaces(restarted.pipe()).values()) == [{"pinned": 20 * GI}]
+    (entry,) = restarted.ledger().values()
+    assert list(entry["members"].values()) == [first.uid]
+    assert restarted.daemons() == [pid] and mps_alive(pid)
+    assert set(restarted.driver.store.load().claims) == {first.uid}
+    second = restarted.share("second", "30Gi")  # and it can be prepared again
+    assert restarted.client(second).limits() == (30 * GI, None)
+    restarted.unprepare(first, second)
+    assert restarted.daemons() == [] and restarted.mode(0) == 0
+
+
+def test_a_crash_preparing_the_first_share_leaves_no_daemon(node: SharedNode) -> None:
+    from dradriver import crashpoints
+
+    def crash(name: str) -> None:
+        if name == "sharing-applied":
+            raise Crash(name)
+
+    crashpoints.hook = crash
+    try:
+        with pytest.raises(Crash):
+            node.share("only", "20Gi")
+    finally:
+        crashpoints.hook = None
+    (pid,) = node.daemons()
+    restarted = SharedNode(node.tmp)
+    restarted.claims = node.claims
+    restarted.driver.reconcile()
+    assert not mps_alive(pid) and restarted.daemons() == []
+    assert restarted.mode(0) == 0 and restarted.ledger() == {}
+
+
+def test_two_instances_in_a_rolling_update_share_one_daemon(node: SharedNode) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    other = SharedNode.__new__(SharedNode)
+    other.tmp, other.protocol, other.claims = node.tmp, 3, node.claims
+    other.fake, other.nvml = node.fake, node.nvml
+    other.driver, _ = fake_preparer(
+        node.tmp,
+        "2xH100-80GB",
+        lambda ref: node.claims[ref.name],
+        boot_id="boot",
+        mode=MigMode.NONE,
+        consumable=parse_mode("memory"),
+        mps_protocol=3,
+        nvml=node.nvml,  # the same GPUs: a second plugin process beside the first
+    )
+    # Both instances prepare shares of gpu-0 at once: one daemon, every share in it.
+    with ThreadPoolExecutor(4) as pool:
+        refs = list(
+            pool.map(
+                lambda i: (node if i % 2 else other).share(f"s{i}", "8Gi"),
+                range(6),
+            )
+        )
+    (pid,) = node.daemons()
+    assert len(namespaces(node.pipe())) == 6
+    # Unprepared by the instance that did not prepare them, the last one stops it.
+    for i, ref in enumerate(refs):
+        (other if i % 2 else node).unprepare(ref)
+    assert not mps_alive(pid) and node.daemons() == [] and node.mode(0) == 0
