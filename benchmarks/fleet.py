@@ -26,6 +26,10 @@ etcd, kube-apiserver, kube-scheduler and kube-controller-manager v1.34) without 
 
     .venv/bin/python benchmarks/fleet.py [--nodes 10,50,200,500]
         [--modes none,dynamic,dynamic-chosen] [--mig-profiles 1g.10gb,3g.40gb]
+
+`--modes memory` publishes the same whole GPUs shared by memory (`--consumable-capacity
+memory`, on the alpha cluster) and adds a burst of 20Gi shares: what the mode costs in
+slice bytes and in the scheduler's time per pod against `none`.
 """
 
 from __future__ import annotations
@@ -54,9 +58,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dradriver.commands.flags import mig_profiles  # noqa: E402
+from dradriver.diagnose.quantity import parse  # noqa: E402
 from dradriver.k8s import Kube, KubeError, NotFound, path_for  # noqa: E402
 from dradriver.nvml.library import open_nvml  # noqa: E402
 from dradriver.slices.build import MigMode, SliceContent, build  # noqa: E402
+from dradriver.slices.consumable import OFF, Consumable, parse_mode  # noqa: E402
 from dradriver.slices.publish import SlicePublisher, render  # noqa: E402
 from dradriver_dev import cluster  # noqa: E402
 
@@ -69,7 +75,11 @@ NODES = (10, 50, 200, 500)
 MODES = ("none", "dynamic", "dynamic-chosen")
 # Whole GPUs on the alpha cluster: what the alpha gates cost by themselves, apart from the
 # slices dynamic mode publishes. Not run unless asked for.
-MODES_KNOWN = (*MODES, "none-alpha")
+MODES_KNOWN = (*MODES, "none-alpha", "memory")
+# `memory`: whole GPUs shared by memory (--consumable-capacity memory, on the alpha
+# cluster); its burst adds 20Gi shares, three to an 80 GB H100.
+SHARE = "20Gi"
+SHARE_BYTES = 20 * 2**30
 # What dynamic-chosen offers: the two profiles the MIG examples ask for.
 CHOSEN = "1g.10gb,3g.40gb"
 WORKERS = 8  # concurrent API clients: nodes publishing, claims and pods being created
@@ -203,6 +213,8 @@ class Device:
     profile: str | None
     domain: str | None
     consumes: dict[tuple[str, str], int]
+    memory: int = 0
+    multi: bool = False  # allowMultipleAllocations: shares of it go to several claims
 
 
 @dataclass
@@ -229,6 +241,8 @@ class NodeSlices:
                         for cs in d.get("consumesCounters", ())
                         for c, v in cs["counters"].items()
                     },
+                    memory=int(d["capacity"]["memory"]["value"]),
+                    multi=bool(d.get("allowMultipleAllocations")),
                 )
 
     @property
@@ -246,11 +260,14 @@ class NodeSlices:
         return self._capacity
 
 
-def build_fleet(n: int, mode: MigMode, profiles: frozenset[str] = frozenset()) -> list[NodeSlices]:
+def build_fleet(
+    n: int, mode: MigMode, profiles: frozenset[str] = frozenset(), consumable: Consumable = OFF
+) -> list[NodeSlices]:
     out = []
     for i in range(n):
         inv = open_nvml(DEVICES, node=node_name(i), state_dir=None).discover().inventory
-        out.append(NodeSlices(node_name(i), build(inv, mode, profiles=profiles).slices))
+        slices = build(inv, mode, profiles=profiles, consumable=consumable).slices
+        out.append(NodeSlices(node_name(i), slices))
     return out
 
 
@@ -273,6 +290,7 @@ class Kind:
     count: int = 1
     profile: str | None = None
     same_domain: bool = False
+    share: int = 0  # bytes of memory a share asks for; 0: not a share
 
     def fits(self, d: Device) -> bool:
         return d.type == self.type and (self.profile is None or d.profile == self.profile)
@@ -284,6 +302,8 @@ class Kind:
                 d.domain for d in node.devices.values() if self.fits(d) and d.domain
             )
             return sum(v // self.count for v in per.values())
+        if self.share:
+            return sum(d.memory // self.share for d in node.devices.values() if self.fits(d))
         used: Counter[tuple[str, str]] = Counter()
         n = 0
         for d in node.devices.values():
@@ -293,12 +313,18 @@ class Kind:
         return n // self.count
 
 
-def kinds(mode: MigMode, profiles: frozenset[str] = frozenset()) -> list[Kind]:
+def kinds(
+    mode: MigMode, profiles: frozenset[str] = frozenset(), consumable: Consumable = OFF
+) -> list[Kind]:
     gpu = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
     out = [
         Kind("1 GPU", gpu, "gpu"),
         Kind("4 NVLinked GPUs", _example("four-nvlinked-gpus.yaml"), "gpu", 4, same_domain=True),
     ]
+    if consumable.on:
+        out.append(
+            Kind(f"{SHARE} share", _example("gpu-share-by-memory.yaml"), "gpu", share=SHARE_BYTES)
+        )
     if mode is MigMode.DYNAMIC:
         out += [
             Kind(f"MIG {p}", _example(f"mig-{p.replace('.', '')}.yaml"), "mig", profile=p)
@@ -315,6 +341,7 @@ def check(
     wrong: list[str] = []
     holder: dict[tuple[str, str], str] = {}
     used: Counter[tuple[str, str, str]] = Counter()
+    memory: Counter[tuple[str, str]] = Counter()  # bytes the shares of a device consume
     for c in claims:
         name = c["metadata"]["name"]
         results = c.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
@@ -335,7 +362,13 @@ def check(
                 wrong.append(f"{name}: device on {pool}, pod on {pods.get(name)}")
             if not kind.fits(d):
                 wrong.append(f"{name}: {dev} is a {d.type} {d.profile or ''}, not {kind.name}")
-            if (pool, dev) in holder:
+            if d.multi:
+                if not r.get("shareID"):
+                    wrong.append(f"{name}: {pool}/{dev} is shared, but the result has no shareID")
+                memory[(pool, dev)] += int(
+                    parse((r.get("consumedCapacity") or {}).get("memory", "0"))
+                )
+            elif (pool, dev) in holder:
                 wrong.append(f"{name}: {pool}/{dev} also in {holder[pool, dev]}")
             holder[(pool, dev)] = name
             domains.add(d.domain)
@@ -346,6 +379,9 @@ def check(
     for (pool, cs, ctr), v in used.items():
         if v > fleet[pool].capacity[(cs, ctr)]:
             wrong.append(f"{pool}: counter set {cs} overdrawn ({ctr}: {v})")
+    for (pool, dev), v in memory.items():
+        if v > fleet[pool].devices[dev].memory:
+            wrong.append(f"{pool}/{dev}: its shares consume {v} bytes of memory, more than it has")
     return wrong
 
 
@@ -563,13 +599,14 @@ class Result:
 
 def run(mode: str, n: int, pods: int, work: Path, chosen: frozenset[str]) -> Result:
     t0 = time.perf_counter()
-    mig = MigMode(mode.removesuffix("-alpha").removesuffix("-chosen"))
-    alpha = mig is MigMode.DYNAMIC or mode.endswith("-alpha")
+    consumable = parse_mode("memory") if mode == "memory" else OFF
+    mig = MigMode("none" if consumable.on else mode.removesuffix("-alpha").removesuffix("-chosen"))
+    alpha = mig is MigMode.DYNAMIC or mode.endswith("-alpha") or consumable.on
     profiles = chosen if mode.endswith("-chosen") else frozenset()
     label = f"dynamic, {','.join(sorted(profiles))}" if profiles else mode
     print(f"fleet: {label} x {n} nodes: building each node's slices", flush=True)
     t = time.perf_counter()
-    fleet = build_fleet(n, mig, profiles)
+    fleet = build_fleet(n, mig, profiles, consumable)
     built = time.perf_counter() - t
     st = cluster.up(work / f"{mode}-{n}", alpha=alpha, controllers=CONTROLLERS)
     try:
@@ -580,7 +617,7 @@ def run(mode: str, n: int, pods: int, work: Path, chosen: frozenset[str]) -> Res
         sched = SchedulerMetrics(st.ports["scheduler"], st.kubeconfig)
         by_name = {x.name: x for x in fleet}
         bursts = []
-        for i, kind in enumerate(kinds(mig, profiles)):
+        for i, kind in enumerate(kinds(mig, profiles, consumable)):
             size = min(pods, kind.capacity(fleet[0]) * n)
             b = burst(kube, st, sched, kind, size, by_name, f"burst-{i}")
             bursts.append(b)
@@ -629,7 +666,7 @@ def main() -> int:
         "--modes",
         default=",".join(MODES),
         help="MIG modes: none,dynamic,dynamic-chosen (only --mig-profiles offered); "
-        "none-alpha: whole GPUs on the alpha cluster",
+        "none-alpha: whole GPUs on the alpha cluster; memory: whole GPUs shared by memory",
     )
     ap.add_argument(
         "--mig-profiles",

@@ -71,10 +71,13 @@ class ShareSteps:
         share, device = _share(d), str(d.uuid)
         pipe, logs, shm = self._dirs(device)
         known = self.ledger.load().shared.get(device)
-        if known is None or not mps_alive(known.pid):
-            self._start(d, pipe, logs, shm)
-        # A member before its namespace: a crash in between still finds it.
+        if known is None:
+            known = self.ledger.shared_daemon(device, 0, str(pipe), "", None)
+        # A member before the daemon starts and before its namespace is made: a crash
+        # anywhere after leaves an entry whose undo (the last member out) stops it.
         self.ledger.member(device, share.share_id, rec.uid)
+        if not mps_alive(known.pid):
+            self._start(d, pipe, logs, shm)
         client, server_side = pipe, False
         if (pipe / SERVER / "control").exists():
             client, server_side = self._namespace(pipe, share), True

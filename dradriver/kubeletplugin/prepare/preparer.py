@@ -243,7 +243,7 @@ class Preparer:
         if not self.executor.simple(rec):
             self.executor.check(rec)
             self._in_flight.add(rec.uid)
-            if not any(d.carve is not None or d.sharing is not None for d in rec.devices):
+            if not any(d.carve or d.sharing or d.share for d in rec.devices if not d.admin_access):
                 # A whole GPU in dynamic MIG mode: its one hardware step (MIG mode off)
                 # is in the MIG ledger before it is taken, so no intent is saved for it,
                 # as before per-GPU locks; the completed record is its one save.
