@@ -302,8 +302,13 @@ class Kind:
                 d.domain for d in node.devices.values() if self.fits(d) and d.domain
             )
             return sum(v // self.count for v in per.values())
-        if self.share:
-            return sum(d.memory // self.share for d in node.devices.values() if self.fits(d))
+        fitting = [d for d in node.devices.values() if self.fits(d)]
+        if fitting and fitting[0].multi:
+            # What the 1.34 scheduler places on a node of shared GPUs: it checks the
+            # capacity left on the slice's first device, whichever device it places
+            # (kubernetes/kubernetes#133705, fixed in 1.35), so a node takes shares until
+            # its first GPU is full, and one claim that takes whole GPUs.
+            return fitting[0].memory // self.share if self.share else 1
         used: Counter[tuple[str, str]] = Counter()
         n = 0
         for d in node.devices.values():

@@ -515,8 +515,28 @@ def explain(
         report.notes.append(f"the pod's claims fit on: {', '.join(sorted(common))}")
     if pod is not None:
         report.finding = _pod_state(pod, events)
+        if (
+            report.finding is not None
+            and report.finding.layer == "scheduler"
+            and any(r.shares for r in report.requests)
+        ):
+            report.finding = Finding("scheduler", *SHARED_SCHEDULER_BUG)
     return report
 
+
+# Kubernetes 1.34's allocator checks a shared device's remaining capacity on the device
+# at the request's device index in the candidate's ResourceSlice (the slice's first device
+# for a one-device request), not on the candidate: kubernetes/kubernetes#133705, fixed
+# for 1.35 by #133706. explain weighs each device on its own, as the fix does.
+SHARED_SCHEDULER_BUG = (
+    "the claims fit on a shared device as far as explain can see, but the Kubernetes 1.34 "
+    "scheduler refuses them: it checks the remaining capacity of the first device in "
+    "each ResourceSlice instead of the device it is placing (kubernetes/kubernetes#133705, "
+    "fixed in 1.35), so once a node's first shared GPU is full no further share is "
+    "placed on that node",
+    "upgrade the control plane to a release with the fix, ask for less than the first "
+    "GPU of a node still has, or run the node with --consumable-capacity off",
+)
 
 _PREPARE_REASONS = ("FailedPrepareDynamicResources", "FailedCreatePodSandBox", "Failed")
 

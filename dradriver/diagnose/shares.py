@@ -98,12 +98,17 @@ def miss_text(
     )
 
 
+MAX_LINES = 8
+
+
 def share_lines(devices: Sequence[Published], w: World) -> list[str]:
-    """Each shared device: its shares, and per capacity what they hold and what is free."""
+    """Shared devices, those holding shares first: its shares, and per capacity what they
+    hold and what is free; at most MAX_LINES, then how many more."""
+    shared = sorted(
+        (d for d in devices if d.multi), key=lambda d: (not w.sharers.get(d.id), d.pool, d.name)
+    )
     out = []
-    for d in devices:
-        if not d.multi:
-            continue
+    for d in shared[:MAX_LINES]:
         held = w.consumed.get(d.id, {})
         claims = w.sharers.get(d.id, [])
         caps = ", ".join(
@@ -113,4 +118,6 @@ def share_lines(devices: Sequence[Published], w: World) -> list[str]:
         )
         who = f" ({', '.join(claims[:5])}{' ...' if len(claims) > 5 else ''})" if claims else ""
         out.append(f"{_where(d)}: {len(claims)} shares{who}; {caps}")
+    if len(shared) > MAX_LINES:
+        out.append(f"and {len(shared) - MAX_LINES} more shared devices")
     return out

@@ -16,7 +16,7 @@ from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestE
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.cdi import qualified_name
-from dradriver.kubeletplugin.prepare.shares import share_of
+from dradriver.kubeletplugin.prepare.shares import check_room, share_of
 from dradriver.kubeletplugin.state.records import (
     PREPARE_STARTED,
     Carve,
@@ -360,6 +360,9 @@ def plan(
         (devices[r.device], r.share is not None) for r in records.values() if not r.admin_access
     ]
     check_exclusive(checkpoint, ref, exclusive, devices)
+    shared = [(r, devices[r.device]) for r in records.values() if r.share and not r.admin_access]
+    if shared:
+        check_room(checkpoint, ref, shared, consumable)
     return ClaimRecord(
         uid=ref.uid,
         namespace=ref.namespace,

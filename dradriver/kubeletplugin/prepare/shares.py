@@ -10,12 +10,14 @@ device and the node's consumable-capacity mode.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from dradriver.diagnose.quantity import QuantityError, parse
-from dradriver.errors import ClaimStateError
-from dradriver.kubeletplugin.state.records import Share
+from dradriver.errors import ClaimStateError, DeviceError
+from dradriver.inventory.node_devices import NodeDevice
+from dradriver.kubeletplugin.claimref import ClaimRef
+from dradriver.kubeletplugin.state.records import Checkpoint, PreparedDevice, Share
 from dradriver.slices.consumable import COMPUTE, COMPUTE_WHOLE, MIB, Consumable, ConsumableMode
 
 
@@ -74,3 +76,46 @@ def share_of(
         memory_limit=memory_limit,
         compute_limit=compute_limit,
     )
+
+
+def check_room(
+    cp: Checkpoint,
+    ref: ClaimRef,
+    shares: Sequence[tuple[PreparedDevice, NodeDevice]],
+    mode: Consumable,
+) -> None:
+    """The node's own guard: the shares prepared on a device never consume more than it
+    has, even when an allocation says otherwise (the 1.34 scheduler can: it checks the
+    capacity left on another device of the slice than the one it allocates,
+    kubernetes/kubernetes#133705)."""
+    mine: dict[str, list[PreparedDevice]] = {}
+    for d, _ in shares:
+        mine.setdefault(d.device, []).append(d)
+    for d, dev in shares:
+        if mine[dev.name][0] is not d:
+            continue  # one check per device, with all of this claim's shares of it
+        assert d.share is not None
+        where = f"claim {ref}: device {dev.name}, share {d.share.share_id}"
+        memory = dev.mig.memory_bytes if dev.mig is not None else dev.gpu.memory_bytes
+        limits = {"memory": Fraction(memory), COMPUTE: Fraction(COMPUTE_WHOLE)}
+        if mode.mode is ConsumableMode.SHARES:
+            limits["shares"] = Fraction(mode.shares)
+        held = dict.fromkeys(limits, Fraction(0))
+        holders = 0
+        others = [od for o in cp.claims.values() if o.uid != ref.uid for od in o.devices]
+        for od in [*mine[dev.name], *others]:
+            if od.device != dev.name or od.share is None or od.admin_access:
+                continue
+            holders += 1
+            for name in limits:
+                held[name] += _amount(dict(od.share.consumed), name, where)
+        for name, limit in limits.items():
+            if held[name] > limit:
+                raise DeviceError(
+                    f"{where}: with the {holders - len(mine[dev.name])} shares already "
+                    f"prepared on it, the device would give out {held[name]} of its {limit} "
+                    f"{name}: the allocation oversubscribes it (the Kubernetes 1.34 "
+                    "scheduler can, kubernetes/kubernetes#133705); not prepared. Delete the "
+                    "claim so it is allocated again",
+                    reason="oversubscribed",
+                )

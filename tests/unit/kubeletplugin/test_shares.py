@@ -176,3 +176,29 @@ def test_a_share_with_a_sharing_config_is_refused_at_prepare() -> None:
             now=1.0,
             consumable=parse_mode("memory"),
         )
+
+
+def test_the_node_refuses_shares_that_oversubscribe_a_device() -> None:
+    """The 1.34 scheduler can allocate past a device's capacity (kubernetes#133705): the
+    node does not hand it out."""
+    cp = done(planned(A, [shared("gpu-0", S1, {"memory": "60Gi", "compute": "80"})]))
+    with pytest.raises(
+        DeviceError, match=r"would give out .* memory: the allocation oversubscribes"
+    ):
+        planned(B, [shared("gpu-0", S2, {"memory": "20Gi", "compute": "0"})], cp=cp)
+    with pytest.raises(DeviceError, match="of its 100 compute"):
+        planned(B, [shared("gpu-0", S2, {"memory": "1Gi", "compute": "30"})], cp=cp)
+    planned(B, [shared("gpu-0", S2, {"memory": "19Gi", "compute": "20"})], cp=cp)  # fits
+    planned(B, [shared("gpu-1", S2, {"memory": "79Gi", "compute": "100"})], cp=cp)  # another
+    # Two shares of one device in one claim count together; shares=N counts shares.
+    with pytest.raises(DeviceError, match="oversubscribes"):
+        planned(
+            B,
+            [
+                shared("gpu-1", S2, {"memory": "50Gi"}, "a"),
+                shared("gpu-1", S3, {"memory": "50Gi"}, "b"),
+            ],
+        )
+    four = done(planned(A, [shared("gpu-0", S1, {"shares": "4"})], "shares=4"))
+    with pytest.raises(DeviceError, match="of its 4 shares"):
+        planned(B, [shared("gpu-0", S2, {"shares": "1"})], "shares=4", cp=four)
