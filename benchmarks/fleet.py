@@ -297,11 +297,6 @@ class Kind:
 
     def capacity(self, node: NodeSlices) -> int:
         """How many of these claims one node holds (greedy, by counters where published)."""
-        if self.same_domain:
-            per: Counter[str | None] = Counter(
-                d.domain for d in node.devices.values() if self.fits(d) and d.domain
-            )
-            return sum(v // self.count for v in per.values())
         fitting = [d for d in node.devices.values() if self.fits(d)]
         if fitting and fitting[0].multi:
             # What the 1.34 scheduler places on a node of shared GPUs: it checks the
@@ -309,6 +304,11 @@ class Kind:
             # (kubernetes/kubernetes#133705, fixed in 1.35), so a node takes shares until
             # its first GPU is full, and one claim that takes whole GPUs.
             return fitting[0].memory // self.share if self.share else 1
+        if self.same_domain:
+            per: Counter[str | None] = Counter(
+                d.domain for d in node.devices.values() if self.fits(d) and d.domain
+            )
+            return sum(v // self.count for v in per.values())
         used: Counter[tuple[str, str]] = Counter()
         n = 0
         for d in node.devices.values():
