@@ -75,6 +75,11 @@ def run_plugin(
 ) -> int:
     """Everything after the sockets (startup.py): discovery, the checkpoint, publishing,
     the operator endpoints; the sockets start answering once the driver is set."""
+    try:  # a combination that cannot work is refused before anything else
+        consumable = flags.consumable(args.consumable_capacity, args.mig_mode)
+    except ConsumableModeError as exc:
+        log.error("bad --consumable-capacity", error=str(exc))
+        return 2
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -99,11 +104,6 @@ def run_plugin(
             error=str(exc),
             kubeconfig=args.kubeconfig or "(in-cluster, then ~/.kube/config)",
         )
-        return 2
-    try:
-        consumable = flags.consumable(args.consumable_capacity, args.mig_mode)
-    except ConsumableModeError as exc:
-        log.error("bad --consumable-capacity", error=str(exc))
         return 2
     store = CheckpointStore(state_dir / "checkpoint.json", current_boot_id())
     mode = MigMode(args.mig_mode)

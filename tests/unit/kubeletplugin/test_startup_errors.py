@@ -66,3 +66,32 @@ def test_a_kubelet_dir_too_deep_for_socket_paths_is_one_line(tmp_path: Path) -> 
     assert proc.returncode == 2 and "Traceback" not in out, out
     (line,) = [x for x in out.splitlines() if "level=error" in x]
     assert "longer than a Unix socket path may be (107 bytes)" in line and str(deep) in line
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["--consumable-capacity", "memory", "--mig-mode", "dynamic"],
+            "--consumable-capacity=memory cannot be combined with --mig-mode=dynamic",
+        ),
+        (["--consumable-capacity", "shares=99"], "--consumable-capacity=shares=99: N in shares=N"),
+    ],
+)
+def test_consumable_capacity_that_cannot_work_is_refused_naming_the_flags(
+    tmp_path: Path, kubelet_dir: Path, args: list[str], says: str
+) -> None:
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "dradriver.cli", "kubelet-plugin", "--devices", "fake:1xL4"),
+            *("--kubelet-dir", str(kubelet_dir), "--state-dir", str(tmp_path / "state")),
+            *("--healthz-port", "0", *args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out
+    assert says in out
