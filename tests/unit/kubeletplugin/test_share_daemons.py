@@ -6,6 +6,7 @@ limits survive a plugin restart and come back after a reboot."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from dradriver import crashpoints
 from dradriver.errors import DriverError
 from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
@@ -104,6 +106,14 @@ class SharedNode:
         assert self.driver.unprepare(list(refs)) == {r.uid: "" for r in refs}
 
 
+def restart(node: SharedNode, boot_id: str = "boot") -> SharedNode:
+    """The plugin started again over the same state and GPUs, its startup reconciled."""
+    again = SharedNode(node.tmp, boot_id=boot_id)
+    again.claims = node.claims
+    again.driver.reconcile()
+    return again
+
+
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[SharedNode]:
     n = SharedNode(tmp_path)
@@ -184,16 +194,12 @@ def test_the_daemon_and_limits_survive_a_restart_and_come_back_after_a_reboot(
     a, b = node.share("a", "20Gi", "25"), node.share("b", "30Gi")
     (pid,) = node.daemons()
     before = namespaces(node.pipe())
-    restarted = SharedNode(node.tmp)
-    restarted.claims = node.claims
-    restarted.driver.reconcile()
+    restarted = restart(node)
     assert restarted.daemons() == [pid] and namespaces(restarted.pipe()) == before
     os.kill(pid, 15)  # as a reboot would end it
     while mps_alive(pid):
         time.sleep(0.01)
-    rebooted = SharedNode(node.tmp, boot_id="boot-2")
-    rebooted.claims = node.claims
-    rebooted.driver.reconcile()
+    rebooted = restart(node, boot_id="boot-2")
     (again,) = rebooted.daemons()
     assert again != pid and mps_alive(again)
     assert namespaces(rebooted.pipe()) == before  # every share's limits, set again
@@ -206,9 +212,7 @@ def test_a_lost_checkpoint_still_stops_the_daemon(node: SharedNode) -> None:
     a, b = node.share("a", "20Gi"), node.share("b", "20Gi")
     (pid,) = node.daemons()
     lose_checkpoint(node.tmp)
-    restarted = SharedNode(node.tmp)
-    restarted.claims = node.claims
-    restarted.driver.reconcile()
+    restarted = restart(node)
     assert mps_alive(pid)  # kept for the pods that may still use it
     restarted.unprepare(a)
     assert mps_alive(pid)
@@ -246,28 +250,29 @@ class Crash(BaseException):
     """The process dies here: nothing after it runs (no rollback either)."""
 
 
-@pytest.mark.parametrize("point", ["intent-recorded", "sharing-applied", "cdi-written"])
-def test_a_crash_preparing_a_share_is_undone_at_restart_and_its_neighbour_kept(
-    node: SharedNode, point: str
-) -> None:
-    from dradriver import crashpoints
-
-    first = node.share("first", "20Gi")
-    (pid,) = node.daemons()
-
+@contextlib.contextmanager
+def crash_at(point: str) -> Iterator[None]:
     def crash(name: str) -> None:
         if name == point:
             raise Crash(name)
 
     crashpoints.hook = crash
     try:
-        with pytest.raises(Crash):
-            node.share("second", "30Gi")
+        yield
     finally:
         crashpoints.hook = None
-    restarted = SharedNode(node.tmp)
-    restarted.claims = node.claims
-    restarted.driver.reconcile()
+
+
+@pytest.mark.parametrize("point", ["intent-recorded", "sharing-applied", "cdi-written"])
+def test_a_crash_preparing_a_share_is_undone_at_restart_and_its_neighbour_kept(
+    node: SharedNode, point: str
+) -> None:
+    first = node.share("first", "20Gi")
+    (pid,) = node.daemons()
+
+    with crash_at(point), pytest.raises(Crash):
+        node.share("second", "30Gi")
+    restarted = restart(node)
     # The interrupted share is gone; its neighbour and the daemon are as they were.
     assert list(namespaces(restarted.pipe()).values()) == [{"pinned": 20 * GI}]
     (entry,) = restarted.ledger().values()
@@ -281,22 +286,10 @@ def test_a_crash_preparing_a_share_is_undone_at_restart_and_its_neighbour_kept(
 
 
 def test_a_crash_preparing_the_first_share_leaves_no_daemon(node: SharedNode) -> None:
-    from dradriver import crashpoints
-
-    def crash(name: str) -> None:
-        if name == "sharing-applied":
-            raise Crash(name)
-
-    crashpoints.hook = crash
-    try:
-        with pytest.raises(Crash):
-            node.share("only", "20Gi")
-    finally:
-        crashpoints.hook = None
+    with crash_at("sharing-applied"), pytest.raises(Crash):
+        node.share("only", "20Gi")
     (pid,) = node.daemons()
-    restarted = SharedNode(node.tmp)
-    restarted.claims = node.claims
-    restarted.driver.reconcile()
+    restarted = restart(node)
     assert not mps_alive(pid) and restarted.daemons() == []
     assert restarted.mode(0) == 0 and restarted.ledger() == {}
 
