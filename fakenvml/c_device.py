@@ -92,7 +92,7 @@ def index(ctx: CallContext, handle: object, out: object) -> None:
 
 @C.emulates("nvmlDeviceGetMinorNumber")
 def minor_number(ctx: CallContext, handle: object, out: object) -> None:
-    cmem.write(out, ctx.device(handle).index)
+    cmem.write(out, ctx.device(handle).layout.minor)
 
 
 def _memory_mib(ctx: CallContext, handle: object) -> int:

@@ -340,13 +340,14 @@ class FakeMachine:
     # -- initial state and persistence --------------------------------------------
 
     def _power_on(self) -> None:
-        first = 0
+        first = 0  # NVML index of the group's first GPU
         for group in self.spec.groups:
-            for i in range(first, first + group.count):
+            present = group.present
+            for i in range(first, first + len(present)):
                 if group.mig:
                     self.gpus[i].mig_current = self.gpus[i].mig_pending = MIG_ENABLE
             for d in group.mig_devices:
-                index = first + d.gpu
+                index = first + present.index(d.gpu)
                 profile = group.product.gi_profile_by_name(d.profile)
                 assert profile is not None  # spec.parse checked it
                 gi = self.create_gpu_instance(index, profile.id, d.placement)
@@ -356,7 +357,7 @@ class FakeMachine:
                 for size in sizes:
                     ci_profile = next(c for c in CI_PROFILES.values() if c.slices == size)
                     self.create_compute_instance(index, gi.id, ci_profile.id, None)
-            first += group.count
+            first += len(present)
 
     def _save(self) -> None:
         if self.state_path is None:
@@ -366,15 +367,31 @@ class FakeMachine:
     def _restore(self, doc: dict[str, Any]) -> None:
         saved = doc.get("gpus")
         where = f"fake NVML state {self.state_path}"
-        if not isinstance(saved, list) or [(s.get("uuid"), s.get("product")) for s in saved] != [
-            (g.uuid, g.layout.product.key) for g in self.gpus
-        ]:
+        by_uuid = {
+            s.get("uuid"): s
+            for s in (saved if isinstance(saved, list) else [])
+            if isinstance(s, dict)
+        }
+        # A GPU gone from its slot (absent=) leaves the others' state as it was, as
+        # hardware does; a GPU that came (back) powers on. A file that knows none of
+        # this spec's GPUs belongs to another machine.
+        if not any(g.uuid in by_uuid for g in self.gpus):
             raise FakeStateError(
                 f"{where} describes other GPUs than this device spec; delete the file or "
                 "use another state directory"
             )
         try:
-            for g, s in zip(self.gpus, saved, strict=True):
+            for g in self.gpus:
+                s = by_uuid.get(g.uuid)
+                if s is None:
+                    if (
+                        g.layout.group < len(self.spec.groups)
+                        and self.spec.groups[g.layout.group].mig
+                    ):
+                        g.mig_current = g.mig_pending = MIG_ENABLE
+                    continue
+                if s.get("product") != g.layout.product.key:
+                    raise ValueError(f"GPU {g.uuid} saved as {s.get('product')}")
                 _load_into(g, s)
         except (KeyError, TypeError, ValueError) as exc:
             raise FakeStateError(f"{where} is damaged ({exc!r}); delete it") from None

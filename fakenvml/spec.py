@@ -7,10 +7,12 @@ Shorthand (the `fake:` prefix is optional here):
     option  := "nvlink=" ( "none" | "pairs" | "quads" | "all" | "fabric" )
              | "mig=" ( "on" | "off" )
              | "cluster=" NAME | "clique=" INT          (nvlink=fabric only)
+             | "absent=" INT                            (a GPU missing from its slot)
 
     8xH100-80GB                      one HGX board: 8 GPUs on NVSwitch
     4xA100-80GB+2xL4                 two groups; GPU indices run on across groups
     4xA100-80GB:nvlink=pairs,mig=on  NVLink bridges between GPU 2k and 2k+1, MIG enabled
+    8xH100-80GB:absent=3             the same board with its fourth GPU gone
 
 Products (case-insensitive; facts and sources in products.py): A100-40GB, A100-80GB, A30,
 H100-80GB, H100-NVL, GH200-96GB, GH200-144GB, H200-141GB, H200-NVL, H20, B200, GB200, B300,
@@ -25,6 +27,13 @@ usual wiring (all for HGX boards, pairs for H100 NVL, quads for H200 NVL, fabric
 and GB200, none for PCIe cards without bridges; a bridged group whose count the bridge does
 not divide gets pairs where it can, else none); mig=off.
 
+absent: the group's GPU in slot N (0-based, of COUNT slots) is missing, as when a GPU
+fell off the bus before a reboot or was taken out: NVML enumerates one GPU fewer and
+every later GPU's NVML index shifts down, while each remaining GPU keeps its PCI address,
+minor number (the driver numbers /dev/nvidiaN by slot here), UUID and NVLinks to the GPUs
+still there. A GPU's identity derives from (node, group, product, slot), never from its
+NVML index, so `8xH100-80GB` and `8xH100-80GB:absent=3` describe the same seven GPUs.
+
 `@PATH` reads a YAML fleet file (relative paths from the working directory):
 
     driverVersion: "570.86.15"      # optional, nvmlSystemGetDriverVersion
@@ -36,8 +45,9 @@ not divide gets pairs where it can, else none); mig=off.
         mig: on                     # optional: on/off or true/false
         cluster: rack-7             # optional, nvlink: fabric only
         clique: 2                   # optional, nvlink: fabric only
+        absent: [3]                 # optional: slots (0-based) whose GPU is missing
         migDevices:                 # optional, needs mig on: present at first start
-          - gpu: 0                  # index of the GPU within this group
+          - gpu: 0                  # slot of the GPU within this group
             profile: 3g.40gb        # a GPU-instance profile name of the product
             placement: 4            # memory-slice start of the instance
             computeInstances: [1, 1, 1]   # optional: compute-instance sizes in slices
@@ -107,6 +117,13 @@ class GpuGroup:
     cluster: str | None = None
     clique: int | None = None
     mig_devices: tuple[MigDeviceSpec, ...] = ()
+    # Slots (0-based, of `count`) whose GPU is missing: see the module docstring.
+    absent: frozenset[int] = frozenset()
+
+    @property
+    def present(self) -> list[int]:
+        """The slots that hold a GPU, in NVML enumeration (PCI bus) order."""
+        return [s for s in range(self.count) if s not in self.absent]
 
 
 @dataclass(frozen=True)
@@ -117,6 +134,11 @@ class MachineSpec:
 
     @property
     def gpu_count(self) -> int:
+        """GPUs NVML enumerates: the slots that hold one."""
+        return sum(len(g.present) for g in self.groups)
+
+    @property
+    def slot_count(self) -> int:
         return sum(g.count for g in self.groups)
 
 
@@ -147,11 +169,15 @@ def _parse_group(text: str, n: int) -> GpuGroup:
         if key in options:
             raise FakeSpecError(f"{where}: option {key!r} given twice")
         options[key] = value.strip()
-    unknown = set(options) - {"nvlink", "mig", "cluster", "clique"}
+    unknown = set(options) - {"nvlink", "mig", "cluster", "clique", "absent"}
     if unknown:
         raise FakeSpecError(
-            f"{where}: unknown option {sorted(unknown)[0]!r}; known: nvlink, mig, cluster, clique"
+            f"{where}: unknown option {sorted(unknown)[0]!r}; "
+            "known: nvlink, mig, cluster, clique, absent"
         )
+    absent = options.get("absent")
+    if absent is not None and not absent.isdigit():
+        raise FakeSpecError(f"{where}: absent must be a slot number (0-based), not {absent!r}")
     clique = options.get("clique")
     if clique is not None and not clique.isdigit():
         raise FakeSpecError(f"{where}: clique must be a non-negative integer, not {clique!r}")
@@ -167,6 +193,7 @@ def _parse_group(text: str, n: int) -> GpuGroup:
         cluster=options.get("cluster"),
         clique=int(clique) if clique is not None else None,
         mig_devices=(),
+        absent=frozenset({int(absent)}) if absent is not None else frozenset(),
     )
 
 
@@ -180,6 +207,7 @@ def _group(
     cluster: str | None,
     clique: int | None,
     mig_devices: tuple[MigDeviceSpec, ...],
+    absent: frozenset[int] = frozenset(),
 ) -> GpuGroup:
     p = product(product_key)
     if p is None:
@@ -207,12 +235,17 @@ def _group(
         raise FakeSpecError(f"{at(field)}: cluster and clique need nvlink=fabric")
     if mig and not p.mig_capable:
         raise FakeSpecError(f"{at('mig')}: {p.key} does not support MIG; use mig=off")
-    return GpuGroup(p, count, link, mig, cluster, clique, mig_devices)
+    outside = sorted(s for s in absent if not 0 <= s < count)
+    if outside:
+        raise FakeSpecError(f"{at('absent')}: slot {outside[0]} is not in 0..{count - 1}")
+    if len(absent) == count:
+        raise FakeSpecError(f"{at('absent')}: every GPU of the group is absent; drop the group")
+    return GpuGroup(p, count, link, mig, cluster, clique, mig_devices, absent)
 
 
 def _checked(spec: MachineSpec) -> MachineSpec:
-    if spec.gpu_count > MAX_GPUS:
-        raise FakeSpecError(f"{spec.gpu_count} GPUs in all; a fake machine holds {MAX_GPUS}")
+    if spec.slot_count > MAX_GPUS:
+        raise FakeSpecError(f"{spec.slot_count} GPUs in all; a fake machine holds {MAX_GPUS}")
     return spec
 
 
@@ -256,7 +289,7 @@ def parse_fleet(doc: object) -> MachineSpec:
     return _checked(MachineSpec(groups, driver, cuda))
 
 
-_GROUP_KEYS = {"product", "count", "nvlink", "mig", "cluster", "clique", "migDevices"}
+_GROUP_KEYS = {"product", "count", "nvlink", "mig", "cluster", "clique", "absent", "migDevices"}
 
 
 def _fleet_group(raw: object, where: str) -> GpuGroup:
@@ -277,6 +310,11 @@ def _fleet_group(raw: object, where: str) -> GpuGroup:
     clique = g.get("clique")
     if clique is not None and not (_is_int(clique) and clique >= 0):
         raise FakeSpecError(f"{where}.clique: expected a non-negative integer, not {clique!r}")
+    raw_absent = g.get("absent", [])
+    if _is_int(raw_absent):
+        raw_absent = [raw_absent]
+    if not (isinstance(raw_absent, list) and all(_is_int(a) for a in raw_absent)):
+        raise FakeSpecError(f"{where}.absent: expected a list of slot numbers, not {raw_absent!r}")
     raw_devices = g.get("migDevices", [])
     if not isinstance(raw_devices, list):
         raise FakeSpecError(f"{where}.migDevices: expected a list")
@@ -290,6 +328,7 @@ def _fleet_group(raw: object, where: str) -> GpuGroup:
         cluster=str(cluster) if cluster is not None else None,
         clique=clique,
         mig_devices=devices,
+        absent=frozenset(raw_absent),
     )
     _check_mig_devices(group, where)
     return group
@@ -327,6 +366,8 @@ def _check_mig_devices(group: GpuGroup, where: str) -> None:
         at = f"{where}.migDevices[{i}]"
         if d.gpu >= group.count:
             raise FakeSpecError(f"{at}.gpu: {d.gpu} is not in 0..{group.count - 1}")
+        if d.gpu in group.absent:
+            raise FakeSpecError(f"{at}.gpu: slot {d.gpu} is absent")
         profile = group.product.gi_profile_by_name(d.profile)
         if profile is None:
             names = ", ".join(p.name for p in group.product.gi_profiles)

@@ -1,7 +1,9 @@
 """The fixed facts of a fake machine: identities, PCI addresses, NUMA nodes, NVLink wiring.
 
-Everything is derived from (node name, GPU index), so the same spec on the same node
-always describes the same hardware.
+Everything is derived from the node name and a GPU's slot (its group, product and place
+in the group), never from its NVML index: the same spec on the same node always describes
+the same hardware, another product in a slot is another GPU, and a GPU missing from its
+slot (`absent=`) shifts the later GPUs' NVML indices but no one's identity.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ def _uuid_text(digest: bytes) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def gpu_uuid(node: str, index: int) -> str:
-    return "GPU-" + _uuid_text(hashlib.sha256(f"gpu/{node}/{index}".encode()).digest())
+def gpu_uuid(node: str, group: int, product: str, slot: int) -> str:
+    key = f"gpu/{node}/{group}/{product}/{slot}"
+    return "GPU-" + _uuid_text(hashlib.sha256(key.encode()).digest())
 
 
 def mig_uuid(parent_uuid: str, gi: int, ci: int, serial: int) -> str:
@@ -62,7 +65,8 @@ class LinkEnd:
 
 @dataclass(frozen=True)
 class GpuLayout:
-    index: int
+    index: int  # NVML's: counts only the GPUs present
+    minor: int  # the machine-wide slot: /dev/nvidia<minor>, kept when a GPU before it is gone
     group: int
     product: Product
     uuid: str
@@ -78,12 +82,11 @@ def gpu_pci(index: int) -> PciAddress:
 
 def build(spec: MachineSpec, node: str) -> list[GpuLayout]:
     out: list[GpuLayout] = []
-    total = spec.gpu_count
+    total = spec.slot_count
     switches_used = 0
-    first = 0
+    first = 0  # the group's first machine-wide slot
     for g, group in enumerate(spec.groups):
         p = group.product
-        members = range(first, first + group.count)
         switch_ends: tuple[LinkEnd, ...] = ()
         if group.nvlink in (NvLink.ALL, NvLink.FABRIC):
             ends = []
@@ -103,34 +106,37 @@ def build(spec: MachineSpec, node: str) -> list[GpuLayout]:
             cluster = group.cluster or f"{node}/group{g}"
             digest = hashlib.sha256(f"cluster/{cluster}".encode()).digest()[:16]
             fabric = (digest, group.clique if group.clique is not None else 1)
-        for i in members:
+        for local in group.present:
+            slot = first + local
             links: tuple[LinkEnd, ...] = ()
             if group.nvlink.bridge_size:
-                # A bridge joins k cards; each card's links are shared among its peers.
+                # A bridge joins k cards; each card's links are shared among its peers
+                # (a missing peer's links end nowhere, so NVML does not report them).
                 k = group.nvlink.bridge_size
-                local = i - first
-                base = first + local - local % k
+                base = local - local % k
                 peers = [
                     LinkEnd(
-                        gpu_pci(base + j),
+                        gpu_pci(first + base + j),
                         p.pci_device_id,
                         p.pci_subsystem_id,
                         pynvml.NVML_NVLINK_DEVICE_TYPE_GPU,
                     )
                     for j in range(k)
-                    if base + j != i
+                    if base + j != local and base + j not in group.absent
                 ]
-                links = tuple(peers[n % len(peers)] for n in range(p.nvlink_links))
+                if peers:
+                    links = tuple(peers[n % len(peers)] for n in range(p.nvlink_links))
             elif switch_ends:
                 links = tuple(switch_ends[n % len(switch_ends)] for n in range(p.nvlink_links))
             out.append(
                 GpuLayout(
-                    index=i,
+                    index=len(out),
+                    minor=slot,
                     group=g,
                     product=p,
-                    uuid=gpu_uuid(node, i),
-                    pci=gpu_pci(i),
-                    numa_node=i * 2 // total,
+                    uuid=gpu_uuid(node, g, p.key, local),
+                    pci=gpu_pci(slot),
+                    numa_node=slot * 2 // total,
                     links=links,
                     fabric=fabric,
                 )

@@ -100,6 +100,9 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
     idle_gpu_instances: tuple[IdleGpuInstance, ...] = ()
     nvlink_domain: str | None = None
+    # The device name, from the UUID (inventory.naming); discovery sets it so that two
+    # GPUs of one node whose UUIDs share a prefix still get distinct names.
+    name: str = ""
 
     def profile(self, name: str) -> MigProfile | None:
         return next((p for p in self.mig_profiles if p.name == name), None)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from dradriver.inventory import mig_geometry
 from dradriver.inventory.model import Gpu, Inventory, MigDevice, MigProfile
+from dradriver.inventory.naming import default_name
 
 
 class MigMode(enum.StrEnum):
@@ -64,16 +65,17 @@ def profile_token(profile: str) -> str:
 
 
 def gpu_device_name(gpu: Gpu) -> str:
-    return f"gpu-{gpu.index}"
+    """The GPU's name, from its UUID (inventory.naming says why not its NVML index)."""
+    return gpu.name or default_name(gpu.uuid)
 
 
 def mig_device_name(gpu: Gpu, profile: str, start: int) -> str:
-    return f"gpu-{gpu.index}-mig-{profile_token(profile)}-{start}"
+    return f"{gpu_device_name(gpu)}-mig-{profile_token(profile)}-{start}"
 
 
 def compute_instance_name(gpu: Gpu, dev: MigDevice) -> str:
     """A MIG device that is one of several compute instances of its GPU instance (or a
-    compute instance smaller than it) is named after both: gpu-0-mig-3g40gb-4-ci1."""
+    compute instance smaller than it) is named after both: gpu-9b3c2810-mig-3g40gb-4-ci1."""
     base = mig_device_name(gpu, dev.profile, dev.placement_start)
     if dev.siblings > 1 or dev.partial:
         return f"{base}-ci{dev.compute_instance_id}"

@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from dradriver.inventory.model import Gpu, IdleGpuInstance, Inventory, MigDevice, MigProfile
+from dradriver.inventory.naming import stable_names
 from dradriver.inventory.versions import compute_capability, cuda_version, semver
 from dradriver.logs import get_logger
 from dradriver.nvml.explain import explain_init_failure
@@ -312,7 +313,8 @@ def discover(
         elif peers:
             links[gpu.pci_bus_id] = (gpu.uuid, peers)
     domains = {**_local_domains(links), **fabric}
-    gpus = [_with_domain(g, domains.get(g.uuid)) for g in gpus]
+    names = stable_names(g.uuid for g in gpus)
+    gpus = [replace(_with_domain(g, domains.get(g.uuid)), name=names[g.uuid]) for g in gpus]
     return Discovery(
         Inventory(driver_version=driver, cuda_driver_version=cuda, gpus=tuple(gpus)), problems
     )

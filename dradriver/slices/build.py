@@ -50,7 +50,7 @@ ATTRIBUTE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 class SliceContent:
     """One ResourceSlice's spec without pool bookkeeping (the publisher adds that)."""
 
-    key: str  # stable identity across restarts: "gpu-3" or "devices-0"
+    key: str  # stable identity across restarts: "gpu-9b3c2810" or "devices-0"
     devices: tuple[dict[str, Any], ...]
     shared_counters: tuple[dict[str, Any], ...] = ()
 
@@ -203,7 +203,7 @@ def _counted(inv: Inventory, g: GpuOffer) -> SliceContent:
             "counters": {c: {"value": str(v)} for c, v in capacities.items()},
         },
     )
-    return SliceContent(key=f"gpu-{g.gpu.index}", devices=tuple(devices), shared_counters=shared)
+    return SliceContent(key=gpu_device_name(g.gpu), devices=tuple(devices), shared_counters=shared)
 
 
 def _fits_with(group: Sequence[SliceContent], more: SliceContent) -> bool:
@@ -241,7 +241,7 @@ def _merge(group: Sequence[SliceContent]) -> SliceContent:
     whole = [d for c in group for d in c.devices if _is_gpu(d)]
     parts = [d for c in reversed(group) for d in c.devices if not _is_gpu(d)]
     return SliceContent(
-        key="gpus-" + group[0].key.removeprefix("gpu-"),  # "gpus-4": GPUs 4 and up
+        key="gpus-" + group[0].key.removeprefix("gpu-"),  # "gpus-9b3c2810": that GPU and the next
         devices=(*whole, *parts),
         shared_counters=tuple(cs for c in group for cs in c.shared_counters),
     )
@@ -289,7 +289,7 @@ def build(
                 check_limits([content])
             else:
                 content = SliceContent(
-                    key=f"gpu-{g.gpu.index}",
+                    key=gpu_device_name(g.gpu),
                     devices=tuple(render(inv, d, consumable) for d in g.devices),
                 )
                 check_limits([content])
