@@ -23,7 +23,7 @@ from dradriver.kubeletplugin.devices.view import DeviceView
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
-from dradriver.kubeletplugin.ops.api_probe import ApiProbe
+from dradriver.kubeletplugin.ops.api_probe import SLICES, ApiProbe, slices_query
 from dradriver.kubeletplugin.options import add_arguments
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_boot_id
 from dradriver.kubeletplugin.state.files import FileLock, NodeLock
@@ -144,7 +144,9 @@ def run_plugin(
             return False, not_registered_message(kubelet_dir, waited)
         return False, "waiting for the kubelet"
 
-    api = ApiProbe(kube)
+    # Probing from now: /readyz's first answer is the API server's, not "not checked yet".
+    api = ApiProbe(kube, SLICES, slices_query(args.node_name, args.driver_name))
+    api.start(stop)
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
     publisher.start_prefetch()
     loop = PublishLoop(publisher, view.refresh, period=args.rediscover_period)

@@ -1,40 +1,98 @@
-"""API reachability for /readyz (ApiProbe)."""
+"""API reachability for /readyz (ApiProbe), and the one-line cause of a failed probe."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 
 from dradriver.k8s import Kube, KubeError
 
+# The probe asks what the plugin itself needs (its node's slices), not /version: every
+# identity, even an anonymous one, may read /version, so a missing RBAC grant would pass.
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def slices_query(node: str, driver: str) -> dict[str, str]:
+    return {"fieldSelector": f"spec.nodeName={node},spec.driver={driver}", "limit": "1"}
+
+
+def describe(host: str, exc: KubeError) -> str:
+    """Why the probe failed, worded so the reader (and `dradriver doctor`) can tell the
+    plugin's credentials, its RBAC and the network apart."""
+    said = f"{exc.status} {exc.reason}: {exc.message}"
+    if exc.status == 401:
+        return f"the API server at {host} refused the plugin's credentials ({said})"
+    if exc.status == 403:
+        return f"the API server at {host} forbids the plugin's identity to list its slices ({said})"
+    if exc.status == 0 and exc.reason == "NoCredentials":
+        return f"the plugin has no credentials for the API server at {host} ({exc.message})"
+    if exc.status == 0:
+        return f"cannot reach the API server at {host} ({exc.message})"
+    return f"the API server at {host} answers {said}"
+
 
 class ApiProbe:
-    """API reachability for /readyz: probed in the background, every `ttl` seconds at most,
-    so /readyz answers at once even while the API server hangs (it then says for how long
-    the probe has waited)."""
+    """API reachability for /readyz, probed in the background from start() every `ttl`
+    seconds, so /readyz answers at once even while the API server hangs (it then says
+    for how long the probe has waited). Before the first probe has answered, check()
+    waits for it (at most `timeout`): its first answer is a result, never a guess."""
 
-    def __init__(self, kube: Kube, ttl: float = 5.0, timeout: float = 3.0) -> None:
-        self.kube, self.ttl, self.timeout = kube, ttl, timeout
-        self._at = float("-inf")
-        self._result = (False, "not checked yet")
+    def __init__(
+        self,
+        kube: Kube,
+        path: str = "/version",
+        query: Mapping[str, str] | None = None,
+        ttl: float = 5.0,
+        timeout: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube, self.path, self.query = kube, path, dict(query or {})
+        self.ttl, self.timeout, self._clock = ttl, timeout, clock
+        self._result: tuple[bool, str] | None = None
         self._since: float | None = None  # when the probe in flight started
-        self._lock = threading.Lock()
+        self._started = False
+        self._cond = threading.Condition()
+
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Starts probing (once; later calls do nothing) until `stop` is set."""
+        with self._cond:
+            if self._started:
+                return
+            self._started = True
+            self._since = self._clock()
+        threading.Thread(
+            target=self._loop, args=(stop or threading.Event(),), name="api-probe", daemon=True
+        ).start()
 
     def check(self) -> tuple[bool, str]:
-        now = time.monotonic()
-        with self._lock:
-            if self._since is None and now - self._at > self.ttl:
-                self._since = now
-                threading.Thread(target=self._probe, name="api-probe", daemon=True).start()
-            if self._since is not None and now - self._since > self.timeout:
-                return False, f"API server not answering for {now - self._since:.0f} s"
+        self.start()
+        with self._cond:
+            if self._result is None and self._since is not None:
+                left = self._since + self.timeout - self._clock()
+                if left > 0:
+                    self._cond.wait_for(lambda: self._result is not None, left)
+            since = self._since
+            waited = self._clock() - since if since is not None else 0.0
+            if self._result is None or waited > self.timeout:
+                host = self.kube.host
+                return False, f"the API server at {host} is not answering for {waited:.0f} s"
             return self._result
 
-    def _probe(self) -> None:
+    def probe_once(self) -> None:
         try:
-            self.kube.get("/version", timeout=self.timeout)
+            self.kube.get(self.path, timeout=self.timeout, **self.query)
             result = (True, self.kube.host)
         except KubeError as exc:
-            result = (False, f"API server unreachable: {exc.message}")
-        with self._lock:
-            self._result, self._at, self._since = result, time.monotonic(), None
+            result = (False, describe(self.kube.host, exc))
+        with self._cond:
+            self._result, self._since = result, None
+            self._cond.notify_all()
+
+    def _loop(self, stop: threading.Event) -> None:
+        while True:
+            with self._cond:
+                self._since = self._since if self._since is not None else self._clock()
+            self.probe_once()
+            if stop.wait(self.ttl):
+                return
