@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,12 +27,15 @@ from typing import Any
 
 import yaml
 
+from dradriver.commands import dev_nodes
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
 from dradriver_dev import addons, cluster
 from dradriver_dev import hollow_node as hollow
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = REPO / ".devcluster"
+# Where a run's logs are kept once the cluster (and .devcluster with it) is gone.
+KEPT_LOGS = REPO / "build" / "demo-logs"
 NAMESPACE = "demo"
 RES = "resource.k8s.io/v1"
 NODES = {
@@ -147,6 +151,20 @@ def start_node(
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
+    )
+    # What `dradriver doctor` needs to find this node's plugin, a process no pod points at.
+    dev_nodes.write(
+        STATE,
+        dev_nodes.DevNode(
+            node=name,
+            readyz=f"http://127.0.0.1:{healthz_port}/readyz",
+            devices=devices,
+            mig_mode=mode,
+            cdi_dir=str(root / "cdi"),
+            state_dir=str(state),
+            kubelet_dir=str(root),
+            plugin_log=str(logs / f"{name}-plugin.log"),
+        ),
     )
     return NodeProcs(name, root, state, [kubelet, plugin], healthz_port)
 
@@ -391,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         print(mig_layout(nodes))
         print()
         show_sick_gpu(kube, nodes["h100-node"])
-        say(f"done in {time.monotonic() - start:.0f}s; logs in {logs}")
+        show_doctor(st.kubeconfig)
+        say(f"done in {time.monotonic() - start:.0f}s")
         if args.keep:
             say(
                 f"left running: export KUBECONFIG={st.kubeconfig}; "
@@ -400,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             for n in nodes.values():
                 say(n.endpoints())
+            say(f"every layer of every node: {doctor_command(st.kubeconfig)}")
+            say(f"logs in {_shown(logs)} (until `make cluster-down` removes {_shown(STATE)})")
             _record_pids(nodes)
             return 0
     finally:
@@ -408,8 +429,53 @@ def main(argv: list[str] | None = None) -> int:
             for n in nodes.values():
                 for proc in reversed(n.procs):
                     _stop(proc)
+            cluster.down(STATE, remove=False)
+            kept = _keep_logs(logs)
             cluster.down(STATE)
+            say(f"logs of this run in {kept} ({_shown(STATE)} is removed; KEEP=1 keeps it all)")
     return 0
+
+
+def _shown(path: Path | str) -> str:
+    """A path as the user types it from the repository, where `make demo` runs."""
+    p = Path(path)
+    return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(p)
+
+
+def doctor_command(kubeconfig: str) -> str:
+    """The command that checks every layer of every node of this cluster: doctor finds
+    the nodes in the registry beside the kubeconfig (.devcluster/nodes/<node>.json)."""
+    exe = Path(sys.executable).parent / "dradriver"
+    return (
+        f"{_shown(exe) if exe.exists() else 'dradriver'} doctor --kubeconfig {_shown(kubeconfig)}"
+    )
+
+
+def show_doctor(kubeconfig: str) -> None:
+    """`dradriver doctor` as the user runs it: every layer of every node, bottom-up."""
+    command = doctor_command(kubeconfig)
+    say(f"every layer of every node, bottom-up: {command}")
+    done = subprocess.run(
+        [sys.executable, "-m", "dradriver.cli", "doctor", "--kubeconfig", kubeconfig],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    for line in (done.stdout + done.stderr).splitlines():
+        print(f"  {line}", flush=True)
+    if done.returncode != 0:
+        say(f"doctor found a broken layer (exit {done.returncode}): the FAIL line says which")
+
+
+def _keep_logs(logs: Path) -> str:
+    """Copies the run's logs where they outlive .devcluster; the last run's replace the
+    run before's."""
+    try:
+        shutil.rmtree(KEPT_LOGS, ignore_errors=True)
+        shutil.copytree(logs, KEPT_LOGS)
+    except OSError as exc:
+        return f"nowhere: copying them to {_shown(KEPT_LOGS)} failed ({exc})"
+    return _shown(KEPT_LOGS)
 
 
 def show_sick_gpu(kube: Kube, node: NodeProcs) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,10 +18,18 @@ from dradriver import DEFAULT_DRIVER_NAME
 
 # The Kubernetes client loads when the command runs, not whenever the parser is built.
 if TYPE_CHECKING:
+    from dradriver.commands.dev_nodes import DevNode
     from dradriver.diagnose.doctor import Layer
     from dradriver.k8s import Kube
 
 Obj = Mapping[str, Any]
+OLD_PLUGIN_RETRIES = 3
+STATE_DIR = "/var/lib/dradriver"
+CDI_DIR = "/var/run/cdi"
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+# What the cdi layer says of a dev node's runtime: the hollow node's CRI resolves CDI
+# devices from the directory its plugin writes to, and no containerd is involved.
+HOLLOW_RUNTIME = "the hollow node's runtime resolves CDI devices from it"
 
 
 def _env(flag: str, default: str | None = None) -> str | None:
@@ -30,10 +39,17 @@ def _env(flag: str, default: str | None = None) -> str | None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--node",
-        default=os.environ.get("NODE_NAME") or _env("node-name") or socket.gethostname(),
-        help="the node to check (default: $NODE_NAME, else this host's name)",
+        default=None,
+        help="the node to check (default: every node of a dev cluster, else $NODE_NAME, "
+        "else this host's name)",
     )
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG)")
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig (default: $KUBECONFIG); a dev cluster's (make demo KEEP=1: "
+        ".devcluster/kubeconfig) has a registry of its nodes beside it, and doctor then "
+        "checks every layer of each, finding its plugin's /readyz and directories there",
+    )
     p.add_argument(
         "--driver-name",
         default=_env("driver-name", DEFAULT_DRIVER_NAME),
@@ -41,25 +57,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--devices",
-        default=_env("devices"),
+        default=None,
         help="check NVML and the CDI directory here, on the node, with this device backend "
         "(nvml, or fake:<spec> as the plugin was given; default: $DRADRIVER_DEVICES, set in "
         "the plugin pod; without it only the cluster side is checked)",
     )
     p.add_argument(
         "--state-dir",
-        default=_env("state-dir", "/var/lib/dradriver"),
-        help="the plugin's state directory (fake devices keep their MIG state there)",
+        default=None,
+        help="the plugin's state directory (fake devices keep their MIG state there; "
+        f"default: $DRADRIVER_STATE_DIR, else {STATE_DIR})",
     )
     p.add_argument(
         "--cdi-dir",
-        default=_env("cdi-dir", "/var/run/cdi"),
-        help="the CDI directory the plugin writes to (default: %(default)s)",
+        default=None,
+        help="the CDI directory the plugin writes to (default: $DRADRIVER_CDI_DIR, else "
+        f"{CDI_DIR})",
     )
     p.add_argument(
         "--mig-mode",
         choices=["none", "static", "dynamic"],
-        default=_env("mig-mode"),
+        default=None,
         help="the plugin's MIG mode, for the feature-gate check (default: $DRADRIVER_MIG_MODE,"
         " else read from the published slices)",
     )
@@ -71,8 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--containerd-config",
-        default="/etc/containerd/config.toml",
-        help="containerd's config, read for its CDI setting when it exists (default: %(default)s)",
+        default=None,
+        help="containerd's config, read for its CDI setting when it exists (default: "
+        f"{CONTAINERD_CONFIG}; none for a dev node, whose runtime is the hollow node's)",
     )
     p.add_argument(
         "-o", "--output", choices=["text", "json"], default="text", help="text or json lines"
@@ -118,6 +137,8 @@ def _cdi(args: argparse.Namespace) -> Layer:
                 pass
         except OSError as exc:
             error = exc.strerror or str(exc)
+    if args.containerd_config is None:  # a dev node
+        return judge.cdi(str(d), error, None, HOLLOW_RUNTIME)
     runtime = None
     conf = Path(args.containerd_config)
     with contextlib.suppress(OSError):  # not on this machine, or not ours to read
@@ -149,7 +170,13 @@ def _plugin(args: argparse.Namespace, kube: Kube) -> Layer:
         url = f"http://127.0.0.1:{_env('healthz-port', '8081')}/readyz"
     if url:
         code, body = _http(url)
-        return judge.registration(url, code, body)
+        for _ in range(OLD_PLUGIN_RETRIES):
+            if "not checked yet" not in body:
+                break
+            # A plugin older than this doctor starts its API probe on the first /readyz.
+            time.sleep(1.0)
+            code, body = _http(url)
+        return judge.registration(url, code, body, args.dev_log)
     # From afar: the plugin pod on that node, through the API server's pod proxy.
     pods = items(
         kube,
@@ -267,21 +294,75 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
     return 0
 
 
+def node_args(args: argparse.Namespace, dev: DevNode | None) -> argparse.Namespace:
+    """One node's flags: those given, else its dev registry entry's, else those of the
+    plugin pod ($DRADRIVER_*) and the defaults of a node whose plugin runs in a pod."""
+    n = argparse.Namespace(**vars(args))
+    if dev is not None:
+        n.node = dev.node
+        n.readyz = args.readyz or dev.readyz
+        n.devices = args.devices or dev.devices
+        n.state_dir = args.state_dir or dev.state_dir
+        n.cdi_dir = args.cdi_dir or dev.cdi_dir
+        n.mig_mode = args.mig_mode or dev.mig_mode
+        n.dev_log = dev.plugin_log
+        return n
+    n.node = args.node or os.environ.get("NODE_NAME") or _env("node-name") or socket.gethostname()
+    # The plugin pod sets these: `kubectl exec` into it runs doctor with its flags.
+    n.devices = args.devices or _env("devices")
+    n.state_dir = args.state_dir or _env("state-dir", STATE_DIR)
+    n.cdi_dir = args.cdi_dir or _env("cdi-dir", CDI_DIR)
+    n.mig_mode = args.mig_mode or _env("mig-mode")
+    n.containerd_config = args.containerd_config or CONTAINERD_CONFIG
+    n.dev_log = ""
+    return n
+
+
+def targets(args: argparse.Namespace) -> tuple[list[argparse.Namespace], Path | None]:
+    """The nodes to check: every node of a dev cluster unless --node names one, else the
+    one node; and the dev cluster's directory, if any."""
+    from dradriver.commands import dev_nodes
+
+    where = dev_nodes.cluster_dir(args.kubeconfig)
+    registered = dev_nodes.load(where) if where else []
+    if args.node is not None:
+        dev = next((d for d in registered if d.node == args.node), None)
+        return [node_args(args, dev)], where if dev else None
+    if registered:
+        return [node_args(args, d) for d in registered], where
+    return [node_args(args, None)], None
+
+
 def run(args: argparse.Namespace) -> int:
+    from dradriver.commands.dev_nodes import RegistryError
+    from dradriver.diagnose import doctor as judge
+
+    node = ""
+    first: dict[str, Layer] = {}  # each node's first broken layer
+
     def emit(layer: Layer) -> None:
+        if layer.state is judge.State.FAIL:
+            first.setdefault(node, layer)
         if args.output == "json":
-            print(
-                json.dumps(
-                    {
-                        "layer": layer.name,
-                        "state": layer.state.value,
-                        "text": layer.text,
-                        "fix": layer.fix,
-                    }
-                )
-            )
+            doc = {"layer": layer.name, "state": layer.state.value, "text": layer.text}
+            print(json.dumps({**({"node": node} if node else {}), **doc, "fix": layer.fix}))
         else:
             print(layer.line())
         sys.stdout.flush()
 
-    return walk(args, emit)
+    try:
+        nodes, dev_cluster = targets(args)
+    except RegistryError as exc:
+        print(f"doctor: {exc}; `make cluster-down` removes a dev cluster", file=sys.stderr)
+        return 2
+    if dev_cluster is None:
+        return walk(nodes[0], emit)
+    for n in nodes:
+        node = n.node
+        if args.output == "text":
+            print(f"node {n.node} (dev node, {dev_cluster / 'nodes' / n.node}.json):")
+        walk(n, emit)
+    broken = [(n.node, first.get(n.node)) for n in nodes]
+    if args.output == "text":
+        print(judge.dev_summary(broken))
+    return 1 if any(layer for _, layer in broken) else 0

@@ -39,20 +39,7 @@ def nvml(spec: str | None, versions: tuple[str, str, int] | None, error: str) ->
     if spec is None:
         return Layer("nvml", State.SKIP, "not on the node (pass --devices nvml to check it here)")
     if versions is None:
-        low = error.lower()
-        if "mismatch" in low:
-            fix = (
-                "the kernel module and libnvidia-ml differ in version: reboot, or reload "
-                "the nvidia module, after a driver upgrade"
-            )
-        elif "libnvidia-ml" in low or "not found" in low or "shared library" in low:
-            fix = (
-                "install the NVIDIA driver on the node, or point the plugin at its root "
-                "(Helm driverRoot) when it lives elsewhere (e.g. /run/nvidia/driver)"
-            )
-        else:
-            fix = "check that the NVIDIA driver is loaded (nvidia-smi on the node)"
-        return Layer("nvml", State.FAIL, f"NVML does not answer: {error}.", fix)
+        return Layer("nvml", State.FAIL, f"NVML does not answer: {error}.", nvml_fix(error))
     driver, cuda, gpus = versions
     fake = " (fake devices)" if spec.startswith("fake:") else ""
     if gpus == 0:
@@ -65,8 +52,30 @@ def nvml(spec: str | None, versions: tuple[str, str, int] | None, error: str) ->
     return Layer("nvml", State.OK, f"driver {driver}, CUDA {cuda}, {gpus} GPUs{fake}")
 
 
-def cdi(cdi_dir: str, writable_error: str | None, runtime: tuple[str, str] | None) -> Layer:
-    """`runtime`: (path, text) of containerd's config when readable."""
+def nvml_fix(error: str) -> str:
+    """The fix for an NVML that does not answer, from its error."""
+    low = error.lower()
+    if "mismatch" in low or "different versions" in low:
+        return (
+            "the kernel module and libnvidia-ml differ in version: reboot, or reload "
+            "the nvidia module, after a driver upgrade"
+        )
+    if "libnvidia-ml" in low or "not found" in low or "shared library" in low:
+        return (
+            "install the NVIDIA driver on the node, or point the plugin at its root "
+            "(Helm driverRoot) when it lives elsewhere (e.g. /run/nvidia/driver)"
+        )
+    return "check that the NVIDIA driver is loaded (nvidia-smi on the node)"
+
+
+def cdi(
+    cdi_dir: str,
+    writable_error: str | None,
+    runtime: tuple[str, str] | None,
+    runtime_reads: str = "",
+) -> Layer:
+    """`runtime`: (path, text) of containerd's config when readable; `runtime_reads`:
+    where there is no containerd, what says the runtime reads `cdi_dir` (a dev node's)."""
     if writable_error is not None:
         return Layer(
             "cdi",
@@ -76,7 +85,8 @@ def cdi(cdi_dir: str, writable_error: str | None, runtime: tuple[str, str] | Non
             "--cdi-dir a writable directory the runtime reads",
         )
     if runtime is None:
-        return Layer("cdi", State.OK, f"{cdi_dir} writable; runtime CDI setting not readable here")
+        said = runtime_reads or "runtime CDI setting not readable here"
+        return Layer("cdi", State.OK, f"{cdi_dir} writable; {said}")
     path, text = runtime
     verdict = containerd_cdi(text, cdi_dir)
     if verdict:
@@ -112,29 +122,40 @@ def containerd_cdi(text: str, cdi_dir: str) -> str:
     return ""
 
 
-def registration(url: str, code: int, body: str) -> Layer:
-    """From the plugin's /readyz (code 0: no answer)."""
+# The order /readyz's failing checks are named in: what the others depend on first. The
+# API server before the registration: a plugin that cannot reach it is broken whatever
+# the kubelet says, while a registration under way only needs a few seconds.
+READYZ_ORDER = ("discovery", "api", "checkpoint", "registration", "slices")
+
+
+def registration(url: str, code: int, body: str, dev_log: str = "") -> Layer:
+    """From the plugin's /readyz (code 0: no answer). `dev_log`: the log of a dev node's
+    plugin (a host process, not a pod)."""
     if code == 0:
+        fix = (
+            f"start the dev node's plugin again (make demo KEEP=1); why it stopped is in {dev_log}"
+            if dev_log
+            else "check the plugin pod on this node (kubectl -n <ns> get pods -o wide -l "
+            "app.kubernetes.io/component=kubelet-plugin) and its log"
+        )
         return Layer(
-            "plugin",
-            State.FAIL,
-            f"the kubelet plugin does not answer at {url} ({body}).",
-            "check the plugin pod on this node (kubectl -n <ns> get pods -o wide -l "
-            "app.kubernetes.io/component=kubelet-plugin) and its log",
+            "plugin", State.FAIL, f"the kubelet plugin does not answer at {url} ({body}).", fix
         )
     try:
         checks = json.loads(body)
     except ValueError:
         return Layer("plugin", State.FAIL, f"{url} answered {code}: {body[:200]}.")
     failing = {k: v for k, v in checks.items() if not v.get("ok")}
-    order = ("discovery", "checkpoint", "registration", "api", "slices")
+    order = READYZ_ORDER
     for name in sorted(failing, key=lambda n: order.index(n) if n in order else len(order)):
         detail = str(failing[name].get("detail", ""))
-        return Layer("plugin", State.FAIL, f"/readyz {name}: {detail}.", _readyz_fix(name, detail))
+        return Layer("plugin", State.FAIL, f"/readyz {name}: {detail}.", readyz_fix(name, detail))
     return Layer("plugin", State.OK, "running and registered with the kubelet (/readyz ok)")
 
 
-def _readyz_fix(check: str, detail: str) -> str:
+def readyz_fix(check: str, detail: str) -> str:
+    """The fix for one failing /readyz check, naming the layer that failed."""
+    low = detail.lower()
     if check == "registration":
         if "does not watch" in detail:
             return ""  # the detail already names the directory and the flag
@@ -145,12 +166,52 @@ def _readyz_fix(check: str, detail: str) -> str:
             "socket: check --kubelet-dir (Helm kubeletDir) against the kubelet's --root-dir"
         )
     if check == "discovery":
-        return "see the nvml layer: run doctor on the node with --devices"
+        return "the plugin's NVML layer: " + nvml_fix(detail)
     if check == "api":
-        return "the plugin cannot reach the API server: check the network and its token"
+        return api_fix(detail)
     if check == "checkpoint":
-        return ""
-    return "see the plugin's log"
+        if "not loaded yet" in low:
+            return "the plugin is starting: run doctor again in a few seconds"
+        return ""  # the refusal names the checkpoint and what to do
+    if check == "slices":
+        if "403" in detail or "forbidden" in low:
+            return (
+                "the plugin may not write its ResourceSlices: check the RBAC of its "
+                "ServiceAccount (create, update, delete resourceslices) and the own-node "
+                "ResourceSlice admission policy (Helm installs both)"
+            )
+        if "not published yet" in low:
+            return "the plugin is starting: run doctor again in a few seconds"
+        return (
+            "publishing the node's ResourceSlices fails for the reason above; see the plugin's log"
+        )
+    return f"the plugin's {check} check fails for the reason above; see the plugin's log"
+
+
+def api_fix(detail: str) -> str:
+    """From the plugin's own API probe (ops/api_probe.py says which answer it got)."""
+    low = detail.lower()
+    if "not checked yet" in low:
+        # A plugin older than this doctor probes on the first /readyz only.
+        return "the plugin had not probed the API server yet: run doctor again"
+    if "refused the plugin's credentials" in low or "(401" in detail or "no credentials" in low:
+        return (
+            "the API server rejects the plugin's credentials: check its ServiceAccount token "
+            "(the pod's mounted token; recreate the pod after the ServiceAccount was "
+            "recreated) or the token or client certificate in its --kubeconfig"
+        )
+    if "forbids" in low or "(403" in detail:
+        return (
+            "the plugin's identity lacks RBAC: check the ClusterRole and ClusterRoleBinding "
+            "of its ServiceAccount grant list on resourceslices (Helm installs them)"
+        )
+    if "not answering" in low or "cannot reach" in low or "unreachable" in low:
+        return (
+            "the plugin cannot reach the API server: check the network from the node to "
+            "it and the address the plugin uses (its --kubeconfig's server, or "
+            "KUBERNETES_SERVICE_HOST in a pod)"
+        )
+    return "the API server's answer to the plugin is above; see the plugin's log"
 
 
 def slices(driver: str, node: str, published: Sequence[Obj], nvml_uuids: set[str] | None) -> Layer:
@@ -266,3 +327,13 @@ def feature_gates(mig_mode: str | None, gates: Mapping[str, bool]) -> Layer:
         )
     on = [g for g in ("DynamicResourceAllocation", PARTITIONS_GATE) if gates.get(g)]
     return Layer("feature-gates", State.OK, "on: " + (", ".join(on) or "none of interest"))
+
+
+def dev_summary(nodes: Sequence[tuple[str, Layer | None]]) -> str:
+    """The last line of a dev cluster's walk: each node with its first broken layer."""
+    bad = [(name, layer) for name, layer in nodes if layer is not None]
+    checked = f"{len(nodes)} dev node{'' if len(nodes) == 1 else 's'} checked"
+    if not bad:
+        return f"{checked}: every layer of each is ok"
+    named = ", ".join(f"{name} ({layer.name})" for name, layer in bad)
+    return f"{checked}: {len(bad)} broken: {named}; each one's fix is on its FAIL line above"

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from dradriver.cli import main
+from dradriver.commands import dev_nodes
 from dradriver.k8s import Kube, KubeError, path_for
 
 from .helpers import (
@@ -28,6 +29,8 @@ from .helpers import (
     ensure_device_classes,
     free_port,
     get_or_none,
+    request_token,
+    token_kubeconfig,
     wait_for,
 )
 
@@ -465,3 +468,204 @@ def test_dynamic_mig_with_the_gate_off(cluster: Cluster, faulty: Faulty) -> None
         kubelet.stop()
         with contextlib.suppress(KubeError):
             faulty.kube.delete(path_for("v1", "nodes", name=kubelet.node), missing_ok=True)
+
+
+# --- /readyz from its first answer, and the fix for what refused the plugin: doctor ---
+
+
+def test_a_plugin_just_started_answers_ready_and_doctor_passes_at_once(faulty: Faulty) -> None:
+    """The API probe runs from startup: the first /readyz after a start is the truth,
+    not "api: not checked yet" (which doctor took for an unreachable API server)."""
+    faulty.plugin.stop()
+    faulty.plugin.start()
+    # Waited for without asking /readyz: its first answer is what this test is about.
+    wait_for(
+        lambda: faulty.plugin.alive() and faulty.plugin.metric("dradriver_registered") == 1,
+        "the restarted plugin registered with the kubelet",
+        30,
+    )
+    code, body = faulty.plugin.http("/readyz")
+    assert code == 200, body
+    assert json.loads(body)["api"] == {"ok": True, "detail": faulty.kube.host}
+    rc, lines = faulty.doctor()
+    assert rc == 0, lines
+    assert lines[3] == "ok    plugin: running and registered with the kubelet (/readyz ok)"
+
+
+def _refusing_kubeconfig(faulty: Faulty, what: str) -> str:
+    """A kubeconfig for the plugin that the API server refuses in the way `what` says."""
+    dest = faulty.tmp / f"{what}-kubeconfig"
+    if what == "credentials":  # a token the API server never issued
+        return token_kubeconfig(faulty.cluster.kubeconfig, "not-a-token", dest)
+    if what == "rbac":  # a real ServiceAccount no ClusterRole is bound to
+        token = request_token(faulty.kube, faulty.ns, "default", None)
+        return token_kubeconfig(faulty.cluster.kubeconfig, token, dest)
+    doc = yaml.safe_load(Path(faulty.cluster.kubeconfig).read_text())
+    for c in doc["clusters"]:  # nothing listens there
+        c["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    dest.write_text(yaml.safe_dump(doc))
+    return str(dest)
+
+
+@pytest.mark.parametrize(
+    ("what", "said", "fix"),
+    [
+        (
+            "credentials",
+            "refused the plugin's credentials (401 Unauthorized",
+            "Fix: the API server rejects the plugin's credentials: check its ServiceAccount token",
+        ),
+        (
+            "rbac",
+            "forbids the plugin's identity to list its slices (403 Forbidden",
+            "Fix: the plugin's identity lacks RBAC: check the ClusterRole and ClusterRoleBinding",
+        ),
+        (
+            "address",
+            "cannot reach the API server at https://127.0.0.1:",
+            "Fix: the plugin cannot reach the API server: check the network from the node",
+        ),
+    ],
+    ids=["credentials", "rbac", "address"],
+)
+def test_a_plugin_the_api_server_refuses_gets_the_fix_for_what_refused_it(
+    faulty: Faulty, what: str, said: str, fix: str
+) -> None:
+    node = f"refused-{secrets.token_hex(3)}"
+    nowhere = HollowNode(faulty.cluster.kubeconfig, node, faulty.tmp / node)  # never started
+    plugin = PluginProc(
+        _refusing_kubeconfig(faulty, what),
+        nowhere,
+        "fake:1xL4",
+        state_dir=faulty.tmp / f"{node}-state",
+    )
+    plugin.start()
+    try:
+        wait_for(lambda: plugin.alive() and plugin.http("/readyz")[0], "the plugin's /readyz", 20)
+        rc, lines = faulty.doctor(
+            node=node,
+            readyz=f"http://127.0.0.1:{plugin.port}/readyz",
+            devices="fake:1xL4",
+            **{"state-dir": str(plugin.state_dir)},
+        )
+        assert rc == 1
+        line = failing(lines)
+        assert line.startswith("FAIL  plugin: /readyz api: "), line
+        assert said in line and fix in line, line
+    finally:
+        plugin.stop()
+
+
+# --- a dev cluster (make demo KEEP=1): doctor finds each node's plugin itself ---
+
+
+@dataclass
+class DevCluster:
+    """The catalogue's node and a second one, registered as the dev tooling registers
+    the demo's, beside a kubeconfig of their own."""
+
+    kubeconfig: str
+    second: PluginProc
+
+
+def _register(where: Path, plugin: PluginProc) -> None:
+    dev_nodes.write(
+        where,
+        dev_nodes.DevNode(
+            node=plugin.kubelet.node,
+            readyz=f"http://127.0.0.1:{plugin.port}/readyz",
+            devices=plugin.devices,
+            mig_mode=plugin.mig_mode,
+            cdi_dir=str(plugin.kubelet.cdi_dir),
+            state_dir=str(plugin.state_dir),
+            kubelet_dir=str(plugin.kubelet.root),
+            plugin_log=str(plugin.log_path),
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def dev_cluster(faulty: Faulty) -> Iterator[DevCluster]:
+    where = faulty.tmp / "devcluster"
+    where.mkdir()
+    kubeconfig = where / "kubeconfig"
+    shutil.copy(faulty.cluster.kubeconfig, kubeconfig)
+    kubelet = HollowNode(faulty.cluster.kubeconfig, f"dev-{secrets.token_hex(3)}", where / "n")
+    kubelet.start()
+    plugin = PluginProc(faulty.cluster.kubeconfig, kubelet, "fake:1xL4")
+    try:
+        kubelet.wait_node_ready(faulty.kube)
+        plugin.start()
+        wait_for(plugin.ready, "the second node's plugin to be ready", 30)
+        _register(where, faulty.plugin)
+        _register(where, plugin)
+        yield DevCluster(str(kubeconfig), plugin)
+    finally:
+        plugin.stop()
+        kubelet.stop()
+        with contextlib.suppress(KubeError):
+            faulty.kube.delete(path_for("v1", "nodes", name=kubelet.node), missing_ok=True)
+
+
+def _bare_doctor(dev: DevCluster, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[str]]:
+    """`dradriver doctor`, no flags, with the dev cluster's kubeconfig exported."""
+    monkeypatch.setenv("KUBECONFIG", dev.kubeconfig)
+    for var in ("NODE_NAME", "DRADRIVER_NODE_NAME", "DRADRIVER_DEVICES", "DRADRIVER_STATE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    return _run(["doctor"])
+
+
+def _by_node(lines: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for x in lines[:-1]:
+        if x.startswith("node "):
+            out[x.split()[1]] = []
+        else:
+            out[list(out)[-1]].append(x)
+    return out
+
+
+def test_doctor_with_no_flags_checks_every_layer_of_every_dev_node(
+    faulty: Faulty, dev_cluster: DevCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rc, lines = _bare_doctor(dev_cluster, monkeypatch)
+    assert rc == 0, lines
+    nodes = _by_node(lines)
+    assert sorted(nodes) == sorted([faulty.kubelet.node, dev_cluster.second.kubelet.node])
+    for node, layers in nodes.items():
+        named = [x.split()[1].rstrip(":") for x in layers]
+        assert named == [
+            "nvml", "cdi", "api-server", "plugin", "slices", "node", "deviceclasses",
+            "feature-gates",
+        ], (node, layers)  # fmt: skip
+        assert all(x.split()[0] in ("ok", "skip") for x in layers), layers
+        # Found on the node itself, from the registry: NVML, the CDI directory, /readyz.
+        assert layers[0].startswith("ok    nvml: driver 570.86.15"), layers
+        assert layers[1].endswith(
+            "writable; the hollow node's runtime resolves CDI devices from it"
+        )
+    assert nodes[dev_cluster.second.kubelet.node][0].endswith("1 GPUs (fake devices)")
+    assert lines[-1] == "2 dev nodes checked: every layer of each is ok"
+
+
+def test_doctor_in_a_dev_cluster_names_the_node_whose_plugin_stopped(
+    faulty: Faulty, dev_cluster: DevCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    second = dev_cluster.second
+    second.stop()
+    try:
+        rc, lines = _bare_doctor(dev_cluster, monkeypatch)
+        assert rc == 1
+        nodes = _by_node(lines)
+        assert all(x.split()[0] in ("ok", "skip") for x in nodes[faulty.kubelet.node]), lines
+        line = failing(nodes[second.kubelet.node])
+        url = f"http://127.0.0.1:{second.port}/readyz"
+        assert line.startswith(f"FAIL  plugin: the kubelet plugin does not answer at {url}")
+        fix = "Fix: start the dev node's plugin again (make demo KEEP=1); why it stopped is in"
+        assert f"{fix} {second.log_path}" in line, line
+        assert lines[-1].startswith(
+            f"2 dev nodes checked: 1 broken: {second.kubelet.node} (plugin)"
+        )
+    finally:
+        second.start()
+        wait_for(second.ready, "the second node's plugin ready again", 30)
