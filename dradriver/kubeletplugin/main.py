@@ -19,7 +19,7 @@ from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import MigMode, MigSwitching
 from dradriver.k8s import ConfigError, Kube
 from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
-from dradriver.kubeletplugin.devices.view import DeviceView
+from dradriver.kubeletplugin.devices.view import DeviceView, checkpoint_owned
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
@@ -28,7 +28,7 @@ from dradriver.kubeletplugin.options import add_arguments
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_boot_id
 from dradriver.kubeletplugin.state.files import FileLock, NodeLock
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
-from dradriver.kubeletplugin.state.records import owned_partitions
+from dradriver.kubeletplugin.state.name_book import NameBook, prepared_names
 from dradriver.nvml.library import DevicesSpecError, open_nvml
 from dradriver.slices.consumable import ConsumableModeError
 from dradriver.slices.publish import PublishLoop, SlicePublisher
@@ -37,6 +37,7 @@ from dradriver.slices.watch import SliceWatch
 if TYPE_CHECKING:
     from dradriver.kubeletplugin.ops.server import OpsServer
     from dradriver.kubeletplugin.prepare.preparer import Preparer
+    from dradriver.slices.build import SliceContent
 
 log = logs.get_logger("kubeletplugin")
 
@@ -121,7 +122,7 @@ def run_plugin(
     view = DeviceView(
         nvml,
         mode,
-        lambda: owned_partitions(store.load()),
+        checkpoint_owned(store),  # the publish thread: never load() without the lock
         switching,
         lambda owned: held_instances(mig_ledger, owned),
         flags.mig_profiles(args.mig_profiles),
@@ -129,6 +130,13 @@ def run_plugin(
         consumable,
     )
     late.reason = lambda: view.last_error or "loading the checkpoint"
+    names = NameBook(state_dir / "device-names.json")
+
+    def discover() -> list[SliceContent]:
+        slices = view.refresh()
+        names.learn({d.gpu.uuid: d.gpu for d in view.devices().values()}.values())
+        return slices
+
     registered = threading.Event()
     # Why the kubelet has not accepted us: its refusal, or how long we have waited.
     registration = _Registration()
@@ -149,7 +157,7 @@ def run_plugin(
     api.start(stop)
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
     publisher.start_prefetch()
-    loop = PublishLoop(publisher, view.refresh, period=args.rediscover_period)
+    loop = PublishLoop(publisher, discover, period=args.rediscover_period)
     watch = SliceWatch(kube, args.driver_name, args.node_name, lambda why: loop.trigger())
     publisher.on_written, publisher.on_deleted = watch.wrote, watch.deleted
 
@@ -210,7 +218,7 @@ def run_plugin(
     while not stop.is_set():
         try:
             nvml.init()
-            loop.first = view.refresh()
+            loop.first = discover()
             break
         except Exception as exc:
             view.last_error = f"NVML layer: {exc}"
@@ -279,9 +287,14 @@ def run_plugin(
         metrics=metrics,
         status=status,
         consumable=consumable,
+        names=names.snapshot,
     )
     preparers.append(driver)
-    if driver.reconcile():
+    reconciled = driver.reconcile()
+    # What an earlier release published its claims' devices as (by NVML index, before
+    # names followed the UUID): a claim allocated under such a name is refused, naming its GPU.
+    names.seed(prepared_names(store.cached))
+    if reconciled:
         # The first discovery saw the checkpoint before the undo: a partition it held
         # then is free now, and a refresh racing the undo may have seen neither.
         loop.trigger()

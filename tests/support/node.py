@@ -20,6 +20,7 @@ from dradriver.kubeletplugin.prepare.preparer import Preparer
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.files import FileLock, NodeLock
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
+from dradriver.kubeletplugin.state.name_book import NameBook, prepared_names
 from dradriver.kubeletplugin.state.records import owned_partitions
 from dradriver.nvml.library import Nvml
 from dradriver.nvml.mig import MigCarver
@@ -71,6 +72,10 @@ def fake_preparer(
     def devices() -> dict[str, NodeDevice]:
         return known
 
+    # As the plugin does after each discovery: the names it publishes, and which GPU each is.
+    names = NameBook(tmp / "device-names.json")
+    names.learn(inv.gpus)
+
     executor = Executor(
         driver=DRIVER,
         cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
@@ -94,7 +99,9 @@ def fake_preparer(
         metrics=Metrics(),
         read_claim=read_claim,
         consumable=consumable,
+        names=names.snapshot,
     )
+    names.seed(prepared_names(store.load()))
     return preparer, nvml
 
 

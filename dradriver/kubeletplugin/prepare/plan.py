@@ -16,6 +16,7 @@ from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestE
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.cdi import qualified_name
+from dradriver.kubeletplugin.prepare.identity import GpuIdentity, check_identity
 from dradriver.kubeletplugin.prepare.shares import check_room, share_of
 from dradriver.kubeletplugin.state.records import (
     PREPARE_STARTED,
@@ -218,7 +219,7 @@ def check_exclusive(
         for od in other.devices:
             if od.admin_access:
                 continue
-            theirs = local.get(od.device)
+            theirs = local.get(od.device) or _same_hardware(od, local)
             for dev, shared in devs:
                 if shared and od.share is not None and dev.name == od.device:
                     continue
@@ -229,6 +230,26 @@ def check_exclusive(
                         "one claim at a time",
                         reason="device_busy",
                     )
+
+
+def _same_hardware(od: PreparedDevice, local: Mapping[str, NodeDevice]) -> NodeDevice | None:
+    """The device a record prepared under a name this node no longer publishes (an
+    earlier release's, by NVML index) stands on now: by UUID, or for a carved partition
+    by its GPU, profile and placement, so that a claim prepared before an upgrade still
+    keeps its hardware from claims allocated under the new names."""
+    for dev in local.values():
+        if od.carve is not None:
+            c = od.carve
+            if (
+                dev.partition is not None
+                and dev.gpu.uuid == c.gpu_uuid
+                and dev.partition.profile.profile_id == c.profile_id
+                and dev.partition.start == c.placement_start
+            ):
+                return dev
+        elif od.uuid is not None and dev.uuid == od.uuid:
+            return dev
+    return None
 
 
 def admin_device(
@@ -293,21 +314,19 @@ def plan(
     checkpoint: Checkpoint,
     now: float,
     consumable: Consumable = OFF,
+    identities: Mapping[str, GpuIdentity] | None = None,
 ) -> ClaimRecord:
     """The record of everything prepare does for `claim`, in state PrepareStarted: the
     devices with their request names, GPU minors, MIG ids or carve intents, and sharing
-    setups, nothing applied yet. Raises a typed DriverError for a claim this node cannot
-    prepare."""
+    setups, nothing applied yet. `identities`: the name book (which GPU each name was
+    published for). Raises a typed DriverError for a claim this node cannot prepare."""
     cd = claim_devices(claim, ref, driver, node)
     records: dict[tuple[str, str], PreparedDevice] = {}
+    gpus = {d.gpu.uuid: d.gpu for d in devices.values()}.values()
     for pd in cd.devices:
         dev = devices.get(pd.device)
-        if dev is None:
-            raise DeviceError(
-                f"claim {ref}: device {pd.device} is not published by this "
-                "node (any more); the claim must be allocated again",
-                reason="not_published",
-            )
+        check_identity(ref, pd.device, dev, identities or {}, gpus)
+        assert dev is not None  # check_identity raised otherwise
         key = (pd.device, pd.share_id)
         rec = records.get(key)
         if rec is not None:

@@ -29,6 +29,7 @@ from dradriver.kubeletplugin.ops.metrics import Metrics
 from dradriver.kubeletplugin.prepare.claim_read import read_claim
 from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
 from dradriver.kubeletplugin.prepare.execute import Executor
+from dradriver.kubeletplugin.prepare.identity import GpuIdentity
 from dradriver.kubeletplugin.prepare.plan import check_ref, plan
 from dradriver.kubeletplugin.prepare.reconcile import reconcile
 from dradriver.kubeletplugin.prepare.unprepared import UnpreparedMeanwhile
@@ -106,15 +107,19 @@ class Preparer:
     gpu_locks: GpuLocks | None = None
     # --consumable-capacity: how a share's limits follow from its allocation.
     consumable: Consumable = OFF
+    # Which GPU each device name was published for (state/name_book.py); None: no check.
+    names: Callable[[], Mapping[str, GpuIdentity]] | None = None
 
     def _load(self) -> Checkpoint:
-        """The checkpoint, unless a newer release wrote it: then every call is refused,
-        and nothing it records is undone, redone or rewritten by this older release."""
+        """The checkpoint, unless a newer release wrote it in a form this release cannot
+        read (codec.py's minReader): then every call is refused, and nothing it records
+        is undone, redone or rewritten by this older release."""
         cp = self.store.load()
-        if cp.version > CURRENT_VERSION:
+        if not cp.readable:
             self.refusal = (
                 f"checkpoint layer: {self.store.path} was written by a newer dradriver release "
-                f"(checkpoint version {cp.version}; this release writes {CURRENT_VERSION}); "
+                f"(checkpoint version {cp.version}, readable from format {cp.min_reader} on; "
+                f"this release reads {CURRENT_VERSION}); "
                 "this release leaves it and every claim in it untouched. Roll the plugin "
                 "forward again, or move the file aside to start from an empty state (the "
                 "devices of the claims in it then need cleaning up by hand)"
@@ -224,6 +229,7 @@ class Preparer:
         """Under the node lock: plan; apply a simple claim, leaving its save to the group
         commit; record the intent of any other (its hardware work follows outside)."""
         self._not_unprepared(ref, began)
+        self._readable(cp, ref, "preparing")
         done = self._already_prepared(cp, ref)  # the other instance may have been faster
         if done is not None:
             return (done, None), None
@@ -239,6 +245,7 @@ class Preparer:
             checkpoint=cp,
             now=time.time(),
             consumable=self.consumable,
+            identities=self.names() if self.names is not None else None,
         )
         if not self.executor.simple(rec):
             self.executor.check(rec)
@@ -268,6 +275,18 @@ class Preparer:
             return CheckpointError(f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint")
 
         return (rec.devices, rec), undo
+
+    @staticmethod
+    def _readable(cp: Checkpoint, ref: ClaimRef, op: str) -> None:
+        """A claim a newer release recorded in a form this one cannot read is left as it
+        is: neither prepared again, nor unprepared, nor undone (the other claims are)."""
+        if ref.uid in cp.unreadable:
+            raise ClaimStateError(
+                f"checkpoint layer: claim {ref} was recorded by a newer dradriver release in "
+                f"a form this release (format {CURRENT_VERSION}) cannot read; not {op} it, "
+                "and leaving what it holds untouched. Roll the plugin forward again",
+                reason="newer_record",
+            )
 
     def _not_unprepared(
         self, ref: ClaimRef, began: float, during: str = "waited for the API server"
@@ -377,6 +396,7 @@ class Preparer:
     def _unprepare_step(
         self, cp: Checkpoint, ref: ClaimRef
     ) -> tuple[ClaimRecord | _OnGpus | None, OnSaveFailed | None]:
+        self._readable(cp, ref, "unpreparing")
         self.meanwhile.unprepared(ref.uid)
         rec = cp.claims.get(ref.uid)
         if rec is None:

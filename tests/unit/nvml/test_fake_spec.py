@@ -59,6 +59,9 @@ def test_options() -> None:
         ("2xH100-80GB:nvlink=fabric,clique=x", "clique must be a non-negative integer"),
         ("2xH100-80GB++1xL4", "group 2"),
         ("x", "unknown product 'x'"),
+        ("8xH100-80GB:absent=8", "slot 8 is not in 0..7"),
+        ("1xH100-80GB:absent=0", "every GPU of the group is absent"),
+        ("2xH100-80GB:absent=one", "absent must be a slot number"),
     ],
 )
 def test_bad_shorthand(spec: str, message: str) -> None:
@@ -163,3 +166,20 @@ def test_bad_yaml(tmp_path: Path, text: str, message: str) -> None:
 def test_missing_yaml_file(tmp_path: Path) -> None:
     with pytest.raises(FakeSpecError, match="cannot read the fleet file"):
         parse(f"@{tmp_path}/absent.yaml")
+
+
+def test_an_absent_gpu_shifts_indices_but_no_identity(tmp_path: Path) -> None:
+    from fakenvml.topology import build
+
+    full = build(parse("4xA100-80GB:nvlink=pairs"), "n")
+    gone = build(parse("4xA100-80GB:nvlink=pairs,absent=1"), "n")
+    assert [g.index for g in gone] == [0, 1, 2]
+    assert [(g.uuid, g.minor, g.pci) for g in gone] == [
+        (g.uuid, g.minor, g.pci) for g in full if g.minor != 1
+    ]
+    assert gone[0].links == ()  # its bridge partner is gone
+    assert gone[1].links == full[2].links
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("gpus:\n  - {product: L4, count: 3, absent: [0, 2]}\n")
+    (only,) = build(parse(f"@{fleet}"), "n")
+    assert (only.index, only.minor) == (0, 1)

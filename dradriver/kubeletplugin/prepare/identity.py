@@ -1,0 +1,86 @@
+"""Which physical GPU an allocated device name stands for, checked before prepare.
+
+An allocation names a device; the scheduler made it from the slices this node published
+then. Names follow the GPU's UUID (inventory.naming), but the node still checks: the
+name book (state/name_book.py) remembers which GPU each name was published for, so a
+claim is never prepared on another GPU than the one it was allocated, whatever happened
+in between (a GPU lost, a reboot, an upgrade from a release that named GPUs by NVML
+index)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from dradriver.errors import DeviceError
+from dradriver.inventory.model import Gpu
+from dradriver.inventory.node_devices import NodeDevice, gpu_device_name
+from dradriver.kubeletplugin.claimref import ClaimRef
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """The GPU a device name was published for."""
+
+    uuid: str
+    pci_bus_id: str = ""
+    product: str = ""
+
+    def describe(self) -> str:
+        facts = ", ".join(x for x in (self.product, self.pci_bus_id) if x)
+        return f"{self.uuid} ({facts})" if facts else self.uuid
+
+    @classmethod
+    def of(cls, gpu: Gpu) -> GpuIdentity:
+        return cls(gpu.uuid, gpu.pci_bus_id, gpu.product_name)
+
+
+def gpu_name_of(device: str) -> str:
+    """The whole-GPU part of a device name: "gpu-9b3c2810-mig-3g40gb-4" -> "gpu-9b3c2810"."""
+    return device.split("-mig-", 1)[0]
+
+
+_AGAIN = (
+    "the claim must be allocated again: delete the pod (a claim from a template is then "
+    "made anew) or the claim, and the scheduler picks a device this node publishes now"
+)
+
+
+def check_identity(
+    ref: ClaimRef,
+    device: str,
+    dev: NodeDevice | None,
+    book: Mapping[str, GpuIdentity],
+    gpus: Iterable[Gpu],
+) -> None:
+    """Raises DeviceError when `device` is not the GPU it was published for, or that GPU
+    is gone; returns for a device this node publishes as what it was."""
+    published = book.get(gpu_name_of(device))
+    if dev is not None:
+        if published is not None and published.uuid != dev.gpu.uuid:
+            raise DeviceError(
+                f"claim {ref}: device {device} was published for GPU {published.describe()}, "
+                f"but that name is GPU {GpuIdentity.of(dev.gpu).describe()} now; the node "
+                f"refuses to prepare a claim on another GPU than it was allocated; {_AGAIN}",
+                reason="identity_mismatch",
+            )
+        return
+    if published is None:
+        raise DeviceError(
+            f"claim {ref}: device {device} is not published by this node (any more); {_AGAIN}",
+            reason="not_published",
+        )
+    now = next((g for g in gpus if g.uuid == published.uuid), None)
+    if now is not None:
+        raise DeviceError(
+            f"claim {ref}: device {device} was published for GPU {published.describe()}, which "
+            f"this node publishes as {gpu_device_name(now)} now (a name from an earlier "
+            f"release, or a GPU published in another mode); {_AGAIN}",
+            reason="renamed",
+        )
+    raise DeviceError(
+        f"claim {ref}: device {device} is GPU {published.describe()}, which this node does not "
+        "have now (it fell off the bus, was taken out, or NVML cannot read it: see "
+        f"`nvidia-smi` and the plugin's log); {_AGAIN}",
+        reason="gpu_gone",
+    )
