@@ -219,10 +219,11 @@ def table(
     book: HealthBook | None = None,
 ) -> str:
     from dradriver.health.model import HealthBook
+    from dradriver.inventory.node_devices import gpu_device_name
 
     book = book or HealthBook()
     rows: list[list[Any]] = [
-        ["IDX", "PRODUCT", "MEMORY", "CC", "NUMA", "NVLINK", "MIG", "HEALTH", "UUID"]
+        ["IDX", "NAME", "PRODUCT", "MEMORY", "CC", "NUMA", "NVLINK", "MIG", "HEALTH", "UUID"]
     ]
     for g in inv.gpus:
         health = book.get(g.uuid).health
@@ -230,6 +231,7 @@ def table(
         rows.append(
             [
                 g.index,
+                gpu_device_name(g),
                 g.product_name,
                 human_bytes(g.memory_bytes),
                 g.cuda_compute_capability,
@@ -242,7 +244,7 @@ def table(
         )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     out = [
-        f"node {args.node_name}: {len(inv.gpus)} GPUs, driver {inv.driver_version}, "
+        f"node {args.node_name}: {_n(len(inv.gpus), 'GPU')}, driver {inv.driver_version}, "
         f"CUDA {inv.cuda_driver_version}",
         "",
     ]
@@ -254,7 +256,7 @@ def table(
     out += [
         "",
         f"ResourceSlices ({args.mig_mode} MIG mode, driver {args.driver_name}): "
-        f"{len(result.slices)} slices, {devices} devices",
+        f"{_n(len(result.slices), 'slice')}, {_n(devices, 'device')}",
     ]
     for s in result.slices:
         kinds: dict[str, int] = {}
@@ -263,8 +265,8 @@ def table(
             kinds[t] = kinds.get(t, 0) + 1
         what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
         counters = sum(len(c["counters"]) for c in s.shared_counters)
-        extra = f", {counters} shared counters" if counters else ""
-        out.append(f"  {s.key}: {len(s.devices)} devices ({what}){extra}")
+        extra = f", {_n(counters, 'shared counter')}" if counters else ""
+        out.append(f"  {s.key}: {_n(len(s.devices), 'device')} ({what}){extra}")
     for uuid, reason in ((k.uuid, k.message) for k in result.skipped):
         out.append(f"  note: {uuid}: {reason}")
     for p in problems:
@@ -322,3 +324,7 @@ def _shares(result: BuildResult, state_dir: Path, mode: str) -> list[str]:
             )
         out.append(f"  {d['name']}: {claims.get(d['name'], 0)} shares; " + ", ".join(parts))
     return out
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

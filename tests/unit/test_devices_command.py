@@ -189,3 +189,12 @@ def test_shared_devices_show_what_the_prepared_shares_hold(
     assert "Shared devices" not in capsys.readouterr().out
     assert main([*argv, "--mig-mode", "dynamic"]) == 2
     assert "--mig-mode=dynamic" in capsys.readouterr().err
+
+
+def test_counts_read_as_english(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--devices", "fake:1xL4"]) == 0
+    out = capsys.readouterr().out
+    assert ": 1 GPU, driver" in out
+    assert "): 1 slice, 1 device" in out and "devices-0: 1 device (1 gpu)" in out
+    assert main(["devices", "--devices", "fake:2xL4"]) == 0
+    assert "): 1 slice, 2 devices" in capsys.readouterr().out
