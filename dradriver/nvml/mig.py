@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from dradriver import errors
+from dradriver.crashpoints import crashpoint
 from dradriver.logs import get_logger
 
 log = get_logger("nvml.mig")
@@ -120,6 +121,7 @@ class MigCarver:
             )
         except nvml.NVMLError as err:
             raise MigError(f"creating the GPU instance ({where})", err) from err
+        crashpoint("mig-gi-created")  # the GPU instance exists, known only by its placement
         try:
             gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
             ci_profile = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -132,6 +134,7 @@ class MigCarver:
             # A GPU instance without a compute instance is no usable device: never leave one.
             self._destroy_gi_quietly(gi, where)
             raise MigError(f"creating the compute instance ({where})", err) from err
+        crashpoint("mig-ci-created")
         try:
             ci_id = int(nvml.nvmlComputeInstanceGetInfo(ci).id)
             uuid = self._mig_uuid(h, gi_id, ci_id)

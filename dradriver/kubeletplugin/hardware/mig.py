@@ -2,9 +2,11 @@
 after, and switch MIG mode on (and back off) where the product allows it.
 
 The planner records the intent (GPU, profile, placement) in the claim's record before
-any of this runs, and the executor saves the created instance ids right after, so startup
-can always tell our instances from foreign ones and finish or undo what a crash
-interrupted.
+any of this runs; the carve writes it to the MIG ledger too, before NVML is asked (an
+instance exists from inside that call on, before its ID is known), and the executor saves
+the created instance ids right after. So an instance is owned from the moment it can
+exist: startup destroys it (an interrupted prepare) or hands it back to its claim (a
+lost record), and an undo that fails leaves it recorded for the retry.
 """
 
 from __future__ import annotations
@@ -96,7 +98,21 @@ class MigPreparer:
         crashpoint("mig-before-create")
         if self._adopt_own(d, c, claim):
             return
+        slot = (c.gpu_uuid, c.profile_id, c.placement_start)
+        there = self.find(c)
+        if there is not None:
+            # Not ours (the ledger holds nothing there): its placement is taken, and an
+            # intent recorded now would make it look like ours to the undo.
+            raise MigError(
+                f"device {d.device} ({c.profile} at {c.placement_start}): GPU instance "
+                f"{there.gpu_instance_id} not made by this driver already sits there"
+                + _INSUFFICIENT
+            )
+        self.ledger.intending(slot, claim)
+        crashpoint("mig-intent-ledgered")
         try:
+            # A failure leaves the intent: the rollback destroys what the call could not
+            # (a GPU instance whose own cleanup failed), or drops the intent if nothing is there.
             made = self.carver.create(
                 c.gpu_uuid, c.profile_id, c.placement_start, c.placement_size, c.compute_slices
             )
@@ -126,27 +142,38 @@ class MigPreparer:
         """A partition the ledger says was carved for this same claim, whose record was
         lost: the claim's pods may be using it, so it is taken back as it is (same MIG
         UUID), never carved anew. One carved for another lost claim is refused."""
-        held = next(
-            (
-                i
-                for i in self.ledger.instances()
-                if (i.gpu_uuid, i.profile_id, i.placement_start)
-                == (c.gpu_uuid, c.profile_id, c.placement_start)
-            ),
-            None,
-        )
+        slot = (c.gpu_uuid, c.profile_id, c.placement_start)
+        held = next((i for i in self.ledger.instances() if i.slot == slot), None)
         if held is None:
             return False
+        gi_id = held.gpu_instance_id
+        if gi_id is None:
+            # An intent whose carve never finished (its claim's record lost): the
+            # instance at its slot, if one is there, is that carve's.
+            there = self.find(c)
+            if there is None:
+                self.ledger.intent_dropped(slot)
+                return False
+            gi_id = there.gpu_instance_id
         if held.claim != claim:
             raise MigError(
                 f"device {d.device} ({c.profile} at {c.placement_start}) is held for claim "
                 f"UID {held.claim}, whose record was lost; it is released when the kubelet "
                 "unprepares that claim"
             )
-        made = self.carver.adopt(c.gpu_uuid, held.gpu_instance_id, c.profile_id)
+        made = self.carver.adopt(c.gpu_uuid, gi_id, c.profile_id)
         if made is None:
-            self.ledger.instance_destroyed(c.gpu_uuid, held.gpu_instance_id)
+            if held.pending:
+                # Half-made (no compute instance): not a device anyone can be using.
+                self.carver.destroy(c.gpu_uuid, gi_id, None)
+                self.ledger.intent_dropped(slot)
+            else:
+                self.ledger.instance_destroyed(c.gpu_uuid, gi_id)
             return False  # gone meanwhile: carve it anew
+        if held.pending:
+            self.ledger.instance_created(
+                OwnedInstance(c.gpu_uuid, gi_id, c.profile_id, c.placement_start, claim)
+            )
         c.gpu_instance_id, c.compute_instance_id = made.gpu_instance_id, made.compute_instance_id
         d.uuid = made.uuid
         log.warning(
@@ -163,12 +190,17 @@ class MigPreparer:
             return
         if c.gpu_instance_id is None:
             # Intent only: the instance at that placement is this attempt's if the ledger
-            # says this claim made it (it is written right after the create). Anything
-            # else there (another claim's, an admin's) was never ours to destroy.
+            # says this claim made it, or began making it there (the intent is written
+            # before the create). Anything else there (another claim's, an admin's) was
+            # never ours to destroy.
+            slot = (c.gpu_uuid, c.profile_id, c.placement_start)
+            intended = self.ledger.intended_for(slot)
             inst = self.find(c)
             if inst is None:
+                if intended == claim:
+                    self.ledger.intent_dropped(slot)
                 return
-            owner = self.ledger.owner(c.gpu_uuid, inst.gpu_instance_id)
+            owner = self.ledger.owner(c.gpu_uuid, inst.gpu_instance_id) or intended
             if owner != claim:
                 log.info(
                     "not destroying a MIG device this attempt did not create",
@@ -179,6 +211,7 @@ class MigPreparer:
                 return
             self.carver.destroy(c.gpu_uuid, inst.gpu_instance_id, None)
             self.ledger.instance_destroyed(c.gpu_uuid, inst.gpu_instance_id)
+            self.ledger.intent_dropped(slot)
         else:
             self.carver.destroy(c.gpu_uuid, c.gpu_instance_id, c.compute_instance_id)
             self.ledger.instance_destroyed(c.gpu_uuid, c.gpu_instance_id)
@@ -197,6 +230,29 @@ class MigPreparer:
         for i in self.ledger.instances():
             if i.claim != claim:
                 continue
+            if i.gpu_instance_id is None:
+                # A carve begun for it and never finished: what sits at its slot.
+                there = next(
+                    (
+                        x
+                        for x in self.carver.instances(i.gpu_uuid, [i.profile_id])
+                        if x.placement_start == i.placement_start
+                    ),
+                    None,
+                )
+                if there is not None:
+                    self.carver.destroy(i.gpu_uuid, there.gpu_instance_id, None)
+                self.ledger.intent_dropped(i.slot)
+                gpus.add(i.gpu_uuid)
+                log.warning(
+                    "half-made MIG device of a claim the checkpoint had lost destroyed",
+                    claim_uid=claim,
+                    gpu=i.gpu_uuid,
+                    profile_id=i.profile_id,
+                    placement=i.placement_start,
+                    gpu_instance=there.gpu_instance_id if there is not None else "none",
+                )
+                continue
             # Only the instance we made: same ID, profile and placement (a GPU instance
             # ID is reused by whatever is carved at that placement later).
             if any(
@@ -213,6 +269,56 @@ class MigPreparer:
                 gpu_instance=i.gpu_instance_id,
             )
         return gpus
+
+    def _settle_intents(self, known: set[str]) -> None:
+        """Startup, after interrupted prepares are undone: every intent left in the ledger
+        belongs to a claim whose record is gone (a lost checkpoint). An instance at its
+        slot is that claim's (its pods may use it): recorded as its, kept and not offered
+        until the kubelet unprepares the claim, given back if it is prepared again. An
+        intent with nothing at its slot is dropped."""
+        for i in self.ledger.instances():
+            if not i.pending:
+                continue
+            try:
+                there = next(
+                    (
+                        x
+                        for x in self.carver.instances(i.gpu_uuid, [i.profile_id])
+                        if x.placement_start == i.placement_start
+                    ),
+                    None,
+                )
+            except MigError as exc:
+                log.error(
+                    "could not look for the MIG device of an unfinished carve; kept as intended",
+                    claim_uid=i.claim,
+                    gpu=i.gpu_uuid,
+                    error=str(exc),
+                )
+                continue
+            if there is None:
+                self.ledger.intent_dropped(i.slot)
+                log.info(
+                    "intent of a carve that made nothing dropped",
+                    claim_uid=i.claim,
+                    gpu=i.gpu_uuid,
+                    placement=i.placement_start,
+                )
+                continue
+            self.ledger.instance_created(
+                OwnedInstance(
+                    i.gpu_uuid, there.gpu_instance_id, i.profile_id, i.placement_start, i.claim
+                )
+            )
+            log.warning(
+                "MIG device whose carve a crash interrupted, of a claim the checkpoint does "
+                "not hold: recorded as that claim's, kept until the kubelet unprepares it",
+                claim_uid=i.claim,
+                gpu=i.gpu_uuid,
+                gpu_instance=there.gpu_instance_id,
+                placement=i.placement_start,
+                in_checkpoint=i.claim in known,
+            )
 
     def find(self, c: Carve) -> Instance | None:
         return next(
@@ -278,6 +384,7 @@ class MigPreparer:
                 self.carve(d, rec.uid)
                 assert c.gpu_instance_id is not None
                 owned.add((c.gpu_uuid, c.gpu_instance_id))
+        self._settle_intents({r.uid for r in completed})
         foreign = [
             i
             for gpu, pids in all_profiles.items()

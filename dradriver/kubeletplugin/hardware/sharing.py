@@ -120,8 +120,11 @@ class SharingSteps:
         )
 
     def undo(self, rec: ClaimRecord) -> None:
-        """Stops daemons, restores compute modes and intervals; idempotent."""
-        if all(d.sharing is None and d.share is None for d in rec.devices):
+        """Stops daemons, restores compute modes and intervals; idempotent. A record
+        migrated from a format before sharing was recorded in it says nothing of what was
+        set up for it: what the ledger holds for its claim is undone as well."""
+        migrated = rec.migrated_from is not None
+        if not migrated and all(d.sharing is None and d.share is None for d in rec.devices):
             # Nothing of it was ever shared: no step wrote the ledger for it (a claim's
             # sharing comes from its plan, before any step), so it is not read.
             return
@@ -163,6 +166,17 @@ class SharingSteps:
                 shutil.rmtree(Path(sh.pipe_dir).parent, ignore_errors=True)
             except SharingError as exc:
                 errors.append(f"device {d.device}: {exc}")
+        if migrated:
+            try:
+                self.undo_forgotten_claim(rec.uid)
+            except SharingError as exc:
+                errors.append(str(exc))
+            else:
+                log.info(
+                    "sharing setup the ledger held for a migrated record undone",
+                    claim_uid=rec.uid,
+                    migrated_from=rec.migrated_from,
+                )
         if errors:
             raise SharingError("; ".join(errors), reason="undo")
 

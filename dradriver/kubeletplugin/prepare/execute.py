@@ -178,9 +178,13 @@ class Executor:
     def simple(self, rec: ClaimRecord) -> bool:
         """Nothing but a CDI spec and the record: no MIG device, MIG mode or sharing
         setup, so its checkpoint save may be shared with others (a group commit)."""
-        return self.mig is None and all(
-            d.carve is None and d.sharing is None and (d.share is None or d.admin_access)
-            for d in rec.devices
+        return (
+            self.mig is None
+            and rec.migrated_from is None  # its record may not say all: the ledgers do
+            and all(
+                d.carve is None and d.sharing is None and (d.share is None or d.admin_access)
+                for d in rec.devices
+            )
         )
 
     def release(self, journal: Journal, rec: ClaimRecord) -> None:
@@ -203,6 +207,15 @@ class Executor:
                         f"MIG layer: claim {rec.ref}: device {d.device}: {exc}{hint}; "
                         "the kubelet retries"
                     ) from exc
+        if rec.migrated_from is not None and self.mig is not None:
+            # Migrated from a format without MIG records: the ledger knows what was
+            # carved for the claim (the sharing undo above asked its ledger too).
+            try:
+                gpus = self.mig.release_forgotten(rec.uid)
+            except MigError as exc:
+                raise exc.retold(f"MIG layer: claim {rec.ref}: {exc}; the kubelet retries") from exc
+            if gpus:
+                self.mig.restore_modes(gpus, self.profiles())
         try:
             self.cdi_writer.remove(rec.uid)
         except OSError as exc:

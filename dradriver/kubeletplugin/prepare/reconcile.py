@@ -49,7 +49,7 @@ def reconcile(
     if ex.sharing is not None:
         # What the ledger holds for claims the checkpoint lost: kept for their pods,
         # undone when the kubelet unprepares them.
-        ex.sharing.report_forgotten(set(cp.claims))
+        ex.sharing.report_forgotten(set(cp.claims) | set(cp.unreadable))
         for rec in cp.claims.values():
             try:
                 ex.sharing.recheck(rec, lambda: store.save(cp))
@@ -76,7 +76,7 @@ def reconcile(
     # A spec without a record: only a lost checkpoint leaves one (a spec is written after
     # its record and removed before it), and its pod may be running. The kubelet's
     # unprepare of the claim removes it.
-    lost = set(ex.cdi_writer.list_claims()) - set(cp.claims)
+    lost = set(ex.cdi_writer.list_claims()) - set(cp.claims) - set(cp.unreadable)
     for uid in sorted(lost):
         log.warning(
             "CDI spec of a claim the checkpoint does not hold: kept until the kubelet "
@@ -87,5 +87,8 @@ def reconcile(
     if ex.mig is not None:
         profiles = ex.profiles()
         ex.mig.restore_modes(set(profiles), profiles)
-        ex.mig.restore_disabled(set(profiles), held_whole(cp), keep_for=lost)
+        # A claim a newer release recorded in a form this one cannot read may hold a
+        # GPU whole: what was switched for it stays.
+        keep = lost | set(cp.unreadable)
+        ex.mig.restore_disabled(set(profiles), held_whole(cp), keep_for=keep)
     return cp

@@ -17,13 +17,24 @@ log = get_logger("kubeletplugin.mig")
 
 @dataclass(frozen=True)
 class OwnedInstance:
-    """A MIG instance this driver created, and for which claim."""
+    """A MIG instance this driver created, and for which claim. Before the carve its GPU
+    instance ID is not known yet (None): the intent, written before NVML is asked, so an
+    instance a kill leaves half-made is still ours (found by GPU, profile and placement)."""
 
     gpu_uuid: str
-    gpu_instance_id: int
+    gpu_instance_id: int | None
     profile_id: int
     placement_start: int
     claim: str
+
+    @property
+    def slot(self) -> tuple[str, int, int]:
+        """(GPU UUID, profile ID, placement): what is known before the carve."""
+        return self.gpu_uuid, self.profile_id, self.placement_start
+
+    @property
+    def pending(self) -> bool:
+        return self.gpu_instance_id is None
 
 
 @dataclass
@@ -43,7 +54,9 @@ class MigModeLedger:
       it changed; a mode an admin chose is never touched;
     - the MIG instances it created, with their claim: never offered to another claim while
       they exist, and destroyed when the kubelet unprepares that claim, even if its record
-      is gone.
+      is gone. Each is written before the carve as an intent (GPU, profile, placement; no
+      GPU instance ID yet: an older release skips such an entry) and completed with its
+      ID right after, so a kill at any instant leaves no instance nobody owns.
     Each change is one read and one atomic write of the file, under the ledger's own
     lock: prepares on different GPUs change it at the same time (threads of this
     instance, or the other instance during a rolling update), and a change made from a
@@ -75,16 +88,17 @@ class MigModeLedger:
         )
         for raw in data.get("instances", []):
             try:
+                gi = raw.get("gpuInstanceId")
                 doc.instances.append(
                     OwnedInstance(
                         str(raw["gpuUUID"]),
-                        int(raw["gpuInstanceId"]),
+                        None if gi is None else int(gi),
                         int(raw["profileId"]),
                         int(raw["placementStart"]),
                         str(raw["claim"]),
                     )
                 )
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, AttributeError):
                 continue
         return doc
 
@@ -132,6 +146,33 @@ class MigModeLedger:
             None,
         )
 
+    def intended_for(self, slot: tuple[str, int, int]) -> str | None:
+        """The claim a carve at `slot` (GPU, profile, placement) was begun for and not
+        known to have finished or been undone: the instance there, if any, is its."""
+        return next((i.claim for i in self.instances() if i.pending and i.slot == slot), None)
+
+    def intending(self, slot: tuple[str, int, int], claim: str) -> None:
+        """Recorded before the carve at `slot` for `claim` (replacing a stale intent)."""
+        gpu, profile, placement = slot
+
+        def change(doc: _LedgerDoc) -> bool:
+            doc.instances = [i for i in doc.instances if not (i.pending and i.slot == slot)]
+            doc.instances.append(OwnedInstance(gpu, None, profile, placement, claim))
+            return True
+
+        self._update(change)
+
+    def intent_dropped(self, slot: tuple[str, int, int]) -> None:
+        """Nothing was made at `slot` (or it is destroyed): the intent goes."""
+
+        def change(doc: _LedgerDoc) -> bool:
+            kept = [i for i in doc.instances if not (i.pending and i.slot == slot)]
+            changed = len(kept) != len(doc.instances)
+            doc.instances = kept
+            return changed
+
+        self._update(change)
+
     def enabling(self, gpu: str) -> None:
         """Recorded before MIG mode is switched on on `gpu` for a partition."""
         self._update(lambda doc: _added(doc.enabled, gpu))
@@ -155,11 +196,14 @@ class MigModeLedger:
         self._update(lambda doc: _removed(doc.disabled, gpu))
 
     def instance_created(self, inst: OwnedInstance) -> None:
+        """The instance exists with its ID: replaces the intent at its slot."""
+
         def change(doc: _LedgerDoc) -> bool:
             doc.instances = [
                 i
                 for i in doc.instances
                 if (i.gpu_uuid, i.gpu_instance_id) != (inst.gpu_uuid, inst.gpu_instance_id)
+                and not (i.pending and i.slot == inst.slot)
             ] + [inst]
             return True
 

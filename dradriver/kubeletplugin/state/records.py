@@ -215,7 +215,10 @@ def sharing_from_json(value: Any, where: str) -> Sharing:
 
 _DEVICE_KEYS = ("requestNames", "pool", "device", "cdiDeviceIds", "uuid", "kind", "extra")
 _EXTRA_KEYS = ("minor", "carve", "mig", "sharing", "adminAccess", "share")
-_CLAIM_KEYS = ("uid", "namespace", "name", "state", "devices", "updatedAt", "extra")
+_CLAIM_KEYS = (
+    "uid", "namespace", "name", "state", "devices", "updatedAt", "extra", "migratedFrom",
+    "minReader",
+)  # fmt: skip
 
 
 @dataclass
@@ -320,6 +323,10 @@ class ClaimRecord:
     state: str  # PREPARE_STARTED or PREPARE_COMPLETED
     devices: list[PreparedDevice] = field(default_factory=list)
     updated_at: float = 0.0  # epoch seconds; 0.0 when migrated from a format without it
+    # The checkpoint version this record was migrated from (0: before versioning), kept
+    # through saves: such a record says nothing of the sharing or MIG work done for it,
+    # so its undo must ask the ledgers (execute.py). None: made by a versioned release.
+    migrated_from: int | None = None
     # The claim's "extra" (this release defines no key in it) and its other keys, as a
     # newer release wrote them.
     extra_unknown: Unread = field(default_factory=Unread, repr=False)
@@ -344,6 +351,7 @@ class ClaimRecord:
             "devices": [d.to_json() for d in self.devices],
             "updatedAt": self.updated_at,
             "extra": self.extra_unknown.fields,
+            **({} if self.migrated_from is None else {"migratedFrom": self.migrated_from}),
         }
 
     @classmethod
@@ -374,6 +382,7 @@ class ClaimRecord:
                 PreparedDevice.from_json(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)
             ],
             updated_at=float(get(obj, "updatedAt", (int, float), where)),
+            migrated_from=optional(obj, "migratedFrom", int, None, where),
             extra_unknown=Unread(dict(optional(obj, "extra", dict, {}, where))),
             unknown=Unread(unknown(obj, _CLAIM_KEYS)),
         )
@@ -393,6 +402,17 @@ class Checkpoint:
     # The boot ID of the system that loaded this checkpoint; set by CheckpointStore.load,
     # never stored. It lets reconcile_boot(cp) stay a pure function of its argument.
     running_boot_id: str | None = field(default=None, compare=False, repr=False)
+    # The oldest checkpoint format whose readers can read the file, as it says (codec.py):
+    # above CURRENT_VERSION, this release cannot, and must touch nothing it records.
+    min_reader: int = field(default=1, compare=False, repr=False)
+    # Claims a newer release recorded in a form this release cannot read (their own
+    # "minReader" above CURRENT_VERSION): their JSON, by UID, written back as it was
+    # read; neither prepared, unprepared nor undone here.
+    unreadable: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def readable(self) -> bool:
+        return self.min_reader <= CURRENT_VERSION
 
 
 def owned_partitions(cp: Checkpoint) -> set[tuple[str, int, int]]:

@@ -142,7 +142,7 @@ def test_file_is_versioned_checksummed_and_private(path: Path) -> None:
     doc = json.loads(path.read_text())
     # The envelope every release reads, and this release's save counter beside it (not in
     # the payload: a release before it would warn about an unknown field on every load).
-    assert set(doc) == {"version", "checksum", "payload", "seq"}
+    assert set(doc) == {"version", "checksum", "minReader", "payload", "seq"}
     assert set(doc["payload"]) == {"bootId", "claims"}
     assert doc["version"] == CURRENT_VERSION == 1
     assert doc["checksum"] == payload_checksum(doc["payload"])

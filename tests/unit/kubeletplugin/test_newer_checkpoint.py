@@ -1,6 +1,8 @@
-"""A checkpoint written by a newer release is refused loudly and left alone: an older
-plugin (a rollback) neither undoes, redoes nor rewrites the claims it records (a newer
-state it does not know once tore running claims down), and says what to do."""
+"""A checkpoint a newer release wrote in a form only it can read (its minReader above
+this release's format) is refused loudly and left alone: an older plugin (a rollback)
+neither undoes, redoes nor rewrites the claims it records (a newer state it does not know
+once tore running claims down), and says what to do. One that says this release can read
+it is served as usual (test_checkpoint_compat.py)."""
 
 from __future__ import annotations
 
@@ -20,10 +22,12 @@ def test_a_newer_checkpoint_is_refused_and_left_untouched(tmp_path: Path) -> Non
     claims = {"a": allocated_claim("a", "gpu-0-mig-3g40gb-4"), "b": allocated_claim("b", "gpu-1")}
     driver, _nvml = fake_preparer(tmp_path, "2xH100-80GB", lambda ref: claims[ref.name])
     assert driver.prepare([_ref(claims["a"])])[_ref(claims["a"]).uid].error == ""
-    # What a newer release would write (same payload, a higher version).
+    # What a newer release would write after an incompatible change (same payload, a
+    # higher version, and a reader no older than itself).
     path = tmp_path / "checkpoint.json"
     doc = json.loads(path.read_text())
     doc["version"] = 2
+    doc["minReader"] = 2
     path.write_text(json.dumps(doc))
     before = path.read_bytes()
     spec = tmp_path / "cdi" / f"{DRIVER}-claim-{_ref(claims['a']).uid}.json"

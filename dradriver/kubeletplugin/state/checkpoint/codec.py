@@ -3,8 +3,8 @@ canonical payload, and migrations from older formats.
 
 File layout (version 1)::
 
-    {"version": 1, "checksum": "sha256:<hex>", "payload": {"bootId": ..., "claims": {...}},
-     "seq": 12}
+    {"version": 1, "checksum": "sha256:<hex>", "minReader": 1,
+     "payload": {"bootId": ..., "claims": {...}}, "seq": 12}
 
 then spaces (store.py rewrites the file in place; JSON readers skip them). "seq" counts
 this release's saves (store.py): outside the payload, so a release before it neither
@@ -14,6 +14,27 @@ warns about it nor keeps it, and a file without one was written by another relea
 older release can still verify and partly read a newer file. The checksum covers the
 canonical JSON of the payload (sorted keys, no spaces, ASCII), so a torn write or a hand
 edit is detected rather than trusted. The records inside are those of records.py.
+
+Who can read a file: "minReader", the oldest format version whose readers can read it.
+A rollback by one release must keep working (a release that refused a newer file left
+every pod with a claim stuck terminating), so a release writes the lowest minReader its
+content allows, and reads a file whose minReader is at most CURRENT_VERSION whatever its
+"version": the fields it does not know are carried through, as always. The rules for
+later releases:
+
+- a change an older reader can skip (a new optional key, a new record type under a key it
+  keeps) bumps "version" at most, never minReader;
+- a change that makes a claim's record mean something else to an older reader (a new
+  state, a new kind of device it would release wrongly) gives that claim its own
+  "minReader" (a key of the claim's record, which an older release carries through): an
+  older release then refuses that claim alone, and prepares and unprepares the others;
+- only a change of the envelope or the payload's layout bumps the file's "minReader": an
+  older release then refuses the whole file and leaves it untouched.
+
+"minReader" lies outside the payload, like "seq": the release before it (it read only
+"version", and refuses a "version" above 1) neither warns about it nor keeps it, so this
+release writes "version": 1. A file without "minReader" was written before it: version
+1 or lower is readable, a higher version is assumed to need its own format.
 """
 
 from __future__ import annotations
@@ -37,6 +58,8 @@ from dradriver.kubeletplugin.state.records import (
 )
 
 _PAYLOAD_KEYS = ("bootId", "claims")
+# The oldest format whose readers can read what this release writes (see above).
+MIN_READER = 1
 
 
 def _canonical(payload: Any) -> bytes:
@@ -57,18 +80,17 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
             raise ValueError(f"checkpoint: claim stored under {uid!r} has uid {rec.uid!r}")
         if rec.state not in STATES:
             raise ValueError(f"checkpoint: claim {uid} has unknown state {rec.state!r}")
-    payload = {
-        **cp.unknown,
-        "bootId": cp.boot_id,
-        "claims": {uid: rec.to_json() for uid, rec in cp.claims.items()},
-    }
+    claims = {uid: raw for uid, raw in cp.unreadable.items() if uid not in cp.claims}
+    claims.update({uid: rec.to_json() for uid, rec in cp.claims.items()})
+    payload = {**cp.unknown, "bootId": cp.boot_id, "claims": claims}
     # The payload is encoded once, for its checksum and as the file's payload (the
     # envelope's keys in sorted order, as before).
     body = _canonical(payload)
     checksum = "sha256:" + hashlib.sha256(body).hexdigest()
     seq = b"" if cp.seq is None else b',"seq":' + str(cp.seq).encode()
     return (
-        b'{"checksum":"' + checksum.encode() + b'","payload":' + body + seq
+        b'{"checksum":"' + checksum.encode() + b'","minReader":' + str(MIN_READER).encode()
+        + b',"payload":' + body + seq
         + b',"version":' + str(CURRENT_VERSION).encode() + b"}\n"
     )  # fmt: skip
 
@@ -111,6 +133,7 @@ def _from_v0(doc: dict[str, Any], notes: list[str]) -> Checkpoint:
             name=get(obj, "name", str, where),
             state=PREPARE_COMPLETED,
             devices=devices,
+            migrated_from=0,
         )
         if rec.uid in claims:
             raise CheckpointCorrupt(f"{where}: claim {rec.uid} listed twice")
@@ -118,6 +141,33 @@ def _from_v0(doc: dict[str, Any], notes: list[str]) -> Checkpoint:
     notes.append(f"migrated {len(claims)} claims from checkpoint version 0")
     return Checkpoint(
         version=0, boot_id=optional(doc, "bootId", str, "", "checkpoint"), claims=claims
+    )
+
+
+def _payload(
+    doc: dict[str, Any], payload: dict[str, Any], version: int, newer: bool, notes: list[str]
+) -> Checkpoint:
+    claims: dict[str, ClaimRecord] = {}
+    unreadable: dict[str, Any] = {}
+    for k, v in get(payload, "claims", dict, "payload").items():
+        needs = v.get("minReader", 1) if isinstance(v, dict) else 1
+        if isinstance(needs, int) and not isinstance(needs, bool) and needs > CURRENT_VERSION:
+            unreadable[k] = v
+            continue
+        claims[k] = ClaimRecord.from_json(k, v, newer, notes)
+    if unreadable:
+        notes.append(
+            f"claims a newer release recorded in a form this release cannot read (their "
+            f"minReader is above {CURRENT_VERSION}), kept untouched: "
+            + ", ".join(sorted(unreadable))
+        )
+    return Checkpoint(
+        version=version,
+        boot_id=get(payload, "bootId", str, "payload"),
+        seq=optional(doc, "seq", int, None, "checkpoint"),
+        claims=claims,
+        unknown=unknown(payload, _PAYLOAD_KEYS),
+        unreadable=unreadable,
     )
 
 
@@ -144,6 +194,8 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     if version == 0:
         return _from_v0(doc, notes), notes
     newer = version > CURRENT_VERSION
+    # Without "minReader", a newer version is assumed to need its own format.
+    min_reader = optional(doc, "minReader", int, version if newer else 1, "checkpoint")
     if newer:
         notes.append(
             f"checkpoint version {version} was written by a newer release; "
@@ -153,14 +205,16 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     checksum = get(doc, "checksum", str, "checkpoint")
     if checksum != payload_checksum(payload):
         raise CheckpointCorrupt("checksum mismatch: torn write or edited by hand")
-    claims_obj = get(payload, "claims", dict, "payload")
-    cp = Checkpoint(
-        version=version,
-        boot_id=get(payload, "bootId", str, "payload"),
-        seq=optional(doc, "seq", int, None, "checkpoint"),
-        claims={k: ClaimRecord.from_json(k, v, newer, notes) for k, v in claims_obj.items()},
-        unknown=unknown(payload, _PAYLOAD_KEYS),
-    )
+    try:
+        cp = _payload(doc, payload, version, newer or min_reader > CURRENT_VERSION, notes)
+    except CheckpointCorrupt as exc:
+        if min_reader <= CURRENT_VERSION:
+            raise
+        # Complete (the checksum holds) but in a layout this release cannot read: not
+        # damaged, so not moved aside; the caller refuses it (min_reader) and keeps it.
+        notes.append(f"not readable by this release: {exc}")
+        cp = Checkpoint(version=version)
+    cp.min_reader = min_reader
     kept = list(cp.unknown)
     for rec in cp.claims.values():
         kept += [f"claims.{rec.uid}.{k}" for k in rec.unknown.fields]

@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 from dradriver.kubeletplugin.state.files import atomic_write
 
 # Files grow in steps of this many bytes, so that a growing checkpoint rarely extends them.
 BLOCK = 4096
+
+
+class NotARegularFile(OSError):
+    """Something other than a regular file (a directory, a device, a socket) lies at the
+    path: it can neither be read as the file nor written over in place."""
 
 
 def _write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -53,15 +59,24 @@ class InPlaceFile:
             except FileNotFoundError:
                 pass
             self.close()
+        # O_NONBLOCK: a FIFO put there must not hang the open (it is refused below).
+        flags = os.O_CLOEXEC | os.O_NONBLOCK
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDWR | flags)
         except FileNotFoundError:
             return None
+        except IsADirectoryError as exc:
+            raise NotARegularFile(exc.errno, f"{self.path} is a directory") from exc
         except OSError as exc:
-            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENXIO):
                 raise
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # readable still; writes fail
-        self._fd, self._size = fd, os.fstat(fd).st_size
+            fd = os.open(self.path, os.O_RDONLY | flags)  # readable still; writes fail
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise NotARegularFile(errno.EINVAL, f"{self.path} is not a regular file")
+        os.set_blocking(fd, True)
+        self._fd, self._size = fd, st.st_size
         return fd
 
     def write(self, data: bytes, *, sync: bool, checked: bool = False) -> bytes:

@@ -15,17 +15,25 @@ complete state, preferring checkpoint.json on a tie (an older release rewrites i
 keeping the counter it found).
 
 Readers and writers on one node (two plugin instances during a rolling update) serialize
-through files.FileLock; CheckpointStore itself does no locking.
+through files.FileLock; CheckpointStore itself does no locking. The one exception is
+peek(), for threads that do not hold the node lock (the publish loop): it reads the file
+through a descriptor of its own, never repairs or moves anything, and answers the last
+complete state it saw when a save is rewriting the file under it.
+
+Something other than a regular file at the checkpoint's path (a directory made by a
+mistaken volume mount) is moved aside and reported like a damaged file, and the state
+taken from the write-ahead copies: it never crash-loops the plugin.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 
 from dradriver.kubeletplugin.state.checkpoint.codec import encode_checkpoint, parse_checkpoint
-from dradriver.kubeletplugin.state.checkpoint.inplace import InPlaceFile
+from dradriver.kubeletplugin.state.checkpoint.inplace import InPlaceFile, NotARegularFile
 from dradriver.kubeletplugin.state.files import fsync_dir, remove_stale_temps
 from dradriver.kubeletplugin.state.records import CURRENT_VERSION, Checkpoint, CheckpointCorrupt
 from dradriver.logs import get_logger
@@ -61,6 +69,8 @@ class CheckpointStore:
         # finds the same bytes returns it without parsing. Every change to it is followed
         # by a save, and a failed save forgets it.
         self._cached: tuple[bytes, Checkpoint] | None = None
+        # peek()'s own last complete view: never an object the lock holders change.
+        self._peeked: Checkpoint | None = None
 
     @property
     def cached(self) -> Checkpoint | None:
@@ -83,6 +93,19 @@ class CheckpointStore:
         raises for the file's content: a crash here would crash-loop the plugin."""
         try:
             data = self._main.read()
+        except NotARegularFile as exc:
+            # Neither readable nor writable in place: out of the way first, so that the
+            # repair from a copy (or the next save) makes a regular file there again.
+            moved = self._move_aside()
+            log.error(
+                "CHECKPOINT PATH IS NOT A REGULAR FILE: moved aside; taking the state from "
+                "the write-ahead copies, else starting empty (the ledgers still know what "
+                "the claims it held were given)",
+                path=str(self.path),
+                reason=str(exc),
+                moved_to=moved,
+            )
+            return self._recover(str(exc), moved=True)
         except OSError as exc:
             return self._recover(f"unreadable: {exc}")
         if data is None:
@@ -159,9 +182,10 @@ class CheckpointStore:
             log.error("could not repair the checkpoint file", path=str(self.path), error=str(exc))
         return self._accept(data, cp, notes)
 
-    def _recover(self, reason: str) -> Checkpoint:
+    def _recover(self, reason: str, moved: bool = False) -> Checkpoint:
         """checkpoint.json cannot be trusted: the newest write-ahead copy if one is
-        complete, else an empty state, the file kept aside for a human."""
+        complete, else an empty state, the file kept aside for a human (`moved`: it
+        already is)."""
         self._cached = None
         self._started = True
         copies = self._copies(b"")
@@ -169,9 +193,13 @@ class CheckpointStore:
         if copies:
             newest = max(copies, key=lambda c: c[1].seq or 0)
             return self._take_copy(newest, f"damaged ({reason})")
+        if moved:
+            return self._empty()
         return self._quarantine(reason)
 
-    def _quarantine(self, reason: str) -> Checkpoint:
+    def _move_aside(self) -> str:
+        """Renames what lies at the path to a .corrupt-<time> name beside it; returns
+        where it went, or why it could not."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         n = 0
@@ -181,9 +209,13 @@ class CheckpointStore:
         try:
             os.rename(self.path, target)
             fsync_dir(self.path.parent)
-            moved = str(target)
+            self._main.close()
+            return str(target)
         except OSError as exc:
-            moved = f"(could not move it: {exc}; the next save overwrites it)"
+            return f"(could not move it: {exc}; the next save overwrites it)"
+
+    def _quarantine(self, reason: str) -> Checkpoint:
+        moved = self._move_aside()
         log.error(
             "CHECKPOINT CORRUPT: starting with an empty state; what the claims recorded in "
             "it hold (MIG devices, sharing setups, CDI specs) is kept, and undone when the "
@@ -193,6 +225,45 @@ class CheckpointStore:
             moved_to=moved,
         )
         return self._empty()
+
+    def peek(self) -> Checkpoint:
+        """The checkpoint as the file holds it now, for a thread that does not hold the
+        node lock. Read afresh through a descriptor of its own (the store's open file,
+        cache and counters belong to the lock holders); never repairs, moves aside or
+        logs. A read that overlaps an in-place save sees a torn file: it is read again,
+        and then the last complete view is answered (empty before there was one). The
+        result is this call's own object: the caller may read it at leisure."""
+        for delay in (0.0, 0.001, 0.01):
+            time.sleep(delay)
+            try:
+                data = self._read_fresh()
+            except OSError:
+                break  # missing, unreadable or not a file: load() deals with that
+            if data is None:
+                break
+            try:
+                cp, _ = parse_checkpoint(data)
+            except CheckpointCorrupt:
+                continue  # torn by a save in progress, or damaged: load() decides which
+            self._peeked = cp
+            return cp
+        last = self._peeked
+        return last if last is not None else Checkpoint(boot_id=self.boot_id)
+
+    def _read_fresh(self) -> bytes | None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
     def save(self, cp: Checkpoint) -> None:
         """Writes `cp` in the current format, durably. The stored boot ID becomes this
