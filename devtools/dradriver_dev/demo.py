@@ -484,13 +484,25 @@ def show_sick_gpu(kube: Kube, node: NodeProcs) -> None:
     plugin's probes."""
     from fakenvml import inject
 
+    # Device names follow the GPU's UUID, not its NVML index: the index is an attribute.
+    index: dict[str, int] = {}
+    for s in kube.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={node.name}")[
+        "items"
+    ]:
+        for d in s["spec"]["devices"]:
+            attrs = d.get("attributes", {})
+            if "index" in attrs and "uuid" in attrs:
+                index[attrs["uuid"]["string"]] = int(attrs["index"]["int"])
     used: set[int] = set()
     for c in kube.list(path_for(RES, "resourceclaims", NAMESPACE))["items"]:
         for r in (c.get("status", {}).get("allocation") or {}).get("devices", {}).get(
             "results"
         ) or []:
-            if r.get("pool") == node.name and r["device"].startswith("gpu-"):
-                used.add(int(r["device"].split("-")[1]))
+            if r.get("pool") == node.name:
+                f = device_facts(kube, node.name, r["device"])
+                uuid = f.get("uuid") or f.get("parentUUID")
+                if uuid in index:
+                    used.add(index[uuid])
     free = [i for i in range(8) if i not in used]
     if not free:
         say(f"every GPU of {node.name} is in use: the sick-GPU step is left out")
