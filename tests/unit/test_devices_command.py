@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from dradriver.cli import main
+from tests.support.gpu_names import fake_names
 
 
 def test_the_table_lists_each_products_mig_profiles(capsys: pytest.CaptureFixture[str]) -> None:
@@ -152,7 +153,8 @@ def test_devices_show_health_as_the_plugin_and_a_probe_see_it(
         for d in s["spec"]["devices"]
         if d.get("taints")
     }
-    assert taints == {"gpu-0": "xid-79", "gpu-2": "row-remap-pending"}
+    gpus = fake_names("3xH100-80GB", "n")  # by NVML index
+    assert taints == {gpus[0]: "xid-79", gpus[2]: "row-remap-pending"}
 
 
 def test_shared_devices_show_what_the_prepared_shares_hold(
@@ -168,22 +170,25 @@ def test_shared_devices_show_what_the_prepared_shares_hold(
     )
 
     claims = {}
+    gpus = fake_names("2xH100-80GB", "node-a")  # by NVML index
     for i in range(3):
         uid = f"{i}aaaaaaa-1111-2222-3333-444455556666"
         share = Share(
             f"{i}0000000-0000-4000-8000-000000000000", (("compute", "0"), ("memory", "20Gi"))
         )
-        dev = PreparedDevice(["gpu"], "node-a", "gpu-0", [], share=share)
+        dev = PreparedDevice(["gpu"], "node-a", gpus[0], [], share=share)
         claims[uid] = ClaimRecord(uid, "team", f"c{i}", PREPARE_COMPLETED, [dev])
     (tmp_path / "checkpoint.json").write_bytes(encode_checkpoint(Checkpoint(claims=claims)))
-    argv = ["devices", "--devices", "fake:2xH100-80GB", "--consumable-capacity", "memory"]
+    argv = ["devices", "--devices", "fake:2xH100-80GB", "--node-name", "node-a"]
+    argv += ["--consumable-capacity", "memory"]
     assert main([*argv, "--state-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "Shared devices (--consumable-capacity memory):" in out
     assert (
-        "  gpu-0: 3 shares; compute 0 of 100 (100 free), memory 60Gi of 79.6Gi (19.6Gi free)" in out
+        f"  {gpus[0]}: 3 shares; compute 0 of 100 (100 free), memory 60Gi of 79.6Gi (19.6Gi free)"
+        in out
     )
-    assert "  gpu-1: 0 shares;" in out
+    assert f"  {gpus[1]}: 0 shares;" in out
     # Off: no such section, and dynamic MIG with shares is refused naming both flags.
     assert main(["devices", "--devices", "fake:2xH100-80GB", "--state-dir", str(tmp_path)]) == 0
     assert "Shared devices" not in capsys.readouterr().out

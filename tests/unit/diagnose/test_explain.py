@@ -14,6 +14,7 @@ from dradriver.inventory.node_devices import MigMode
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import build
 from dradriver.slices.publish import render
+from tests.support.gpu_names import fake_names
 
 D = "gpu.dradriver.io"
 REPO = Path(__file__).resolve().parents[3]
@@ -142,7 +143,8 @@ def test_more_than_any_node_has() -> None:
 
 def test_every_matching_device_taken_names_the_holders() -> None:
     s = slices("n1", "2xL4")
-    held = claim("holder", allocated=[("n1", "gpu-0"), ("n1", "gpu-1")])
+    gpus = fake_names("2xL4", "n1")  # by NVML index
+    held = claim("holder", allocated=[("n1", gpus[0]), ("n1", gpus[1])])
     r = run(claim("c"), s, [node("n1")], [held])
     text = line(r)
     assert text.startswith("allocation: all 2 devices matching request gpu are taken")
@@ -212,10 +214,11 @@ def test_an_unhealthy_gpu_is_named_with_its_taint() -> None:
     s = slices("n1", "2xL4")
     taint = {"key": f"{D}/unhealthy", "value": "xid-79", "effect": "NoSchedule",
              "timeAdded": "2026-01-01T00:00:00Z"}  # fmt: skip
+    gpus = fake_names("2xL4", "n1")  # by NVML index
     for d in s[0]["spec"]["devices"]:
-        if d["name"] == "gpu-1":
+        if d["name"] == gpus[1]:
             d["taints"] = [taint]
-    held = claim("holder", allocated=[("n1", "gpu-0")])
+    held = claim("holder", allocated=[("n1", gpus[0])])
     r = run(claim("c"), s, [node("n1")], [held])
     text = line(r)
     assert text.startswith("allocation: all 2 devices matching request gpu are taken")
@@ -230,7 +233,7 @@ def test_an_unhealthy_gpu_is_named_with_its_taint() -> None:
     r = run(claim("c"), alone, [node("n1")], [])
     assert line(r).startswith(
         "health: the 1 devices matching request gpu that are not allocated carry a taint "
-        f"it does not tolerate: gpu-0 ({D}/unhealthy=xid-79:NoSchedule)"
+        f"it does not tolerate: {fake_names('1xL4', 'n1')[0]} ({D}/unhealthy=xid-79:NoSchedule)"
     )
     # A request that tolerates it fits.
     tolerant = claim("c")

@@ -12,10 +12,13 @@ from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import build
 from dradriver.slices.consumable import parse_mode
 from dradriver.slices.publish import render
+from tests.support.gpu_names import fake_names
 
 from .test_explain import D, line, node, run
 
 GI = 2**30
+# The H100's name on node-a in every spec here (the spec's first GPU).
+H100 = fake_names("1xH100-80GB", "node-a")[0]
 
 
 def shared_slices(node_name: str, spec: str, mode: str) -> list[dict[str, Any]]:
@@ -46,7 +49,7 @@ def share_claim(
                             "request": "gpu",
                             "driver": D,
                             "pool": "node-a",
-                            "device": "gpu-0",
+                            "device": H100,
                             "shareID": f"0000000{len(name)}-{name[:4]:0>4}-4000-8000-000000000000",
                             "consumedCapacity": held,
                         }
@@ -87,13 +90,13 @@ def test_a_30gi_share_beside_three_20gi_ones_names_the_most_free_memory() -> Non
     text = line(r)
     assert text.startswith(
         "capacity: request gpu asks for memory 30Gi, which takes 30Gi of memory; the most "
-        f"free memory on any {D} device is 19.6Gi, on gpu-0 of node-a, where 3 shares hold 60Gi"
+        f"free memory on any {D} device is 19.6Gi, on {H100} of node-a, where 3 shares hold 60Gi"
     ), text
     assert "Fix: ask for at most 19.6Gi of memory" in text
     (req,) = r.requests
     assert req.rows[0].short == 1 and req.rows[0].free == 0
     (shared,) = req.shares
-    assert shared.startswith("gpu-0 of node-a: 3 shares (default/a, default/b, default/c);")
+    assert shared.startswith(f"{H100} of node-a: 3 shares (default/a, default/b, default/c);")
     assert "memory 60Gi of 79.6Gi (19.6Gi free)" in shared
     # The same claim fits once a share goes.
     r = run(share_claim("big", {"memory": "30Gi"}), sl, [node("node-a")], held[:2])
@@ -102,24 +105,25 @@ def test_a_30gi_share_beside_three_20gi_ones_names_the_most_free_memory() -> Non
 
 def test_more_than_any_device_has_names_the_largest() -> None:
     sl = shared_slices("node-a", "1xH100-80GB+1xL4", "memory")
+    h100 = fake_names("1xH100-80GB+1xL4", "node-a")[0]
     text = line(run(share_claim("c", {"memory": "100Gi"}), sl, [node("node-a")]))
     assert text.startswith(
         "capacity: request gpu asks for memory 100Gi; the largest memory of any "
-        f"{D} device is 79.6Gi (gpu-0 of node-a, NVIDIA H100 80GB HBM3)"
+        f"{D} device is 79.6Gi ({h100} of node-a, NVIDIA H100 80GB HBM3)"
     ), text
 
 
 def test_off_the_policy_and_unknown_capacities() -> None:
     sl = shared_slices("node-a", "1xH100-80GB", "shares=4")
     text = line(run(share_claim("c", {"shares": "5"}), sl, [node("node-a")]))
-    assert "which would take shares 5; gpu-0 of node-a allows a claim shares from 1 to 4" in text
+    assert f"which would take shares 5; {H100} of node-a allows a claim shares from 1 to 4" in text
     text = line(run(share_claim("c", {"vram": "1Gi"}), sl, [node("node-a")]))
     assert "asks for capacity vram, which no gpu.dradriver.io device has" in text
-    assert "(gpu-0 of node-a has compute, memory, shares)" in text
+    assert f"({H100} of node-a has compute, memory, shares)" in text
 
 
 def test_a_fifth_share_of_four() -> None:
     sl = shared_slices("node-a", "1xH100-80GB", "shares=4")
     held = [share_claim(n, None, {"shares": "1", "memory": "0", "compute": "0"}) for n in "abcd"]
     text = line(run(share_claim("e"), sl, [node("node-a")], held))
-    assert "the most free shares on any gpu.dradriver.io device is 0, on gpu-0 of node-a" in text
+    assert f"the most free shares on any gpu.dradriver.io device is 0, on {H100} of node-a" in text

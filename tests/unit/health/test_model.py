@@ -26,6 +26,7 @@ from dradriver.health.taints import TaintEffect, taints_dropped, with_taints
 from dradriver.inventory.node_devices import MigMode
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import build
+from tests.support.gpu_names import names_of
 
 from ..slices.conftest import inventory
 
@@ -138,10 +139,11 @@ def test_mig_devices_inherit_their_parents_health() -> None:
     book.observe(XidEvent(uuid1, 79), now=50)
     health = device_health(book, offer.devices().values())
     bad = unhealthy(health)
-    gpu1 = {n for n in health if n == "gpu-1" or n.startswith("gpu-1-")}
+    gpus = names_of(inv)
+    gpu1 = {n for n in health if n == gpus[1] or n.startswith(f"{gpus[1]}-")}
     assert set(bad) == gpu1 and len(gpu1) == 26  # the GPU and its 25 partitions
     assert all(f.reason == "xid-79" and f.since == 50 for f in bad.values())
-    assert health["gpu-0"].health is Health.HEALTHY
+    assert health[gpus[0]].health is Health.HEALTHY
 
 
 def test_an_xid_naming_a_gpu_instance_stays_on_that_instance(tmp_path: Path) -> None:
@@ -176,8 +178,9 @@ def test_taints_on_the_unhealthy_devices_only() -> None:
     faults = unhealthy(device_health(book, built.offer.devices().values()))
     (s,) = with_taints(built.slices, faults, "gpu.example.com", TaintEffect.NO_EXECUTE)
     by_name = {d["name"]: d for d in s.devices}
-    assert "taints" not in by_name["gpu-0"]
-    assert by_name["gpu-1"]["taints"] == [
+    gpus = names_of(inv)
+    assert "taints" not in by_name[gpus[0]]
+    assert by_name[gpus[1]]["taints"] == [
         {
             "key": "gpu.example.com/unhealthy",
             "value": "xid-79",
@@ -194,7 +197,7 @@ def test_taints_on_the_unhealthy_devices_only() -> None:
 def test_dropped_taints_are_noticed() -> None:
     inv = inventory("1xL4")
     built = build(inv, MigMode.NONE)
-    faults = {"gpu-0": Fault("lost", 1)}
+    faults = {names_of(inv)[0]: Fault("lost", 1)}
     (s,) = with_taints(built.slices, faults, "d", TaintEffect.NO_SCHEDULE)
     dropped = {"spec": {"devices": [{k: v for k, v in s.devices[0].items() if k != "taints"}]}}
     kept = {"spec": {"devices": list(s.devices)}}

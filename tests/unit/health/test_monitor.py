@@ -20,6 +20,7 @@ from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, No
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.nvml.library import Nvml, open_nvml
 from dradriver.slices.build import build
+from tests.support.gpu_names import names_of, real
 
 DRIVER = "gpu.dradriver.io"
 
@@ -117,6 +118,7 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
 ) -> None:
     nvml = backend(tmp_path, "2xH100-80GB")
     fake = nvml.backend
+    gpus = names_of(nvml.discover().inventory)  # by NVML index
     health = node_health(tmp_path, nvml)
     changes: list[int] = []
     health.listeners.append(lambda: changes.append(1))
@@ -134,7 +136,7 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
             d
             for s in slices
             for d in s.devices
-            if d["name"] == "gpu-0" or d["name"].startswith("gpu-0-")
+            if d["name"] == gpus[0] or d["name"].startswith(f"{gpus[0]}-")
         ]
         return {d["name"]: d.get("taints", []) for s in slices for d in s.devices}
 
@@ -149,11 +151,11 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
     wait_until(lambda: bool(changes), "the change")
     after = publish()
     tainted = {n for n, t in after.items() if t}
-    assert tainted == {n for n in after if n == "gpu-1" or n.startswith("gpu-1-")}
+    assert tainted == {n for n in after if n == gpus[1] or n.startswith(f"{gpus[1]}-")}
     assert len(after) == 52  # the lost GPU is still published, from its last description
     # GPU 0's devices are untouched: its NVLink domain still names GPU 1 (still wired).
     assert gpu0 == gpu0_before
-    assert after["gpu-1"] == [
+    assert after[gpus[1]] == [
         {
             "key": f"{DRIVER}/unhealthy",
             "value": "xid-79",
@@ -161,8 +163,8 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
             "timeAdded": "2023-11-14T22:13:20Z",
         }
     ]
-    assert health.health_by_device()["gpu-1-mig-1g10gb-3"] == "Unhealthy"
-    assert health.health_by_device()["gpu-0"] == "Healthy"
+    assert health.health_by_device()[real("gpu-1-mig-1g10gb-3", gpus)] == "Unhealthy"
+    assert health.health_by_device()[gpus[0]] == "Healthy"
 
     # A restart: the XID is not seen again and NVML cannot describe GPU 1, yet it stays
     # published and tainted.

@@ -13,6 +13,7 @@ import pytest
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.prepare.preparer import Preparer
 from fakenvml import FakeNvml
+from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, NODE, fake_preparer
 
 MPS = {
@@ -29,10 +30,17 @@ class Node:
         self.prep, nvml = fake_preparer(tmp, "2xH100-80GB", lambda r: self.claims[r.name])
         self.fake: FakeNvml = nvml.backend
         self.tmp = tmp
+        # The whole-GPU names, by NVML index, as discovery made them.
+        self.names = names_of(self.prep.devices())
 
     def claim(self, name: str, device: str, admin: bool = False, config: Any = None) -> ClaimRef:
         uid = str(uuidlib.uuid4())
-        result = {"request": "r", "driver": DRIVER, "pool": NODE, "device": device}
+        result = {
+            "request": "r",
+            "driver": DRIVER,
+            "pool": NODE,
+            "device": real(device, self.names),
+        }
         if admin:
             result["adminAccess"] = True
         configs = []
@@ -113,7 +121,7 @@ def test_admin_access_to_a_whole_gpu_in_mig_mode_switches_nothing(tmp_path: Path
                             "request": "r",
                             "driver": DRIVER,
                             "pool": NODE,
-                            "device": "gpu-0",
+                            "device": real("gpu-0", names_of(prep.devices())),
                             "adminAccess": True,
                         }
                     ]

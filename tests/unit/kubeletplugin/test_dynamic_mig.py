@@ -26,6 +26,7 @@ from dradriver.nvml.library import open_nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import build
 from fakenvml import FakeNvml
+from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 SPEC = "4xH100-80GB"
@@ -43,6 +44,11 @@ class Node:
     fake: FakeNvml
     driver: Preparer
     claims: dict[str, dict[str, Any]]
+    names: list[str]  # the whole-GPU names, by NVML index, as discovery made them
+
+    def real(self, device: str) -> str:
+        """The node's name for `device`, written by NVML index ("gpu-0-mig-3g40gb-4")."""
+        return real(device, self.names)
 
     def instances(self) -> set[tuple[str, int, int]]:
         return {
@@ -61,7 +67,12 @@ class Node:
                 "allocation": {
                     "devices": {
                         "results": [
-                            {"request": f"r{i}", "driver": DRIVER, "pool": NODE, "device": d}
+                            {
+                                "request": f"r{i}",
+                                "driver": DRIVER,
+                                "pool": NODE,
+                                "device": self.real(d),
+                            }
                             for i, d in enumerate(devices)
                         ]
                     }
@@ -94,7 +105,7 @@ def start_node(
 ) -> Node:
     claims = {} if claims is None else claims
     driver, nvml = fake_preparer(tmp, spec, lambda ref: claims[ref.name], boot_id=boot_id)
-    return Node(tmp, nvml.backend, driver, claims)
+    return Node(tmp, nvml.backend, driver, claims, names_of(driver.devices()))
 
 
 @pytest.fixture
@@ -238,8 +249,9 @@ def test_foreign_instances_are_left_alone_and_reported(node: Node) -> None:
     assert restarted.fake.machine.gpus[3].mig_enabled  # and its mode untouched
     # Publishing offers it as it is, and nothing that overlaps it.
     devs = restarted.driver.devices()
-    assert devs["gpu-3-mig-3g40gb-0"].mig is not None
-    assert "gpu-3-mig-1g10gb-1" not in devs and "gpu-3-mig-3g40gb-4" in devs
+    assert devs[restarted.real("gpu-3-mig-3g40gb-0")].mig is not None
+    assert restarted.real("gpu-3-mig-1g10gb-1") not in devs
+    assert restarted.real("gpu-3-mig-3g40gb-4") in devs
 
 
 def test_reboot_carves_prepared_partitions_again(tmp_path: Path) -> None:
@@ -349,7 +361,7 @@ def test_rtx_pro_media_engine_variants_are_carved_on_a_12_unit_grid(tmp_path: Pa
         ("1g.24gb+me.all", 0),
         ("1g.24gb-me", 3),
     }
-    with pytest.raises(DriverError, match=r"gpu-0-mig-1g24gb-6.*Insufficient"):
+    with pytest.raises(DriverError, match=rf"{node.real('gpu-0-mig-1g24gb-6')}.*Insufficient"):
         node.prepare(node.claim("plain", "gpu-0-mig-1g24gb-6"))
     assert node.instances() == node.checkpoint_owned()
     assert len(node.instances()) == 2
@@ -379,8 +391,8 @@ def test_a_lost_checkpoint_neither_leaks_nor_hands_out_a_mig_device(tmp_path: Pa
     ledger = MigModeLedger(tmp_path / "mig-mode.json")
     built = build(inv, MigMode.DYNAMIC, set(), held_mig=held_instances(ledger, set()))
     published = {d["name"] for sl in built.slices for d in sl.devices}
-    assert not any(n.startswith("gpu-0-mig-3g40gb-4") for n in published)
-    assert "gpu-0" not in published  # nor the whole GPU it sits on
+    assert not any(n.startswith(node.real("gpu-0-mig-3g40gb-4")) for n in published)
+    assert node.real("gpu-0") not in published  # nor the whole GPU it sits on
     with pytest.raises(DriverError, match="held for claim UID"):
         restarted.prepare(restarted.claim("b", "gpu-0-mig-3g40gb-4"))
     # The kubelet, restarted too, prepares the same claim again: it gets its own MIG

@@ -24,6 +24,7 @@ from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, owned_parti
 from dradriver.kubeletplugin.state.sharing_ledger import SharingLedger
 from dradriver.nvml.library import Nvml
 from fakenvml.host import FakeHost
+from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, allocated_claim, fake_preparer, lose_checkpoint
 
 SPEC = "4xH100-80GB"
@@ -35,9 +36,10 @@ class Node:
     claims: dict[str, dict[str, Any]]
     driver: Preparer
     nvml: Nvml
+    names: list[str]  # the whole-GPU names, by NVML index, as discovery made them
 
     def ref(self, name: str, device: str, interval: str = "") -> ClaimRef:
-        claim = self.claims.get(name) or allocated_claim(name, device)
+        claim = self.claims.get(name) or allocated_claim(name, real(device, self.names))
         if interval:
             sharing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}
             params = {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuConfig", "sharing": sharing}
@@ -68,7 +70,7 @@ class Node:
 def node(tmp_path: Path) -> Node:
     claims: dict[str, dict[str, Any]] = {}
     driver, nvml = fake_preparer(tmp_path, SPEC, lambda ref: claims[ref.name])
-    return Node(tmp_path, claims, driver, nvml)
+    return Node(tmp_path, claims, driver, nvml, names_of(driver.devices()))
 
 
 class Gate:

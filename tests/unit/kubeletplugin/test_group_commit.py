@@ -18,14 +18,16 @@ from dradriver.k8s import KubeError
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.group_commit import GroupCommit
 from dradriver.kubeletplugin.state.records import Checkpoint
-from tests.support.node import allocated_claim, fake_preparer
+from tests.support.gpu_names import fake_names
+from tests.support.node import NODE, allocated_claim, fake_preparer
 
 
 def node(tmp_path: Path, n: int) -> tuple[Any, list[ClaimRef]]:
     claims: dict[str, dict[str, Any]] = {}
     refs = []
+    gpus = fake_names(f"{n}xH100-80GB", NODE)  # by NVML index
     for i in range(n):
-        c = allocated_claim(f"c{i}", f"gpu-{i}")
+        c = allocated_claim(f"c{i}", gpus[i])
         claims[c["metadata"]["uid"]] = c
         refs.append(ClaimRef("team", c["metadata"]["uid"], f"c{i}"))
     preparer, _ = fake_preparer(
@@ -122,8 +124,9 @@ def test_a_new_claim_takes_the_node_lock_once_and_a_prepared_one_needs_no_api_se
     one locked step; one the other instance prepared meanwhile (a rolling update) still
     answers from the checkpoint when the API server cannot be reached."""
     claims = {}
+    gpus = fake_names("3xH100-80GB", NODE)  # by NVML index
     for i in range(3):
-        c = allocated_claim(f"c{i}", f"gpu-{i}")
+        c = allocated_claim(f"c{i}", gpus[i])
         claims[c["metadata"]["uid"]] = c
     refs = [ClaimRef("team", uid, c["metadata"]["name"]) for uid, c in claims.items()]
     first, nvml = fake_preparer(tmp_path, "3xH100-80GB", lambda r: claims[r.uid], mode=MigMode.NONE)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
-from tests.support.node import DRIVER, allocated_claim, fake_preparer
+from tests.support.gpu_names import fake_names, real
+from tests.support.node import DRIVER, NODE, allocated_claim, fake_preparer
 
 
 def _ref(c: dict[str, Any]) -> ClaimRef:
@@ -19,7 +20,11 @@ def _ref(c: dict[str, Any]) -> ClaimRef:
 
 
 def test_a_newer_checkpoint_is_refused_and_left_untouched(tmp_path: Path) -> None:
-    claims = {"a": allocated_claim("a", "gpu-0-mig-3g40gb-4"), "b": allocated_claim("b", "gpu-1")}
+    gpus = fake_names("2xH100-80GB", NODE)  # by NVML index
+    claims = {
+        "a": allocated_claim("a", real("gpu-0-mig-3g40gb-4", gpus)),
+        "b": allocated_claim("b", real("gpu-1", gpus)),
+    }
     driver, _nvml = fake_preparer(tmp_path, "2xH100-80GB", lambda ref: claims[ref.name])
     assert driver.prepare([_ref(claims["a"])])[_ref(claims["a"]).uid].error == ""
     # What a newer release would write after an incompatible change (same payload, a

@@ -3,11 +3,13 @@ prepare will do, from plain values (a claim, the node's devices, a checkpoint)."
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import pytest
 
 from dradriver.errors import ConfigError, DeviceError, DriverError
+from dradriver.inventory.naming import uuid_digits
 from dradriver.inventory.node_devices import MigMode, offer
 from dradriver.kubeletplugin.prepare.plan import ClaimRef, check_ref, claim_devices, plan
 from dradriver.kubeletplugin.state.records import (
@@ -21,6 +23,7 @@ from dradriver.kubeletplugin.state.records import (
 )
 from dradriver.nvml.discover import discover
 from fakenvml import load
+from tests.support.gpu_names import names_of, real
 
 DRIVER, POOL = "gpu.dradriver.io", "node-a"
 REF = ClaimRef("team", "0b5e8c3a-1111-2222-3333-444455556666", "train")
@@ -146,6 +149,16 @@ def h100_devices(mode: MigMode = MigMode.DYNAMIC) -> dict[str, Any]:
     return offer(inv, mode).devices()
 
 
+@cache
+def _h100_names() -> list[str]:
+    return names_of(h100_devices())
+
+
+def named(device: str) -> str:
+    """The h100_devices() node's name for `device`, written by NVML index ("gpu-1")."""
+    return real(device, _h100_names())
+
+
 def with_config(results: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
     cfg = {
         "source": "FromClaim",
@@ -157,13 +170,17 @@ def with_config(results: list[dict[str, Any]], params: dict[str, Any]) -> dict[s
 
 def test_plan_records_minor_carve_intent_and_request_names() -> None:
     devices = h100_devices()
-    c = claim([result("gpu-1"), result("gpu-0-mig-3g40gb-4", "mig"), result("gpu-1", "again")])
+    gpu1, part3g = named("gpu-1"), named("gpu-0-mig-3g40gb-4")
+    c = claim([result(gpu1), result(part3g, "mig"), result(gpu1, "again")])
     rec = plan(c, REF, driver=DRIVER, node=POOL, devices=devices, checkpoint=Checkpoint(), now=5.0)
     assert (rec.uid, rec.state, rec.updated_at) == (REF.uid, PREPARE_STARTED, 5.0)
     whole, part = rec.devices
-    assert (whole.device, whole.kind, whole.request_names) == ("gpu-1", "gpu", ["gpus", "again"])
-    assert whole.uuid == devices["gpu-1"].gpu.uuid and whole.minor == 1 and whole.carve is None
-    assert whole.cdi_device_ids == [f"{DRIVER}/claim=gpu-1-{REF.uid}"]
+    assert (whole.device, whole.kind, whole.request_names) == (gpu1, "gpu", ["gpus", "again"])
+    assert whole.uuid == devices[gpu1].gpu.uuid and whole.minor == 1 and whole.carve is None
+    # The CDI device is named after the GPU's UUID.
+    digits = uuid_digits(devices[gpu1].gpu.uuid)[:8]
+    assert whole.cdi_device_ids == [f"{DRIVER}/claim=gpu-{digits}-{REF.uid}"]
+    assert part.device == part3g
     assert (part.kind, part.uuid, part.minor) == ("mig", None, 0)
     assert part.carve is not None and not part.carve.created
     assert (part.carve.profile, part.carve.placement_start, part.carve.placement_size) == (
@@ -176,7 +193,7 @@ def test_plan_records_minor_carve_intent_and_request_names() -> None:
 def test_plan_records_the_sharing_setup_without_applying_it() -> None:
     devices = h100_devices(MigMode.NONE)
     rec = plan(
-        with_config([result("gpu-0")], MPS),
+        with_config([result(named("gpu-0"))], MPS),
         REF,
         driver=DRIVER,
         node=POOL,
@@ -192,7 +209,7 @@ def test_plan_records_the_sharing_setup_without_applying_it() -> None:
         "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
     }
     rec = plan(
-        with_config([result("gpu-0")], sliced),
+        with_config([result(named("gpu-0"))], sliced),
         REF,
         driver=DRIVER,
         node=POOL,
@@ -214,12 +231,12 @@ def test_plan_refuses_what_the_node_cannot_give() -> None:
         "team",
         "other",
         PREPARE_COMPLETED,
-        [PreparedDevice(["gpus"], POOL, "gpu-0-mig-1g10gb-5", [])],
+        [PreparedDevice(["gpus"], POOL, named("gpu-0-mig-1g10gb-5"), [])],
     )
     cp = Checkpoint(claims={"other-uid": held})
     with pytest.raises(DeviceError, match="already prepared for claim team/other") as busy:
-        plan(claim([result("gpu-0-mig-3g40gb-4")]), REF, checkpoint=cp, **args)
+        plan(claim([result(named("gpu-0-mig-3g40gb-4"))]), REF, checkpoint=cp, **args)
     assert busy.value.reason == "device_busy"
-    plan(claim([result("gpu-0-mig-3g40gb-0")]), REF, checkpoint=cp, **args)  # no overlap
+    plan(claim([result(named("gpu-0-mig-3g40gb-0"))]), REF, checkpoint=cp, **args)  # no overlap
     with pytest.raises(ConfigError, match="GpuConfig does not fit a mig device"):
-        plan(with_config([result("gpu-0-mig-1g10gb-0")], CFG), REF, checkpoint=cp, **args)
+        plan(with_config([result(named("gpu-0-mig-1g10gb-0"))], CFG), REF, checkpoint=cp, **args)

@@ -25,6 +25,7 @@ from dradriver.nvml.host import mps_alive
 from dradriver.slices.consumable import parse_mode
 from fakenvml import FakeNvml
 from fakenvml.mps_v3 import CUDA_ERROR_OUT_OF_MEMORY, Client, CudaError, namespaces
+from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 GI = 2**30
@@ -45,6 +46,8 @@ class SharedNode:
         )
         self.fake: FakeNvml = nvml.backend
         self.nvml = nvml
+        # The whole-GPU names, by NVML index, as discovery made them.
+        self.names = names_of(self.driver.devices())
 
     def share(self, name: str, memory: str, compute: str = "0", device: str = "gpu-0") -> ClaimRef:
         uid = str(uuidlib.uuid4())
@@ -58,7 +61,7 @@ class SharedNode:
                                 "request": "gpu",
                                 "driver": DRIVER,
                                 "pool": NODE,
-                                "device": device,
+                                "device": real(device, self.names),
                                 "shareID": str(uuidlib.uuid4()),
                                 "consumedCapacity": {"memory": memory, "compute": compute},
                             }
@@ -299,7 +302,7 @@ def test_two_instances_in_a_rolling_update_share_one_daemon(node: SharedNode) ->
 
     other = SharedNode.__new__(SharedNode)
     other.tmp, other.protocol, other.claims = node.tmp, 3, node.claims
-    other.fake, other.nvml = node.fake, node.nvml
+    other.fake, other.nvml, other.names = node.fake, node.nvml, node.names
     other.driver, _ = fake_preparer(
         node.tmp,
         "2xH100-80GB",

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from dradriver.errors import DeviceError, DriverError
+from dradriver.inventory.naming import uuid_digits
 from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.prepare.claim_status import _entry
 from dradriver.kubeletplugin.prepare.execute import share_env
@@ -22,7 +23,7 @@ from dradriver.kubeletplugin.state.records import (
 )
 from dradriver.slices.consumable import parse_mode
 
-from .test_plan import DRIVER, POOL, claim, h100_devices, result
+from .test_plan import DRIVER, POOL, claim, h100_devices, named, result
 
 GI = 2**30
 MI = 2**20
@@ -41,7 +42,8 @@ def shared(
 def planned(
     ref: ClaimRef, results: list[dict[str, Any]], mode: str = "memory", cp: Checkpoint | None = None
 ) -> ClaimRecord:
-    c = claim(results, uid=ref.uid)
+    # The scenario names devices by NVML index; the claim holds the node's names.
+    c = claim([{**r, "device": named(r["device"])} for r in results], uid=ref.uid)
     c["metadata"]["name"] = ref.name
     return plan(
         c,
@@ -59,7 +61,8 @@ def test_a_share_is_its_own_cdi_device_with_its_limits() -> None:
     rec = planned(A, [shared("gpu-0", S1, {"memory": "20Gi", "compute": "30"})])
     (d,) = rec.devices
     assert d.share == Share(S1, (("compute", "30"), ("memory", "20Gi")), 20 * GI, 30)
-    assert d.cdi_device_ids == [f"{DRIVER}/claim=gpu-0-share-{S1}-{A.uid}"]
+    gpu = f"gpu-{uuid_digits(h100_devices(MigMode.NONE)[named('gpu-0')].gpu.uuid)[:8]}"
+    assert d.cdi_device_ids == [f"{DRIVER}/claim={gpu}-share-{S1}-{A.uid}"]
     assert share_env(d) == [
         f"DRADRIVER_SHARE_ID={S1}",
         f"DRADRIVER_SHARE_MEMORY_LIMIT={20 * GI}",
@@ -67,7 +70,7 @@ def test_a_share_is_its_own_cdi_device_with_its_limits() -> None:
     ]
     # The checkpoint keeps it whole.
     back = PreparedDevice.from_json(d.to_json(), "d")
-    assert back.share == d.share and back.key == ("gpu-0", S1)
+    assert back.share == d.share and back.key == (named("gpu-0"), S1)
 
 
 def test_two_shares_of_one_device_in_one_claim_stay_two() -> None:
@@ -79,8 +82,8 @@ def test_two_shares_of_one_device_in_one_claim_stay_two() -> None:
         ],
     )
     assert [(d.device, d.request_names) for d in rec.devices] == [
-        ("gpu-0", ["a"]),
-        ("gpu-0", ["b"]),
+        (named("gpu-0"), ["a"]),
+        (named("gpu-0"), ["b"]),
     ]
     assert len({d.cdi_device_ids[0] for d in rec.devices}) == 2
     assert [d.share.memory_limit for d in rec.devices if d.share] == [10 * GI, 30 * GI]
@@ -136,14 +139,14 @@ def test_a_bad_allocation_is_refused_naming_claim_device_and_share(
 ) -> None:
     with pytest.raises(DriverError, match=message) as e:
         planned(A, [shared("gpu-0", S1, consumed)])
-    assert f"claim team/a: device gpu-0, share {S1}" in str(e.value)
+    assert f"claim team/a: device {named('gpu-0')}, share {S1}" in str(e.value)
 
 
 def test_status_entries_are_keyed_by_share() -> None:
     rec = planned(A, [shared("gpu-0", S1, {"memory": "20Gi", "compute": "30"})])
     (d,) = rec.devices
     e = _entry(DRIVER, d, "2026-12-02T00:00:00Z")
-    assert (e["device"], e["shareID"]) == ("gpu-0", S1)
+    assert (e["device"], e["shareID"]) == (named("gpu-0"), S1)
     assert e["data"]["limits"] == {"memory": 20 * GI, "compute": 30}
     (whole,) = planned(B, [result("gpu-1", "gpu")]).devices
     assert "shareID" not in _entry(DRIVER, whole, "2026-12-02T00:00:00Z")
@@ -153,7 +156,7 @@ def test_a_share_with_a_sharing_config_is_refused_at_prepare() -> None:
     from .test_plan import CFG
 
     c = claim(
-        [shared("gpu-0", S1, {"memory": "20Gi"})],
+        [shared(named("gpu-0"), S1, {"memory": "20Gi"})],
         uid=A.uid,
         configs=[
             {

@@ -19,6 +19,7 @@ from dradriver.kubeletplugin.state.records import Mps
 from dradriver.nvml.host import mps_alive
 from fakenvml import FakeNvml
 from fakenvml.host import FakeHost
+from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 V = "gpu.dradriver.io/v1alpha1"
@@ -32,6 +33,8 @@ class Node:
             tmp, "2xH100-80GB", lambda ref: self.claims[ref.name], boot_id="boot"
         )
         self.fake: FakeNvml = nvml.backend
+        # The whole-GPU names, by NVML index, as discovery made them.
+        self.names = names_of(self.driver.devices())
         assert isinstance(nvml.host, FakeHost)
         # What nvidia-smi would have been asked to set (the fake host records it).
         self.sharing = nvml.host
@@ -58,7 +61,12 @@ class Node:
                 "allocation": {
                     "devices": {
                         "results": [
-                            {"request": "r", "driver": DRIVER, "pool": NODE, "device": device}
+                            {
+                                "request": "r",
+                                "driver": DRIVER,
+                                "pool": NODE,
+                                "device": real(device, self.names),
+                            }
                         ],
                         "config": config,
                     }

@@ -19,7 +19,8 @@ from dradriver.k8s import Kube
 from dradriver.kubeletplugin.ops.api_probe import ApiProbe
 from dradriver.kubeletplugin.prepare import claim_read
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
-from tests.support.node import allocated_claim, fake_preparer
+from tests.support.gpu_names import fake_names, real
+from tests.support.node import NODE, allocated_claim, fake_preparer
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def hung_api() -> Iterator[Kube]:
 
 
 def test_an_unprepare_during_a_stalled_prepare_wins(tmp_path: Path) -> None:
-    claim = allocated_claim("c", "gpu-0-mig-1g10gb-0")
+    claim = allocated_claim("c", real("gpu-0-mig-1g10gb-0", fake_names("1xH100-80GB", NODE)))
     ref = ClaimRef("team", claim["metadata"]["uid"], "c")
     reading, release = threading.Event(), threading.Event()
 

@@ -8,30 +8,49 @@ from pathlib import Path
 import pytest
 
 from dradriver.inventory.model import Inventory
+from dradriver.inventory.naming import uuid_digits
 from dradriver.inventory.node_devices import profile_token
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import LimitError, MigMode, SliceContent, build, check_limits
 from fakenvml.products import PRODUCTS
+from tests.support.gpu_names import fake_names, indexed, names_of, real
 
 from .conftest import inventory
 
 A = "gpu.dradriver.io"
 
 
+def by_index(inv: Inventory, names: list[str]) -> list[str]:
+    """The device names the code wrote, in index form ("gpu-3-mig-3g40gb-4"); each must
+    be named after one of the node's GPUs as its discovery named them."""
+    gpus = names_of(inv)
+    out = [indexed(n, gpus) for n in names]
+    for n, i in zip(names, out, strict=True):
+        assert i != n and real(i, gpus) == n, n
+    return out
+
+
 def devices(inv: Inventory, mode: MigMode) -> dict[str, dict]:  # type: ignore[type-arg]
-    return {d["name"]: d for s in build(inv, mode).slices for d in s.devices}
+    """The published devices by name in index form."""
+    devs = [d for s in build(inv, mode).slices for d in s.devices]
+    return dict(zip(by_index(inv, [d["name"] for d in devs]), devs, strict=True))
 
 
 def test_dynamic_h100_node_offers_every_profile_and_placement() -> None:
     inv = inventory("8xH100-80GB")
     result = build(inv, MigMode.DYNAMIC)
+    # Each GPU is named after its UUID; a merged slice after its first GPU.
+    gpu = names_of(inv)
+    assert gpu == [f"gpu-{uuid_digits(g.uuid)[:8]}" for g in inv.gpus]
     # Four GPUs a slice: each has 8 counters and a slice holds 32 (counters live in the
     # slice of the devices that consume them).
-    assert [s.key for s in result.slices] == ["gpus-0", "gpus-4"]
+    assert [s.key for s in result.slices] == [
+        f"gpus-{uuid_digits(inv.gpus[i].uuid)[:8]}" for i in (0, 4)
+    ]
     for first, s in zip((0, 4), result.slices, strict=True):
         gpus = range(first, first + 4)
-        assert [cs["name"] for cs in s.shared_counters] == [f"gpu-{i}" for i in gpus]
-        names = [d["name"] for d in s.devices]
+        assert [cs["name"] for cs in s.shared_counters] == [gpu[i] for i in gpus]
+        names = by_index(inv, [d["name"] for d in s.devices])
         # The whole GPUs first, then each GPU's partitions, the highest GPU first.
         assert names[:4] == [f"gpu-{i}" for i in gpus]
         for i in gpus:
@@ -71,9 +90,11 @@ def test_a_partition_costs_under_half_the_bytes_it_did() -> None:
 
     from dradriver.slices.publish import render as objects
 
-    result = build(inventory("8xH100-80GB"), MigMode.DYNAMIC)
+    inv = inventory("8xH100-80GB")
+    result = build(inv, MigMode.DYNAMIC)
     docs = objects(A, "node-a", result.slices)
-    part = next(d for o in docs for d in o["spec"]["devices"] if d["name"] == "gpu-0-mig-1g10gb-0")
+    name = real("gpu-0-mig-1g10gb-0", names_of(inv))
+    part = next(d for o in docs for d in o["spec"]["devices"] if d["name"] == name)
     assert len(json.dumps(part, separators=(",", ":"))) < 893 / 2
     assert sum(len(json.dumps(o, separators=(",", ":"))) for o in docs) < 100_000
 
@@ -101,7 +122,7 @@ def test_mode_none_leaves_out_gpus_in_mig_mode_and_says_why() -> None:
     inv = inventory("2xA100-80GB:mig=on+1xL4")
     result = build(inv, MigMode.NONE)
     names = [d["name"] for s in result.slices for d in s.devices]
-    assert names == ["gpu-2"]
+    assert by_index(inv, names) == ["gpu-2"]
     assert len(result.skipped) == 2 and "MIG mode is enabled" in result.skipped[0].message
 
 
@@ -136,7 +157,7 @@ def test_static_mode_publishes_existing_mig_devices_instead_of_their_gpu(tmp_pat
 def test_ampere_with_mig_off_gets_no_partitions_in_dynamic_mode() -> None:
     inv = inventory("1xA100-40GB")
     result = build(inv, MigMode.DYNAMIC)
-    assert [d["name"] for s in result.slices for d in s.devices] == ["gpu-0"]
+    assert by_index(inv, [d["name"] for s in result.slices for d in s.devices]) == ["gpu-0"]
     assert "cannot switch MIG mode" in result.skipped[0].message
 
 
@@ -151,8 +172,10 @@ def test_names_and_slices_are_deterministic_across_restarts(tmp_path: Path) -> N
 
 def test_many_devices_are_packed_within_the_limit() -> None:
     base = inventory("1xL4")
+    # Named from each UUID (discovery's name for the copied GPU would be one for all).
     gpus = tuple(
-        dataclasses.replace(base.gpus[0], index=i, minor=i, uuid=f"GPU-{i:08d}") for i in range(300)
+        dataclasses.replace(base.gpus[0], index=i, minor=i, uuid=f"GPU-{i:08d}", name="")
+        for i in range(300)
     )
     result = build(dataclasses.replace(base, gpus=gpus), MigMode.NONE)
     assert [len(s.devices) for s in result.slices] == [128, 128, 44]
@@ -212,10 +235,12 @@ def test_compute_instances_of_one_gpu_instance_are_devices_of_their_own() -> Non
 def test_compute_instances_of_one_gpu_instance_serve_different_claims() -> None:
     inv = inventory(f"@{DATA / 'multi-ci.yaml'}")
     offered = build(inv, MigMode.STATIC).offer.devices()
-    ci0, ci1 = offered["gpu-0-mig-3g40gb-4-ci0"], offered["gpu-0-mig-3g40gb-4-ci1"]
+    gpu = names_of(inv)
+    ci0 = offered[real("gpu-0-mig-3g40gb-4-ci0", gpu)]
+    ci1 = offered[real("gpu-0-mig-3g40gb-4-ci1", gpu)]
     assert not ci0.overlaps(ci1)  # they share memory by design, not compute
     assert ci0.overlaps(ci0)
-    assert not ci0.overlaps(offered["gpu-0-mig-3g40gb-0"])
+    assert not ci0.overlaps(offered[real("gpu-0-mig-3g40gb-0", gpu)])
 
 
 def test_profile_variants_never_share_a_device_name() -> None:
@@ -233,11 +258,12 @@ def test_one_odd_gpu_is_left_out_and_the_others_are_published() -> None:
     inv = inventory("2xH100-80GB")
     odd = dataclasses.replace(inv.gpus[1], product_name="NVIDIA H100 " + "x" * 64)
     result = build(dataclasses.replace(inv, gpus=(inv.gpus[0], odd)), MigMode.NONE)
-    assert [d["name"] for s in result.slices for d in s.devices] == ["gpu-0"]
+    assert by_index(inv, [d["name"] for s in result.slices for d in s.devices]) == ["gpu-0"]
     (skip,) = result.skipped
     assert (skip.uuid, skip.reason) == (odd.uuid, "invalid_devices")
     assert "longer than 64" in skip.message
-    assert list(result.offer.devices()) == ["gpu-0"]  # prepare cannot be given it either
+    # prepare cannot be given it either
+    assert list(result.offer.devices()) == [real("gpu-0", names_of(inv))]
 
 
 def test_spellings_follow_nvidias_software_and_mig_devices_have_no_nvlink_domain() -> None:
@@ -277,6 +303,7 @@ def test_every_product_publishes_in_every_mode(
             assert rc == 0
             names = [d["name"] for s in doc["resourceSlices"] for d in s["spec"]["devices"]]
             assert len(names) == len(set(names))
+            gpu = fake_names(spec, doc["node"])
             reasons = {k["reason"] for k in doc["skipped"]}
             if mode is MigMode.DYNAMIC and product.mig_capable:
                 switchable = product.mig_switch_without_reset
@@ -286,7 +313,7 @@ def test_every_product_publishes_in_every_mode(
                 if "not_switchable" not in reasons:
                     for i in range(2):
                         want = {
-                            f"gpu-{i}-mig-{profile_token(p.name)}-{s}"
+                            f"{gpu[i]}-mig-{profile_token(p.name)}-{s}"
                             for p in product.gi_profiles
                             for s in p.placement_starts
                         }

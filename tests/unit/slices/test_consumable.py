@@ -23,6 +23,7 @@ from dradriver.slices.consumable import (
     parse_mode,
 )
 from fakenvml import load
+from tests.support.gpu_names import names_of
 
 H100_MEMORY = 81559 * 2**20  # fakenvml's H100 80GB: nvidia-smi's 81559 MiB
 
@@ -152,7 +153,7 @@ def test_whole_gpus_and_existing_mig_devices_are_shared_partitions_never() -> No
     c = parse_mode("memory")
     devices = [d for s in build(inv, MigMode.STATIC, consumable=c).slices for d in s.devices]
     by_name = {d["name"]: d for d in devices}
-    assert by_name["gpu-0"]["allowMultipleAllocations"] is True
+    assert by_name[names_of(inv)[0]]["allowMultipleAllocations"] is True
     migs = [d for d in devices if d["attributes"]["type"]["string"] == "mig"]
     assert migs and all(d["allowMultipleAllocations"] for d in migs)
     for d in migs:  # a MIG device's SMs are known: they get a policy too

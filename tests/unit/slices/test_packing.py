@@ -14,6 +14,7 @@ from typing import Any
 from dradriver.inventory.node_devices import MigMode, partitions
 from dradriver.slices import counters as ctr
 from dradriver.slices.build import SliceContent, build
+from tests.support.gpu_names import indexed, names_of
 
 from .conftest import inventory
 
@@ -177,13 +178,19 @@ def test_gpus_sharing_a_slice_fill_a_node_further_than_a_slice_each() -> None:
 
 
 def test_the_order_keeps_the_low_end_for_4g_and_the_last_slice_for_who_can_use_it() -> None:
-    result = build(inventory("2xH100-80GB"), MigMode.DYNAMIC)
+    inv = inventory("2xH100-80GB")
+    result = build(inv, MigMode.DYNAMIC)
+    gpus = names_of(inv)
 
     def first(profile: str) -> str:
-        return next(
-            d["name"]
-            for d in result.slices[0].devices
-            if d["name"].startswith("gpu-0-") and f"-mig-{profile}-" in d["name"]
+        """The first partition of `profile` on GPU 0 in the slice, in index form."""
+        return indexed(
+            next(
+                d["name"]
+                for d in result.slices[0].devices
+                if d["name"].startswith(f"{gpus[0]}-") and f"-mig-{profile}-" in d["name"]
+            ),
+            gpus,
         )
 
     assert first("3g40gb") == "gpu-0-mig-3g40gb-4"  # ends on the last slice: from the top
