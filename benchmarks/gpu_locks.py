@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from dradriver import logs  # noqa: E402
 from dradriver.kubeletplugin.prepare.plan import ClaimRef  # noqa: E402
+from tests.support.gpu_names import names_of  # noqa: E402
 from tests.support.node import allocated_claim, fake_preparer  # noqa: E402
 
 PROFILES = ["1g10gb-0", "2g20gb-2", "3g40gb-4", "7g80gb-0"]
@@ -35,9 +36,10 @@ PROFILES = ["1g10gb-0", "2g20gb-2", "3g40gb-4", "7g80gb-0"]
 
 def cycles(driver: Any, claims: dict[str, Any], n: int, tag: str) -> list[float]:
     took = []
+    gpus = names_of(driver.devices())  # the node's GPU names, by NVML index
     for i in range(n):
         name = f"{tag}-{i}"
-        claims[name] = allocated_claim(name, f"gpu-{1 + i % 3}-mig-{PROFILES[i % 4]}")
+        claims[name] = allocated_claim(name, f"{gpus[1 + i % 3]}-mig-{PROFILES[i % 4]}")
         ref = ClaimRef("team", claims[name]["metadata"]["uid"], name)
         t0 = time.perf_counter()
         r = driver.prepare([ref])[ref.uid]
@@ -71,12 +73,13 @@ def main() -> int:
         quiet = cycles(driver, claims, args.cycles, "quiet")
 
         stop = threading.Event()
+        whole0 = f"{names_of(driver.devices())[0]}-mig-7g80gb-0"
 
         def carve_gpu0() -> None:
             i = 0
             while not stop.is_set():
                 name = f"slow-{i}"
-                claims[name] = allocated_claim(name, "gpu-0-mig-7g80gb-0")
+                claims[name] = allocated_claim(name, whole0)
                 ref = ClaimRef("team", claims[name]["metadata"]["uid"], name)
                 driver.prepare([ref])
                 driver.unprepare([ref])

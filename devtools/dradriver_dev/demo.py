@@ -275,7 +275,7 @@ def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
                 f = device_facts(kube, r["pool"], r["device"])
                 what = f.get("productName", "?")
                 if f.get("type") == "mig":
-                    # The placement is the name's last part: gpu-0-mig-3g40gb-4.
+                    # The placement is the name's last part: gpu-9b3c2810-mig-3g40gb-4.
                     at = r["device"].split("-ci")[0].rsplit("-", 1)[-1]
                     what += f", MIG {f.get('profile')} at placement {at}"
                 uuid = f.get("uuid") or f.get("parentUUID", "")
@@ -293,6 +293,7 @@ def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
 
 
 def mig_layout(nodes: dict[str, NodeProcs]) -> str:
+    from dradriver.inventory.naming import stable_names
     from fakenvml import load
 
     out = ["", "MIG layout (what NVML reports on each node now):"]
@@ -300,11 +301,13 @@ def mig_layout(nodes: dict[str, NodeProcs]) -> str:
         if mode != "dynamic":
             continue
         fake = load(devices.removeprefix("fake:"), node=name, state_dir=nodes[name].state)
+        # Each GPU under the device name the node publishes (from its UUID).
+        named = stable_names([g.uuid for g in fake.machine.gpus])
         for gpu in fake.machine.gpus:
             gis = sorted(gpu.gpu_instances.values(), key=lambda g: g.start)
             layout = ", ".join(f"{g.profile.name}@{g.start}" for g in gis) or "no MIG devices"
             mode_s = "MIG on" if gpu.mig_enabled else "MIG off"
-            out.append(f"  {name} gpu-{gpu.index}: {mode_s}: {layout}")
+            out.append(f"  {name} {named[gpu.uuid]}: {mode_s}: {layout}")
     return "\n".join(out)
 
 
