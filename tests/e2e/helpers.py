@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import yaml
 
 from dradriver.k8s import Conflict, Kube, NotFound, path_for
+from tests.support import gpu_names
 
 T = TypeVar("T")
 RES = "resource.k8s.io/v1"
@@ -401,6 +402,15 @@ class NodeUnderTest:
 
     def __init__(self, kube: Kube, ns: str, kubelet: HollowNode, plugin: PluginProc) -> None:
         self.kube, self.ns, self.kubelet, self.plugin = kube, ns, kubelet, plugin
+
+    def gpu_names(self) -> list[str]:
+        """The node's whole-GPU device names by NVML index, as its plugin's discovery
+        names them (from the fake's UUIDs for its spec and node)."""
+        return gpu_names.fake_names(self.plugin.devices.removeprefix("fake:"), self.kubelet.node)
+
+    def real(self, device: str) -> str:
+        """This node's name for `device`, written by NVML index ("gpu-0-mig-3g40gb-4")."""
+        return gpu_names.real(device, self.gpu_names())
 
     def apply(self, example: str, suffix: str = "") -> list[str]:
         """Creates examples/claims/<example>.yaml pinned to this node; returns its pods."""

@@ -130,7 +130,7 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
         node.share(n, "20Gi")
     pods = {n: node.running(n) for n in names}
     results = {n: node.result(n) for n in names}
-    assert {r["device"] for r in results.values()} == {"gpu-0"}
+    assert {r["device"] for r in results.values()} == {node.real("gpu-0")}
     share_ids = {r["shareID"] for r in results.values()}
     assert len(share_ids) == 3
     for n in names:
@@ -153,7 +153,9 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
         entries = wait_for(
             lambda n=n: node.claim(n).get("status", {}).get("devices"), f"status of {n}", 30
         )
-        assert [(e["device"], e["shareID"]) for e in entries] == [("gpu-0", results[n]["shareID"])]
+        assert [(e["device"], e["shareID"]) for e in entries] == [
+            (node.real("gpu-0"), results[n]["shareID"])
+        ]
     # 79.6Gi less 60Gi leaves 19.6Gi: a 30Gi share waits.
     node.share("big", "30Gi")
     node.stays_pending("big")
@@ -164,7 +166,8 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
     assert report.finding is not None
     assert report.finding.line().startswith(
         "capacity: request gpu asks for memory 30Gi, which takes 30Gi of memory; the most "
-        f"free memory on any {DRIVER} device is 19.6Gi, on gpu-0 of {node.kubelet.node}, "
+        f"free memory on any {DRIVER} device is 19.6Gi, on {node.real('gpu-0')} of "
+        f"{node.kubelet.node}, "
         "where 3 shares hold 60Gi"
     ), report.finding.line()
     node.delete("a")
@@ -196,7 +199,7 @@ def test_shares_mode_refuses_a_fifth_claim(shared_gpu: Callable[[str], SharedGpu
     pods = {n: node.running(n) for n in ("s1", "s2", "s3", "s4")}
     for n, pod in pods.items():
         r = node.result(n)
-        assert r["device"] == "gpu-0" and r["consumedCapacity"]["shares"] == "1"
+        assert r["device"] == node.real("gpu-0") and r["consumedCapacity"]["shares"] == "1"
         env = node.env(pod)
         assert env["DRADRIVER_SHARE_COMPUTE_LIMIT"] == "25"
         assert int(env["DRADRIVER_SHARE_MEMORY_LIMIT"]) == 81559 * 2**20 // 4 // 2**20 * 2**20
@@ -214,5 +217,5 @@ def test_unlimited_mode_places_ten_claims_that_ask_for_nothing(
     for n in names:
         env = node.env(node.running(n))
         assert "DRADRIVER_SHARE_MEMORY_LIMIT" not in env
-    assert {node.result(n)["device"] for n in names} == {"gpu-0"}
+    assert {node.result(n)["device"] for n in names} == {node.real("gpu-0")}
     assert len({node.result(n)["shareID"] for n in names}) == 10

@@ -23,6 +23,7 @@ from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import MigMode, build
 from dradriver.slices.publish import SlicePublisher
 from fakenvml import load
+from tests.support.gpu_names import names_of
 
 from .helpers import (
     RES,
@@ -153,7 +154,8 @@ def test_xid_79_taints_that_gpu_and_its_mig_devices_and_new_claims_avoid_it(
     t0 = time.monotonic()
     out = n.inject("--gpu", "1", "--xid", "79")
     assert "XID 79 raised on GPU 1" in out
-    gpu1 = {d for d in n.devices() if d == "gpu-1" or d.startswith("gpu-1-")}
+    g1 = n.real("gpu-1")
+    gpu1 = {d for d in n.devices() if d == g1 or d.startswith(f"{g1}-")}
     assert len(gpu1) == 26
     wait_for(lambda: set(n.taints()) == gpu1, "GPU 1 and its MIG devices tainted", 5)
     print(f"XID 79 -> taints in the API server: {time.monotonic() - t0:.2f} s")
@@ -174,13 +176,13 @@ def test_xid_79_taints_that_gpu_and_its_mig_devices_and_new_claims_avoid_it(
     }
     assert changed == {holder: 1}, changed
     healthy = n.plugin.metric
-    wait_for(lambda: healthy("dradriver_device_healthy", device="gpu-1") == 0, "the metric", 5)
-    assert healthy("dradriver_device_healthy", device="gpu-0") == 1
+    wait_for(lambda: healthy("dradriver_device_healthy", device=g1) == 0, "the metric", 5)
+    assert healthy("dradriver_device_healthy", device=n.real("gpu-0")) == 1
 
     # New claims never get it: the whole GPU 0, then nothing left for a MIG device.
     n.claim_and_pod("whole", GPU, device_class="gpu.dradriver.io", request="gpu")
     n.running("whole")
-    assert n.allocated("whole") == ["gpu-0"]
+    assert n.allocated("whole") == [n.real("gpu-0")]
     n.claim_and_pod("part", "true")
     time.sleep(5)
     assert (n.pod("part") or {}).get("status", {}).get("phase") == "Pending"
@@ -200,7 +202,7 @@ def test_xid_79_taints_that_gpu_and_its_mig_devices_and_new_claims_avoid_it(
     assert n.generations()[next(iter(changed))] == after[next(iter(changed))] + 1
     n.running("part")
     (part,) = n.allocated("part")
-    assert part.startswith("gpu-1-mig-")
+    assert part.startswith(n.real("gpu-1-mig-"))
 
 
 def test_the_pod_learns_it_through_the_kubelet(health_node: Start) -> None:
@@ -211,7 +213,7 @@ def test_the_pod_learns_it_through_the_kubelet(health_node: Start) -> None:
     n.claim_and_pod("job", GPU, device_class="gpu.dradriver.io", request="job")
     n.running("job")
     (device,) = n.allocated("job")
-    index = device.removeprefix("gpu-")
+    index = str(n.gpu_names().index(device))  # its NVML index, for dev inject
     wait_for(lambda: n.resource_health("job") == ["Healthy"], "Healthy in the pod status", 30)
 
     t0 = time.monotonic()
@@ -250,7 +252,7 @@ def test_noexecute_evicts_the_pod(health_node: Start) -> None:
     (device,) = n.allocated("victim")
     uid = (n.pod("victim") or {})["metadata"]["uid"]
     t0 = time.monotonic()
-    n.inject("--gpu", device.removeprefix("gpu-"), "--xid", "79")
+    n.inject("--gpu", str(n.gpu_names().index(device)), "--xid", "79")
     wait_for(lambda: set(n.taints()) == {device}, "the taint", 5)
     assert n.taints()[device][0]["effect"] == "NoExecute"
 
@@ -277,7 +279,7 @@ def test_noexecute_evicts_a_mig_pod_of_a_gpu_off_the_bus(health_node: Start) -> 
     n.claim_and_pod("mig", "true")
     n.running("mig")
     (device,) = n.allocated("mig")
-    assert device.startswith("gpu-0-mig-")
+    assert device.startswith(n.real("gpu-0-mig-"))
     n.inject("--gpu", "0", "--lost")
     wait_for(lambda: device in n.taints(), "the partition tainted", 5)
     wait_for(lambda: n.pod("mig") is None, "the pod evicted and gone", 60)
@@ -302,7 +304,7 @@ def test_an_xid_naming_a_gpu_instance_taints_that_instance_only(health_node: Sta
     n.inject("--gpu", "0", "--xid", "69", "--gpu-instance", str(gi.id))
     wait_for(lambda: bool(n.taints()), "a taint", 5)
     ((name, taints),) = n.taints().items()
-    assert name.startswith("gpu-0-mig-3g40gb-4"), name  # the instance at placement 4
+    assert name.startswith(n.real("gpu-0-mig-3g40gb-4")), name  # the instance at placement 4
     assert taints[0]["value"] == "xid-69"
     # Nothing the probes see: two clean ones later (--health-recovery-probes 2) it is
     # healthy again, and no other device was tainted meanwhile.
@@ -320,10 +322,11 @@ def test_an_xid_naming_a_gpu_instance_taints_that_instance_only(health_node: Sta
 def test_a_lost_gpu_and_a_restart_keep_it_tainted(health_node: Start) -> None:
     n = health_node("2xH100-80GB")
     n.inject("--gpu", "0", "--lost")
-    wait_for(lambda: set(n.taints()) == {"gpu-0"}, "the lost GPU tainted", 5)
+    gpu0 = n.real("gpu-0")
+    wait_for(lambda: set(n.taints()) == {gpu0}, "the lost GPU tainted", 5)
     # The event (XID 79) or the probe (off the bus) may say it first.
-    assert n.taints()["gpu-0"][0]["value"] in ("xid-79", "lost")
-    assert n.devices() == {"gpu-0", "gpu-1"}  # still published, from its last description
+    assert n.taints()[gpu0][0]["value"] in ("xid-79", "lost")
+    assert n.devices() == set(n.gpu_names())  # still published, from its last description
     before, taints = n.generations(), n.taints()
 
     n.plugin.stop()
@@ -343,8 +346,9 @@ def test_a_claim_that_tolerates_the_taint_gets_the_unhealthy_gpu(health_node: St
     1.34 scheduler: kubernetes/kubernetes#134434.)"""
     n = health_node("1xH100-80GB")
     n.inject("--gpu", "0", "--xid", "48")  # a double-bit ECC error
-    wait_for(lambda: set(n.taints()) == {"gpu-0"}, "the taint", 5)
-    assert n.taints()["gpu-0"][0]["value"] == "xid-48"
+    gpu0 = n.real("gpu-0")
+    wait_for(lambda: set(n.taints()) == {gpu0}, "the taint", 5)
+    assert n.taints()[gpu0][0]["value"] == "xid-48"
     # Without the toleration, a claim for the same GPU stays pending.
     n.claim_and_pod("intolerant", GPU, device_class="gpu.dradriver.io", request="gpu")
     time.sleep(3)
@@ -352,7 +356,7 @@ def test_a_claim_that_tolerates_the_taint_gets_the_unhealthy_gpu(health_node: St
     (pod,) = n.apply("gpu-tolerating-unhealthy")
     running = n.running(pod)
     name = running["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-    assert n.allocated(name) == ["gpu-0"]
+    assert n.allocated(name) == [gpu0]
 
 
 def test_without_the_gate_the_taints_are_dropped_and_publishing_goes_on(
@@ -365,7 +369,8 @@ def test_without_the_gate_the_taints_are_dropped_and_publishing_goes_on(
     pub = SlicePublisher(kube, D, node)
     inv = open_nvml("fake:2xL4", node=node, state_dir=None).discover().inventory
     built = build(inv, MigMode.NONE)
-    tainted = with_taints(built.slices, {"gpu-1": Fault("xid-79", 1)}, D, TaintEffect.NO_SCHEDULE)
+    gpus = names_of(inv)  # by NVML index
+    tainted = with_taints(built.slices, {gpus[1]: Fault("xid-79", 1)}, D, TaintEffect.NO_SCHEDULE)
     try:
         with caplog.at_level(logging.WARNING):
             first = pub.sync(tainted)
@@ -376,7 +381,7 @@ def test_without_the_gate_the_taints_are_dropped_and_publishing_goes_on(
         assert len(warned) == 1
         assert "enable the DRADeviceTaints feature gate" in warned[0].getMessage()
         (stored,) = pub.existing()
-        assert [d["name"] for d in stored["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+        assert [d["name"] for d in stored["spec"]["devices"]] == gpus
         assert not any(d.get("taints") for d in stored["spec"]["devices"])
     finally:
         pub.delete_all()

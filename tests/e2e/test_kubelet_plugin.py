@@ -595,7 +595,7 @@ def test_admin_access_through_the_scheduler_and_the_kubelet(gpu_node: GpuNode) -
     )
     monitor = n.pod("monitor", claim="monitor")
     n.running("monitor")
-    assert allocated(n, "monitor") == allocated(n, "work") == ["gpu-0"]
+    assert allocated(n, "monitor") == allocated(n, "work") == [n.real("gpu-0")]
     same = env_of(n, monitor)["NVIDIA_VISIBLE_DEVICES"]
     assert same == env_of(n, work)["NVIDIA_VISIBLE_DEVICES"]
     assert len(n.checkpoint_claims()) == 2

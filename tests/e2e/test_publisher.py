@@ -8,12 +8,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dradriver.inventory.naming import uuid_digits
 from dradriver.k8s import Kube, path_for
 from dradriver.nvml.library import open_nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import MigMode, build
 from dradriver.slices.publish import PublishLoop, SlicePublisher
 from fakenvml import load
+from tests.support.gpu_names import fake_names, real
 
 from .helpers import RES, Cluster, HollowNode, wait_for
 
@@ -54,10 +56,13 @@ def test_fewest_writes_and_generation(
     one = pub.sync(desired())
     assert (one.created, one.updated, one.deleted, one.generation) == (0, 1, 0, 1)
     stored = {s["metadata"]["name"]: s for s in slices(k, kubelet.node)}
-    gpu2_slice = next(s for n, s in stored.items() if n.endswith("-gpus-0"))
+    # The slice of GPUs 0-3 is named after GPU 0's UUID.
+    gpus_0 = f"-gpus-{uuid_digits(fake.machine.gpus[0].uuid)[:8]}"
+    gpu2_slice = next(s for n, s in stored.items() if n.endswith(gpus_0))
     names = {d["name"] for d in gpu2_slice["spec"]["devices"]}
-    assert "gpu-2" not in names and "gpu-2-mig-3g40gb-4" in names
-    assert "gpu-2-mig-1g10gb-1" not in names  # overlaps the admin's device
+    gpus = fake_names(spec, kubelet.node)  # by NVML index
+    assert gpus[2] not in names and real("gpu-2-mig-3g40gb-4", gpus) in names
+    assert real("gpu-2-mig-1g10gb-1", gpus) not in names  # overlaps the admin's device
 
     # GPUs appear: a slice is added, the count changes, every slice moves to a new
     # generation so consumers never mix the two views.

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from dradriver.inventory.naming import uuid_digits
 from dradriver.k8s import Kube, path_for
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import MigMode, build
@@ -221,7 +222,11 @@ def test_dynamic_mig_partitions_never_overlap(
     stored = k.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={kubelet.node}")[
         "items"
     ]
-    assert stored[0]["spec"]["sharedCounters"][0]["name"] == "gpu-0"  # the gate kept them
+    # The gate kept them: GPU 0's counter set, named after its UUID.
+    (gpu,) = (
+        open_nvml("fake:1xH100-80GB", node=kubelet.node, state_dir=None).discover().inventory.gpus
+    )
+    assert stored[0]["spec"]["sharedCounters"][0]["name"] == f"gpu-{uuid_digits(gpu.uuid)[:8]}"
     ns = f"mig-{kubelet.node}"
     k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
     wait_for(

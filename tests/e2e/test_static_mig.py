@@ -54,7 +54,7 @@ def test_each_compute_instance_goes_to_its_own_claim(mig_node: NodeUnderTest) ->
         for c in ("a", "b")
     ]
     assert sorted(devices) != [devices[0]] * 2
-    assert all(d.startswith("gpu-0-mig-3g40gb-4-ci") for d in devices)
+    assert all(d.startswith(n.real("gpu-0-mig-3g40gb-4-ci")) for d in devices)
     visible = {n.env(p)["NVIDIA_VISIBLE_DEVICES"] for p in running}
     assert len(visible) == 2 and all(v.startswith("MIG-") for v in visible)
     n.delete("a", "b")
