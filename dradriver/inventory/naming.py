@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dradriver.inventory.model import Gpu
 
 GPU_PREFIX = "gpu-"
 _LENGTHS = (8, 12, 16, 32)
@@ -46,3 +49,25 @@ def stable_names(uuids: Iterable[str]) -> dict[str, str]:
 def default_name(uuid: str) -> str:
     """The name a GPU gets when no other GPU of its node shares its first 8 digits."""
     return GPU_PREFIX + (uuid_digits(uuid)[: _LENGTHS[0]] or "unknown")
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """The GPU a device name was published for."""
+
+    uuid: str
+    pci_bus_id: str = ""
+    product: str = ""
+
+    def describe(self) -> str:
+        facts = ", ".join(x for x in (self.product, self.pci_bus_id) if x)
+        return f"{self.uuid} ({facts})" if facts else self.uuid
+
+    @classmethod
+    def of(cls, gpu: Gpu) -> GpuIdentity:
+        return cls(gpu.uuid, gpu.pci_bus_id, gpu.product_name)
+
+
+def gpu_name_of(device: str) -> str:
+    """The whole-GPU part of a device name: "gpu-9b3c2810-mig-3g40gb-4" -> "gpu-9b3c2810"."""
+    return device.split("-mig-", 1)[0]

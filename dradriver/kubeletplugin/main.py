@@ -19,13 +19,14 @@ from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import MigMode, MigSwitching
 from dradriver.k8s import ConfigError, Kube
 from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
-from dradriver.kubeletplugin.devices.view import DeviceView, checkpoint_owned
+from dradriver.kubeletplugin.devices.view import DeviceView
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.ops.api_probe import SLICES, ApiProbe, slices_query
 from dradriver.kubeletplugin.options import add_arguments
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_boot_id
+from dradriver.kubeletplugin.state.checkpoint.store import checkpoint_owned
 from dradriver.kubeletplugin.state.files import FileLock, NodeLock
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
 from dradriver.kubeletplugin.state.name_book import NameBook, prepared_names

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from dradriver import logs
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
 from dradriver.kubeletplugin.devices.health import NodeHealth
-from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
-from dradriver.kubeletplugin.state.records import owned_partitions
 from dradriver.nvml.library import Nvml
 from dradriver.slices.build import SliceContent, build
 from dradriver.slices.consumable import OFF, Consumable
@@ -19,18 +17,10 @@ from dradriver.slices.consumable import OFF, Consumable
 log = logs.get_logger("kubeletplugin")
 
 
-def checkpoint_owned(store: CheckpointStore) -> Callable[[], set[tuple[str, int, int]]]:
-    """The partitions the checkpoint's claims hold, as the publish thread reads them:
-    through the store's lock-free peek(), never load(), which belongs to the holders of
-    the node lock (it repairs and moves aside damaged files, and shares the store's open
-    file and cache); a load overlapping an in-place save would take a torn file for a
-    damaged one, from the wrong thread."""
-    return lambda: owned_partitions(store.peek())
-
-
 class DeviceView:
     """Refreshed by the publish loop; read by prepare (devices) and MIG (profiles).
-    `owned` runs on the publish thread, without the node lock: checkpoint_owned()."""
+    `owned` runs on the publish thread, without the node lock: the state package's
+    checkpoint_owned()."""
 
     def __init__(
         self,

@@ -10,35 +10,12 @@ index)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from dradriver.errors import DeviceError
 from dradriver.inventory.model import Gpu
+from dradriver.inventory.naming import GpuIdentity, gpu_name_of
 from dradriver.inventory.node_devices import NodeDevice, gpu_device_name
 from dradriver.kubeletplugin.claimref import ClaimRef
-
-
-@dataclass(frozen=True)
-class GpuIdentity:
-    """The GPU a device name was published for."""
-
-    uuid: str
-    pci_bus_id: str = ""
-    product: str = ""
-
-    def describe(self) -> str:
-        facts = ", ".join(x for x in (self.product, self.pci_bus_id) if x)
-        return f"{self.uuid} ({facts})" if facts else self.uuid
-
-    @classmethod
-    def of(cls, gpu: Gpu) -> GpuIdentity:
-        return cls(gpu.uuid, gpu.pci_bus_id, gpu.product_name)
-
-
-def gpu_name_of(device: str) -> str:
-    """The whole-GPU part of a device name: "gpu-9b3c2810-mig-3g40gb-4" -> "gpu-9b3c2810"."""
-    return device.split("-mig-", 1)[0]
-
 
 _AGAIN = (
     "the claim must be allocated again: delete the pod (a claim from a template is then "

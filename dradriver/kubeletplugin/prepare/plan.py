@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestError
+from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.cdi import qualified_name
-from dradriver.kubeletplugin.prepare.identity import GpuIdentity, check_identity
+from dradriver.kubeletplugin.prepare.identity import check_identity
 from dradriver.kubeletplugin.prepare.shares import check_room, share_of
 from dradriver.kubeletplugin.state.records import (
     PREPARE_STARTED,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.errors import CdiError, CheckpointError, ClaimStateError, DriverError
+from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.k8s import Kube
 from dradriver.kubeletplugin.claimref import ClaimRef
@@ -29,9 +30,9 @@ from dradriver.kubeletplugin.ops.metrics import Metrics
 from dradriver.kubeletplugin.prepare.claim_read import read_claim
 from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
 from dradriver.kubeletplugin.prepare.execute import Executor
-from dradriver.kubeletplugin.prepare.identity import GpuIdentity
 from dradriver.kubeletplugin.prepare.plan import check_ref, plan
 from dradriver.kubeletplugin.prepare.reconcile import reconcile
+from dradriver.kubeletplugin.prepare.refusals import check_readable, newer_file
 from dradriver.kubeletplugin.prepare.unprepared import UnpreparedMeanwhile
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.files import NodeLock
@@ -39,7 +40,6 @@ from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
 from dradriver.kubeletplugin.state.group_commit import GroupCommit, OnSaveFailed
 from dradriver.kubeletplugin.state.journal import Committed, InLock
 from dradriver.kubeletplugin.state.records import (
-    CURRENT_VERSION,
     PREPARE_COMPLETED,
     Checkpoint,
     ClaimRecord,
@@ -116,14 +116,7 @@ class Preparer:
         is undone, redone or rewritten by this older release."""
         cp = self.store.load()
         if not cp.readable:
-            self.refusal = (
-                f"checkpoint layer: {self.store.path} was written by a newer dradriver release "
-                f"(checkpoint version {cp.version}, readable from format {cp.min_reader} on; "
-                f"this release reads {CURRENT_VERSION}); "
-                "this release leaves it and every claim in it untouched. Roll the plugin "
-                "forward again, or move the file aside to start from an empty state (the "
-                "devices of the claims in it then need cleaning up by hand)"
-            )
+            self.refusal = newer_file(str(self.store.path), cp)
             raise ClaimStateError(self.refusal, reason="newer_checkpoint")
         self.refusal = ""
         return cp
@@ -229,7 +222,7 @@ class Preparer:
         """Under the node lock: plan; apply a simple claim, leaving its save to the group
         commit; record the intent of any other (its hardware work follows outside)."""
         self._not_unprepared(ref, began)
-        self._readable(cp, ref, "preparing")
+        check_readable(cp, ref, "preparing")
         done = self._already_prepared(cp, ref)  # the other instance may have been faster
         if done is not None:
             return (done, None), None
@@ -275,18 +268,6 @@ class Preparer:
             return CheckpointError(f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint")
 
         return (rec.devices, rec), undo
-
-    @staticmethod
-    def _readable(cp: Checkpoint, ref: ClaimRef, op: str) -> None:
-        """A claim a newer release recorded in a form this one cannot read is left as it
-        is: neither prepared again, nor unprepared, nor undone (the other claims are)."""
-        if ref.uid in cp.unreadable:
-            raise ClaimStateError(
-                f"checkpoint layer: claim {ref} was recorded by a newer dradriver release in "
-                f"a form this release (format {CURRENT_VERSION}) cannot read; not {op} it, "
-                "and leaving what it holds untouched. Roll the plugin forward again",
-                reason="newer_record",
-            )
 
     def _not_unprepared(
         self, ref: ClaimRef, began: float, during: str = "waited for the API server"
@@ -396,7 +377,7 @@ class Preparer:
     def _unprepare_step(
         self, cp: Checkpoint, ref: ClaimRef
     ) -> tuple[ClaimRecord | _OnGpus | None, OnSaveFailed | None]:
-        self._readable(cp, ref, "unpreparing")
+        check_readable(cp, ref, "unpreparing")
         self.meanwhile.unprepared(ref.uid)
         rec = cp.claims.get(ref.uid)
         if rec is None:

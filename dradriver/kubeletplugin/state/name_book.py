@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dradriver.inventory.model import Gpu
+from dradriver.inventory.naming import GpuIdentity, gpu_name_of
 from dradriver.inventory.node_devices import gpu_device_name
-from dradriver.kubeletplugin.prepare.identity import GpuIdentity, gpu_name_of
 from dradriver.kubeletplugin.state.files import atomic_write
 from dradriver.kubeletplugin.state.records import Checkpoint
 from dradriver.logs import get_logger

@@ -15,10 +15,10 @@ import pytest
 from dradriver.cli import main
 from dradriver.errors import DeviceError
 from dradriver.inventory.model import Gpu
-from dradriver.inventory.naming import stable_names
+from dradriver.inventory.naming import GpuIdentity, stable_names
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice, mig_device_name
 from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.prepare.identity import GpuIdentity, check_identity
+from dradriver.kubeletplugin.prepare.identity import check_identity
 from dradriver.kubeletplugin.prepare.preparer import Preparer
 from dradriver.kubeletplugin.state.name_book import NameBook
 from dradriver.slices.build import DNS_LABEL

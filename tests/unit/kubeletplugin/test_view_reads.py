@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from dradriver.kubeletplugin.devices.view import checkpoint_owned
 from dradriver.kubeletplugin.state.checkpoint import (
     PREPARE_COMPLETED,
     CheckpointStore,
     ClaimRecord,
     PreparedDevice,
 )
+from dradriver.kubeletplugin.state.checkpoint.store import checkpoint_owned
 from dradriver.kubeletplugin.state.records import Carve
 
 

@@ -30,12 +30,18 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dradriver.kubeletplugin.state.checkpoint.codec import encode_checkpoint, parse_checkpoint
 from dradriver.kubeletplugin.state.checkpoint.inplace import InPlaceFile, NotARegularFile
 from dradriver.kubeletplugin.state.files import fsync_dir, remove_stale_temps
-from dradriver.kubeletplugin.state.records import CURRENT_VERSION, Checkpoint, CheckpointCorrupt
+from dradriver.kubeletplugin.state.records import (
+    CURRENT_VERSION,
+    Checkpoint,
+    CheckpointCorrupt,
+    owned_partitions,
+)
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.checkpoint")
@@ -314,3 +320,12 @@ class CheckpointStore:
                     "could not restore a write-ahead copy", path=str(wal.path), error=str(exc)
                 )
             raise
+
+
+def checkpoint_owned(store: CheckpointStore) -> Callable[[], set[tuple[str, int, int]]]:
+    """The partitions the checkpoint's claims hold, as the publish thread reads them:
+    through the store's lock-free peek(), never load(), which belongs to the holders of
+    the node lock (it repairs and moves aside damaged files, and shares the store's open
+    file and cache); a load overlapping an in-place save would take a torn file for a
+    damaged one, from the wrong thread."""
+    return lambda: owned_partitions(store.peek())
