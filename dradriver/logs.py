@@ -52,7 +52,7 @@ class JsonFormatter(logging.Formatter):
 
 
 class Logger:
-    """`log.info("claim prepared", claim="ns/name", uid=..., device="gpu-0")`."""
+    """`log.info("claim prepared", claim="ns/name", uid=..., device="gpu-9b3c2810")`."""
 
     def __init__(self, name: str) -> None:
         self._log = logging.getLogger(name)

@@ -1,6 +1,6 @@
 """What explain says about capacity requests and shared devices (pure): the nearest device
 for a request none can take ("the most free memory on any gpu.dradriver.io device is
-19.6Gi, on gpu-0 of node-a, where 3 shares hold 60Gi"), and each shared device's
+19.6Gi, on gpu-9b3c2810 of node-a, where 3 shares hold 60Gi"), and each shared device's
 consumed and free capacity."""
 
 from __future__ import annotations

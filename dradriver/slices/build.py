@@ -118,7 +118,7 @@ def _mig_attributes(dev: NodeDevice) -> dict[str, dict[str, Any]]:
     compute capability, driver versions), of the PCI function (pciBusID, NUMA node:
     a MIG device is no PCI function of its own) and what the profile already says
     (its SMs and engines; `dradriver devices` lists them). The placement is in the
-    device's name (gpu-0-mig-3g40gb-4). No NVLink domain: MIG devices have no
+    device's name (gpu-9b3c2810-mig-3g40gb-4). No NVLink domain: MIG devices have no
     peer-to-peer with other GPUs (MIG User Guide, R570: "P2P between MIG instances on
     different GPUs ... not supported"), so a claim matching nvlinkDomain must never be
     handed MIG devices."""

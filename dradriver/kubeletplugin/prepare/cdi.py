@@ -73,7 +73,7 @@ def _check_uid(claim_uid: str) -> None:
 class CdiDevice:
     """One prepared device as the container should see it."""
 
-    name: str  # the DRA device name: gpu-0, gpu-0-mig-1g10gb-0
+    name: str  # the DRA device name: gpu-9b3c2810, gpu-9b3c2810-mig-1g10gb-0
     uuid: str  # GPU-... or MIG-...
     # The /dev nodes of this device (/dev/nvidia<minor>, MIG /dev/nvidia-caps/...), as the
     # node's GpuHost names them; none where no such nodes exist (fake GPUs). A bare path
@@ -87,7 +87,7 @@ class CdiDevice:
     # Devices handed to a container together (one request; "" = the whole claim) share a
     # UUID list; see the module docstring.
     group: str = ""
-    # The DRA device, where the CDI name is not it (a share: gpu-0-share-<shareID>):
+    # The DRA device, where the CDI name is not it (a share: gpu-9b3c2810-share-<shareID>):
     # DRADRIVER_DEVICE_<NAME> names the device either way.
     device: str = ""
 
@@ -101,12 +101,12 @@ def cdi_device_name(device: str, claim_uid: str) -> str:
 
 
 def qualified_name(driver: str, device: str, claim_uid: str) -> str:
-    """The CDI device ID the kubelet passes to the runtime: gpu.dradriver.io/claim=gpu-0-<uid>."""
+    """The CDI device ID the kubelet passes to the runtime: gpu.dradriver.io/claim=gpu-9b3c2810-<uid>."""
     return f"{cdi_kind(driver)}={cdi_device_name(device, claim_uid)}"
 
 
 def device_env_name(device: str) -> str:
-    """DRADRIVER_DEVICE_GPU_0 for gpu-0: unique per device, as device names are DNS labels."""
+    """DRADRIVER_DEVICE_GPU_9B3C2810 for gpu-9b3c2810: unique per device, as device names are DNS labels."""
     return "DRADRIVER_DEVICE_" + _ENV_NAME.sub("_", device.upper())
 
 
