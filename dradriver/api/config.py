@@ -20,11 +20,13 @@ the allowed values, and nothing is shared unless a config says so.
 from __future__ import annotations
 
 import re
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dradriver.api.depth import nesting_message, too_deep
+from dradriver.api.suggest import did_you_mean, nearest
 from dradriver.api.units import WHOLE
 from dradriver.errors import ConfigError
 
@@ -168,6 +170,73 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The config object a field holds (`MpsConfig | None` -> MpsConfig), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The object whose fields are allowed at `loc` (a path of field names)."""
+    cur: type[BaseModel] | None = model
+    for part in loc:
+        field = cur.model_fields.get(part) if cur is not None and isinstance(part, str) else None
+        if field is None:
+            return None
+        cur = _submodel(field.annotation)
+    return cur
+
+
+def _homes(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """Every field name of the API -> the object it belongs under ("mpsConfig" ->
+    "sharing"), for a field written at the wrong level."""
+    out: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        out.setdefault(name, prefix or "the top level")
+        sub = _submodel(field.annotation)
+        if sub is not None:
+            for k, v in _homes(sub, f"{prefix}.{name}" if prefix else name).items():
+                out.setdefault(k, v)
+    return out
+
+
+def _unknown_field(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """ "unknown field" with what is allowed there and the field it most likely means."""
+    name = str(loc[-1]) if loc else ""
+    here = _model_at(model, loc[:-1])
+    if here is None:
+        return "unknown field"
+    allowed = list(here.model_fields)
+    hint = did_you_mean(name, allowed)
+    if not hint:
+        home = _homes(model).get(name)
+        where = ".".join(str(p) for p in loc[:-1]) or "the top level"
+        if home is not None and home != where:
+            hint = f"; {name} belongs under {home}"
+    return f"unknown field{hint} (allowed here: {', '.join(allowed)})"
+
+
+def _literal(model: type[BaseModel], loc: tuple[int | str, ...], value: Any) -> str:
+    """ "; did you mean MPS?" for a value spelt in another case or slightly wrong."""
+    here = _model_at(model, loc[:-1])
+    field = here.model_fields.get(str(loc[-1])) if here is not None and loc else None
+    if field is None or not isinstance(value, str):
+        return ""
+    choices = [a for a in _literals(field.annotation) if isinstance(a, str)]
+    return did_you_mean(value, choices)
+
+
+def _literals(annotation: Any) -> list[Any]:
+    if typing.get_origin(annotation) is Literal:
+        return list(typing.get_args(annotation))
+    return [x for a in typing.get_args(annotation) for x in _literals(a)]
+
+
 def decode(params: Any, where: str = "parameters") -> DeviceConfig:
     """Decodes one opaque config, or raises ConfigError naming the field and what fits."""
     if not isinstance(params, dict):
@@ -180,8 +249,10 @@ def decode(params: Any, where: str = "parameters") -> DeviceConfig:
         raise ConfigError(f"{where}.apiVersion: {version!r} is not supported; use {API_VERSION}")
     model = KINDS.get(str(kind))
     if model is None:
+        close = nearest(str(kind), KINDS) if isinstance(kind, str) else None
+        hint = f" (did you mean {close}?)" if close else ""
         raise ConfigError(
-            f"{where}.kind: {kind!r} is not a config kind; use one of {', '.join(KINDS)}"
+            f"{where}.kind: {kind!r} is not a config kind{hint}; use one of {', '.join(KINDS)}"
         )
     try:
         return model.model_validate(params)
@@ -190,9 +261,10 @@ def decode(params: Any, where: str = "parameters") -> DeviceConfig:
         for e in exc.errors():
             msg = e["msg"].removeprefix("Value error, ")
             if e["type"] == "extra_forbidden":
-                msg = "unknown field"
+                msg = _unknown_field(model, e["loc"])
             elif e["type"] == "literal_error":
-                msg = f"{msg} (got {_shown(e.get('input'))})"
+                hint = _literal(model, e["loc"], e.get("input"))
+                msg = f"{msg} (got {_shown(e.get('input'))}{hint})"
             elif e["type"] in STRICT_TYPES:
                 msg = f"{msg} (got {_shown(e.get('input'))}: write the number itself, unquoted)"
             problems.append(f"{where}.{_path(e['loc'])}: {msg}" if e["loc"] else f"{where}: {msg}")
@@ -204,7 +276,8 @@ def effective(configs: list[dict[str, Any]], device_type: str, request: str) -> 
     Configs exist but none fits -> an error, since silently ignoring them would run the
     device with a policy nobody asked for."""
     want = KIND_FOR_TYPE.get(device_type)
-    decoded = [decode(c, f"config for request {request!r}") for c in configs]
+    # "config for request 'gpu': parameters.sharing...": the request, then the path in it.
+    decoded = [decode(c, f"config for request {request!r}: parameters") for c in configs]
     fitting = [c for c in decoded if c.kind == want]
     if fitting:
         return fitting[-1]

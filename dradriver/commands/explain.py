@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from dradriver.k8s import Kube
 
 Obj = Mapping[str, Any]
+ADM = "admissionregistration.k8s.io/v1"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,9 +51,30 @@ def _split(target: str) -> tuple[str, str]:
     raise FactsError(f"explain: {kind!r} is neither a pod nor a claim (use pod/NAME or claim/NAME)")
 
 
-def _pod_claims(kube: Kube, pod: Obj, ns: str) -> list[ClaimRef]:
+def _webhooks(kube: Kube, ns: str, resource: str) -> list[str] | None:
+    """The validating webhooks that check creates of `resource` in `ns`; None when this
+    identity may not read them (explain then says a webhook may have refused)."""
+    from dradriver.diagnose.missing import checking_webhooks
+    from dradriver.k8s import KubeError, path_for
+
+    try:
+        configs = kube.list(path_for(ADM, "validatingwebhookconfigurations")).get("items", [])
+    except KubeError:
+        return None
+    labels: dict[str, str] | None
+    try:
+        labels = dict(
+            kube.get(path_for("v1", "namespaces", name=ns))["metadata"].get("labels") or {}
+        )
+    except KubeError:
+        labels = None  # every namespace selector is taken to match
+    return checking_webhooks(configs, resource, labels)
+
+
+def _pod_claims(kube: Kube, pod: Obj, ns: str, events: list[Obj]) -> list[ClaimRef]:
     from dradriver.commands.cluster_facts import RES, get
     from dradriver.diagnose.explain import ClaimRef
+    from dradriver.diagnose.missing import missing_claim, missing_template, not_generated
     from dradriver.k8s import NotFound, path_for
 
     statuses = {
@@ -61,32 +83,29 @@ def _pod_claims(kube: Kube, pod: Obj, ns: str) -> list[ClaimRef]:
     }
     refs = []
     for entry in pod.get("spec", {}).get("resourceClaims") or []:
+        template = entry.get("resourceClaimTemplateName", "")
         name = entry.get("resourceClaimName") or statuses.get(entry["name"])
-        if not name:
-            template = entry.get("resourceClaimTemplateName", "")
-            missing = f"the pod's claim {entry['name']} has not been created yet"
+        if name:
             try:
-                get(kube, path_for(RES, "resourceclaimtemplates", ns, template))
+                claim = get(kube, path_for(RES, "resourceclaims", ns, name))
+                refs.append(ClaimRef(f"{ns}/{name}", claim))
+                continue
             except NotFound:
-                missing = (
-                    f"ResourceClaimTemplate {ns}/{template} (claim {entry['name']} of the pod) "
-                    "does not exist. Fix: create it, or correct resourceClaimTemplateName"
-                )
-            refs.append(ClaimRef(f"{ns}/{entry['name']}", None, missing))
-            continue
+                if not template:
+                    why = missing_claim(
+                        f"{ns}/{name}", entry["name"], _webhooks(kube, ns, "resourceclaims")
+                    )
+                    refs.append(ClaimRef(f"{ns}/{name}", None, why))
+                    continue
+        # A claim made from a template (a generated one deleted is made again).
         try:
-            refs.append(
-                ClaimRef(f"{ns}/{name}", get(kube, path_for(RES, "resourceclaims", ns, name)))
-            )
+            get(kube, path_for(RES, "resourceclaimtemplates", ns, template))
+            why = not_generated(f"{ns}/{template}", entry["name"], events)
         except NotFound:
-            refs.append(
-                ClaimRef(
-                    f"{ns}/{name}",
-                    None,
-                    f"ResourceClaim {ns}/{name} does not exist. Fix: create it, or correct "
-                    "resourceClaimName in the pod",
-                )
+            why = missing_template(
+                f"{ns}/{template}", entry["name"], _webhooks(kube, ns, "resourceclaimtemplates")
             )
+        refs.append(ClaimRef(f"{ns}/{entry['name']}", None, why))
     return refs
 
 
@@ -114,14 +133,15 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
             if kind == "pod":
                 raise FactsError(f"explain: pod {ns}/{name} not found") from None
     if pod is not None:
-        refs = _pod_claims(kube, pod, ns)
-        if not refs:
-            raise FactsError(f"explain: pod {ns}/{name} uses no ResourceClaims")
+        # The pod's events first: they say why a claim of a template was not made.
         events = items(
             kube,
             path_for("v1", "events", ns),
             fieldSelector=f"involvedObject.kind=Pod,involvedObject.name={name}",
         )
+        refs = _pod_claims(kube, pod, ns, events)
+        if not refs:
+            raise FactsError(f"explain: pod {ns}/{name} uses no ResourceClaims")
         label = f"pod {ns}/{name}"
     else:
         try:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.api.config import ConfigError, decode
+from dradriver.api.suggest import nearest
 
 # Where the DeviceClaim (`requests`, `constraints`, `config`) sits in each kind.
 DEVICES_PATH: dict[str, tuple[str, ...]] = {
@@ -74,7 +75,11 @@ def reference_problems(
         if isinstance(ref, str) and top in names and (not sep or sub in names[top]):
             continue
         at = f"{where}[{i}]"
-        problems.append(Problem(at, f"{at}: {ref!r} is not a request of this claim; {allowed}"))
+        close = nearest(ref, known) if isinstance(ref, str) else None
+        hint = f" (did you mean {close}?)" if close else ""
+        problems.append(
+            Problem(at, f"{at}: {ref!r} is not a request of this claim{hint}; {allowed}")
+        )
     return problems
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from dradriver.diagnose.capacity import Fit, fit, requested
 from dradriver.diagnose.cel import CompileError, Selector
-from dradriver.diagnose.nearest import explain_miss
+from dradriver.diagnose.nearest import MissingName, explain_miss, missing_name
 from dradriver.diagnose.nodes import refusal
 from dradriver.diagnose.shares import miss_text, share_lines
 from dradriver.diagnose.world import (
@@ -35,7 +35,9 @@ class Finding:
 
     def line(self) -> str:
         fix = f" Fix: {self.fix}" if self.fix else ""
-        return f"{self.layer}: {self.message.rstrip(' .')}.{fix}"
+        message = self.message.rstrip(" .")
+        end = "" if message.endswith("?") else "."  # "did you mean X?" ends the sentence
+        return f"{self.layer}: {message}{end}{fix}"
 
 
 @dataclass
@@ -86,7 +88,7 @@ class ClaimRef:
 
     name: str  # namespace/name, or the pod's claim entry when there is no object
     obj: Obj | None
-    missing: str = ""
+    missing: Finding | None = None  # why there is no object (diagnose.missing)
 
 
 def _selectors(obj: Obj) -> list[str]:
@@ -114,7 +116,7 @@ def _count_text(req: Obj) -> str:
 
 
 def _filter(
-    sels: Sequence[Selector], devices: Sequence[Published], who: str
+    sels: Sequence[Selector], devices: Sequence[Published], who: str, w: World
 ) -> tuple[list[Published], Finding | None]:
     """The devices every selector accepts, or the CEL runtime error the scheduler stops at."""
     out = []
@@ -124,21 +126,52 @@ def _filter(
             o = sel.evaluate(d.cel)
             if o.error:
                 errors = sum(1 for x in devices if sel.evaluate(x.cel).error)
-                return [], Finding(
-                    "selector",
+                message = (
                     f"{who} selector #{i} fails with a CEL runtime error on {errors} of "
                     f"{len(devices)} devices (first: {d.name} in pool {d.pool}: {o.error}), "
-                    "and the scheduler gives up on the pod at the first error",
-                    "guard attributes some devices lack with has(...) (e.g. "
-                    'has(device.attributes["gpu.dradriver.io"].x) && ...), '
-                    "or fix the attribute name",
+                    "and the scheduler gives up on the pod at the first error"
                 )
+                miss = missing_name(sel.expression, o.error, w.devices)
+                return [], _runtime_error(message, miss, len(w.devices))
             if not o.matches:
                 ok = False
                 break
         if ok:
             out.append(d)
     return out, None
+
+
+_GUARD = (
+    "guard attributes some devices lack with has(...) (e.g. "
+    'has(device.attributes["gpu.dradriver.io"].x) && ...), or fix the attribute name'
+)
+
+
+def _runtime_error(message: str, miss: MissingName | None, published: int) -> Finding:
+    """A selector's CEL runtime error, with the published name it most likely meant when
+    it reads one that no device has (a typo, not a name some devices lack)."""
+    if miss is None:
+        return Finding("selector", message, _GUARD)
+    if miss.holders:
+        return Finding(
+            "selector",
+            f"{message}; {miss.holders} of {published} published devices have {miss.what}",
+            _GUARD,
+        )
+    if miss.suggestion:
+        return Finding(
+            "selector",
+            f"{message}; no published device has {miss.what}: did you mean {miss.suggestion}?",
+            f"correct the name in the selector to {miss.suggestion}",
+        )
+    listed = (
+        f"{miss.domain} publishes {miss.kind} {miss.names()}"
+        if miss.published
+        else f"no device publishes {miss.kind} under {miss.domain}"
+    )
+    return Finding(
+        "selector", f"{message}; no published device has {miss.what}", f"{_GUARD} ({listed})"
+    )
 
 
 def _group_max(devices: Sequence[Published], attribute: str) -> int:
@@ -201,10 +234,10 @@ def explain_request(
     if err:
         return done(Finding("explain", f"cannot evaluate request {request_name}: {err}"))
 
-    in_class, f = _filter(class_sels, w.devices, f"DeviceClass {class_name}")
+    in_class, f = _filter(class_sels, w.devices, f"DeviceClass {class_name}", w)
     if f:
         return done(f)
-    matching, f = _filter(req_sels, in_class, f"request {request_name}")
+    matching, f = _filter(req_sels, in_class, f"request {request_name}", w)
     if f:
         return done(f)
 
@@ -439,7 +472,8 @@ def _all_taken(
 
 def explain_claim(ref: ClaimRef, w: World, pod: Obj | None) -> list[RequestReport]:
     if ref.obj is None:
-        return [RequestReport(ref.name, "", "", "", finding=Finding("claim", ref.missing))]
+        why = ref.missing or Finding("claim", f"claim {ref.name} does not exist")
+        return [RequestReport(ref.name, "", "", "", finding=why)]
     claim = ref.obj
     spec = claim.get("spec", {}).get("devices", {})
     constraints: dict[str, list[str]] = defaultdict(list)

@@ -10,7 +10,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from .helpers import (
     token_kubeconfig,
     wait_for,
 )
+from .test_webhook import refused_by_webhook, running_controller
 
 pytestmark = pytest.mark.e2e
 D = "gpu.dradriver.io"
@@ -669,3 +670,163 @@ def test_doctor_in_a_dev_cluster_names_the_node_whose_plugin_stopped(
     finally:
         second.start()
         wait_for(second.ready, "the second node's plugin ready again", 30)
+
+
+# --- configs and selectors the user got wrong: where the refusal is, and the nearest name ---
+
+V = f"{D}/v1alpha1"
+# The issue's typo: the field is defaultActiveThreadPercentage.
+TYPO_FIELD = {
+    "apiVersion": V,
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercent": 50}},
+}
+TYPO_REFUSAL = (
+    "spec.devices.config[0].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercent: "
+    "unknown field; did you mean defaultActiveThreadPercentage? (allowed here: "
+    "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
+    "defaultPerDevicePinnedMemoryLimit)"
+)
+
+
+@contextlib.contextmanager
+def _own_namespace(faulty: Faulty) -> Iterator[Faulty]:
+    """The catalogue's node with a namespace of its own, so that a webhook configured for
+    it never refuses what the other entries create in theirs."""
+    ns = f"guarded-{secrets.token_hex(3)}"
+    faulty.kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+    try:
+        wait_for(
+            lambda: get_or_none(faulty.kube, path_for("v1", "serviceaccounts", ns, "default")),
+            "the namespace's ServiceAccount",
+            30,
+        )
+        yield replace(faulty, ns=ns)
+    finally:
+        with contextlib.suppress(KubeError):
+            faulty.kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+@contextlib.contextmanager
+def _webhook(f: Faulty) -> Iterator[None]:
+    """dradriver's admission webhook, in effect for f's namespace only."""
+    tmp = Path(tempfile.mkdtemp(prefix="drw-"))
+    try:
+        with running_controller(f.cluster, f.kube, f.ns, tmp):
+            wait_for(lambda: refused_by_webhook(f.kube, f.ns), "the webhook in effect", 30)
+            yield
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pod_events(f: Faulty, pod: str) -> list[dict[str, Any]]:
+    return list(
+        f.kube.list(
+            path_for("v1", "events", f.ns),
+            fieldSelector=f"involvedObject.kind=Pod,involvedObject.name={pod}",
+        ).get("items", [])
+    )
+
+
+def test_a_claim_the_webhook_refused_at_apply_time(faulty: Faulty) -> None:
+    """The claim never existed: the pod sits Pending with no events, and explain says the
+    webhook may have refused it and where that refusal is shown."""
+    with _own_namespace(faulty) as f, _webhook(f):
+        with pytest.raises(KubeError) as refused:
+            f.claim("bad-mps", config=TYPO_FIELD)
+        # What `kubectl apply` prints: the field, the allowed names and the nearest.
+        assert refused.value.message.endswith(f'ResourceClaim "bad-mps": {TYPO_REFUSAL}')
+        f.pod("trial", "bad-mps")
+        rc, lines = f.explain("trial")
+        v = verdict(lines)
+        assert rc == 1 and v.startswith(
+            f"admission: ResourceClaim {f.ns}/bad-mps (claim gpu of the pod) does not exist; "
+            "it may have been refused when it was applied: the admission webhook "
+            "claims.gpu.dradriver.io (ValidatingWebhookConfiguration dradriver-e2e-"
+        ), v
+        assert "one it refuses leaves no object and no event" in v
+        assert (
+            "Fix: apply the ResourceClaim's manifest again to see the refusal (`kubectl apply "
+            "--dry-run=server -f FILE` shows it without creating anything)"
+        ) in v
+        # Nothing else on the cluster says why: no event on the pod names the claim.
+        assert not [e for e in _pod_events(f, "trial") if "bad-mps" in str(e.get("message"))]
+
+
+def test_a_claim_from_a_template_the_webhook_refuses(faulty: Faulty) -> None:
+    """A template stored before the webhook checked it: each claim the resourceclaim
+    controller makes from it is refused, and kube-controller-manager says so in a
+    FailedResourceClaimCreation event on the pod, which explain quotes."""
+    with _own_namespace(faulty) as f:
+        devices = {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": D}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": D, "parameters": TYPO_FIELD}}],
+        }
+        f.kube.create(
+            path_for(RES, "resourceclaimtemplates", f.ns),
+            {"metadata": {"name": "mps"}, "spec": {"spec": {"devices": devices}}},
+        )
+        with _webhook(f):
+            f.pod("trial", "", resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "mps"}])
+
+            def refusal() -> dict[str, Any] | None:
+                failed = [
+                    e
+                    for e in _pod_events(f, "trial")
+                    if e.get("reason") == "FailedResourceClaimCreation"
+                ]
+                return failed[0] if failed else None
+
+            event = wait_for(refusal, "the controller's event on the pod", 60, interval=1)
+            assert event is not None and event["type"] == "Warning"
+            assert event["message"].startswith("PodResourceClaim gpu: create ResourceClaim")
+            rc, lines = f.explain("trial")
+            v = verdict(lines)
+            assert rc == 1 and v.startswith(
+                "admission: the resourceclaim controller could not create the pod's claim gpu "
+                f"from ResourceClaimTemplate {f.ns}/mps (FailedResourceClaimCreation event on "
+                "the pod"
+            ), v
+            assert 'admission webhook "claims.gpu.dradriver.io" denied the request' in v
+            assert TYPO_REFUSAL.split(": ", 1)[1] in v  # the field and the nearest name
+            assert "Fix: the template was stored before the webhook checked it" in v
+            assert f"delete ResourceClaimTemplate {f.ns}/mps and create it" in v
+
+
+def test_an_unknown_config_field_names_the_nearest_field(faulty: Faulty) -> None:
+    """No webhook: the kubelet's prepare refuses the config, naming the allowed fields and
+    the one the user most likely meant."""
+    faulty.claim("typo-field", config=TYPO_FIELD)
+    faulty.pod("typo-field", "typo-field")
+    try:
+
+        def said() -> str | None:
+            _, lines = faulty.explain("typo-field")
+            v = verdict(lines)
+            return v if v.startswith("prepare:") else None
+
+        v = wait_for(said, "explain to name the failed prepare", 60, interval=1)
+        assert v is not None and "could not prepare its devices" in v
+        assert "mpsConfig.defaultActiveThreadPercent: unknown field; did you mean " in v
+        assert "defaultActiveThreadPercentage? (allowed here: defaultActiveThreadPercentage," in v
+    finally:
+        faulty.delete_pods("typo-field")
+
+
+def test_a_cel_typo_names_the_nearest_published_attribute(faulty: Faulty) -> None:
+    """`.product` for `.productName`: every device lacks it, the real scheduler stops at
+    the CEL error, and explain names the attribute the slices do publish."""
+    faulty.claim("product", f'device.attributes["{D}"].product == "NVIDIA H100 80GB HBM3"')
+    faulty.pod("product", "product")
+    try:
+        wait_for(lambda: faulty.unschedulable("product"), "the scheduler to give up", 20)
+        rc, lines = faulty.explain("product")
+        v = verdict(lines)
+        assert rc == 1 and v.startswith("selector: request gpu selector #0 fails with a CEL"), v
+        assert (
+            f"no published device has attribute {D}/product: did you mean "
+            f'device.attributes["{D}"].productName? Fix: correct the name in the selector to '
+            f'device.attributes["{D}"].productName'
+        ) in v
+    finally:
+        faulty.delete_pods("product")

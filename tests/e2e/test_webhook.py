@@ -152,6 +152,16 @@ def refused_by_webhook(kube: Kube, ns: str) -> str:
 def controller(
     cluster: Cluster, kube: Kube, namespace: str, short_tmp: Path
 ) -> Iterator[Controller]:
+    with running_controller(cluster, kube, namespace, short_tmp) as ctl:
+        yield ctl
+
+
+@contextlib.contextmanager
+def running_controller(
+    cluster: Cluster, kube: Kube, namespace: str, short_tmp: Path
+) -> Iterator[Controller]:
+    """`dradriver controller` and its webhook configuration for `namespace` only, ready
+    (its CA patched in); both gone afterwards. Also used by the fault catalogue."""
     port, healthz_port = free_port(), free_port()
     name = f"dradriver-e2e-{secrets.token_hex(3)}"
     log_path = short_tmp / "controller.log"
@@ -251,7 +261,8 @@ def test_bad_configs_refused_naming_the_field_good_ones_admitted(
         )
     assert err.value.message.endswith(
         'ResourceClaimTemplate "bad-template": '
-        "spec.spec.devices.config[0].opaque.parameters.sharng: unknown field"
+        "spec.spec.devices.config[0].opaque.parameters.sharng: unknown field; did you mean "
+        "sharing? (allowed here: apiVersion, kind, sharing)"
     )
 
     # Another driver's parameters are its own business.

@@ -207,3 +207,81 @@ def test_quantities_are_exact_integers() -> None:
     assert quantity_bytes("7Ei") == 7 * 2**60
     with pytest.raises(ValueError, match="larger than"):
         quantity_bytes("8Ei")
+
+
+def _refusal(params: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        decode(params)
+    return str(info.value)
+
+
+MPS_FIELDS = (
+    "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
+    "defaultPerDevicePinnedMemoryLimit"
+)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        # The issue's case: the allowed names of the object it is in, and the nearest.
+        (
+            mps(defaultActiveThreadPercent=50),
+            "parameters.sharing.mpsConfig.defaultActiveThreadPercent: unknown field; did you "
+            f"mean defaultActiveThreadPercentage? (allowed here: {MPS_FIELDS})",
+        ),
+        (
+            gpu(sharng={}),
+            "parameters.sharng: unknown field; did you mean sharing? "
+            "(allowed here: apiVersion, kind, sharing)",
+        ),
+        # The same name in another case is the nearest, whatever the spelling distance.
+        (
+            gpu(sharing={"strategy": "MPS", "MPSCONFIG": {}}),
+            "parameters.sharing.MPSCONFIG: unknown field; did you mean mpsConfig? "
+            "(allowed here: strategy, timeSlicingConfig, mpsConfig)",
+        ),
+        # A field of the API written one level too high says where it belongs.
+        (
+            gpu(mpsConfig={}),
+            "parameters.mpsConfig: unknown field; mpsConfig belongs under sharing "
+            "(allowed here: apiVersion, kind, sharing)",
+        ),
+        # Nothing close: the allowed names alone, no guess.
+        (
+            mps(colour="red"),
+            f"parameters.sharing.mpsConfig.colour: unknown field (allowed here: {MPS_FIELDS})",
+        ),
+        # Values and kinds in another case or slightly misspelt.
+        (
+            gpu(sharing={"strategy": "mps"}),
+            "parameters.sharing.strategy: Input should be 'TimeSlicing' or 'MPS' "
+            "(got 'mps'; did you mean MPS?)",
+        ),
+        (
+            {"apiVersion": V, "kind": "GPUConfig"},
+            "parameters.kind: 'GPUConfig' is not a config kind (did you mean GpuConfig?); "
+            "use one of GpuConfig, MigDeviceConfig",
+        ),
+    ],
+)
+def test_an_unknown_field_or_value_names_what_is_allowed_and_the_nearest(
+    params: Any, message: str
+) -> None:
+    assert _refusal(params) == message
+
+
+def test_per_device_limit_keys_are_free_names_not_fields() -> None:
+    """A map's keys are the user's (device indices, UUIDs): never "unknown field"."""
+    text = _refusal(mps(defaultPerDevicePinnedMemoryLimit={"0": "1Gi", "GPU-x": "1Kb"}))
+    assert "unknown field" not in text and "'1Kb' is not a quantity" in text
+
+
+def test_a_prepare_time_error_names_the_request_then_the_field() -> None:
+    """What the kubelet shows when no webhook refused the config at apply time."""
+    with pytest.raises(ConfigError) as info:
+        effective([mps(defaultActiveThreadPercent=50)], "gpu", "gpu")
+    assert str(info.value) == (
+        "config for request 'gpu': parameters.sharing.mpsConfig.defaultActiveThreadPercent: "
+        f"unknown field; did you mean defaultActiveThreadPercentage? (allowed here: {MPS_FIELDS})"
+    )

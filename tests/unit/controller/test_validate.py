@@ -85,13 +85,14 @@ def test_good_configs_are_admitted() -> None:
         (
             {**GOOD, "sharng": {}},
             "spec.devices.config[0].opaque.parameters",
-            "spec.devices.config[0].opaque.parameters.sharng: unknown field",
+            "spec.devices.config[0].opaque.parameters.sharng: unknown field; did you mean "
+            "sharing? (allowed here: apiVersion, kind, sharing)",
         ),
         (
             {"apiVersion": V, "kind": "TpuConfig"},
             "spec.devices.config[0].opaque.parameters",
-            "spec.devices.config[0].opaque.parameters.kind: 'TpuConfig' is not a config kind; "
-            "use one of GpuConfig, MigDeviceConfig",
+            "spec.devices.config[0].opaque.parameters.kind: 'TpuConfig' is not a config kind "
+            "(did you mean GpuConfig?); use one of GpuConfig, MigDeviceConfig",
         ),
         (
             {"apiVersion": "gpu.dradriver.io/v1", "kind": "GpuConfig"},
@@ -118,7 +119,8 @@ def test_several_problems_are_all_reported_in_order() -> None:
     }
     got = messages("ResourceClaim", claim(config(GOOD), config(bad, ["gpu", "tpu"])))
     assert got == [
-        "spec.devices.config[1].requests[1]: 'tpu' is not a request of this claim; use one of gpu",
+        "spec.devices.config[1].requests[1]: 'tpu' is not a request of this claim (did you "
+        "mean gpu?); use one of gpu",
         "spec.devices.config[1].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage: "
         "Input should be greater than or equal to 1",
     ]
@@ -127,7 +129,8 @@ def test_several_problems_are_all_reported_in_order() -> None:
 def test_config_naming_a_missing_request() -> None:
     got = messages("ResourceClaim", claim(config(GOOD, ["gpus"])))
     assert got == [
-        "spec.devices.config[0].requests[0]: 'gpus' is not a request of this claim; use one of gpu"
+        "spec.devices.config[0].requests[0]: 'gpus' is not a request of this claim (did you "
+        "mean gpu?); use one of gpu"
     ]
 
 
@@ -137,8 +140,12 @@ def test_subrequest_references() -> None:
     assert messages("ResourceClaim", ok) == []
     bad = claim(config(GOOD, ["gpu/l4", "mig/small", "gpu/h100/x", "gpu/"]), requests=reqs)
     allowed = "use one of gpu, gpu/h100, gpu/a100, mig"
+    # The nearest name where one is close; none for a subrequest of a plain request.
+    near = {"gpu/l4": "gpu", "gpu/h100/x": "gpu/h100", "gpu/": "gpu"}
     assert messages("ResourceClaim", bad) == [
-        f"spec.devices.config[0].requests[{i}]: {ref!r} is not a request of this claim; {allowed}"
+        f"spec.devices.config[0].requests[{i}]: {ref!r} is not a request of this claim"
+        + (f" (did you mean {near[ref]}?)" if ref in near else "")
+        + f"; {allowed}"
         for i, ref in enumerate(["gpu/l4", "mig/small", "gpu/h100/x", "gpu/"])
     ]
 
@@ -156,9 +163,10 @@ def test_other_drivers_configs_are_ignored() -> None:
 def test_templates_are_checked_under_spec_spec() -> None:
     got = messages("ResourceClaimTemplate", template(config({**GOOD, "x": 1}, ["gpux"])))
     assert got == [
-        "spec.spec.devices.config[0].requests[0]: 'gpux' is not a request of this claim; "
-        "use one of gpu",
-        "spec.spec.devices.config[0].opaque.parameters.x: unknown field",
+        "spec.spec.devices.config[0].requests[0]: 'gpux' is not a request of this claim "
+        "(did you mean gpu?); use one of gpu",
+        "spec.spec.devices.config[0].opaque.parameters.x: unknown field "
+        "(allowed here: apiVersion, kind, sharing)",
     ]
 
 
@@ -230,3 +238,14 @@ def test_sharing_configs_for_other_requests_and_plain_shares_are_admitted() -> N
         == []
     )
     assert messages("ResourceClaim", claim(config(GOOD), requests=[SHARE_REQUEST])) == []
+
+
+def test_an_unknown_field_at_admission_names_the_allowed_fields_and_the_nearest() -> None:
+    """What `kubectl apply` prints for the issue's typo, under a template's spec.spec."""
+    typo = {**GOOD, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPct": 50}}}
+    assert messages("ResourceClaimTemplate", template(config(typo))) == [
+        "spec.spec.devices.config[0].opaque.parameters.sharing.mpsConfig."
+        "defaultActiveThreadPct: unknown field; did you mean defaultActiveThreadPercentage? "
+        "(allowed here: defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
+        "defaultPerDevicePinnedMemoryLimit)"
+    ]

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import itertools
 from fractions import Fraction
+from typing import Any
 
 import pytest
 
 from dradriver.diagnose import quantity, semver
 from dradriver.diagnose.cel import CompileError, Selector, device_from_api
+from dradriver.diagnose.nearest import MissingName, missing_name
+from dradriver.diagnose.world import Published
 
 D = "gpu.dradriver.io"
 H100 = device_from_api(
@@ -104,3 +107,71 @@ def test_semver_precedence() -> None:
     assert semver.parse("1.2.3+build.5") == semver.parse("1.2.3")
     with pytest.raises(semver.SemverError):
         semver.parse("1.2")
+
+
+def _published(device: Any, name: str = "gpu-0") -> Published:
+    return Published(D, "n1", name, "n1", device, {})
+
+
+L4 = device_from_api(
+    D,
+    {
+        "name": "gpu-1",
+        "attributes": {"productName": {"string": "NVIDIA L4"}, "index": {"int": 1}},
+        "capacity": {"memory": {"value": "24Gi"}},
+    },
+)
+FLEET = [_published(H100), _published(L4, "gpu-1")]
+
+
+def _missing(expression: str) -> MissingName | None:
+    """What explain makes of the runtime error `expression` meets on the first device."""
+    error = Selector(expression).evaluate(H100).error
+    assert error, f"{expression} should fail at run time on the H100"
+    return missing_name(expression, error, FLEET)
+
+
+@pytest.mark.parametrize(
+    ("expression", "what", "suggestion"),
+    [
+        # The issue's typo: the nearest name the slices publish under the same domain.
+        (f'device.attributes["{D}"].product == "x"', f"attribute {D}/product",
+         f'device.attributes["{D}"].productName'),
+        (f'device.attributes["{D}"]["prodcutName"] == "x"', f"attribute {D}/prodcutName",
+         f'device.attributes["{D}"].productName'),
+        (f'device.capacity["{D}"].memry.isGreaterThan(quantity("1"))', f"capacity {D}/memry",
+         f'device.capacity["{D}"].memory'),
+        # The right name in the wrong place: a capacity read as an attribute, a domain typo.
+        (f'device.attributes["{D}"].memory == 1', f"attribute {D}/memory",
+         f'device.capacity["{D}"].memory'),
+        ('device.attributes["gpu.dradriver.oi"].index == 0', "attribute gpu.dradriver.oi/index",
+         f'device.attributes["{D}"].index'),
+        # Nothing published is close: no guess.
+        (f'device.attributes["{D}"].memoryGB >= 80', f"attribute {D}/memoryGB", ""),
+    ],
+)  # fmt: skip
+def test_a_name_no_device_publishes_gets_the_nearest_published_name(
+    expression: str, what: str, suggestion: str
+) -> None:
+    miss = _missing(expression)
+    assert miss is not None
+    assert (miss.what, miss.holders, miss.suggestion) == (what, 0, suggestion)
+
+
+def test_the_published_names_and_who_has_a_name_some_devices_lack() -> None:
+    miss = _missing(f'device.attributes["{D}"].memoryGB >= 80')
+    assert miss is not None and miss.published == ("driverVersion", "index", "migCapable",
+                                                   "productName")  # fmt: skip
+    # migCapable is the H100's alone: one of the two has it, and that is no typo.
+    error = Selector(f'device.attributes["{D}"].migCapable').evaluate(L4).error
+    miss = missing_name(f'device.attributes["{D}"].migCapable', error, FLEET)
+    assert miss is not None and miss.holders == 1
+
+
+def test_kubernetes_wording_of_the_error_is_read_too_and_other_errors_are_not_names() -> None:
+    expression = f'device.attributes["{D}"].product == "x"'
+    miss = missing_name(expression, "no such key: product", FLEET)
+    assert miss is not None and miss.suggestion == f'device.attributes["{D}"].productName'
+    assert missing_name(expression, "no such overload: string > int", FLEET) is None
+    # A key the expression does not read from a device's maps (a map literal of its own).
+    assert missing_name('{"a": 1}["b"] == 1', 'Key not found in map : "b"', FLEET) is None

@@ -241,3 +241,47 @@ def test_an_unhealthy_gpu_is_named_with_its_taint() -> None:
         {"key": f"{D}/unhealthy", "operator": "Exists"}
     ]
     assert run(tolerant, alone, [node("n1")], []).finding is None
+
+
+def test_a_cel_typo_names_the_nearest_published_attribute() -> None:
+    """The issue's `.product`: no device publishes it, so the fix is the name the slices
+    do publish, not a has() guard."""
+    sel = f'device.attributes["{D}"].product == "NVIDIA L4"'
+    text = line(run(claim("c", sel), slices("n1", "2xL4"), [node("n1")]))
+    assert text.startswith("selector: request gpu selector #0 fails with a CEL runtime error")
+    assert text.endswith(
+        f"no published device has attribute {D}/product: did you mean "
+        f'device.attributes["{D}"].productName? Fix: correct the name in the selector to '
+        f'device.attributes["{D}"].productName'
+    )
+    # In a DeviceClass's selector too (the same step, on every published device).
+    typo_class = {
+        "metadata": {"name": "typo.example.com"},
+        "spec": {"selectors": [{"cel": {"expression": f'device.attributes["{D}"].brnd == "x"'}}]},
+    }
+    world = build_world(slices("n1", "2xL4"), [*CLASSES, typo_class], [], [node("n1")])
+    c = claim("c", device_class="typo.example.com")
+    r = explain("x", [ClaimRef("default/c", c)], world)
+    assert line(r).startswith("selector: DeviceClass typo.example.com selector #0 fails")
+    assert f'did you mean device.attributes["{D}"].brand?' in line(r)
+
+
+def test_a_name_nothing_is_close_to_lists_what_the_domain_publishes() -> None:
+    sel = f'device.attributes["{D}"].memoryGB > 40'
+    text = line(run(claim("c", sel), slices("n1", "1xL4"), [node("n1")]))
+    assert "did you mean" not in text
+    assert f"no published device has attribute {D}/memoryGB" in text
+    assert "Fix: guard attributes some devices lack with has(" in text
+    assert f"({D} publishes attributes architecture, brand, cudaComputeCapability," in text
+
+
+def test_a_name_some_devices_lack_is_a_guard_not_a_typo() -> None:
+    """migCapable is published by the H100 and not (say) by an older driver's slice: the
+    L4's slice here drops it, so the fix is has(), with how many have it."""
+    s = slices("n1", "1xH100-80GB") + slices("n2", "1xL4")
+    for d in s[-1]["spec"]["devices"]:
+        d["attributes"].pop("migCapable", None)
+    sel = f'device.attributes["{D}"].migCapable'
+    text = line(run(claim("c", sel), s, [node("n1"), node("n2")]))
+    assert f"; 1 of 2 published devices have attribute {D}/migCapable." in text
+    assert "did you mean" not in text and "Fix: guard attributes some devices lack" in text
