@@ -300,3 +300,59 @@ def test_kubectl_apply_shows_the_field(
         f'The request is invalid: error when creating "{manifest}": admission webhook '
         f'"{WEBHOOK}" denied the request: ResourceClaim "bad-claim": {BAD_FIELD}: {BAD_TEXT}'
     )
+
+
+def test_a_share_with_its_own_sharing_config_is_refused_on_the_alpha_cluster(
+    alpha_cluster: Cluster, alpha_kube: Kube, short_tmp: Path
+) -> None:
+    """Q9: where DRAConsumableCapacity is on, the API server keeps a request's capacity
+    (elsewhere it drops the field before admission, and there is no share to refuse), and
+    the webhook refuses a TimeSlicing or MPS config for that share: a share runs beside the
+    device's other shares under its one MPS daemon. Without the config it is admitted."""
+    ns = f"alpha-webhook-{secrets.token_hex(3)}"
+    alpha_kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+    share = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "gpu.dradriver.io",
+            "capacity": {"requests": {"memory": "20Gi"}},
+        },
+    }
+
+    def share_claim(name: str, strategy: str | None) -> dict[str, Any]:
+        devices: dict[str, Any] = {"requests": [share]}
+        if strategy is not None:
+            params = {"apiVersion": V, "kind": "GpuConfig", "sharing": {"strategy": strategy}}
+            devices["config"] = [
+                {
+                    "requests": ["gpu"],
+                    "opaque": {"driver": "gpu.dradriver.io", "parameters": params},
+                }
+            ]
+        return {"metadata": {"name": name}, "spec": {"devices": devices}}
+
+    claims = path_for(RES, "resourceclaims", ns)
+    try:
+        with running_controller(alpha_cluster, alpha_kube, ns, short_tmp):
+            wait_for(lambda: refused_by_webhook(alpha_kube, ns), "the webhook in effect", 30)
+            for strategy in ("MPS", "TimeSlicing"):
+                with pytest.raises(KubeError) as err:
+                    alpha_kube.create(claims, share_claim("own-daemon", strategy))
+                assert err.value.status == 422
+                assert err.value.message.startswith(
+                    f'admission webhook "{WEBHOOK}" denied the request: ResourceClaim '
+                    '"own-daemon": spec.devices.config[0].opaque.parameters.sharing: a '
+                    f"{strategy} config cannot apply to request 'gpu', which asks for part of "
+                    "a device's capacity (spec.devices.requests[0].exactly.capacity)"
+                ), err.value.message
+                assert err.value.message.endswith(
+                    "Drop the sharing config for this request, or ask for a whole device "
+                    "(no capacity requests)"
+                )
+            admitted = alpha_kube.create(claims, share_claim("plain-share", None))
+            assert admitted["spec"]["devices"]["requests"][0]["exactly"]["capacity"] == {
+                "requests": {"memory": "20Gi"}
+            }
+    finally:
+        with contextlib.suppress(KubeError):
+            alpha_kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
