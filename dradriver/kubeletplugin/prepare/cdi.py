@@ -101,12 +101,14 @@ def cdi_device_name(device: str, claim_uid: str) -> str:
 
 
 def qualified_name(driver: str, device: str, claim_uid: str) -> str:
-    """The CDI device ID the kubelet passes to the runtime: gpu.dradriver.io/claim=gpu-9b3c2810-<uid>."""
+    """The CDI device ID the kubelet passes to the runtime:
+    gpu.dradriver.io/claim=gpu-9b3c2810-<uid>."""
     return f"{cdi_kind(driver)}={cdi_device_name(device, claim_uid)}"
 
 
 def device_env_name(device: str) -> str:
-    """DRADRIVER_DEVICE_GPU_9B3C2810 for gpu-9b3c2810: unique per device, as device names are DNS labels."""
+    """DRADRIVER_DEVICE_GPU_9B3C2810 for gpu-9b3c2810: unique per device, as device names
+    are DNS labels."""
     return "DRADRIVER_DEVICE_" + _ENV_NAME.sub("_", device.upper())
 
 
