@@ -14,6 +14,7 @@ import pytest
 
 from dradriver.k8s import Kube, path_for
 from fakenvml import load
+from tests.support.gpu_names import indexed
 
 from .helpers import (
     RES,
@@ -90,18 +91,23 @@ def test_mig_devices_exist_exactly_while_their_claims_are_prepared(mig_node: Mig
     pods = [*n.apply("mig-1g10gb"), *n.apply("mig-3g40gb"), *n.apply("gpu-by-product")]
     running = {p: n.running(p) for p in pods}
     layout = n.layout()
+    names = n.gpu_names()
+    assert all(
+        r["device"].split("-mig-")[0] in names for p in pods for r in n.allocated(running[p])
+    )
     # Exactly the allocated partitions exist, where the scheduler placed them.
     expected = set()
     for p in pods[:2]:
         (r,) = n.allocated(running[p])
-        m = re.fullmatch(r"gpu-(\d+)-mig-(\d)g(\d+)gb-(\d)", r["device"])
+        # By NVML index, as the layout reads the fake's GPUs (the name follows the UUID).
+        m = re.fullmatch(r"gpu-(\d+)-mig-(\d)g(\d+)gb-(\d)", indexed(r["device"], names))
         assert m, r["device"]
         expected.add((int(m[1]), f"{m[2]}g.{m[3]}gb", int(m[4])))
     assert layout == expected
     for p in pods[:2]:
         assert n.env(running[p])["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
     (whole,) = n.allocated(running[pods[2]])
-    whole_gpu = int(whole["device"].split("-")[1])
+    whole_gpu = names.index(whole["device"])
     assert whole_gpu not in {g for g, _, _ in layout}  # never beside a partition
     assert n.env(running[pods[2]])["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
     for p in pods:
