@@ -49,7 +49,8 @@ def nvml(spec: str | None, versions: tuple[str, str, int] | None, error: str) ->
             f"driver {driver} answers but sees no GPU{fake}.",
             "check the GPUs are visible to the driver (nvidia-smi -L) and not held by vfio",
         )
-    return Layer("nvml", State.OK, f"driver {driver}, CUDA {cuda}, {gpus} GPUs{fake}")
+    many = "" if gpus == 1 else "s"
+    return Layer("nvml", State.OK, f"driver {driver}, CUDA {cuda}, {gpus} GPU{many}{fake}")
 
 
 def nvml_fix(error: str) -> str:
@@ -237,7 +238,9 @@ def slices(driver: str, node: str, published: Sequence[Obj], nvml_uuids: set[str
             return Layer(
                 "slices",
                 State.FAIL,
-                f"{len(missing)} GPUs NVML sees are not published ({', '.join(missing[:3])}).",
+                f"{len(missing)} GPU{'' if len(missing) == 1 else 's'} NVML sees "
+                f"{'is' if len(missing) == 1 else 'are'} not published "
+                f"({', '.join(missing[:3])}).",
                 "the plugin republishes on its next rediscovery; send it SIGHUP, or see its "
                 "log for GPUs left out (dradriver_gpus_left_out)",
             )

@@ -645,7 +645,7 @@ def test_doctor_with_no_flags_checks_every_layer_of_every_dev_node(
         assert layers[1].endswith(
             "writable; the hollow node's runtime resolves CDI devices from it"
         )
-    assert nodes[dev_cluster.second.kubelet.node][0].endswith("1 GPUs (fake devices)")
+    assert nodes[dev_cluster.second.kubelet.node][0].endswith("1 GPU (fake devices)")
     assert lines[-1] == "2 dev nodes checked: every layer of each is ok"
 
 
