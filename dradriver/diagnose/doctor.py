@@ -244,7 +244,7 @@ def slices(driver: str, node: str, published: Sequence[Obj], nvml_uuids: set[str
                 "the plugin republishes on its next rediscovery; send it SIGHUP, or see its "
                 "log for GPUs left out (dradriver_gpus_left_out)",
             )
-    counted = f"{len(published)} slices, {len(devices)} devices published"
+    counted = f"{_n(len(published), 'slice')}, {_n(len(devices), 'device')} published"
     tainted = [(d["name"], t) for d in devices for t in (d.get("taints") or [])[:1]]
     if tainted:
         shown = ", ".join(f"{n} ({t.get('key')}={t.get('value', '')}:{t.get('effect')})"
@@ -340,3 +340,7 @@ def dev_summary(nodes: Sequence[tuple[str, Layer | None]]) -> str:
         return f"{checked}: every layer of each is ok"
     named = ", ".join(f"{name} ({layer.name})" for name, layer in bad)
     return f"{checked}: {len(bad)} broken: {named}; each one's fix is on its FAIL line above"
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -263,7 +263,7 @@ def test_slices_deleted(faulty: Faulty) -> None:
             faulty.kube.delete(path_for(RES, "resourceslices", name=s["metadata"]["name"]))
     # The plugin watches its slices and puts them back within seconds.
     wait_for(lambda: faulty.doctor()[0] == 0, "doctor ok again (slices republished)", 15)
-    assert faulty.doctor()[1][4].startswith("ok    slices: 1 slices, 2 devices published")
+    assert faulty.doctor()[1][4].startswith("ok    slices: 1 slice, 2 devices published")
 
 
 def test_node_cordoned(faulty: Faulty) -> None:
