@@ -103,7 +103,14 @@ def make_claims(kube: Kube, ns: str, n: int) -> list[tuple[str, str]]:
     """Claims allocated and reserved by hand: scheduling is not what is measured here.
     (The cluster runs without the resourceclaim controller, which would otherwise drop
     reservations for pods that do not exist.) Claim i gets GPU i mod 64, so concurrent
-    workers, which take claims round-robin, hold distinct GPUs."""
+    workers, which take claims round-robin, hold distinct GPUs; by the names the plugin
+    publishes them under (from their UUIDs)."""
+    from dradriver.inventory.naming import stable_names
+    from fakenvml.spec import parse
+    from fakenvml.topology import build
+
+    uuids = [g.uuid for g in build(parse(f"{GPUS}xH100-80GB"), NODE)]
+    names = [stable_names(uuids)[u] for u in uuids]
     out = []
     for i in range(n):
         c = kube.create(
@@ -125,7 +132,7 @@ def make_claims(kube: Kube, ns: str, n: int) -> list[tuple[str, str]]:
                             "request": "gpu",
                             "driver": DRIVER,
                             "pool": NODE,
-                            "device": f"gpu-{i % GPUS}",
+                            "device": names[i % GPUS],
                         }
                     ]
                 }
