@@ -596,6 +596,19 @@ def dev_cluster(faulty: Faulty) -> Iterator[DevCluster]:
     plugin = PluginProc(faulty.cluster.kubeconfig, kubelet, "fake:1xL4")
     try:
         kubelet.wait_node_ready(faulty.kube)
+        # Ready comes first; the node lifecycle controller lifts the not-ready taint a
+        # moment later, and doctor's node layer (rightly) fails while it is there.
+        node_path = path_for("v1", "nodes", name=kubelet.node)
+        wait_for(
+            lambda: (
+                not any(
+                    t["key"].startswith("node.kubernetes.io/")
+                    for t in faulty.kube.get(node_path).get("spec", {}).get("taints", [])
+                )
+            ),
+            "the node lifecycle controller to lift the not-ready taint",
+            60,
+        )
         plugin.start()
         wait_for(plugin.ready, "the second node's plugin to be ready", 30)
         _register(where, faulty.plugin)
