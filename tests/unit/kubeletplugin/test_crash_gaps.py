@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from dradriver import crashpoints
 from dradriver.errors import DriverError
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.checkpoint.store import wal_paths
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger
 from dradriver.nvml.host import mps_alive
+from tests.support.crash import Crash, crash_at
 from tests.support.gpu_names import fake_names, real
 from tests.support.node import NODE, lose_checkpoint
-from tests.unit.kubeletplugin.test_dynamic_mig import SPEC, Crash, Node, start_node
+from tests.unit.kubeletplugin.test_dynamic_mig import SPEC, Node, start_node
 from tests.unit.kubeletplugin.test_sharing import Node as SharingNode
 
 SHARING_SPEC = "2xH100-80GB"  # test_sharing's node
@@ -82,16 +82,8 @@ def test_a_crash_point_inside_the_carve_is_recovered(tmp_path: Path, point: str)
     node = start_node(tmp_path)
     ref = node.claim("c", dev("gpu-1-mig-2g20gb-2"))
 
-    def crash(name: str) -> None:
-        if name == point:
-            raise Crash(name)
-
-    crashpoints.hook = crash
-    try:
-        with pytest.raises(Crash):
-            node.prepare(ref)
-    finally:
-        crashpoints.hook = None
+    with crash_at(point), pytest.raises(Crash):
+        node.prepare(ref)
     again = start_node(tmp_path, node.claims)
     again.driver.reconcile()
     assert again.instances() == set() and ledger_instances(tmp_path) == []

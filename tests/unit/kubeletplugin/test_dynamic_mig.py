@@ -26,14 +26,11 @@ from dradriver.nvml.library import open_nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import build
 from fakenvml import FakeNvml
+from tests.support.crash import Crash, crash_at
 from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 SPEC = "4xH100-80GB"
-
-
-class Crash(BaseException):
-    """Stands for SIGKILL: nothing in the driver catches it, so no cleanup runs."""
 
 
 @dataclass
@@ -214,16 +211,8 @@ def test_a_crash_at_any_step_is_recovered_at_restart(tmp_path: Path, point: str)
     node = start_node(tmp_path)
     ref = node.claim("c", "gpu-0-mig-3g40gb-4")
 
-    def crash(name: str) -> None:
-        if name == point:
-            raise Crash(name)
-
-    crashpoints.hook = crash
-    try:
-        with pytest.raises(Crash):
-            node.prepare(ref)
-    finally:
-        crashpoints.hook = None
+    with crash_at(point), pytest.raises(Crash):
+        node.prepare(ref)
     # A new process: NVML state is what the hardware kept, the checkpoint what was saved.
     again = start_node(tmp_path, node.claims)
     # The partition it intended is free again: the devices must be discovered anew.

@@ -6,7 +6,6 @@ limits survive a plugin restart and come back after a reboot."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -17,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from dradriver import crashpoints
 from dradriver.errors import DriverError
 from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
@@ -25,6 +23,7 @@ from dradriver.nvml.host import mps_alive
 from dradriver.slices.consumable import parse_mode
 from fakenvml import FakeNvml
 from fakenvml.mps_v3 import CUDA_ERROR_OUT_OF_MEMORY, Client, CudaError, namespaces
+from tests.support.crash import Crash, crash_at
 from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
@@ -247,23 +246,6 @@ def test_without_mps_v3_the_limits_are_the_clients_own_variables(tmp_path: Path)
     finally:
         for pid in node.daemons():
             os.kill(pid, 15)
-
-
-class Crash(BaseException):
-    """The process dies here: nothing after it runs (no rollback either)."""
-
-
-@contextlib.contextmanager
-def crash_at(point: str) -> Iterator[None]:
-    def crash(name: str) -> None:
-        if name == point:
-            raise Crash(name)
-
-    crashpoints.hook = crash
-    try:
-        yield
-    finally:
-        crashpoints.hook = None
 
 
 @pytest.mark.parametrize("point", ["intent-recorded", "sharing-applied", "cdi-written"])
