@@ -384,10 +384,7 @@ class FakeMachine:
             for g in self.gpus:
                 s = by_uuid.get(g.uuid)
                 if s is None:
-                    if (
-                        g.layout.group < len(self.spec.groups)
-                        and self.spec.groups[g.layout.group].mig
-                    ):
+                    if self.spec.groups[g.layout.group].mig:  # powered on fresh
                         g.mig_current = g.mig_pending = MIG_ENABLE
                     continue
                 if s.get("product") != g.layout.product.key:

@@ -4,13 +4,13 @@ the first step that fails said in one line, with its layer and its fix."""
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dradriver.api.suggest import did_you_mean
 from dradriver.diagnose.capacity import Fit, fit, requested
 from dradriver.diagnose.cel import CompileError, Selector
 from dradriver.diagnose.nearest import MissingName, explain_miss, missing_name
@@ -215,8 +215,7 @@ def explain_request(
         )
     cls = w.classes.get(class_name)
     if cls is None:
-        close = difflib.get_close_matches(class_name, list(w.classes), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        hint = did_you_mean(class_name, w.classes)
         known = ", ".join(sorted(w.classes)) or "none"
         return done(
             Finding(

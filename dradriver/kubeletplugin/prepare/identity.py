@@ -9,10 +9,9 @@ index)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from dradriver.errors import DeviceError
-from dradriver.inventory.model import Gpu
 from dradriver.inventory.naming import GpuIdentity, gpu_name_of
 from dradriver.inventory.node_devices import NodeDevice, gpu_device_name
 from dradriver.kubeletplugin.claimref import ClaimRef
@@ -28,10 +27,11 @@ def check_identity(
     device: str,
     dev: NodeDevice | None,
     book: Mapping[str, GpuIdentity],
-    gpus: Iterable[Gpu],
+    devices: Mapping[str, NodeDevice],
 ) -> None:
     """Raises DeviceError when `device` is not the GPU it was published for, or that GPU
-    is gone; returns for a device this node publishes as what it was."""
+    is gone; returns for a device this node publishes as what it was. `devices`, what
+    the node publishes now, is read only to say what became of a name it no longer has."""
     published = book.get(gpu_name_of(device))
     if dev is not None:
         if published is not None and published.uuid != dev.gpu.uuid:
@@ -47,7 +47,7 @@ def check_identity(
             f"claim {ref}: device {device} is not published by this node (any more); {_AGAIN}",
             reason="not_published",
         )
-    now = next((g for g in gpus if g.uuid == published.uuid), None)
+    now = next((d.gpu for d in devices.values() if d.gpu.uuid == published.uuid), None)
     if now is not None:
         raise DeviceError(
             f"claim {ref}: device {device} was published for GPU {published.describe()}, which "

@@ -323,10 +323,9 @@ def plan(
     published for). Raises a typed DriverError for a claim this node cannot prepare."""
     cd = claim_devices(claim, ref, driver, node)
     records: dict[tuple[str, str], PreparedDevice] = {}
-    gpus = {d.gpu.uuid: d.gpu for d in devices.values()}.values()
     for pd in cd.devices:
         dev = devices.get(pd.device)
-        check_identity(ref, pd.device, dev, identities or {}, gpus)
+        check_identity(ref, pd.device, dev, identities or {}, devices)
         assert dev is not None  # check_identity raised otherwise
         key = (pd.device, pd.share_id)
         rec = records.get(key)

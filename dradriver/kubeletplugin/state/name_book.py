@@ -55,9 +55,10 @@ class NameBook:
             )
             return {}
 
-    def snapshot(self) -> dict[str, GpuIdentity]:
-        with self._lock:
-            return dict(self._names)
+    def snapshot(self) -> Mapping[str, GpuIdentity]:
+        """The book as it stands: a change replaces the dict, never edits it, so a
+        prepare reads it without a copy or the lock."""
+        return self._names
 
     def learn(self, gpus: Iterable[Gpu]) -> None:
         """Records the names of the GPUs published now; a name already bound to another
@@ -85,7 +86,7 @@ class NameBook:
                         was=before.uuid,
                         now=ident.uuid,
                     )
-            self._names.update(changed)
+            self._names = {**self._names, **changed}
             doc = {
                 "version": VERSION,
                 "names": {
