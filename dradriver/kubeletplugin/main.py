@@ -155,7 +155,7 @@ def run_plugin(
 
     # Probing from now: /readyz's first answer is the API server's, not "not checked yet".
     api = ApiProbe(kube, SLICES, slices_query(args.node_name, args.driver_name))
-    api.start(stop)
+    api.start()
     publisher = SlicePublisher(kube, args.driver_name, args.node_name)
     publisher.start_prefetch()
     loop = PublishLoop(publisher, discover, period=args.rediscover_period)

@@ -33,10 +33,12 @@ def describe(host: str, exc: KubeError) -> str:
 
 
 class ApiProbe:
-    """API reachability for /readyz, probed in the background from start() every `ttl`
-    seconds, so /readyz answers at once even while the API server hangs (it then says
-    for how long the probe has waited). Before the first probe has answered, check()
-    waits for it (at most `timeout`): its first answer is a result, never a guess."""
+    """API reachability for /readyz. The first probe runs from start(), and check()
+    waits for it (at most `timeout`), so the first answer is a result, never a guess;
+    after that a check older than `ttl` seconds starts the next probe in the background
+    and answers with the last result meanwhile, so /readyz answers at once even while the
+    API server hangs (it then says for how long the probe has waited), and the API server
+    is asked no more often than something asks /readyz (the kubelet's readiness probe)."""
 
     def __init__(
         self,
@@ -50,26 +52,32 @@ class ApiProbe:
         self.kube, self.path, self.query = kube, path, dict(query or {})
         self.ttl, self.timeout, self._clock = ttl, timeout, clock
         self._result: tuple[bool, str] | None = None
+        self._at = float("-inf")  # when the last result came
         self._since: float | None = None  # when the probe in flight started
         self._started = False
         self._cond = threading.Condition()
 
-    def start(self, stop: threading.Event | None = None) -> None:
-        """Starts probing (once; later calls do nothing) until `stop` is set."""
+    def start(self) -> None:
+        """Starts the first probe (once; later calls do nothing)."""
         with self._cond:
             if self._started:
                 return
             self._started = True
             self._since = self._clock()
-        threading.Thread(
-            target=self._loop, args=(stop or threading.Event(),), name="api-probe", daemon=True
-        ).start()
+        self._spawn()
+
+    def _spawn(self) -> None:
+        threading.Thread(target=self.probe_once, name="api-probe", daemon=True).start()
 
     def check(self) -> tuple[bool, str]:
         self.start()
         with self._cond:
+            now = self._clock()
+            if self._since is None and now - self._at > self.ttl:
+                self._since = now
+                self._spawn()
             if self._result is None and self._since is not None:
-                left = self._since + self.timeout - self._clock()
+                left = self._since + self.timeout - now
                 if left > 0:
                     self._cond.wait_for(lambda: self._result is not None, left)
             since = self._since
@@ -86,13 +94,5 @@ class ApiProbe:
         except KubeError as exc:
             result = (False, describe(self.kube.host, exc))
         with self._cond:
-            self._result, self._since = result, None
+            self._result, self._at, self._since = result, self._clock(), None
             self._cond.notify_all()
-
-    def _loop(self, stop: threading.Event) -> None:
-        while True:
-            with self._cond:
-                self._since = self._since if self._since is not None else self._clock()
-            self.probe_once()
-            if stop.wait(self.ttl):
-                return

@@ -85,13 +85,8 @@ def test_the_first_readyz_answer_is_the_probes_result() -> None:
 
 def test_the_probe_runs_from_start_without_a_query() -> None:
     kube = FakeKube()
-    stop = threading.Event()
-    p = probe(kube)
-    p.start(stop)
-    try:
-        assert kube.called.wait(5)
-    finally:
-        stop.set()
+    probe(kube).start()
+    assert kube.called.wait(5)
 
 
 def test_a_hanging_api_server_is_named_after_the_timeout() -> None:
