@@ -8,7 +8,7 @@ STATE ?= .devcluster
 PYTEST_ARGS ?=
 
 .PHONY: all venv bytecode controlplane hollow-node cdi-tool helm proto schema lint format typecheck unit \
-        test e2e cluster-up cluster-down demo bench clean
+        test e2e cluster-up cluster-down demo bench clean kind-demo kind-down kind-test
 
 all: test
 
@@ -81,6 +81,21 @@ cluster-down: venv
 
 demo: venv bytecode controlplane hollow-node helm
 	@$(PY) -m dradriver_dev.demo $(if $(filter 1 true yes,$(KEEP)),--keep)
+
+# dradriver as a user installs it: the image, the chart, real containerd in a kind cluster
+# (deploy/kind/). Needs Docker, or root to start Debian's (tools/kind/engine.sh); offline,
+# the node image and the Python base are built from Debian's packages and Go modules.
+# The cluster stays up for kubectl; `make kind-down` removes it.
+kind-demo: venv controlplane helm
+	@$(PY) -m dradriver_dev.kind.demo demo
+
+kind-down: venv
+	@$(PY) -m dradriver_dev.kind.demo down
+
+# The kind end-to-end tests (tests/kind/; CI runs them after `make test`): the image, the
+# chart's pods, claims in real containers, a helm upgrade and uninstall.
+kind-test: venv controlplane helm
+	DRADRIVER_KIND_TESTS=1 $(PY) -m pytest tests/kind $(PYTEST_ARGS)
 
 bench: venv bytecode controlplane hollow-node
 	$(PY) benchmarks/prepare.py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -156,7 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = words[0] if words else ""
     parser = build_parser(dev_tools=first in ("", "dev"), only=first)
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:
+        # `dradriver devices -o json | head`: the reader left, which is no error of ours.
+        # Python would report the flush at exit again; point stdout at nothing first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

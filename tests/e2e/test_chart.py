@@ -130,12 +130,21 @@ def check_references(docs: list[dict[str, Any]], ns: str) -> None:
     for d in docs:
         if d["kind"] in ("ServiceAccount", "DaemonSet", "Deployment", "Service"):
             assert d["metadata"]["namespace"] == ns, d["metadata"]
-    ds = one(docs, "DaemonSet")
-    plugin_sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
+    # One DaemonSet, or one per node group: each runs as the plugin's ServiceAccount (the
+    # RBAC and the admission policies name it) and selects only its own pods.
+    daemonsets = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert daemonsets
+    (plugin_sa,) = {ds["spec"]["template"]["spec"]["serviceAccountName"] for ds in daemonsets}
     assert ("ServiceAccount", plugin_sa) in names
-    assert ds["spec"]["selector"]["matchLabels"].items() <= (
-        ds["spec"]["template"]["metadata"]["labels"].items()
-    )
+    for ds in daemonsets:
+        assert ds["spec"]["selector"]["matchLabels"].items() <= (
+            ds["spec"]["template"]["metadata"]["labels"].items()
+        )
+        for other in daemonsets:
+            if other is not ds:
+                assert not other["spec"]["selector"]["matchLabels"].items() <= (
+                    ds["spec"]["template"]["metadata"]["labels"].items()
+                ), "two DaemonSets select the same pods"
     for component, sa in (("kubelet-plugin", plugin_sa), ("controller", None)):
         crb = one(docs, "ClusterRoleBinding", component)
         assert ("ClusterRole", crb["roleRef"]["name"]) in names
@@ -180,12 +189,10 @@ def check_references(docs: list[dict[str, Any]], ns: str) -> None:
 
 def test_chart_lints_and_renders_consistent_names(helm: Path) -> None:
     run_helm(helm, "lint", "--strict", str(CHART))
-    # What deploy/kind/up.sh installs.
-    kind_values: dict[str, Any] = {
-        "devices": "fake:4xH100-80GB",
-        "migMode": "dynamic",
-        "featureGates": {"DRAPartitionableDevices": True},
-    }
+    # What `make kind-demo` installs.
+    kind_values: dict[str, Any] = yaml.safe_load(
+        (REPO / "deploy" / "kind" / "values.yaml").read_text()
+    )
     run_helm(helm, "lint", "--strict", str(CHART), values=kind_values)
     for release, ns, values in (
         ("dradriver", "gpu-system", {}),
@@ -913,3 +920,60 @@ def test_mig_profiles_follow_their_value(helm: Path) -> None:
     assert env({})["DRADRIVER_MIG_PROFILES"] == ""
     chosen = env({"migProfiles": ["1g.10gb", "3g.40gb"]})
     assert chosen["DRADRIVER_MIG_PROFILES"] == "1g.10gb,3g.40gb"
+
+
+def test_node_groups_give_each_group_its_own_daemonset(helm: Path) -> None:
+    """deploy/kind/values.yaml's three groups: a DaemonSet each, on the nodes the group's
+    selector picks, with the group's devices and modes over the top-level values."""
+    values = yaml.safe_load((REPO / "deploy" / "kind" / "values.yaml").read_text())
+    values["kubeletPlugin"] = {"nodeSelector": {"gpu": "yes"}}
+    daemonsets = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
+        for d in render(helm, values)
+        if d["kind"] == "DaemonSet"
+    }
+    assert sorted(daemonsets) == [
+        "dradriver-kubelet-plugin-h100",
+        "dradriver-kubelet-plugin-mixed",
+        "dradriver-kubelet-plugin-shared",
+    ]
+
+    def env(spec: dict[str, Any]) -> dict[str, str]:
+        return {e["name"]: e.get("value", "") for e in spec["containers"][0]["env"]}
+
+    h100 = daemonsets["dradriver-kubelet-plugin-h100"]
+    assert h100["nodeSelector"] == {"dradriver.io/fake-gpus": "h100", "gpu": "yes"}
+    assert env(h100)["DRADRIVER_DEVICES"] == "fake:8xH100-80GB"
+    assert env(h100)["DRADRIVER_MIG_MODE"] == "dynamic"
+    assert env(h100)["DRADRIVER_CONSUMABLE_CAPACITY"] == "off"
+    shared = env(daemonsets["dradriver-kubelet-plugin-shared"])
+    assert (shared["DRADRIVER_MIG_MODE"], shared["DRADRIVER_CONSUMABLE_CAPACITY"]) == (
+        "none",
+        "memory",
+    )
+    # Without groups the one DaemonSet keeps its name and selector (an upgrade to this
+    # chart must not need the DaemonSet recreated: a selector is immutable).
+    (ds,) = [d for d in render(helm) if d["kind"] == "DaemonSet"]
+    assert ds["metadata"]["name"] == "dradriver-kubelet-plugin"
+    assert "dradriver.io/node-group" not in ds["spec"]["selector"]["matchLabels"]
+
+
+def test_node_groups_refuse_what_would_collide(helm: Path) -> None:
+    gates = {"featureGates": {"DRAPartitionableDevices": True}}
+    group = {"name": "a", "nodeSelector": {"x": "1"}}
+    with pytest.raises(HelmError, match="needs a nodeSelector"):
+        render(helm, {"nodeGroups": [{"name": "a", "nodeSelector": {}}]})
+    with pytest.raises(HelmError, match="used twice"):
+        render(helm, {"nodeGroups": [group, group]})
+    with pytest.raises(HelmError, match=r"DRAPartitionableDevices"):
+        render(helm, {"nodeGroups": [{**group, "migMode": "dynamic"}]})
+    with pytest.raises(HelmError, match="cannot be combined with migMode dynamic"):
+        render(
+            helm,
+            {
+                **gates,
+                "nodeGroups": [{**group, "migMode": "dynamic", "consumableCapacity": "memory"}],
+            },
+        )
+    with pytest.raises(HelmError, match="nodeGroups"):
+        render(helm, {"nodeGroups": [{**group, "devices": "gpus"}]})

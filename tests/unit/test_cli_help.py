@@ -5,6 +5,8 @@ subcommand without help fails here."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -89,3 +91,29 @@ def test_help_renders(argv: list[str], capsys: pytest.CaptureFixture[str]) -> No
         build_parser().parse_args(argv)
     assert done.value.code == 0
     assert "usage: dradriver" in capsys.readouterr().out
+
+
+def test_a_reader_that_leaves_early_is_no_error() -> None:
+    """`dradriver devices -o json | head` printed a BrokenPipeError traceback."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dradriver.cli",
+            "devices",
+            "--devices",
+            "fake:8xH100-80GB",
+            "--mig-mode",
+            "dynamic",
+            "-o",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10)  # a few bytes, then the reader is gone
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -1,6 +1,7 @@
 //go:build tools
 
-// Pins the Kubernetes entry points this module builds, so `go mod tidy`
+// Pins the Kubernetes entry points this module builds (kubeadm, kubelet and kube-proxy
+// for the offline kind node image, tools/kind/build.sh), so `go mod tidy`
 // keeps their dependencies.
 package tools
 
@@ -8,5 +9,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubeadm"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )

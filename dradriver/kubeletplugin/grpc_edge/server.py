@@ -230,6 +230,11 @@ class PluginServers:
             self._stop_served(served, g, wait=True)
             if self._alive(served):
                 served.path.unlink(missing_ok=True)
+        # The driver's directory under plugins/ goes with the last instance's socket, so
+        # an uninstall leaves nothing in the kubelet's directories; another instance's
+        # socket (a rolling update) keeps it.
+        with contextlib.suppress(OSError):
+            self.plugin_dir.rmdir()
         self._work.close()
         self._reg_work.close()
         self._loop.close()

@@ -63,14 +63,45 @@ Settings the API server would accept and then silently drop or ignore are refuse
 here, at render time, with the reason.
 */}}
 {{- define "dradriver.validate" -}}
-{{- if and (eq .Values.migMode "dynamic") (not .Values.featureGates.DRAPartitionableDevices) -}}
-{{- fail "migMode dynamic needs the DRAPartitionableDevices feature gate (alpha in 1.34) on kube-apiserver, kube-scheduler and kube-controller-manager; without it the API server drops the MIG partitions' counters. Enable the gate and set featureGates.DRAPartitionableDevices=true, or use migMode none or static." -}}
-{{- end -}}
 {{- if and .Values.extendedResourceClass.enabled (not .Values.featureGates.DRAExtendedResource) -}}
 {{- fail "extendedResourceClass needs the DRAExtendedResource feature gate (alpha in 1.34); without it the API server drops extendedResourceName from the DeviceClass. Enable the gate and set featureGates.DRAExtendedResource=true." -}}
 {{- end -}}
-{{- if not (or (eq .Values.devices "nvml") (hasPrefix "fake:" .Values.devices)) -}}
-{{- fail (printf "devices must be nvml or fake:<spec>, not %q" .Values.devices) -}}
+{{- $names := list -}}
+{{- range $i, $group := .Values.nodeGroups -}}
+{{- if not $group.name -}}
+{{- fail (printf "nodeGroups[%d] needs a name (a DNS label: it names the group's DaemonSet)" $i) -}}
+{{- end -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,14}[a-z0-9])?$" $group.name) -}}
+{{- fail (printf "nodeGroups[%d].name %q must be a DNS label of at most 16 characters (it is appended to the DaemonSet's name)" $i $group.name) -}}
+{{- end -}}
+{{- if has $group.name $names -}}
+{{- fail (printf "nodeGroups: the name %q is used twice" $group.name) -}}
+{{- end -}}
+{{- $names = append $names $group.name -}}
+{{- if not $group.nodeSelector -}}
+{{- fail (printf "nodeGroups[%d] (%s) needs a nodeSelector: without one it would run on every node, beside the other groups' plugins" $i $group.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The settings of one DaemonSet (the top-level values, or a node group's over them).
+`where` names them in a message: "" at the top level, " (nodeGroups <name>)" in a group.
+*/}}
+{{- define "dradriver.validateGroup" -}}
+{{- $g := .g -}}
+{{- $where := ternary "" (printf " (nodeGroups %s)" $g.name) (empty $g.name) -}}
+{{- if not (or (eq $g.devices "nvml") (hasPrefix "fake:" $g.devices)) -}}
+{{- fail (printf "devices%s must be nvml or fake:<spec>, not %q" $where $g.devices) -}}
+{{- end -}}
+{{- if not (has $g.migMode (list "none" "static" "dynamic")) -}}
+{{- fail (printf "migMode%s must be none, static or dynamic, not %q" $where $g.migMode) -}}
+{{- end -}}
+{{- if and (eq $g.migMode "dynamic") (not .root.Values.featureGates.DRAPartitionableDevices) -}}
+{{- fail (printf "migMode dynamic%s needs the DRAPartitionableDevices feature gate (alpha in 1.34) on kube-apiserver, kube-scheduler and kube-controller-manager; without it the API server drops the MIG partitions' counters. Enable the gate and set featureGates.DRAPartitionableDevices=true, or use migMode none or static." $where) -}}
+{{- end -}}
+{{- if and (eq $g.migMode "dynamic") (ne $g.consumableCapacity "off") -}}
+{{- fail (printf "consumableCapacity %s%s cannot be combined with migMode dynamic: a GPU is either shared by capacity or carved into MIG partitions. Set one of them per node group." $g.consumableCapacity $where) -}}
 {{- end -}}
 {{- end -}}
 

@@ -1,0 +1,292 @@
+"""dradriver as a user installs it, in a real kind cluster (deploy/kind/): the image,
+the chart's pods, claims prepared into real containers by real containerd, a helm
+upgrade with claims in flight, and an uninstall that leaves the nodes clean.
+
+The tests run in file order on one cluster (the session fixture builds it): each step
+is the state the next one starts from, as for a user.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dradriver_dev.kind.demo import (
+    GROUP_LABEL,
+    HELM_NAMESPACE,
+    IMAGE_REPOSITORY,
+    Kind,
+    apply,
+    example_docs,
+    inside,
+    pods_of,
+    show_refusal,
+    wait_running,
+)
+
+DRIVER = "gpu.dradriver.io"
+NS = "kind-e2e"
+# The four-GPU NVLink claim and a dynamic MIG claim: the two the issue names.
+EXAMPLES = {"four-nvlinked-gpus", "mig-1g10gb"}
+
+
+def sh(node: str, script: str) -> str:
+    """A command on a kind node (the node's own shell, not a pod's)."""
+    done = subprocess.run(
+        ["docker", "exec", node, "sh", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, f"{node}: {script}: {done.stderr}"
+    return done.stdout
+
+
+def nodes_by_group(k: Kind) -> dict[str, str]:
+    return {
+        n["metadata"]["labels"][GROUP_LABEL]: n["metadata"]["name"]
+        for n in k.kubectl.json("get", "nodes")["items"]
+    }
+
+
+def plugin_pods(k: Kind, group: str) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = k.kubectl.json(
+        "-n", HELM_NAMESPACE, "get", "pods", "-l", f"dradriver.io/node-group={group}"
+    )["items"]
+    return pods
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in pod.get("status", {}).get("conditions", [])
+    )
+
+
+def mig_devices(k: Kind) -> list[str]:
+    """The MIG devices NVML (the fake, from the plugin's state) reports on the H100 node,
+    asked inside the plugin's own container as `dradriver devices` sees them."""
+    (pod,) = [p for p in plugin_pods(k, "h100") if ready(p)][:1]
+    out = k.kubectl.run(
+        "-n",
+        HELM_NAMESPACE,
+        "exec",
+        pod["metadata"]["name"],
+        "--",
+        "sh",
+        "-c",
+        'dradriver devices --node-name "$NODE_NAME" --mig-mode static -o json',
+        timeout=60,
+    ).stdout
+    return [m["uuid"] for g in json.loads(out)["inventory"]["gpus"] for m in g["migDevices"]]
+
+
+def cdi_specs(node: str) -> list[str]:
+    return sh(node, "ls /var/run/cdi 2>/dev/null || true").split()
+
+
+def slice_uuids(k: Kind) -> dict[tuple[str, str], str]:
+    """(pool, device) -> the device's UUID attribute (MIG devices: their parent's)."""
+    out = {}
+    for s in k.kubectl.json("get", "resourceslices")["items"]:
+        for d in s["spec"]["devices"]:
+            attrs = {a: next(iter(v.values())) for a, v in d.get("attributes", {}).items()}
+            out[(s["spec"]["pool"]["name"], d["name"])] = str(attrs.get("uuid", ""))
+    return out
+
+
+@pytest.fixture(scope="module")
+def k(kind_cluster: Kind) -> Kind:
+    return kind_cluster
+
+
+def test_image_is_what_a_user_runs(k: Kind) -> None:
+    image = f"{IMAGE_REPOSITORY}:dev"
+    version = subprocess.run(
+        ["docker", "run", "--rm", image, "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith("dradriver "), version.stdout
+    devices = subprocess.run(
+        ["docker", "run", "--rm", image, "devices", "--devices", "fake:2xH100-80GB", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert devices.returncode == 0, devices.stderr
+    gpus = json.loads(devices.stdout)["inventory"]["gpus"]
+    assert [g["productName"] for g in gpus] == ["NVIDIA H100 80GB HBM3"] * 2
+    info = json.loads(
+        subprocess.run(
+            ["docker", "image", "inspect", image], capture_output=True, text=True, check=True
+        ).stdout
+    )[0]
+    # Non-root by default (the controller); the plugin's pod asks for root itself.
+    assert info["Config"]["User"] == "65532:65532"
+    assert info["Config"]["Entrypoint"] == ["dradriver"]
+    size_mb = info["Size"] / 1e6
+    print(f"image {image}: {size_mb:.0f} MB")
+    assert size_mb < 400, f"the image weighs {size_mb:.0f} MB"
+
+
+def test_chart_comes_up_ready_on_every_node(k: Kind) -> None:
+    k.install("dev")
+    groups = nodes_by_group(k)
+    assert sorted(groups) == ["h100", "mixed", "shared"]
+    for group, node in groups.items():
+        (pod,) = plugin_pods(k, group)
+        # Ready means /readyz answered: registered with the kubelet, slices published, and
+        # the API server reached with the pod's own ServiceAccount token (in-cluster).
+        assert ready(pod) and pod["spec"]["nodeName"] == node, pod["status"]
+    pools = {s["spec"]["pool"]["name"] for s in k.kubectl.json("get", "resourceslices")["items"]}
+    assert pools == set(groups.values())
+    ctrl = k.kubectl.json(
+        "-n", HELM_NAMESPACE, "get", "deployment", "-l", "app.kubernetes.io/component=controller"
+    )["items"]
+    assert [d["status"].get("readyReplicas") for d in ctrl] == [1]
+    # The registration and DRA sockets in the kubelet's directories, on the host paths
+    # the chart mounts.
+    for node in groups.values():
+        assert f"{DRIVER}-" in sh(node, "ls /var/lib/kubelet/plugins_registry")
+        assert "dra-" in sh(node, f"ls /var/lib/kubelet/plugins/{DRIVER}")
+
+
+def test_webhook_refuses_a_bad_config_at_apply(k: Kind) -> None:
+    k.kubectl.run("create", "namespace", "demo", check=False)
+    show_refusal(k.kubectl)  # raises unless kubectl apply was denied, naming the field
+
+
+@pytest.fixture(scope="module")
+def claims(k: Kind) -> list[dict[str, Any]]:
+    docs = [
+        d
+        for d in example_docs(f"{IMAGE_REPOSITORY}:dev")
+        if d["kind"] != "Pod" or d["metadata"]["name"] in EXAMPLES
+    ]
+    # Only the two examples' own templates.
+    wanted = {
+        rc["resourceClaimTemplateName"] for p in pods_of(docs) for rc in p["spec"]["resourceClaims"]
+    }
+    docs = [d for d in docs if d["kind"] == "Pod" or d["metadata"]["name"] in wanted]
+    apply(k.kubectl, docs, NS)
+    return docs
+
+
+def test_claims_run_with_their_devices_inside_the_container(
+    k: Kind, claims: list[dict[str, Any]]
+) -> None:
+    names = [p["metadata"]["name"] for p in pods_of(claims)]
+    assert wait_running(k.kubectl, names, namespace=NS), k.kubectl.run(
+        "-n", NS, "describe", "pods"
+    ).stdout
+    uuids = slice_uuids(k)
+    for pod in k.kubectl.json("-n", NS, "get", "pods")["items"]:
+        name = pod["metadata"]["name"]
+        (status,) = pod["status"]["resourceClaimStatuses"]
+        claim = k.kubectl.json("-n", NS, "get", "resourceclaim", status["resourceClaimName"])
+        results = claim["status"]["allocation"]["devices"]["results"]
+        seen = inside(k.kubectl, name, "main", NS)
+        env = dict(e.split("=", 1) for e in seen["env"])
+        visible = env["NVIDIA_VISIBLE_DEVICES"].split(",")
+        if name == "four-nvlinked-gpus":
+            # What containerd injected (CDI) names exactly the four allocated GPUs.
+            assert len(results) == 4
+            assert sorted(visible) == sorted(uuids[(r["pool"], r["device"])] for r in results)
+            domains = {
+                d["attributes"][f"{DRIVER}/nvlinkDomain"]["string"]
+                for s in k.kubectl.json("get", "resourceslices")["items"]
+                for d in s["spec"]["devices"]
+                if any(
+                    d["name"] == r["device"] and s["spec"]["pool"]["name"] == r["pool"]
+                    for r in results
+                )
+            }
+            assert len(domains) == 1
+        else:
+            (r,) = results
+            assert "-mig-1g10gb-" in r["device"]
+            (mig,) = visible
+            # A MIG UUID the node's NVML now reports: carved at prepare.
+            assert mig.startswith("MIG-") and mig in mig_devices(k)
+        node = pod["spec"]["nodeName"]
+        assert any(claim["metadata"]["uid"] in f for f in cdi_specs(node)), cdi_specs(node)
+
+
+def test_helm_upgrade_rolls_the_plugin_side_by_side_without_losing_a_claim(
+    k: Kind, claims: list[dict[str, Any]]
+) -> None:
+    k.image("dev-next", revision="next")
+    seen_together: set[int] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            running = [
+                p
+                for p in plugin_pods(k, "h100")
+                if p.get("status", {}).get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+            seen_together.add(len(running))
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        k.install("dev-next")
+    finally:
+        stop.set()
+        watcher.join()
+    # maxSurge 1, maxUnavailable 0: the new instance ran beside the old before it went.
+    assert 2 in seen_together, seen_together
+    for group in ("h100", "mixed", "shared"):
+        (pod,) = plugin_pods(k, group)
+        assert pod["spec"]["containers"][0]["image"].endswith(":dev-next") and ready(pod)
+    # The claims prepared by the old instance are the new one's: the pods still run, and
+    # unpreparing through the new instance removes their CDI spec and the MIG device.
+    assert wait_running(k.kubectl, [p["metadata"]["name"] for p in pods_of(claims)], 30, NS)
+    before = mig_devices(k)
+    assert len(before) == 1
+    k.kubectl.run("-n", NS, "delete", "pod", "mig-1g10gb", "--wait=true", timeout=120)
+    k.kubectl.wait_for("the MIG device destroyed", lambda: not mig_devices(k), timeout=90)
+
+
+def test_deleting_the_pods_removes_cdi_specs_and_mig_devices(
+    k: Kind, claims: list[dict[str, Any]]
+) -> None:
+    k.kubectl.run("-n", NS, "delete", "pods", "--all", "--wait=true", timeout=180)
+    for node in nodes_by_group(k).values():
+        k.kubectl.wait_for(
+            f"{node}'s CDI specs removed",
+            lambda node=node: not [f for f in cdi_specs(node) if "dradriver" in f],
+            timeout=90,
+        )
+    assert mig_devices(k) == []
+
+
+def test_uninstall_leaves_nothing_behind_on_the_nodes(k: Kind) -> None:
+    k.kubectl.run("delete", "namespace", "demo", "--wait=true", check=False, timeout=180)
+    k.uninstall()
+    k.kubectl.wait_for(
+        "the plugin pods gone",
+        lambda: not k.kubectl.json("-n", HELM_NAMESPACE, "get", "pods")["items"],
+        timeout=120,
+    )
+    for node in nodes_by_group(k).values():
+        assert not [f for f in cdi_specs(node) if "dradriver" in f]
+        assert DRIVER not in sh(node, "ls /var/lib/kubelet/plugins_registry")
+        assert not sh(node, f"ls /var/lib/kubelet/plugins/{DRIVER} 2>/dev/null || true").split()
+        assert "dradriver" not in sh(node, "ps -eo args")
+    k.kubectl.wait_for(
+        "the driver's ResourceSlices gone",
+        lambda: (
+            not [
+                s
+                for s in k.kubectl.json("get", "resourceslices")["items"]
+                if s["spec"]["driver"] == DRIVER
+            ]
+        ),
+        timeout=120,
+    )
