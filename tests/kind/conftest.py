@@ -17,9 +17,14 @@ if not os.environ.get("DRADRIVER_KIND_TESTS"):
     collect_ignore_glob = ["test_*.py"]
 
 
+# The tests' own cluster: a `make kind-demo` cluster left running is not theirs to touch.
+E2E_CLUSTER = "dradriver-e2e"
+
+
 @pytest.fixture(scope="session")
 def kind_cluster() -> Iterator[demo.Kind]:
-    k = demo.up("dev")
+    os.environ.setdefault("DRADRIVER_KIND_NAME", E2E_CLUSTER)
+    k = demo.up("dev", fresh=True)
     try:
         yield k
     finally:

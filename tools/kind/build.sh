@@ -26,6 +26,13 @@ mkdir -p "$cache"
 say() { echo "kind-build: $*" >&2; }
 key_of() { (cat "$@"; go version; echo "$kind_version") | sha256sum | cut -c1-16; }
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
+# Older builds of an image are hundreds of MB and nothing refers to them any more (an
+# image another still builds on is refused by docker and stays).
+prune_others() {
+  local keep=$1 repo=${1%:*}
+  docker images --format '{{.Repository}}:{{.Tag}}' "$repo" | grep -vx "$keep" \
+    | xargs -r docker rmi >/dev/null 2>&1 || true
+}
 # The apt mirror this machine is configured with (deb822 or one-line sources).
 mirror() {
   local m
@@ -62,6 +69,7 @@ build_debian() {
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
     tar -C "$rootfs" -c . | docker import - "$image" >/dev/null
     rm -rf "$rootfs"
+    prune_others "$image"
   fi
   echo "$image"
 }
@@ -75,6 +83,7 @@ build_python() {
     say "building the Python base image from Debian's python3"
     timed docker build -q --network host --build-arg DEBIAN="$debian" -t "$image" \
       -f "$here/python.Dockerfile" "$here" >/dev/null
+    prune_others "$image"
   fi
   echo "$image"
 }
@@ -216,6 +225,8 @@ build_node() {
   docker build -q -t "$image" "$stage" >/dev/null
   rm -rf "$stage" "$tarball"
   docker rmi "$image.build" >/dev/null
+  prune_others "$image"
+  prune_others "$base_image"
   echo "$image"
 }
 

@@ -131,15 +131,16 @@ class Kind:
         )
 
 
-def up(tag: str = "dev") -> Kind:
-    """The cluster (created, or the running one reused), the image built and loaded."""
+def up(tag: str = "dev", *, fresh: bool = False) -> Kind:
+    """The cluster (created, or the running one reused unless `fresh`), the image built
+    and loaded."""
     t0 = time.monotonic()
     ensure_engine()
     kind = cluster.kind()
     images = choose(cluster.stock_node_image())
     kubectl = Kubectl(cluster.kubectl_bin())
     k = Kind(kind, images, kubectl, helm())
-    if cluster.exists(kind) and cluster.KUBECONFIG.exists():
+    if cluster.exists(kind) and cluster.kubeconfig().exists() and not fresh:
         say(f"reusing the running kind cluster {cluster.name()} (`make kind-down` removes it)")
     else:
         if cluster.exists(kind):
@@ -268,7 +269,7 @@ def summary(kubectl: Kubectl, docs: list[dict[str, Any]]) -> str:
 
 
 def show_refusal(kubectl: Kubectl) -> None:
-    manifest = cluster.STATE / "bad-config-claim.yaml"
+    manifest = cluster.state() / "bad-config-claim.yaml"
     manifest.write_text(yaml.safe_dump(addons.bad_claim("bad-config"), sort_keys=False))
     say(
         "the admission webhook checks a claim's config at apply time; "
@@ -302,7 +303,7 @@ def demo() -> int:
     print()
     say(f"done in {time.monotonic() - t0:.0f}s ({k.images.path} images)")
     say(
-        f"left running: export KUBECONFIG={cluster.KUBECONFIG.relative_to(REPO)}; "
+        f"left running: export KUBECONFIG={cluster.kubeconfig().relative_to(REPO)}; "
         "kubectl get pods -A; `make kind-down` removes it all"
     )
     return 0
