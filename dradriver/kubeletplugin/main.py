@@ -353,6 +353,12 @@ def run_plugin(
     servers.stop()
     if status is not None:
         status.close()
+    if args.owner_daemonset:
+        from dradriver.kubeletplugin.uninstall import tidy_if_uninstalled
+
+        tidy_if_uninstalled(
+            kube, args.owner_daemonset, store, state_dir, servers.registry_dir, args.driver_name
+        )
     ops.stop()
     log.info("stopped")
     return 0

@@ -30,6 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         os.environ.get("POD_UID") or os.urandom(4).hex(),
         "unique name of this instance in socket names (rolling updates run two)",
     )
+    flags.add(
+        p,
+        "--owner-daemonset",
+        "",
+        "NAMESPACE/NAME of the DaemonSet running this plugin (the chart sets it): when it "
+        "is deleted (an uninstall), the plugin removes its state at stop if nothing is "
+        "left to undo; empty: the state is always kept",
+    )
     flags.add(p, "--healthz-address", "0.0.0.0", "address of /healthz, /readyz, /metrics")
     flags.add(p, "--healthz-port", "8081", "port of /healthz, /readyz, /metrics (0: any)", type=int)
     flags.add(

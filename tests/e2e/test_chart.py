@@ -349,6 +349,23 @@ def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> No
         # The node Event when a GPU turns unhealthy or recovers.
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
+    # Its own DaemonSets, read at stop: deleted means uninstalled (the state is tidied).
+    role = kube.get(
+        path_for(
+            "rbac.authorization.k8s.io/v1",
+            "roles",
+            release.ns,
+            release.named("Role", "kubelet-plugin"),
+        )
+    )
+    assert role["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["daemonsets"],
+            "resourceNames": [release.named("DaemonSet")],
+            "verbs": ["get"],
+        }
+    ]
     ctrl = kube.get(
         path_for(
             "rbac.authorization.k8s.io/v1",
@@ -405,7 +422,10 @@ def test_plugin_works_with_only_the_chart_rbac(
         path_for(RES, "resourceslices"), slice_body(f"{kubelet.node}-old", kubelet.node)
     )
     stale_path = path_for(RES, "resourceslices", name=stale["metadata"]["name"])
-    plugin = PluginProc(kcfg, kubelet, "fake:2xH100-80GB")
+    # The chart's own DaemonSet (rendered with no node to run on) as its owner: at stop
+    # the plugin reads it with the chart's Role.
+    owner = f"{release.ns}/{release.named('DaemonSet')}"
+    plugin = PluginProc(kcfg, kubelet, "fake:2xH100-80GB", extra_args=["--owner-daemonset", owner])
     plugin.start()
     try:
         wait_for(plugin.ready, "the plugin to be ready as its ServiceAccount", 30)
@@ -482,6 +502,10 @@ def test_plugin_works_with_only_the_chart_rbac(
         assert "forbidden" not in plugin.log().lower()
     finally:
         plugin.stop()
+    # The DaemonSet is there (a restart, not an uninstall): the state stays, and the GET
+    # was allowed (a refusal would have logged "cannot tell").
+    assert "cannot tell whether the driver is uninstalled" not in plugin.log()
+    assert (plugin.state_dir / "checkpoint.json").exists()
 
     as_plugin = kube.with_token(token)
     try:
@@ -961,7 +985,7 @@ def test_node_groups_give_each_group_its_own_daemonset(helm: Path) -> None:
 def test_node_groups_refuse_what_would_collide(helm: Path) -> None:
     gates = {"featureGates": {"DRAPartitionableDevices": True}}
     group = {"name": "a", "nodeSelector": {"x": "1"}}
-    with pytest.raises(HelmError, match="needs a nodeSelector"):
+    with pytest.raises(HelmError, match="nodeSelector"):
         render(helm, {"nodeGroups": [{"name": "a", "nodeSelector": {}}]})
     with pytest.raises(HelmError, match="used twice"):
         render(helm, {"nodeGroups": [group, group]})
@@ -977,3 +1001,14 @@ def test_node_groups_refuse_what_would_collide(helm: Path) -> None:
         )
     with pytest.raises(HelmError, match="nodeGroups"):
         render(helm, {"nodeGroups": [{**group, "devices": "gpus"}]})
+
+
+def test_schema_checks_the_plugin_values_where_they_are(helm: Path) -> None:
+    """values.schema.json checked consumableCapacity and health under `controller`, where
+    no such values exist, so a typo in the plugin's own values rendered unchecked."""
+    with pytest.raises(HelmError, match="consumableCapacity"):
+        render(helm, {"kubeletPlugin": {"consumableCapacity": "half"}})
+    with pytest.raises(HelmError, match="taintEffect"):
+        render(helm, {"kubeletPlugin": {"health": {"taintEffect": "Evict"}}})
+    with pytest.raises(HelmError, match="nodeGroups"):
+        render(helm, {"nodeGroups": [{"name": "a", "nodeSelector": {"x": "1"}, "mig": "on"}]})

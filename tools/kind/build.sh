@@ -20,7 +20,7 @@ kind_version=v0.33.0
 # Bump a recipe's number when its steps here change: keys name their inputs, not this
 # script, so an edit elsewhere in it rebuilds nothing.
 debian_recipe=2
-node_recipe=1
+node_recipe=2
 mkdir -p "$cache"
 
 say() { echo "kind-build: $*" >&2; }
@@ -204,7 +204,8 @@ build_node() {
   image_of_binary "$debian" "$etcd_tag" "$cp/etcd"
   pause_tags=$( ( "$kube/kubeadm" config images list --kubernetes-version "$version" 2>/dev/null | grep /pause:
                   grep -ho 'registry.k8s.io/pause:[0-9.]*' "$(go env GOMODCACHE)/sigs.k8s.io/kind@$kind_version/images/base/files/etc/containerd/config.toml") | sort -u)
-  image_of_binary "$debian" "dradriver-kind/pause:$key" "$pause/pause"
+  # pause is static: nothing under it.
+  image_of_binary scratch "dradriver-kind/pause:$key" "$pause/pause"
   for t in $pause_tags; do docker tag "dradriver-kind/pause:$key" "$t"; done
   for c in kube-apiserver kube-controller-manager kube-scheduler; do
     docker save -o "$stage/kubernetes/server/bin/$c.tar" "registry.k8s.io/$c-amd64:$version"

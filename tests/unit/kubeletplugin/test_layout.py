@@ -52,4 +52,5 @@ def test_every_package_says_what_it_holds_and_no_module_is_large() -> None:
         "main.py",
         "options.py",
         "startup.py",
+        "uninstall.py",
     ]

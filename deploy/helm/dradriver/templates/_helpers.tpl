@@ -21,6 +21,22 @@ release or a fullnameOverride can never leave a reference pointing at nothing.
 {{- printf "%s-kubelet-plugin" (include "dradriver.fullname" .) -}}
 {{- end -}}
 
+{{/* One plugin DaemonSet's name: the plugin's, and the node group's after it. */}}
+{{- define "dradriver.plugin.daemonset" -}}
+{{- $base := include "dradriver.plugin.name" .root -}}
+{{- if .group -}}{{- printf "%s-%s" $base .group -}}{{- else -}}{{- $base -}}{{- end -}}
+{{- end -}}
+
+{{/* Every plugin DaemonSet's name, comma-separated (the plugin's Role names them). */}}
+{{- define "dradriver.plugin.daemonsets" -}}
+{{- $root := . -}}
+{{- $names := list -}}
+{{- range $group := (.Values.nodeGroups | default (list (dict))) -}}
+{{- $names = append $names (include "dradriver.plugin.daemonset" (dict "root" $root "group" ($group.name | default ""))) -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
 {{/* The user the API server sees for the plugin's tokens; the admission policy keys on it. */}}
 {{- define "dradriver.plugin.username" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "dradriver.plugin.name" .) -}}

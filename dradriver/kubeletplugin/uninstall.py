@@ -1,0 +1,128 @@
+"""At a graceful stop: was the driver uninstalled from this node? Then tidy its state.
+
+A DaemonSet's pod is stopped the same way for a restart, an upgrade, a drain and an
+uninstall; only the DaemonSet tells them apart: deleted (or being deleted) means the
+driver is leaving (`helm uninstall`, `kubectl delete daemonset`). The plugin then removes
+what it wrote in its state directory (state/tidy.py says what, and when not), so an
+uninstall leaves nothing on the node. Any doubt (no answer from the API server, a claim
+still prepared) keeps everything, with the reason logged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dradriver import logs
+from dradriver.k8s import Kube, KubeError, NotFound, path_for
+from dradriver.kubeletplugin.state.checkpoint.store import CheckpointStore
+from dradriver.kubeletplugin.state.files import FileLock
+from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger
+from dradriver.kubeletplugin.state.sharing_ledger import SharingLedger
+from dradriver.kubeletplugin.state.tidy import (
+    Leftovers,
+    apply_tidy,
+    entries_of,
+    keep_reason,
+    plan_tidy,
+)
+
+log = logs.get_logger("kubeletplugin.uninstall")
+# The stop has the rest of the pod's grace period for in-flight calls; this is one GET.
+ASK_TIMEOUT = 5.0
+
+
+def daemonset_gone(kube: Kube, owner: str) -> bool | None:
+    """True: the DaemonSet `namespace/name` is deleted or being deleted (or the release's
+    ServiceAccount or Role with it); False: it is there; None: unknown (no answer)."""
+    namespace, _, name = owner.partition("/")
+    try:
+        ds = kube.get(path_for("apps/v1", "daemonsets", namespace, name), timeout=ASK_TIMEOUT)
+    except NotFound:
+        return True
+    except KubeError as exc:
+        if exc.status in (401, 403):
+            # The pod's token (401) or the chart's Role for exactly this GET (403), valid
+            # until now, gone: helm deletes the ServiceAccount and the RBAC in the same
+            # pass as the DaemonSet, before its pods have stopped. Only the chart sets
+            # --owner-daemonset, and a restart or an upgrade keeps both.
+            log.info(
+                "the plugin's ServiceAccount or Role is gone: taken as an uninstall",
+                daemonset=owner,
+                status=exc.status,
+            )
+            return True
+        log.warning(
+            "cannot tell whether the driver is uninstalled; keeping its state",
+            daemonset=owner,
+            error=str(exc),
+        )
+        return None
+    except OSError as exc:
+        log.warning(
+            "cannot tell whether the driver is uninstalled; keeping its state",
+            daemonset=owner,
+            error=str(exc),
+        )
+        return None
+    return bool(ds.get("metadata", {}).get("deletionTimestamp"))
+
+
+def leftovers(
+    store: CheckpointStore, state_dir: Path, registry_dir: Path, driver: str
+) -> Leftovers:
+    # load(), not peek(): a damaged checkpoint is moved aside (and kept), never read as
+    # empty and removed.
+    with FileLock(state_dir / "plugin.lock", timeout=ASK_TIMEOUT):
+        checkpoint = store.load()
+    mig = MigModeLedger(state_dir / "mig-mode.json")
+    mig_changes = (
+        [f"MIG mode on {g}" for g in sorted(mig.load())]
+        + [f"MIG mode off {g}" for g in sorted(mig.load_disabled())]
+        + [f"instance {i.gpu_instance_id} on {i.gpu_uuid}" for i in mig.instances()]
+    )
+    sharing = SharingLedger(state_dir / "sharing-ledger.json").load()
+    others = sorted(p.name for p in registry_dir.glob(f"{driver}*-reg.sock"))
+    return Leftovers(
+        claims=tuple(sorted(checkpoint.claims)),
+        mig_changes=tuple(mig_changes),
+        sharing_claims=tuple(sorted(sharing.claims())),
+        other_instances=tuple(others),
+    )
+
+
+def tidy_if_uninstalled(
+    kube: Kube,
+    owner: str,
+    store: CheckpointStore,
+    state_dir: Path,
+    registry_dir: Path,
+    driver: str,
+) -> bool:
+    """Called once the servers are stopped (our own socket is gone). True if tidied."""
+    if daemonset_gone(kube, owner) is not True:
+        return False
+    try:
+        left = leftovers(store, state_dir, registry_dir, driver)
+    except Exception as exc:  # an unreadable state is a reason to keep it, never to crash
+        log.warning(
+            "the driver is uninstalled but its state cannot be read; keeping it",
+            state_dir=str(state_dir),
+            error=str(exc),
+        )
+        return False
+    reason = keep_reason(left)
+    if reason:
+        log.warning(
+            "the driver is uninstalled; keeping its state", state_dir=str(state_dir), reason=reason
+        )
+        return False
+    plan = plan_tidy(entries_of(state_dir))
+    failed = apply_tidy(state_dir, plan)
+    log.info(
+        "the driver is uninstalled: its state is removed",
+        state_dir=str(state_dir),
+        removed=len(plan.files),
+        kept=",".join(plan.kept) or "-",
+        failed=",".join(failed) or "-",
+    )
+    return True
