@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,27 +211,30 @@ def not_on(nodes: list[str]) -> dict[str, Any]:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
 
 
+def example_documents() -> Iterator[dict[str, Any]]:
+    """Every object of the examples the demos apply (all but NOT_APPLIED), in file order;
+    `make kind-demo` places and runs them its own way."""
+    for f in sorted((REPO / "examples" / "claims").glob("*.yaml")):
+        if f.name not in NOT_APPLIED:
+            yield from (doc for doc in yaml.safe_load_all(f.read_text()) if doc)
+
+
 def apply_examples(kube: Kube) -> list[str]:
     pods = []
-    for f in sorted((REPO / "examples" / "claims").glob("*.yaml")):
-        if f.name in NOT_APPLIED:
-            continue
-        for doc in yaml.safe_load_all(f.read_text()):
-            if not doc:
-                continue
-            if doc["kind"] == "Pod":
-                node = PLACEMENT.get(doc["metadata"]["name"])
-                if node:
-                    doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
-                else:  # the shared node's GPU is for the shares alone
-                    doc["spec"]["affinity"] = not_on(list(PLUGIN_ARGS))
-                pods.append(doc["metadata"]["name"])
-            plural = {
-                "Pod": "pods",
-                "ResourceClaimTemplate": "resourceclaimtemplates",
-                "ResourceClaim": "resourceclaims",
-            }[doc["kind"]]
-            kube.create(path_for(doc["apiVersion"], plural, NAMESPACE), doc)
+    for doc in example_documents():
+        if doc["kind"] == "Pod":
+            node = PLACEMENT.get(doc["metadata"]["name"])
+            if node:
+                doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+            else:  # the shared node's GPU is for the shares alone
+                doc["spec"]["affinity"] = not_on(list(PLUGIN_ARGS))
+            pods.append(doc["metadata"]["name"])
+        plural = {
+            "Pod": "pods",
+            "ResourceClaimTemplate": "resourceclaimtemplates",
+            "ResourceClaim": "resourceclaims",
+        }[doc["kind"]]
+        kube.create(path_for(doc["apiVersion"], plural, NAMESPACE), doc)
     return pods
 
 

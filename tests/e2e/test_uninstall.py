@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from dradriver.k8s import Kube, path_for
 from tests.e2e.helpers import (
     Cluster,
@@ -52,12 +54,18 @@ def start(cluster: Cluster, kubelet: HollowNode, owner: str) -> PluginProc:
     return plugin
 
 
-def test_the_state_goes_with_the_daemonset_and_stays_with_it(
-    cluster: Cluster, kube: Kube, namespace: str, hollow_node: Callable[..., HollowNode]
-) -> None:
+@pytest.fixture
+def owned_node(kube: Kube, namespace: str, hollow_node: Callable[..., HollowNode]) -> HollowNode:
+    """A hollow node, and the DaemonSet `<namespace>/plugin` its plugin names as owner."""
     ensure_device_classes(kube)
     kube.create(path_for("apps/v1", "daemonsets", namespace), DAEMONSET)
-    kubelet = hollow_node()
+    return hollow_node()
+
+
+def test_the_state_goes_with_the_daemonset_and_stays_with_it(
+    cluster: Cluster, kube: Kube, namespace: str, owned_node: HollowNode
+) -> None:
+    kubelet = owned_node
     owner = f"{namespace}/plugin"
     plugin = start(cluster, kubelet, owner)
     state = plugin.state_dir
@@ -79,13 +87,10 @@ def test_the_state_goes_with_the_daemonset_and_stays_with_it(
 
 
 def test_an_uninstall_with_a_claim_still_prepared_keeps_the_state(
-    cluster: Cluster, kube: Kube, namespace: str, hollow_node: Callable[..., HollowNode]
+    cluster: Cluster, kube: Kube, namespace: str, owned_node: HollowNode
 ) -> None:
-    ensure_device_classes(kube)
-    kube.create(path_for("apps/v1", "daemonsets", namespace), DAEMONSET)
-    kubelet = hollow_node()
-    plugin = start(cluster, kubelet, f"{namespace}/plugin")
-    node = NodeUnderTest(kube, namespace, kubelet, plugin)
+    plugin = start(cluster, owned_node, f"{namespace}/plugin")
+    node = NodeUnderTest(kube, namespace, owned_node, plugin)
     (pod,) = node.apply("gpu-by-product")
     node.running(pod)
     kube.delete(path_for("apps/v1", "daemonsets", namespace, "plugin"))

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from dradriver_dev import addons
+from dradriver_dev import demo as base_demo
 from dradriver_dev.kind import cluster
 from dradriver_dev.kind.cluster import Kubectl
 from dradriver_dev.kind.images import (
@@ -37,18 +38,8 @@ HELM_NAMESPACE = "dradriver"
 VALUES = REPO / "deploy" / "kind" / "values.yaml"
 NAMESPACE = "demo"
 GROUP_LABEL = "dradriver.io/fake-gpus"
-# As `make demo`: the examples that need a node in another sharing mode, or a sick GPU.
-NOT_APPLIED = {
-    "gpu-tolerating-unhealthy.yaml",
-    "gpu-share-of-four.yaml",
-    "gpu-share-unlimited.yaml",
-}
-# Which node group an example belongs on; the rest go anywhere but the shared node.
-PLACEMENT = {
-    "gpu-by-memory": "mixed",
-    "prioritized-list": "mixed",
-    **{p: "shared" for p in ("share-a", "share-b", "share-c")},
-}
+# `make demo`'s placement, by node group: its node "mixed-node" is the group "mixed".
+PLACEMENT = {pod: node.removesuffix("-node") for pod, node in base_demo.PLACEMENT.items()}
 # What a container shows of its GPUs, from inside: the variables CDI set, /dev, and the
 # mounts CDI added (MPS pipes, the shares' directories).
 INSIDE = (
@@ -157,32 +148,24 @@ def example_docs(image: str) -> list[dict[str, Any]]:
     GPU; the driver's own image is on every node already) so that `kubectl exec` can
     look inside."""
     docs = []
-    for f in sorted((REPO / "examples" / "claims").glob("*.yaml")):
-        if f.name in NOT_APPLIED:
-            continue
-        for doc in yaml.safe_load_all(f.read_text()):
-            if not doc:
-                continue
-            if doc["kind"] == "Pod":
-                spec = doc["spec"]
-                group = PLACEMENT.get(doc["metadata"]["name"])
-                if group:
-                    spec["nodeSelector"] = {GROUP_LABEL: group}
-                else:
-                    term = {"key": GROUP_LABEL, "operator": "NotIn", "values": ["shared"]}
-                    spec["affinity"] = {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [{"matchExpressions": [term]}]
-                            }
-                        }
-                    }
-                for c in spec["containers"]:
-                    c["image"] = image
-                    c["command"] = ["sleep", "infinity"]
-                    c.pop("args", None)
-                spec["terminationGracePeriodSeconds"] = 1
-            docs.append(doc)
+    for doc in base_demo.example_documents():
+        if doc["kind"] == "Pod":
+            spec = doc["spec"]
+            group = PLACEMENT.get(doc["metadata"]["name"])
+            if group:
+                spec["nodeSelector"] = {GROUP_LABEL: group}
+            else:  # the shared node's GPU is for the shares alone
+                term = {"key": GROUP_LABEL, "operator": "NotIn", "values": ["shared"]}
+                required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
+                spec["affinity"] = {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+                }
+            for c in spec["containers"]:
+                c["image"] = image
+                c["command"] = ["sleep", "infinity"]
+                c.pop("args", None)
+            spec["terminationGracePeriodSeconds"] = 1
+        docs.append(doc)
     return docs
 
 
