@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from fakenvml import c_device, c_events, c_links, c_mig, c_system, returns
+from fakenvml import c_device, c_events, c_limits, c_links, c_mig, c_system, returns
 from fakenvml.context import CallContext, CImpl
 from fakenvml.handles import HandleCodec
 from fakenvml.machine import FakeMachine
@@ -24,6 +24,7 @@ EMULATED: dict[str, CImpl] = {
     **c_mig.C.functions,
     **c_links.C.functions,
     **c_events.C.functions,
+    **c_limits.C.functions,
 }
 
 

@@ -15,6 +15,11 @@ Environment Variables", driver r615+), so tests can show a share held to its lim
   Without a namespace (a protocol-2 daemon) only the client's own variables limit it.
 - Allocating past the limit fails with CUDA_ERROR_OUT_OF_MEMORY (2), as cudaMalloc does;
   the other clients are untouched.
+- A client placed in a cgroup (its container's, under its pod's) with the GPU's dmem
+  region is also charged there (fakenvml.dmem): past any ancestor's dmem.max, the
+  allocation fails the same way, whichever of the pod's processes makes it. NVIDIA's
+  MPS v3 memory partitioning accounts memory "across cgroups and containers"; that the
+  client's cgroup, not the MPS server's, is charged is what the fake assumes from it.
 
 The state lives in `<pipe>/fake-mps.json` beside the daemon's control file, so it
 outlives the plugin as the real daemon does.
@@ -161,6 +166,8 @@ class Client:
     pipe_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     used: int = 0
+    cgroup: Path | None = None  # the process's cgroup, with `region` the GPU's dmem region
+    region: str = ""
 
     def limits(self) -> tuple[int | None, int | None]:
         """(pinned bytes, active thread percent) this client gets; None: no limit."""
@@ -196,4 +203,11 @@ class Client:
                 CUDA_ERROR_OUT_OF_MEMORY,
                 f"out of memory: {self.used + n_bytes} bytes past the limit of {pinned}",
             )
+        if self.cgroup is not None:
+            from fakenvml import dmem
+
+            try:
+                dmem.charge(self.cgroup, self.region, n_bytes)
+            except dmem.DmemLimitExceeded as exc:
+                raise CudaError(CUDA_ERROR_OUT_OF_MEMORY, f"out of memory: {exc}") from exc
         self.used += n_bytes

@@ -16,7 +16,7 @@ from dradriver import logs
 from dradriver.commands import flags
 from dradriver.health.model import Health, HealthConfigError, Policy, parse_xids
 from dradriver.health.taints import TaintEffect
-from dradriver.inventory.node_devices import MigMode, MigSwitching
+from dradriver.inventory.node_devices import DeviceKind, MigMode, MigSwitching
 from dradriver.k8s import ConfigError, Kube
 from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
 from dradriver.kubeletplugin.devices.view import DeviceView
@@ -31,7 +31,7 @@ from dradriver.kubeletplugin.state.files import FileLock, NodeLock
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
 from dradriver.kubeletplugin.state.name_book import NameBook, prepared_names
 from dradriver.nvml.library import DevicesSpecError, open_nvml
-from dradriver.slices.consumable import ConsumableModeError
+from dradriver.slices.consumable import ConsumableMode, ConsumableModeError
 from dradriver.slices.publish import PublishLoop, SlicePublisher
 from dradriver.slices.watch import SliceWatch
 
@@ -267,6 +267,14 @@ def run_plugin(
     mig = None
     if mode is MigMode.DYNAMIC:
         mig = MigPreparer(MigCarver(nvml.module), mig_ledger, switching)
+    pod_memory = None
+    if consumable.mode is not ConsumableMode.OFF:
+        from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
+
+        pod_memory = PodMemory(nvml.module, Path(args.cgroup_root))
+        pod_memory.probe(
+            next((d.uuid for d in view.devices().values() if d.kind is DeviceKind.GPU), None)
+        )
     executor = Executor(
         driver=args.driver_name,
         cdi_writer=cdi.CdiWriter(Path(args.cdi_dir), args.driver_name),
@@ -276,6 +284,7 @@ def run_plugin(
         sharing=SharingSteps(
             nvml.module, nvml.host, state_dir / "mps", lambda: mps_protocol(view.driver_version)
         ),
+        pod_memory=pod_memory,
     )
     driver = Preparer(
         driver=args.driver_name,

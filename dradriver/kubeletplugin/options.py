@@ -38,6 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "is deleted (an uninstall), the plugin removes its state at stop if nothing is "
         "left to undo; empty: the state is always kept",
     )
+    flags.add(
+        p,
+        "--cgroup-root",
+        "/sys/fs/cgroup",
+        "the host's cgroup v2 mount, where the kubelet's pod cgroups are: with consumable "
+        "capacity each share's memory is also set as its pods' GPU-memory limit there "
+        "(r615+ drivers, whole GPUs)",
+    )
     flags.add(p, "--healthz-address", "0.0.0.0", "address of /healthz, /readyz, /metrics")
     flags.add(p, "--healthz-port", "8081", "port of /healthz, /readyz, /metrics (0: any)", type=int)
     flags.add(

@@ -11,6 +11,7 @@ from typing import Any
 
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
+from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps
 from dradriver.kubeletplugin.ops.metrics import Metrics
 from dradriver.kubeletplugin.prepare.cdi import CdiWriter
@@ -52,11 +53,13 @@ def fake_preparer(
     nvml: Nvml | None = None,
     consumable: Consumable = OFF,
     mps_protocol: int = 2,
+    cgroup_root: Path | None = None,
 ) -> tuple[Preparer, Nvml]:
     """A Preparer (and its NVML backend) over the fake node `spec` with state in `tmp`:
     what one plugin process holds. A second call with the same `tmp` is a restart; with
     the first call's `nvml` as well, it is a second plugin instance beside the first (a
-    rolling update): its own open files, hence locks, over the same GPUs."""
+    rolling update): its own open files, hence locks, over the same GPUs. `cgroup_root`:
+    shares' memory is set as pod cgroup limits there (as --cgroup-root), probed first."""
     if nvml is None:
         nvml = open_backend(spec, NODE, tmp)
         nvml.init()
@@ -88,6 +91,9 @@ def fake_preparer(
         mig=MigPreparer(MigCarver(nvml.module), ledger, switching),
         sharing=SharingSteps(nvml.module, nvml.host, tmp / "mps", lambda: mps_protocol),
     )
+    if cgroup_root is not None:
+        executor.pod_memory = PodMemory(nvml.module, cgroup_root)
+        executor.pod_memory.probe(next((g.uuid for g in inv.gpus), None))
     preparer = Preparer(
         driver=DRIVER,
         node=NODE,

@@ -2,7 +2,11 @@
 
 - mig.py: carve a claim's MIG partition, destroy it after, switch MIG mode where the
   product allows it;
-- sharing.py: time-slicing and MPS (its control daemon per configuration).
+- sharing.py: time-slicing and MPS (its control daemon per configuration);
+- shares.py: consumable-capacity shares under one MPS daemon per device, their limits
+  in its namespaces;
+- pod_memory.py (with pod_cgroup.py, where the kubelet keeps a pod's cgroup): a share's
+  memory as its pods' cgroup GPU-memory limit.
 
 Built on dradriver.nvml (where NVML is touched) and the ledgers in state/.
 """

@@ -14,6 +14,7 @@ from typing import Any
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import CdiError, CheckpointError, DriverError, MigError, SharingError
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
+from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
 from dradriver.kubeletplugin.hardware.shares import share_edits
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
 from dradriver.kubeletplugin.prepare import cdi
@@ -51,6 +52,8 @@ class Executor:
     profiles: Callable[[], dict[str, list[int]]]
     mig: MigPreparer | None = None
     sharing: SharingSteps | None = None
+    # Shares' memory as their pods' cgroup limits (r615+, whole GPUs); None: not here.
+    pod_memory: PodMemory | None = None
 
     # -- prepare ---------------------------------------------------------------------------
     def check(self, rec: ClaimRecord) -> None:
@@ -99,6 +102,10 @@ class Executor:
                 assert self.sharing is not None
                 self.sharing.apply(rec, lambda: journal.record(rec))
                 crashpoint("sharing-applied")
+                if self.pod_memory is not None and self.pod_memory.apply(
+                    rec, journal.pod_memory(rec.uid)
+                ):
+                    journal.record(rec)
             self.cdi_writer.write(rec.uid, self.spec(rec))
             crashpoint("cdi-written")
             rec.state = PREPARE_COMPLETED

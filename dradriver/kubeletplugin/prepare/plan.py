@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestError
@@ -88,6 +88,7 @@ class ClaimDevices:
     ref: ClaimRef
     devices: list[PlannedDevice] = field(default_factory=list)
     pods: list[str] = field(default_factory=list)
+    pod_uids: list[str] = field(default_factory=list)
 
 
 def _applies(cfg_requests: list[str] | None, request: str) -> bool:
@@ -128,7 +129,11 @@ def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str) 
     # The API server keeps class configs before claim configs; sort stably to be sure,
     # since precedence (later wins) depends on it.
     configs.sort(key=lambda c: 0 if c.get("source") == "FromClass" else 1)
-    out = ClaimDevices(ref=ref, pods=[r.get("name", "") for r in reserved])
+    out = ClaimDevices(
+        ref=ref,
+        pods=[r.get("name", "") for r in reserved],
+        pod_uids=[str(r["uid"]) for r in reserved if r.get("resource") == "pods" and r.get("uid")],
+    )
     for r in devices.get("results") or []:
         if r.get("driver") != driver:
             continue  # another driver's device in the same claim
@@ -359,6 +364,8 @@ def plan(
             memory = dev.mig.memory_bytes if dev.mig is not None else dev.gpu.memory_bytes
             where = f"claim {ref}: device {dev.name}, share {pd.share_id}"
             share = share_of(pd.share_id, dict(pd.consumed), memory, consumable, where)
+            # Whose cgroups get the share's memory as a limit (hardware/pod_memory.py).
+            share = replace(share, pods=tuple(cd.pod_uids))
         records[key] = out = PreparedDevice(
             request_names=[pd.request_name],
             pool=node,

@@ -11,6 +11,7 @@ from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.prepare.execute import Executor
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, reconcile_boot
 from dradriver.kubeletplugin.state.journal import held_whole
+from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint
 from dradriver.logs import get_logger
 
@@ -55,6 +56,13 @@ def reconcile(
                 ex.sharing.recheck(rec, lambda: store.save(cp))
             except SharingError as exc:
                 log.error("could not restart an MPS daemon", claim_uid=rec.uid, error=str(exc))
+    if ex.pod_memory is not None:
+        # Set again (the same values): a limit set before a crash may not have been saved.
+        for rec in cp.claims.values():
+            if rec.state == PREPARE_COMPLETED and ex.pod_memory.apply(
+                rec, pod_totals(r for r in cp.claims.values() if r.uid != rec.uid)
+            ):
+                store.save(cp)
     local = devices()
     for rec in cp.claims.values():
         missing = [d.device for d in rec.devices if d.device not in local]

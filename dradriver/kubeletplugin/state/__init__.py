@@ -4,6 +4,7 @@
 - mig_ledger.py and sharing_ledger.py: what the driver changed in MIG and in GPU
   sharing, kept apart from the checkpoint so that losing it loses nothing;
 - journal.py, group_commit.py: each step recorded, several callers' saves in one fsync;
+- pod_limits.py: what the prepared shares of each GPU give each pod (pure, over records);
 - files.py, gpu_locks.py: atomic writes, the node lock, per-GPU locks.
 
 Imports no other package of the plugin: everything else builds on it.

@@ -18,6 +18,7 @@ from typing import Protocol
 from dradriver.errors import CheckpointError
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.group_commit import GroupCommit, OnSaveFailed
+from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 
 
@@ -42,6 +43,9 @@ class Journal(Protocol):
     def held_whole(self, exclude: str) -> set[str]:
         """GPUs that other claims than `exclude` hold whole."""
 
+    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
+        """(GPU, pod) -> the shares' memory other claims than `exclude` hold for the pod."""
+
 
 class InLock:
     def __init__(self, cp: Checkpoint, store: CheckpointStore, durable: bool = True) -> None:
@@ -59,6 +63,9 @@ class InLock:
 
     def held_whole(self, exclude: str) -> set[str]:
         return held_whole(self.cp, exclude)
+
+    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
+        return pod_totals(r for r in self.cp.claims.values() if r.uid != exclude)
 
 
 class Committed:
@@ -106,3 +113,8 @@ class Committed:
 
     def held_whole(self, exclude: str) -> set[str]:
         return self.commits.run(lambda cp: (held_whole(cp, exclude), None))
+
+    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
+        return self.commits.run(
+            lambda cp: (pod_totals(r for r in cp.claims.values() if r.uid != exclude), None)
+        )

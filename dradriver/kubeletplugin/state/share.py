@@ -28,6 +28,10 @@ class Share:
     applied: bool = False
     # Set on the server side (MPS v3 namespace); False: only in the client's environment.
     server_side: bool = False
+    # The pods (UIDs) the claim was reserved for at prepare, and the pod cgroups whose
+    # GPU-memory limit on the device holds this share's memory (hardware/pod_memory.py).
+    pods: tuple[str, ...] = ()
+    pod_cgroups: tuple[str, ...] = ()
 
     @property
     def cdi_name(self) -> str:
@@ -55,6 +59,10 @@ class Share:
             out["applied"] = True
         if self.server_side:
             out["serverSide"] = True
+        if self.pods:
+            out["pods"] = list(self.pods)
+        if self.pod_cgroups:
+            out["podCgroups"] = list(self.pod_cgroups)
         return out
 
     @classmethod
@@ -73,4 +81,13 @@ class Share:
             optional(s, "shmDir", str, None, where),
             optional(s, "applied", bool, False, where),
             optional(s, "serverSide", bool, False, where),
+            _strings(s, "pods", where),
+            _strings(s, "podCgroups", where),
         )
+
+
+def _strings(s: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
+    value = optional(s, key, list, [], where)
+    if not all(isinstance(v, str) for v in value):
+        raise CheckpointCorrupt(f"{where}.{key}: expected strings")
+    return tuple(value)

@@ -60,7 +60,7 @@ def planned(
 def test_a_share_is_its_own_cdi_device_with_its_limits() -> None:
     rec = planned(A, [shared("gpu-0", S1, {"memory": "20Gi", "compute": "30"})])
     (d,) = rec.devices
-    assert d.share == Share(S1, (("compute", "30"), ("memory", "20Gi")), 20 * GI, 30)
+    assert d.share == Share(S1, (("compute", "30"), ("memory", "20Gi")), 20 * GI, 30, pods=("u",))
     gpu = f"gpu-{uuid_digits(h100_devices(MigMode.NONE)[named('gpu-0')].gpu.uuid)[:8]}"
     assert d.cdi_device_ids == [f"{DRIVER}/claim={gpu}-share-{S1}-{A.uid}"]
     assert share_env(d) == [

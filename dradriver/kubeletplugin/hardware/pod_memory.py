@@ -1,0 +1,110 @@
+"""A share's memory as a kernel-enforced limit on its pods' cgroups (r615+ drivers, whole
+GPUs): beside the MPS namespace's per-process pinned-memory limit, the pod cgroup's
+GPU-memory limit on the share's GPU bounds all of the pod's processes together, and no
+environment variable or second process gets past it (nvml/memory_limits.py).
+
+Best effort on top of MPS, never in its way: where the driver, kernel or cgroup layout
+cannot take the limit (probe() says why, once, at startup) or a pod's cgroup is not found,
+the share still runs under its MPS limits and the log and the claim's status say which
+limits hold. Nothing needs undoing: the limit goes with the pod's cgroup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from dradriver.errors import SharingError
+from dradriver.kubeletplugin.hardware.pod_cgroup import find_pod_cgroup
+from dradriver.kubeletplugin.state.pod_limits import limited, wanted
+from dradriver.kubeletplugin.state.records import ClaimRecord
+from dradriver.logs import get_logger
+from dradriver.nvml.memory_limits import get_memory_limit, set_memory_limit
+
+log = get_logger("kubeletplugin.pod_memory")
+
+
+@dataclass
+class PodMemory:
+    nvml: ModuleType
+    cgroup_root: Path
+    # Why the limits cannot be set on this node; None: they can (or not probed yet).
+    unavailable: str | None = None
+
+    def probe(self, gpu: str | None) -> str | None:
+        """Startup: can NVML limit a cgroup on this node? Asks for the limits of the
+        cgroup root on one whole GPU; the answer holds for the node."""
+        if gpu is None:
+            self.unavailable = "no whole GPU on this node (NVML limits no MIG device)"
+        elif not (self.cgroup_root / "cgroup.controllers").exists():
+            self.unavailable = (
+                f"{self.cgroup_root} is not a cgroup v2 mount (--cgroup-root: the host's "
+                "unified cgroup hierarchy, mounted from the host)"
+            )
+        else:
+            try:
+                get_memory_limit(self.nvml, gpu, str(self.cgroup_root))
+                self.unavailable = None
+            except SharingError as exc:
+                self.unavailable = str(exc)
+        if self.unavailable is None:
+            log.info(
+                "shares' memory is also set as each pod cgroup's GPU-memory limit",
+                cgroup_root=str(self.cgroup_root),
+            )
+        else:
+            log.warning(
+                "shares' memory cannot be set as a pod cgroup limit here; MPS limits only",
+                why=self.unavailable,
+            )
+        return self.unavailable
+
+    def apply(self, rec: ClaimRecord, others: dict[tuple[str, str], int]) -> bool:
+        """Sets the limits preparing `rec` calls for; records in each share where they
+        hold. Whether the record changed."""
+        if self.unavailable is not None:
+            return False
+        found: dict[tuple[str, str], str] = {}
+        for lim in wanted(rec, others):
+            cgroup = find_pod_cgroup(self.cgroup_root, lim.pod)
+            if cgroup is None:
+                log.warning(
+                    "the pod's cgroup was not found; its share keeps its MPS limits only",
+                    claim_uid=rec.uid,
+                    pod_uid=lim.pod,
+                    cgroup_root=str(self.cgroup_root),
+                )
+                continue
+            try:
+                set_memory_limit(self.nvml, lim.gpu, str(cgroup), lim.memory, lim.memory)
+            except SharingError as exc:
+                log.warning(
+                    "setting the pod cgroup's GPU-memory limit failed; MPS limits only",
+                    claim_uid=rec.uid,
+                    pod_uid=lim.pod,
+                    device=lim.gpu,
+                    error=str(exc),
+                )
+                continue
+            found[(lim.gpu, lim.pod)] = str(cgroup)
+            log.info(
+                "pod cgroup's GPU-memory limit set",
+                claim_uid=rec.uid,
+                pod_uid=lim.pod,
+                device=lim.gpu,
+                limit=lim.memory,
+                cgroup=str(cgroup),
+            )
+        changed = False
+        for d in rec.devices:
+            if not limited(d):
+                continue
+            assert d.share is not None
+            gpu = str(d.uuid)
+            cgroups = tuple(found[(gpu, p)] for p in d.share.pods if (gpu, p) in found)
+            if cgroups != d.share.pod_cgroups:
+                d.share = dataclasses.replace(d.share, pod_cgroups=cgroups)
+                changed = True
+        return changed
