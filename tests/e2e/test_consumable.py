@@ -14,6 +14,7 @@ import pytest
 
 from dradriver.k8s import Kube, path_for
 from dradriver.nvml.host import mps_alive
+from fakenvml import dmem, load
 from fakenvml.mps_v3 import Client, CudaError, namespaces
 
 from .helpers import (
@@ -35,9 +36,9 @@ class SharedGpuNode(NodeUnderTest):
     def daemons(self) -> list[int]:
         return [int(p.read_text()) for p in (self.plugin.state_dir / "mps").glob("*/pipe/control")]
 
-    def share(self, name: str, memory: str | None = None) -> None:
+    def share(self, name: str, memory: str | None = None, gated: bool = False) -> str:
         """A claim for one share of a GPU (asking `memory` of it, or nothing) and a pod
-        on this node using it."""
+        on this node using it (`gated`: held by a scheduling gate); the pod's UID."""
         exactly: dict[str, Any] = {"deviceClassName": DRIVER}
         if memory is not None:
             exactly["capacity"] = {"requests": {"memory": memory}}
@@ -48,11 +49,12 @@ class SharedGpuNode(NodeUnderTest):
                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
             },
         )
-        self.kube.create(
+        pod = self.kube.create(
             path_for("v1", "pods", self.ns),
             {
                 "metadata": {"name": name},
                 "spec": {
+                    "schedulingGates": [{"name": "dradriver.io/test"}] if gated else [],
                     "nodeSelector": {"kubernetes.io/hostname": self.kubelet.node},
                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
                     "containers": [
@@ -65,6 +67,10 @@ class SharedGpuNode(NodeUnderTest):
                 },
             },
         )
+        return str(pod["metadata"]["uid"])
+
+    def ungate(self, name: str) -> None:
+        self.kube.patch(path_for("v1", "pods", self.ns, name), {"spec": {"schedulingGates": None}})
 
     def claim(self, name: str) -> dict[str, Any]:
         c = get_or_none(self.kube, path_for(RES, "resourceclaims", self.ns, name))
@@ -85,12 +91,12 @@ class SharedGpuNode(NodeUnderTest):
 @pytest.fixture
 def shared_gpu(
     alpha_cluster: Cluster, alpha_kube: Kube, hollow_node: Callable[..., HollowNode]
-) -> Iterator[Callable[[str], SharedGpuNode]]:
+) -> Iterator[Callable[..., SharedGpuNode]]:
     k = alpha_kube
     ensure_device_classes(k)
     made: list[tuple[str, PluginProc]] = []
 
-    def start(mode: str) -> SharedGpuNode:
+    def start(mode: str, cgroup_root: Path | None = None) -> SharedGpuNode:
         ns = f"share-{len(made)}-{int(time.time() * 1000) % 100000}"
         k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
         wait_for(
@@ -102,11 +108,20 @@ def shared_gpu(
         # A driver with MPS v3 (r615+): each share's limits are set in the daemon.
         fleet = kubelet.root.parent / f"{kubelet.node}-gpus.yaml"
         fleet.write_text('driverVersion: "615.71.09"\ngpus:\n  - product: H100-80GB\n')
+        more = []
+        if cgroup_root is not None:
+            # The host's cgroup v2 mount with the GPU's dmem region (the kernel registers
+            # it when the driver loads); the plugin is pointed at it by --cgroup-root.
+            gpus = load(f"@{fleet}", node=kubelet.node).machine.gpus
+            dmem.make_hierarchy(
+                cgroup_root, {dmem.region(g.layout.pci.legacy_bus_id): 80 * GI for g in gpus}
+            )
+            more = ["--cgroup-root", str(cgroup_root)]
         plugin = PluginProc(
             alpha_cluster.kubeconfig,
             kubelet,
             f"fake:@{fleet}",
-            extra_args=["--consumable-capacity", mode],
+            extra_args=["--consumable-capacity", mode, *more],
         )
         plugin.start()
         made.append((ns, plugin))
@@ -122,7 +137,7 @@ def shared_gpu(
 
 
 def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
-    shared_gpu: Callable[[str], SharedGpuNode],
+    shared_gpu: Callable[..., SharedGpuNode],
 ) -> None:
     node = shared_gpu("memory")
     names = ["a", "b", "c"]
@@ -192,7 +207,55 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
     wait_for(lambda: not mps_alive(daemon), "the shares' MPS daemon to stop", 30)
 
 
-def test_shares_mode_refuses_a_fifth_claim(shared_gpu: Callable[[str], SharedGpuNode]) -> None:
+def test_memory_mode_limits_each_pods_cgroup_on_the_gpu(
+    shared_gpu: Callable[..., SharedGpuNode], tmp_path: Path
+) -> None:
+    """Beside the MPS namespace (per process), each pod's cgroup is held to its share's
+    memory on the GPU, all of its processes together (nvmlDeviceSetMemoryLimits_v1)."""
+    root = tmp_path / "cgroup"
+    node = shared_gpu("memory", cgroup_root=root)
+    cgroups = {}
+    for n in ("a", "b"):
+        uid = node.share(n, "20Gi", gated=True)
+        # What the real kubelet's pod cgroup manager makes before it asks for the pod's
+        # claims (the hollow node runs no cgroups): cgroupfs layout, BestEffort.
+        cgroups[n] = root / "kubepods" / "besteffort" / f"pod{uid}"
+        dmem.make_cgroup(cgroups[n])
+        node.ungate(n)
+    pods = {n: node.running(n) for n in cgroups}
+    (gpu,) = load(
+        f"@{node.kubelet.root.parent / f'{node.kubelet.node}-gpus.yaml'}", node="x"
+    ).machine.gpus
+    region = dmem.region(gpu.layout.pci.legacy_bus_id)
+    for n, cg in cgroups.items():
+        assert dmem.limits(cg, region)[:2] == (20 * GI, 20 * GI), n
+        (entry,) = wait_for(
+            lambda n=n: node.claim(n).get("status", {}).get("devices"), f"status of {n}", 30
+        )
+        assert entry["data"]["enforcedBy"] == ["mps-namespace", "pod-cgroup"]
+
+    def process(n: str, container: str) -> Client:
+        env = node.env(pods[n])
+        dmem.make_cgroup(cgroups[n] / container)
+        return Client(
+            Path(env["CUDA_MPS_PIPE_DIRECTORY"]), env, cgroup=cgroups[n] / container, region=region
+        )
+
+    # Two processes of pod a, each under the namespace's 20Gi per process: the pod's
+    # cgroup holds them to 20Gi together; pod b's share is untouched.
+    main, sidecar = process("a", "main"), process("a", "sidecar")
+    main.allocate(15 * GI)
+    with pytest.raises(CudaError, match="out of memory"):
+        sidecar.allocate(6 * GI)
+    process("b", "main").allocate(20 * GI)
+    # A limit lost is set again by a restarted plugin.
+    (cgroups["a"] / "dmem.max").unlink()
+    node.plugin.stop()
+    node.plugin.start()
+    wait_for(lambda: dmem.limits(cgroups["a"], region)[1] == 20 * GI, "the limit set again", 30)
+
+
+def test_shares_mode_refuses_a_fifth_claim(shared_gpu: Callable[..., SharedGpuNode]) -> None:
     node = shared_gpu("shares=4")
     for n in ("s1", "s2", "s3", "s4"):
         node.share(n)
@@ -208,7 +271,7 @@ def test_shares_mode_refuses_a_fifth_claim(shared_gpu: Callable[[str], SharedGpu
 
 
 def test_unlimited_mode_places_ten_claims_that_ask_for_nothing(
-    shared_gpu: Callable[[str], SharedGpuNode],
+    shared_gpu: Callable[..., SharedGpuNode],
 ) -> None:
     node = shared_gpu("unlimited")
     names = [f"u{i}" for i in range(10)]
