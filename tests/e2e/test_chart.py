@@ -905,6 +905,23 @@ def test_privilege_follows_the_devices(helm: Path) -> None:
     }
 
 
+def test_the_hosts_cgroups_are_mounted_only_where_shares_limit_pods(helm: Path) -> None:
+    """With consumable capacity on real GPUs the plugin sets each share's memory as its
+    pods' cgroup GPU-memory limit: the host's cgroup v2 tree at the host's path; never
+    with fake devices or with consumable capacity off."""
+
+    def mounts(values: dict[str, Any]) -> dict[str, str]:
+        spec = one(render(helm, values), "DaemonSet")["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+        return {m["mountPath"]: paths[m["name"]] for m in c["volumeMounts"] if m["name"] in paths}
+
+    on = {"kubeletPlugin": {"consumableCapacity": "memory"}}
+    assert mounts(on)["/sys/fs/cgroup"] == "/sys/fs/cgroup"
+    assert "/sys/fs/cgroup" not in mounts({})
+    assert "/sys/fs/cgroup" not in mounts({**on, "devices": "fake:2xH100-80GB"})
+
+
 def test_claim_status_follows_its_value(helm: Path) -> None:
     """kubeletPlugin.claimStatus turns the plugin's only claim write on or off."""
 

@@ -12,6 +12,7 @@ limits hold. Nothing needs undoing: the limit goes with the pod's cgroup.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -61,13 +62,14 @@ class PodMemory:
             )
         return self.unavailable
 
-    def apply(self, rec: ClaimRecord, others: dict[tuple[str, str], int]) -> bool:
-        """Sets the limits preparing `rec` calls for; records in each share where they
-        hold. Whether the record changed."""
-        if self.unavailable is not None:
+    def apply(self, rec: ClaimRecord, others: Callable[[], dict[tuple[str, str], int]]) -> bool:
+        """Sets the limits preparing `rec` calls for (`others`: what the other claims'
+        shares hold for each GPU and pod, asked only if `rec` has a share to limit);
+        records in each share where they hold. Whether the record changed."""
+        if self.unavailable is not None or not any(limited(d) for d in rec.devices):
             return False
         found: dict[tuple[str, str], str] = {}
-        for lim in wanted(rec, others):
+        for lim in wanted(rec, others()):
             cgroup = find_pod_cgroup(self.cgroup_root, lim.pod)
             if cgroup is None:
                 log.warning(

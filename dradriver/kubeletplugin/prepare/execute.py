@@ -103,7 +103,7 @@ class Executor:
                 self.sharing.apply(rec, lambda: journal.record(rec))
                 crashpoint("sharing-applied")
                 if self.pod_memory is not None and self.pod_memory.apply(
-                    rec, journal.pod_memory(rec.uid)
+                    rec, lambda: journal.pod_memory(rec.uid)
                 ):
                     journal.record(rec)
             self.cdi_writer.write(rec.uid, self.spec(rec))

@@ -39,6 +39,7 @@ from dradriver.kubeletplugin.state.files import NodeLock
 from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
 from dradriver.kubeletplugin.state.group_commit import GroupCommit, OnSaveFailed
 from dradriver.kubeletplugin.state.journal import Committed, InLock
+from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     Checkpoint,
@@ -333,6 +334,11 @@ class Preparer:
             except CdiError as exc:
                 raise exc.retold(f"claim {ref}: {exc}") from exc
             log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
+        pm = self.executor.pod_memory
+        if pm is not None:
+            # The kubelet asks again after its restart or a reboot (its prepared flag
+            # lives in memory), with the pod's cgroup made anew: its limit goes with it.
+            pm.apply(rec, lambda: pod_totals(r for r in cp.claims.values() if r.uid != rec.uid))
         return rec.devices
 
     def _claim(self, ref: ClaimRef) -> dict[str, Any]:

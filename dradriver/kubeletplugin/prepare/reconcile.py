@@ -4,6 +4,7 @@ back, and spec files no claim owns are removed."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 from dradriver.errors import CdiError, MigError, SharingError
@@ -60,7 +61,7 @@ def reconcile(
         # Set again (the same values): a limit set before a crash may not have been saved.
         for rec in cp.claims.values():
             if rec.state == PREPARE_COMPLETED and ex.pod_memory.apply(
-                rec, pod_totals(r for r in cp.claims.values() if r.uid != rec.uid)
+                rec, functools.partial(_others, cp, rec.uid)
             ):
                 store.save(cp)
     local = devices()
@@ -100,3 +101,7 @@ def reconcile(
         keep = lost | set(cp.unreadable)
         ex.mig.restore_disabled(set(profiles), held_whole(cp), keep_for=keep)
     return cp
+
+
+def _others(cp: Checkpoint, uid: str) -> dict[tuple[str, str], int]:
+    return pod_totals(r for r in cp.claims.values() if r.uid != uid)

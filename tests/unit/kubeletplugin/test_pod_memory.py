@@ -330,6 +330,24 @@ def test_a_restart_sets_the_limits_again_and_a_missing_cgroup_is_not_fatal(
     assert d.share is not None and d.share.pod_cgroups == (str(node.cgroup("a")),)
 
 
+def test_the_kubelets_repeated_prepare_sets_the_limit_on_a_cgroup_made_anew(
+    tmp_path: Path,
+) -> None:
+    """After a reboot or its own restart the kubelet asks again for every pod's claims
+    (its "prepared" flag lives in memory), once it has made the pod's cgroup again."""
+    node = CgroupNode(tmp_path)
+    node.pod("a")
+    a = node.share("a", "20Gi", "a")
+    cg = node.cgroup("a")
+    for f in cg.iterdir():
+        f.unlink()
+    cg.rmdir()
+    dmem.make_cgroup(cg)
+    assert node.limit("a") is None
+    assert node.driver.prepare([a])[a.uid].error == ""
+    assert node.limit("a") == 20 * GI
+
+
 def test_nothing_is_set_where_the_driver_cannot(tmp_path: Path) -> None:
     spec = tmp_path / "gpus.yaml"
     spec.write_text(SPEC_615.replace("615.71.09", "570.86.15"))
