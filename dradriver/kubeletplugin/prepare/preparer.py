@@ -334,10 +334,8 @@ class Preparer:
             except CdiError as exc:
                 raise exc.retold(f"claim {ref}: {exc}") from exc
             log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
-        pm = self.executor.pod_memory
-        if pm is not None:
-            # The kubelet asks again after its restart or a reboot (its prepared flag
-            # lives in memory), with the pod's cgroup made anew: its limit goes with it.
+        if (pm := self.executor.pod_memory) is not None:
+            # Asked again after the kubelet's restart or a reboot: the pod's cgroup is new.
             pm.apply(rec, lambda: pod_totals(r for r in cp.claims.values() if r.uid != rec.uid))
         return rec.devices
 
