@@ -58,9 +58,10 @@ def get_memory_limit(nvml: ModuleType, uuid: str, cgroup: str) -> MemoryLimit:
 
 
 def _reason(nvml: ModuleType, err: Exception) -> str:
+    code = getattr(err, "value", None)
     return {
-        nvml.NVML_ERROR_FUNCTION_NOT_FOUND: "memory_limits_missing",
-        nvml.NVML_ERROR_NOT_SUPPORTED: "memory_limits_unsupported",
-        nvml.NVML_ERROR_NO_PERMISSION: "memory_limits_permission",
-        nvml.NVML_ERROR_NOT_FOUND: "cgroup_not_found",
-    }.get(getattr(err, "value", None), "memory_limits")
+        getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", -1): "memory_limits_missing",
+        getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", -1): "memory_limits_unsupported",
+        getattr(nvml, "NVML_ERROR_NO_PERMISSION", -1): "memory_limits_permission",
+        getattr(nvml, "NVML_ERROR_NOT_FOUND", -1): "cgroup_not_found",
+    }.get(code, "memory_limits")

@@ -39,7 +39,7 @@ from dradriver.kubeletplugin.state.files import NodeLock
 from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
 from dradriver.kubeletplugin.state.group_commit import GroupCommit, OnSaveFailed
 from dradriver.kubeletplugin.state.journal import Committed, InLock
-from dradriver.kubeletplugin.state.pod_limits import held_by_others
+from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     Checkpoint,
@@ -336,7 +336,7 @@ class Preparer:
             log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
         if (pm := self.executor.pod_memory) is not None:
             # Asked again after the kubelet's restart or a reboot: the pod's cgroup is new.
-            pm.apply(rec, lambda: held_by_others(cp, rec.uid))
+            pm.apply(rec, lambda: pod_totals(r for r in cp.claims.values() if r.uid != rec.uid))
         return rec.devices
 
     def _claim(self, ref: ClaimRef) -> dict[str, Any]:

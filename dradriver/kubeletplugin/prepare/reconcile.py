@@ -12,7 +12,7 @@ from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.prepare.execute import Executor
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, reconcile_boot
 from dradriver.kubeletplugin.state.journal import held_whole
-from dradriver.kubeletplugin.state.pod_limits import held_by_others
+from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint
 from dradriver.logs import get_logger
 
@@ -59,13 +59,11 @@ def reconcile(
                 log.error("could not restart an MPS daemon", claim_uid=rec.uid, error=str(exc))
     if ex.pod_memory is not None:
         # Set again (the same values): a limit set before a crash may not have been saved.
-        changed = [
-            ex.pod_memory.apply(rec, functools.partial(held_by_others, cp, rec.uid))
-            for rec in cp.claims.values()
-            if rec.state == PREPARE_COMPLETED
-        ]
-        if any(changed):
-            store.save(cp)  # once for all: where each limit holds is only informative
+        for rec in cp.claims.values():
+            if rec.state == PREPARE_COMPLETED and ex.pod_memory.apply(
+                rec, functools.partial(_others, cp, rec.uid)
+            ):
+                store.save(cp)
     local = devices()
     for rec in cp.claims.values():
         missing = [d.device for d in rec.devices if d.device not in local]
@@ -103,3 +101,7 @@ def reconcile(
         keep = lost | set(cp.unreadable)
         ex.mig.restore_disabled(set(profiles), held_whole(cp), keep_for=keep)
     return cp
+
+
+def _others(cp: Checkpoint, uid: str) -> dict[tuple[str, str], int]:
+    return pod_totals(r for r in cp.claims.values() if r.uid != uid)

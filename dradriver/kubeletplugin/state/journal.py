@@ -18,7 +18,7 @@ from typing import Protocol
 from dradriver.errors import CheckpointError
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.group_commit import GroupCommit, OnSaveFailed
-from dradriver.kubeletplugin.state.pod_limits import held_by_others
+from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 
 
@@ -65,7 +65,7 @@ class InLock:
         return held_whole(self.cp, exclude)
 
     def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
-        return held_by_others(self.cp, exclude)
+        return pod_totals(r for r in self.cp.claims.values() if r.uid != exclude)
 
 
 class Committed:
@@ -115,4 +115,6 @@ class Committed:
         return self.commits.run(lambda cp: (held_whole(cp, exclude), None))
 
     def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
-        return self.commits.run(lambda cp: (held_by_others(cp, exclude), None))
+        return self.commits.run(
+            lambda cp: (pod_totals(r for r in cp.claims.values() if r.uid != exclude), None)
+        )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dradriver.kubeletplugin.state.records import Checkpoint, ClaimRecord, PreparedDevice
+from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,6 @@ def pod_totals(records: Iterable[ClaimRecord]) -> dict[tuple[str, str], int]:
                 key = (d.uuid, pod)
                 out[key] = out.get(key, 0) + d.share.memory_limit
     return out
-
-
-def held_by_others(cp: Checkpoint, exclude: str) -> dict[tuple[str, str], int]:
-    """pod_totals of every claim in `cp` but `exclude`."""
-    return pod_totals(r for r in cp.claims.values() if r.uid != exclude)
 
 
 def wanted(rec: ClaimRecord, others: dict[tuple[str, str], int]) -> list[PodLimit]:
