@@ -7,9 +7,8 @@ both, and nothing here is ever fatal to a share, which keeps its MPS limits."""
 
 from __future__ import annotations
 
-import os
+import json
 import uuid as uuidlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,12 @@ from dradriver.kubeletplugin.state.records import (
     PreparedDevice,
     Share,
 )
-from dradriver.nvml.host import mps_alive
 from dradriver.nvml.memory_limits import get_memory_limit, set_memory_limit
 from dradriver.slices.consumable import parse_mode
 from fakenvml import dmem, load
 from fakenvml.mps_v3 import Client, CudaError
+from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, NODE, fake_preparer
-
-from .test_share_daemons import SharedNode
 
 GI = 2**30
 UID = "6f1c2d3e-aaaa-bbbb-cccc-0123456789ab"
@@ -187,25 +184,33 @@ def test_fake_refuses_a_mig_handle(tmp_path: Path) -> None:
 # -- prepare over the fake node --------------------------------------------------------------
 
 
-class CgroupNode(SharedNode):
+class CgroupNode:
     """A node with two fake H100s on an r615 driver, consumable memory mode, and a cgroup
     v2 tree with dmem where the "kubelet" makes each pod's cgroup before prepare."""
 
     def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
         self.spec = tmp / "gpus.yaml"
         self.spec.write_text(SPEC_615)
         self.root = tmp / "cgroup"
+        self.claims: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, str] = {}
         # The kernel registers each GPU's region when the driver loads.
         machine = load(f"@{self.spec}", node=NODE).machine
         dmem.make_hierarchy(self.root, {self.region(g): 80 * GI for g in machine.gpus})
-        super().__init__(tmp, spec=f"@{self.spec}", cgroup_root=self.root)
+        self.start()
 
     def start(self) -> None:
-        """The plugin started again over the same state, GPUs and claims."""
-        claims = self.claims
-        super().__init__(self.tmp, spec=f"@{self.spec}", cgroup_root=self.root)
-        self.claims = claims
+        self.driver, self.nvml = fake_preparer(
+            self.tmp,
+            f"@{self.spec}",
+            lambda ref: self.claims[ref.name],
+            mode=MigMode.NONE,
+            consumable=parse_mode("memory"),
+            mps_protocol=3,
+            cgroup_root=self.root,
+        )
+        self.names = names_of(self.driver.devices())
 
     def pod(self, name: str, qos: str = "besteffort", make: bool = True) -> str:
         uid = str(uuidlib.uuid4())
@@ -222,15 +227,43 @@ class CgroupNode(SharedNode):
             / (f"kubepods-{qos}-pod{self.pods[pod].replace('-', '_')}.slice")
         )
 
-    def share_for(self, name: str, memory: str, *pods: str) -> ClaimRef:
-        return self.share(name, memory, pods={p: self.pods[p] for p in pods})
+    def share(self, name: str, memory: str, *pods: str, device: str = "gpu-0") -> ClaimRef:
+        uid = str(uuidlib.uuid4())
+        self.claims[name] = {
+            "metadata": {"uid": uid, "namespace": "team", "name": name},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": "gpu",
+                                "driver": DRIVER,
+                                "pool": NODE,
+                                "device": real(device, self.names),
+                                "shareID": str(uuidlib.uuid4()),
+                                "consumedCapacity": {"memory": memory},
+                            }
+                        ]
+                    }
+                },
+                "reservedFor": [{"resource": "pods", "name": p, "uid": self.pods[p]} for p in pods],
+            },
+        }
+        ref = ClaimRef("team", uid, name)
+        assert self.driver.prepare([ref])[ref.uid].error == ""
+        return ref
+
+    def env(self, ref: ClaimRef) -> dict[str, str]:
+        spec = json.loads((self.tmp / "cdi" / f"{DRIVER}-claim-{ref.uid}.json").read_text())
+        (dev,) = spec["devices"]
+        return dict(e.split("=", 1) for e in dev["containerEdits"]["env"])
 
     def process(self, ref: ClaimRef, pod: str, container: str = "main") -> Client:
         """A CUDA process of `pod`'s container using the claim's share."""
         cg = self.cgroup(pod) / f"cri-containerd-{container}.scope"
         dmem.make_cgroup(cg)
         e = self.env(ref)
-        gpu = self.fake.machine.gpus[0]
+        gpu = self.nvml.backend.machine.gpus[0]
         return Client(Path(e["CUDA_MPS_PIPE_DIRECTORY"]), e, cgroup=cg, region=self.region(gpu))
 
     @staticmethod
@@ -238,26 +271,18 @@ class CgroupNode(SharedNode):
         return dmem.region(gpu.layout.pci.legacy_bus_id)
 
     def limit(self, pod: str, gpu: int = 0) -> int | None:
-        return dmem.limits(self.cgroup(pod), self.region(self.fake.machine.gpus[gpu]))[1]
+        return dmem.limits(self.cgroup(pod), self.region(self.nvml.backend.machine.gpus[gpu]))[1]
 
     def record(self, ref: ClaimRef) -> ClaimRecord:
         return self.driver.store.load().claims[ref.uid]
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[CgroupNode]:
-    n = CgroupNode(tmp_path)
-    yield n
-    for pid in n.daemons():  # never leave a daemon behind, even when a test fails
-        if mps_alive(pid):
-            os.kill(pid, 15)
-
-
-def test_each_pods_cgroup_is_limited_to_its_share_across_its_processes(node: CgroupNode) -> None:
+def test_each_pods_cgroup_is_limited_to_its_share_across_its_processes(tmp_path: Path) -> None:
+    node = CgroupNode(tmp_path)
     node.pod("a")
     node.pod("b")
-    a = node.share_for("a", "20Gi", "a")
-    b = node.share_for("b", "20Gi", "b")
+    a = node.share("a", "20Gi", "a")
+    b = node.share("b", "20Gi", "b")
     assert node.limit("a") == node.limit("b") == 20 * GI
     (d,) = node.record(a).devices
     assert d.share is not None and d.share.pod_cgroups == (str(node.cgroup("a")),)
@@ -273,10 +298,11 @@ def test_each_pods_cgroup_is_limited_to_its_share_across_its_processes(node: Cgr
     node.process(b, "b").allocate(20 * GI)
 
 
-def test_a_pod_with_two_shares_of_a_gpu_gets_both(node: CgroupNode) -> None:
+def test_a_pod_with_two_shares_of_a_gpu_gets_both(tmp_path: Path) -> None:
+    node = CgroupNode(tmp_path)
     node.pod("p", qos="burstable")
-    node.share_for("one", "20Gi", "p")
-    node.share_for("two", "10Gi", "p")
+    node.share("one", "20Gi", "p")
+    node.share("two", "10Gi", "p")
     assert node.limit("p") is None  # burstable: looked up under its own QoS class
     cg = node.root / "kubepods.slice" / "kubepods-burstable.slice"
     (pod_dir,) = cg.iterdir()
@@ -285,12 +311,13 @@ def test_a_pod_with_two_shares_of_a_gpu_gets_both(node: CgroupNode) -> None:
 
 
 def test_a_restart_sets_the_limits_again_and_a_missing_cgroup_is_not_fatal(
-    node: CgroupNode,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    node = CgroupNode(tmp_path)
     node.pod("a")
     node.pod("gone", make=False)
-    a = node.share_for("a", "20Gi", "a")
-    gone = node.share_for("gone", "8Gi", "gone")
+    a = node.share("a", "20Gi", "a")
+    gone = node.share("gone", "8Gi", "gone")
     (d,) = node.record(gone).devices
     assert d.share is not None and d.share.pod_cgroups == () and d.share.applied
     assert _entry(DRIVER, d, "now")["data"]["enforcedBy"] == ["mps-namespace"]
@@ -304,12 +331,13 @@ def test_a_restart_sets_the_limits_again_and_a_missing_cgroup_is_not_fatal(
 
 
 def test_the_kubelets_repeated_prepare_sets_the_limit_on_a_cgroup_made_anew(
-    node: CgroupNode,
+    tmp_path: Path,
 ) -> None:
     """After a reboot or its own restart the kubelet asks again for every pod's claims
     (its "prepared" flag lives in memory), once it has made the pod's cgroup again."""
+    node = CgroupNode(tmp_path)
     node.pod("a")
-    a = node.share_for("a", "20Gi", "a")
+    a = node.share("a", "20Gi", "a")
     cg = node.cgroup("a")
     for f in cg.iterdir():
         f.unlink()

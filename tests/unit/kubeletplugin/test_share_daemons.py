@@ -31,45 +31,25 @@ GI = 2**30
 
 
 class SharedNode:
-    def __init__(
-        self,
-        tmp: Path,
-        protocol: int = 3,
-        boot_id: str = "boot",
-        spec: str = "2xH100-80GB",
-        cgroup_root: Path | None = None,
-    ) -> None:
+    def __init__(self, tmp: Path, protocol: int = 3, boot_id: str = "boot") -> None:
         self.tmp, self.protocol = tmp, protocol
         self.claims: dict[str, dict[str, Any]] = {}
         self.driver, nvml = fake_preparer(
             tmp,
-            spec,
+            "2xH100-80GB",
             lambda ref: self.claims[ref.name],
             boot_id=boot_id,
             mode=MigMode.NONE,
             consumable=parse_mode("memory"),
             mps_protocol=protocol,
-            cgroup_root=cgroup_root,
         )
         self.fake: FakeNvml = nvml.backend
         self.nvml = nvml
         # The whole-GPU names, by NVML index, as discovery made them.
         self.names = names_of(self.driver.devices())
 
-    def share(
-        self,
-        name: str,
-        memory: str,
-        compute: str = "0",
-        device: str = "gpu-0",
-        pods: dict[str, str] | None = None,
-    ) -> ClaimRef:
-        """A share prepared for a claim reserved for `pods` (name -> UID; default: one
-        pod named after the claim)."""
+    def share(self, name: str, memory: str, compute: str = "0", device: str = "gpu-0") -> ClaimRef:
         uid = str(uuidlib.uuid4())
-        reserved = [
-            {"resource": "pods", "name": n, "uid": u} for n, u in (pods or {name: "x"}).items()
-        ]
         self.claims[name] = {
             "metadata": {"uid": uid, "namespace": "team", "name": name},
             "status": {
@@ -87,7 +67,7 @@ class SharedNode:
                         ]
                     }
                 },
-                "reservedFor": reserved,
+                "reservedFor": [{"resource": "pods", "name": name, "uid": "x"}],
             },
         }
         ref = ClaimRef("team", uid, name)
