@@ -8,7 +8,9 @@ both, and nothing here is ever fatal to a share, which keeps its MPS limits."""
 from __future__ import annotations
 
 import json
+import os
 import uuid as uuidlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from dradriver.kubeletplugin.state.records import (
     PreparedDevice,
     Share,
 )
+from dradriver.nvml.host import mps_alive
 from dradriver.nvml.memory_limits import get_memory_limit, set_memory_limit
 from dradriver.slices.consumable import parse_mode
 from fakenvml import dmem, load
@@ -276,9 +279,22 @@ class CgroupNode:
     def record(self, ref: ClaimRef) -> ClaimRecord:
         return self.driver.store.load().claims[ref.uid]
 
+    def daemons(self) -> list[int]:
+        return [int(p.read_text()) for p in (self.tmp / "mps").glob("*/pipe/control")]
 
-def test_each_pods_cgroup_is_limited_to_its_share_across_its_processes(tmp_path: Path) -> None:
-    node = CgroupNode(tmp_path)
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[CgroupNode]:
+    """The shares start real (fake) MPS daemons: stopped after the test, even one that
+    fails, rather than left running."""
+    n = CgroupNode(tmp_path)
+    yield n
+    for pid in n.daemons():
+        if mps_alive(pid):
+            os.kill(pid, 15)
+
+
+def test_each_pods_cgroup_is_limited_to_its_share_across_its_processes(node: CgroupNode) -> None:
     node.pod("a")
     node.pod("b")
     a = node.share("a", "20Gi", "a")
@@ -298,8 +314,7 @@ def test_each_pods_cgroup_is_limited_to_its_share_across_its_processes(tmp_path:
     node.process(b, "b").allocate(20 * GI)
 
 
-def test_a_pod_with_two_shares_of_a_gpu_gets_both(tmp_path: Path) -> None:
-    node = CgroupNode(tmp_path)
+def test_a_pod_with_two_shares_of_a_gpu_gets_both(node: CgroupNode) -> None:
     node.pod("p", qos="burstable")
     node.share("one", "20Gi", "p")
     node.share("two", "10Gi", "p")
@@ -311,9 +326,8 @@ def test_a_pod_with_two_shares_of_a_gpu_gets_both(tmp_path: Path) -> None:
 
 
 def test_a_restart_sets_the_limits_again_and_a_missing_cgroup_is_not_fatal(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    node: CgroupNode, caplog: pytest.LogCaptureFixture
 ) -> None:
-    node = CgroupNode(tmp_path)
     node.pod("a")
     node.pod("gone", make=False)
     a = node.share("a", "20Gi", "a")
@@ -331,11 +345,10 @@ def test_a_restart_sets_the_limits_again_and_a_missing_cgroup_is_not_fatal(
 
 
 def test_the_kubelets_repeated_prepare_sets_the_limit_on_a_cgroup_made_anew(
-    tmp_path: Path,
+    node: CgroupNode,
 ) -> None:
     """After a reboot or its own restart the kubelet asks again for every pod's claims
     (its "prepared" flag lives in memory), once it has made the pod's cgroup again."""
-    node = CgroupNode(tmp_path)
     node.pod("a")
     a = node.share("a", "20Gi", "a")
     cg = node.cgroup("a")
