@@ -1,6 +1,7 @@
 """What `dradriver dev cluster up` adds to the bare control plane, so that it answers as a
-cluster with the chart installed does: the driver's DeviceClasses always, and with
---webhook the admission webhook, `dradriver controller`, as a process on loopback.
+cluster with the chart installed does: the driver's DeviceClasses and the ComputeDomain
+CRD always, and with --webhook `dradriver controller` (the admission webhook and the
+ComputeDomain controller) as a process on loopback.
 
 The webhook process is recorded in cluster.json beside the control plane's, so
 `dradriver dev cluster down` (`make cluster-down`) stops it with them.
@@ -20,6 +21,8 @@ from dradriver.k8s import Kube, KubeError, path_for
 from dradriver_dev import cluster
 
 DEVICE_CLASSES = cluster.REPO_ROOT / "deploy" / "deviceclasses.yaml"
+CRDS = cluster.REPO_ROOT / "deploy" / "helm" / "dradriver" / "crds"
+CRD_API = "apiextensions.k8s.io/v1"
 FIELD_MANAGER = "dradriver-dev"
 ADM = "admissionregistration.k8s.io/v1"
 RES = "resource.k8s.io/v1"
@@ -50,6 +53,38 @@ def apply_device_classes(kube: Kube) -> list[str]:
         path = path_for(doc["apiVersion"], "deviceclasses", name=name)
         kube.apply(path, doc, field_manager=FIELD_MANAGER)
         names.append(name)
+    return names
+
+
+def crds() -> list[dict[str, Any]]:
+    """The chart's CRDs (crds/: plain YAML, as Helm requires there)."""
+    return [d for f in sorted(CRDS.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+
+
+def crd_names() -> list[str]:
+    return [d["metadata"]["name"] for d in crds()]
+
+
+def apply_crds(kube: Kube, deadline: float) -> list[str]:
+    """The chart's CRDs, applied and waited for until the API server serves them."""
+    names = []
+    for doc in crds():
+        name = doc["metadata"]["name"]
+        kube.apply(
+            path_for(CRD_API, "customresourcedefinitions", name=name),
+            doc,
+            field_manager=FIELD_MANAGER,
+        )
+        names.append(name)
+    for name in names:
+        path = path_for(CRD_API, "customresourcedefinitions", name=name)
+        while not any(
+            c.get("type") == "Established" and c.get("status") == "True"
+            for c in (kube.get(path).get("status") or {}).get("conditions") or []
+        ):
+            if time.monotonic() > deadline:
+                raise cluster.ClusterError(f"CRD {name} is not established yet")
+            time.sleep(0.1)
     return names
 
 
@@ -152,6 +187,8 @@ def start_webhook(kube: Kube, st: cluster.ClusterState, deadline: float) -> None
             f"--healthz-port={healthz_port}",
             f"--webhook-config-name={WEBHOOK_CONFIG}",
             "--failure-policy=Fail",
+            # Its leader-election Lease: the chart's namespace does not exist here.
+            "--namespace=default",
         ],
         logs,
     )
@@ -174,11 +211,13 @@ def start_webhook(kube: Kube, st: cluster.ClusterState, deadline: float) -> None
 
 
 def install(st: cluster.ClusterState, *, webhook: bool, deadline: float) -> None:
-    """Applies the DeviceClasses and, if asked, makes sure the webhook runs. Idempotent:
+    """Applies the DeviceClasses and CRDs and, if asked, makes sure the controller runs
+    (the webhook and the ComputeDomain controller). Idempotent:
     run on a cluster that has them, it changes nothing."""
     kube = Kube.from_kubeconfig(st.kubeconfig)
     try:
         apply_device_classes(kube)
+        apply_crds(kube, deadline)
         pid = st.pids.get(WEBHOOK_PROCESS)
         if pid is not None and not cluster._alive(pid):
             del st.pids[WEBHOOK_PROCESS]

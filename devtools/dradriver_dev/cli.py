@@ -30,12 +30,17 @@ def _cluster(args: argparse.Namespace) -> int:
             print(f"dev cluster: up at {st.server} ({gates})")
         classes = ", ".join(d["metadata"]["name"] for d in addons.device_classes())
         print(f"dev cluster: DeviceClasses {classes} applied")
+        print(f"dev cluster: CRDs {', '.join(addons.crd_names())} applied")
         if addons.WEBHOOK_PROCESS in st.pids:
             print(
                 f"dev cluster: admission webhook (dradriver controller) at "
                 f"https://127.0.0.1:{st.ports['webhook']}/validate, readyz "
                 f"http://127.0.0.1:{st.ports['webhook-healthz']}/readyz, log "
                 f"{state_dir / 'logs' / addons.WEBHOOK_PROCESS}.log"
+            )
+            print(
+                "dev cluster: the same process reconciles ComputeDomains (its Lease: "
+                "default/dradriver-controller)"
             )
         print(f"dev cluster: export KUBECONFIG={st.kubeconfig}")
         print(

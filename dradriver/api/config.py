@@ -6,6 +6,8 @@ the allowed values, and nothing is shared unless a config says so.
 
     apiVersion: gpu.dradriver.io/v1alpha1
     kind: GpuConfig            # whole GPUs; MigDeviceConfig for MIG devices
+                               # (ComputeDomainChannelConfig: written by the controller
+                               # into a ComputeDomain's claim template, never by hand)
     sharing:                   # omitted: the device is exclusive to the claim
       strategy: TimeSlicing    # or MPS
       timeSlicingConfig:
@@ -30,7 +32,15 @@ from dradriver.api.suggest import did_you_mean, nearest
 from dradriver.api.units import WHOLE
 from dradriver.errors import ConfigError
 
-__all__ = ["API_VERSION", "ConfigError", "DeviceConfig", "GpuConfig", "MigDeviceConfig", "decode"]
+__all__ = [
+    "API_VERSION",
+    "ComputeDomainChannelConfig",
+    "ConfigError",
+    "DeviceConfig",
+    "GpuConfig",
+    "MigDeviceConfig",
+    "decode",
+]
 
 API_VERSION = "gpu.dradriver.io/v1alpha1"
 QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
@@ -146,13 +156,40 @@ class MigDeviceConfig(_Strict):
         return self
 
 
-DeviceConfig = GpuConfig | MigDeviceConfig
-KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {
+# A ComputeDomain's metadata.uid: what the API server generates (RFC 4122, lowercase).
+UID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+
+
+class ComputeDomainChannelConfig(_Strict):
+    """The IMEX channel a claim asks for belongs to this ComputeDomain. The controller
+    writes it into the domain's ResourceClaimTemplate; a claim's spec cannot change
+    afterwards, so the node trusts it over labels anyone with edit rights may change."""
+
+    apiVersion: Literal["gpu.dradriver.io/v1alpha1"]
+    kind: Literal["ComputeDomainChannelConfig"]
+    domain: Annotated[str, Field(min_length=1, max_length=253)]
+    domainUID: Annotated[str, Field(pattern=UID)]
+
+    @property
+    def sharing(self) -> None:
+        """A channel is never shared between domains and has no sharing settings."""
+        return None
+
+
+DeviceConfig = GpuConfig | MigDeviceConfig | ComputeDomainChannelConfig
+KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig] | type[ComputeDomainChannelConfig]] = {
     "GpuConfig": GpuConfig,
     "MigDeviceConfig": MigDeviceConfig,
+    "ComputeDomainChannelConfig": ComputeDomainChannelConfig,
 }
+# The kinds a user writes: the channel config is the controller's, never suggested.
+USER_KINDS = ("GpuConfig", "MigDeviceConfig")
 # Which config kind fits which device type attribute.
-KIND_FOR_TYPE = {"gpu": "GpuConfig", "mig": "MigDeviceConfig"}
+KIND_FOR_TYPE = {
+    "gpu": "GpuConfig",
+    "mig": "MigDeviceConfig",
+    "imex-channel": "ComputeDomainChannelConfig",
+}
 
 
 STRICT_TYPES = ("int_type", "int_from_float", "bool_type", "string_type", "dict_type")
@@ -249,10 +286,10 @@ def decode(params: Any, where: str = "parameters") -> DeviceConfig:
         raise ConfigError(f"{where}.apiVersion: {version!r} is not supported; use {API_VERSION}")
     model = KINDS.get(str(kind))
     if model is None:
-        close = nearest(str(kind), KINDS) if isinstance(kind, str) else None
+        close = nearest(str(kind), USER_KINDS) if isinstance(kind, str) else None
         hint = f" (did you mean {close}?)" if close else ""
         raise ConfigError(
-            f"{where}.kind: {kind!r} is not a config kind{hint}; use one of {', '.join(KINDS)}"
+            f"{where}.kind: {kind!r} is not a config kind{hint}; use one of {', '.join(USER_KINDS)}"
         )
     try:
         return model.model_validate(params)
@@ -295,7 +332,11 @@ def json_schema() -> dict[str, Any]:
     from pydantic.json_schema import models_json_schema
 
     _, schema = models_json_schema(
-        [(GpuConfig, "validation"), (MigDeviceConfig, "validation")],
+        [
+            (GpuConfig, "validation"),
+            (MigDeviceConfig, "validation"),
+            (ComputeDomainChannelConfig, "validation"),
+        ],
         title="gpu.dradriver.io/v1alpha1 device configuration",
     )
     return schema

@@ -1,12 +1,14 @@
 """`dradriver controller`: the validating admission webhook for claims and claim templates,
-its TLS, and the caBundle of its webhook configuration. Wiring only; the pieces are
-imported in run() so that building the CLI's parser does not load X.509 and HTTP code."""
+its TLS, and the caBundle of its webhook configuration; and the ComputeDomain controller,
+on the replica that holds the Lease. Wiring only; the pieces are imported in run() so
+that building the CLI's parser does not load X.509 and HTTP code."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +17,9 @@ from dradriver import DEFAULT_DRIVER_NAME, logs
 from dradriver.commands import flags
 
 if TYPE_CHECKING:
+    from dradriver.controller.computedomain.leader import Election
     from dradriver.controller.tls import ServingTLS
+    from dradriver.k8s import Kube
 
 log = logs.get_logger("controller")
 REFRESH_PERIOD = 60.0
@@ -73,6 +77,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         os.environ.get("KUBECONFIG"),
         "kubeconfig (default: the in-cluster config)",
     )
+    flags.add(
+        p,
+        "--compute-domains",
+        "on",
+        "reconcile ComputeDomains (multi-node NVLink); off: the webhook alone",
+        choices=["on", "off"],
+    )
+    flags.add(
+        p,
+        "--channel-device-class",
+        "imex-channel.dradriver.io",
+        "DeviceClass of IMEX channels that ComputeDomains' claim templates name",
+    )
+    flags.add(
+        p,
+        "--leader-election-lease",
+        "dradriver-controller",
+        "Lease (in --namespace) the replicas elect the one ComputeDomain writer with",
+    )
+    flags.add(
+        p,
+        "--leader-election-id",
+        os.environ.get("POD_NAME") or socket.gethostname(),
+        "this replica's identity in the Lease ($POD_NAME when set, else the host name)",
+    )
     flags.add(p, "--log-level", "info", "debug, info, warning or error")
 
 
@@ -84,6 +113,19 @@ def _serving_tls(args: argparse.Namespace) -> ServingTLS:
     if args.tls_cert_file:
         return tls.FileTLS(Path(args.tls_cert_file), Path(args.tls_key_file))
     return tls.SelfSignedTLS(tls.serving_names(args.service_name, args.namespace))
+
+
+def _compute_domains(kube: Kube, args: argparse.Namespace, stop: threading.Event) -> Election:
+    """Starts the ComputeDomain controller's watches at once (a replica that takes over
+    has its mirrors filled) and its reconcile loop whenever this replica leads."""
+    from dradriver.controller.computedomain.controller import ComputeDomainController
+    from dradriver.controller.computedomain.leader import Election
+
+    controller = ComputeDomainController(kube, args.driver_name, args.channel_device_class)
+    controller.start(stop)
+    election = Election(kube, args.namespace, args.leader_election_lease, args.leader_election_id)
+    election.start(lambda leading: controller.run(stop, leading), stop)
+    return election
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,13 +141,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     syncer: CaBundleSyncer | None = None
-    if serving.ca_pem is not None:
+    kube: Kube | None = None
+    if serving.ca_pem is not None or args.compute_domains == "on":
         try:
             kube = Kube.from_kubeconfig(args.kubeconfig)
         except ConfigError as exc:  # whatever the library's loaders refused, one line
             log.error("cannot load the kubeconfig", error=str(exc), kubeconfig=args.kubeconfig)
             serving.close()
             return 2
+    if serving.ca_pem is not None:
+        assert kube is not None
         syncer = CaBundleSyncer(
             kube,
             args.webhook_config_name,
@@ -146,6 +191,9 @@ def run(args: argparse.Namespace) -> int:
     if syncer is not None:
         # Daemon: a watch blocks for a minute at a time and must not hold up the exit.
         threading.Thread(target=syncer.run, args=(stop,), name="cabundle", daemon=True).start()
+    election = None
+    if kube is not None and args.compute_domains == "on":
+        election = _compute_domains(kube, args, stop)
     log.info(
         "serving",
         driver=args.driver_name,
@@ -164,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
                 "reloading the serving certificate failed; keeping the old one", error=str(exc)
             )
     log.info("stopping")
+    if election is not None:
+        election.release()
     webhook.stop()
     probes.stop()
     serving.close()

@@ -177,8 +177,42 @@ def check_references(docs: list[dict[str, Any]], ns: str) -> None:
     vwc = one(docs, "ValidatingWebhookConfiguration")
     svc = one(docs, "Service")
     assert f["webhook-config-name"] == vwc["metadata"]["name"]
-    (rule,) = one(docs, "ClusterRole", "controller")["rules"]
+    rule, *domains = one(docs, "ClusterRole", "controller")["rules"]
     assert rule["resourceNames"] == [vwc["metadata"]["name"]]
+    # ComputeDomains: what the controller reads and writes, and its Lease (namespaced).
+    if f["compute-domains"] == "on":
+        granted = {
+            (g, r, v)
+            for d in domains
+            for g in d["apiGroups"]
+            for r in d["resources"]
+            for v in d["verbs"]
+        }
+        assert ("gpu.dradriver.io", "computedomains/status", "update") in granted
+        assert ("resource.k8s.io", "resourceclaimtemplates", "create") in granted
+        assert ("resource.k8s.io", "resourceclaims", "watch") in granted
+        role = one(docs, "Role", "controller")
+        assert role["metadata"]["namespace"] == ns
+        assert role["rules"] == [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "create", "update"],
+            }
+        ]
+        binding = one(docs, "RoleBinding", "controller")
+        assert binding["subjects"][0]["name"] == ctrl["serviceAccountName"]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        classes = [d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass"]
+        assert f["channel-device-class"] in classes
+    else:
+        controller_roles = [
+            d
+            for d in docs
+            if d["kind"] == "Role"
+            and d["metadata"]["labels"].get("app.kubernetes.io/component") == "controller"
+        ]
+        assert domains == [] and controller_roles == []
     assert f["service-name"] == svc["metadata"]["name"]
     assert f["failure-policy"] == vwc["webhooks"][0]["failurePolicy"]
     ref = vwc["webhooks"][0]["clientConfig"]["service"]
@@ -199,9 +233,13 @@ def test_chart_lints_and_renders_consistent_names(helm: Path) -> None:
         ("gpus", "kube-system", {}),
         ("dradriver", "x", {"fullnameOverride": "acme"}),
         ("dradriver", "x", kind_values),
+        ("dradriver", "x", {"computeDomains": {"enabled": False}}),
     ):
         check_references(render(helm, values, ns, release), ns)
     docs = render(helm)
+    # The CRD ships in crds/, which Helm installs before the templates.
+    crds = run_helm(helm, "template", RELEASE, str(CHART), "--include-crds", values={})
+    assert "name: computedomains.gpu.dradriver.io" in crds
     # The defaults give the names the controller and the docs use.
     assert one(docs, "DaemonSet")["metadata"]["name"] == "dradriver-kubelet-plugin"
     assert one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"] == "dradriver-admission"
@@ -379,7 +417,31 @@ def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> No
             "resources": ["validatingwebhookconfigurations"],
             "resourceNames": [release.named("ValidatingWebhookConfiguration")],
             "verbs": ["list", "watch", "patch"],
-        }
+        },
+        # ComputeDomains: the domains (their finalizer), their status, the templates it
+        # makes and deletes, the claims made from them and the slices it places by, the
+        # member nodes' addresses.
+        {
+            "apiGroups": ["gpu.dradriver.io"],
+            "resources": ["computedomains"],
+            "verbs": ["get", "list", "watch", "patch"],
+        },
+        {
+            "apiGroups": ["gpu.dradriver.io"],
+            "resources": ["computedomains/status"],
+            "verbs": ["update"],
+        },
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaimtemplates"],
+            "verbs": ["get", "list", "watch", "create", "delete"],
+        },
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceslices"],
+            "verbs": ["list", "watch"],
+        },
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
     ]
 
 
@@ -673,6 +735,7 @@ def test_controller_works_with_only_the_chart_rbac(
         )
         assert vwc["webhooks"][0]["clientConfig"].get("caBundle")
         assert vwc["webhooks"][0]["failurePolicy"] == "Ignore"
+        compute_domain_with_chart_rbac(kube, release.ns)
     finally:
         proc.terminate()
         try:
@@ -680,6 +743,45 @@ def test_controller_works_with_only_the_chart_rbac(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def compute_domain_with_chart_rbac(kube: Kube, ns: str) -> None:
+    """The controller, as its ServiceAccount, places a domain on a node whose slice names a
+    fabric clique (both made here by the admin), makes its template, writes its status,
+    and on deletion deletes the template and lets the domain go."""
+    from dradriver.api import computedomain as cd
+
+    node = f"cd-rbac-{secrets.token_hex(3)}"
+    clique = "00000000-0000-4000-8000-00000000c0de.1"
+    kube.create(path_for("v1", "nodes"), {"metadata": {"name": node}})
+    body = slice_body(node, node)
+    body["spec"]["devices"][0]["attributes"] = {"nvlinkDomain": {"string": clique}}
+    kube.create(path_for(RES, "resourceslices"), body)
+    cds = path_for(cd.API_VERSION, cd.PLURAL, ns)
+    try:
+        kube.create(
+            cds,
+            {
+                "apiVersion": cd.API_VERSION,
+                "kind": cd.KIND,
+                "metadata": {"name": "rbac"},
+                "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "rbac-ch"}}},
+            },
+        )
+
+        def placed() -> bool:
+            st = kube.get(f"{cds}/rbac").get("status") or {}
+            return st.get("clique") == clique
+
+        wait_for(placed, "the domain placed by the controller", 30, interval=0.3)
+        template = path_for(RES, "resourceclaimtemplates", ns, "rbac-ch")
+        assert kube.get(template)["metadata"]["annotations"][cd.CLIQUE_ANNOTATION] == clique
+        kube.delete(f"{cds}/rbac")
+        wait_for(lambda: get_or_none(kube, f"{cds}/rbac") is None, "the domain gone", 30)
+        assert get_or_none(kube, template) is None
+    finally:
+        kube.delete(path_for(RES, "resourceslices", name=node), missing_ok=True)
+        kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
 
 
 CLAIM_POLICY_SAYS = "the dradriver kubelet plugin may"

@@ -245,7 +245,7 @@ def test_cluster_up_never_silently_replaces_a_running_cluster(
 
     # `up` applied the DeviceClasses when it started the cluster; one deleted since is
     # applied again by the next `up`, which changes nothing else.
-    assert set(CLASSES) == {"gpu.dradriver.io", "mig.dradriver.io"}
+    assert set(CLASSES) == {"gpu.dradriver.io", "mig.dradriver.io", "imex-channel.dradriver.io"}
     for name in CLASSES:
         kube.get(path_for("resource.k8s.io/v1", "deviceclasses", name=name))
     kube.delete(path_for("resource.k8s.io/v1", "deviceclasses", name=CLASSES[1]))
@@ -253,6 +253,7 @@ def test_cluster_up_never_silently_replaces_a_running_cluster(
     assert kept.returncode == 0, kept.stderr
     assert "already running" in kept.stdout and "kept as it is" in kept.stdout
     assert f"DeviceClasses {', '.join(CLASSES)} applied" in kept.stdout
+    assert "CRDs computedomains.gpu.dradriver.io applied" in kept.stdout
     for name in CLASSES:
         kube.get(path_for("resource.k8s.io/v1", "deviceclasses", name=name))
     # Half a cluster: one live process (this test's sleep) and one that has exited.

@@ -1,0 +1,54 @@
+"""The ComputeDomain API, computedomains.gpu.dradriver.io/v1alpha1: one multi-node NVLink
+(IMEX) domain for one job. Its schema and validation rules live in the CRD
+(deploy/helm/dradriver/crds/computedomains.gpu.dradriver.io.yaml); these are the names
+the controller, the kubelet plugin and the tools share with it.
+
+    apiVersion: gpu.dradriver.io/v1alpha1
+    kind: ComputeDomain
+    metadata: {name: training, namespace: team}
+    spec:                                   # immutable
+      numNodes: 2                           # nodes the job's pods run on, one pod each
+      channel:
+        resourceClaimTemplate:
+          name: training-channel            # made and owned by the controller
+    status:
+      clique: <clusterUuid>.<cliqueId>      # the fabric clique chosen for the domain
+      channel: 0                            # its IMEX channel, the same on every node
+      nodes: [{name, clique, address, ready}]
+      conditions: [{type: Ready, ...}]
+"""
+
+from __future__ import annotations
+
+GROUP = "gpu.dradriver.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ComputeDomain"
+PLURAL = "computedomains"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Held on a domain until its template is gone and no claim of it is still in use.
+FINALIZER = f"{GROUP}/computedomain"
+# On the template and on every claim made from it: which domain (its uid) they serve,
+# so the controller finds them by label selector instead of reading every claim.
+DOMAIN_LABEL = f"{GROUP}/computedomain-uid"
+# On the template: the placement the controller chose, kept where it survives a lost
+# status (the template's selector enforces it; these say it without parsing CEL).
+CLIQUE_ANNOTATION = f"{GROUP}/clique"
+CHANNEL_ANNOTATION = f"{GROUP}/channel"
+
+# The DeviceClass of IMEX channel devices, and their type attribute.
+CHANNEL_CLASS = "imex-channel.dradriver.io"
+CHANNEL_TYPE = "imex-channel"
+CHANNEL_REQUEST = "channel"
+# Channels each node publishes (channel-0 .. channel-127): one ResourceSlice's worth
+# (the API allows 128 devices a slice). A clique hosts at most one domain per node at
+# a time (one IMEX daemon a node), and the NVLink domains shipping span at most 32
+# superchips (GB200 NVL72: 18 nodes; GH200 NVL32), so more could never all be in use;
+# the driver itself has 2048.
+CHANNELS = 128
+
+# The node label naming its fabric clique, for a job's podAffinity topologyKey.
+NVLINK_DOMAIN_LABEL = f"{GROUP}/nvlink-domain"
+
+READY = "Ready"

@@ -1,0 +1,124 @@
+"""A collection kept in memory as the API server holds it: listed once, then watched from
+the last resourceVersion seen (events' and bookmarks'), listed again only when that
+version is gone. The controller reads its mirrors instead of listing on every pass.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dradriver.k8s.client import Kube, KubeError
+from dradriver.k8s.watching import resource_version, resumable
+from dradriver.logs import get_logger
+
+log = get_logger("k8s.mirror")
+
+Obj = dict[str, Any]
+
+
+def key_of(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
+
+
+class Mirror:
+    """Thread-safe. `on_change` is called (from the watching thread) after every change
+    and after each list."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        path: str,
+        on_change: Callable[[], None],
+        *,
+        watch_timeout: int = 60,
+        backoff_max: float = 30.0,
+        **query: str,
+    ) -> None:
+        self.kube, self.path, self.on_change, self.query = kube, path, on_change, query
+        self.watch_timeout, self.backoff_max = watch_timeout, backoff_max
+        self._items: dict[str, Obj] = {}
+        self._lock = threading.Lock()
+        self.synced = threading.Event()
+        self.last_error = ""
+
+    def items(self) -> list[Obj]:
+        with self._lock:
+            return list(self._items.values())
+
+    def get(self, key: str) -> Obj | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def wrote(self, obj: Obj) -> None:
+        """An object this process has just written: read back as written, until its
+        watch event (or a later one) replaces it."""
+        with self._lock:
+            self._items[key_of(obj)] = obj
+
+    def forgot(self, key: str) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def run(self, stop: threading.Event) -> None:
+        failures = 0
+        rv: str | None = None  # where the next watch starts; None: list first
+        while not stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._relist()
+                started, events = time.monotonic(), 0
+                for ev in self.kube.watch(
+                    self.path,
+                    resource_version=rv,
+                    timeout_seconds=self.watch_timeout,
+                    **self.query,
+                ):
+                    if stop.is_set():
+                        return
+                    rv = resource_version(ev) or rv
+                    events, failures = events + 1, 0
+                    self._event(ev)
+                failures = 0
+                if not events and time.monotonic() - started < 1.0:
+                    stop.wait(1.0)  # a server ending every watch at once: no busy loop
+            except KubeError as exc:
+                failures += 1
+                self.last_error = exc.message or str(exc)
+                if rv is not None and not resumable(exc):
+                    rv = None
+                    if failures == 1:  # a version compacted away is routine
+                        continue
+                wait = min(self.backoff_max, 0.5 * 2.0 ** min(failures, 8))
+                log.warning(
+                    "watch failed; " + ("listing again" if rv is None else "resuming"),
+                    path=self.path,
+                    error=self.last_error,
+                    retry_in=f"{wait:.1f}s",
+                )
+                stop.wait(wait)
+
+    def _relist(self) -> str | None:
+        listing = self.kube.list(self.path, **self.query)
+        with self._lock:
+            self._items = {key_of(o): o for o in listing.get("items") or []}
+        self.last_error = ""
+        self.synced.set()
+        self.on_change()
+        rv = (listing.get("metadata") or {}).get("resourceVersion")
+        return str(rv) if rv else None
+
+    def _event(self, ev: Obj) -> None:
+        kind, obj = ev.get("type"), ev.get("object") or {}
+        if kind == "BOOKMARK" or not (obj.get("metadata") or {}).get("name"):
+            return
+        with self._lock:
+            if kind == "DELETED":
+                self._items.pop(key_of(obj), None)
+            else:
+                self._items[key_of(obj)] = obj
+        self.on_change()

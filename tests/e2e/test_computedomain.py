@@ -1,0 +1,400 @@
+"""ComputeDomains against the real API server, with a rack of three fake GB200 nodes (the
+real kubelet's code, our real plugin publishing their GPUs and fabric cliques): two
+nodes in one clique, one in another; and `dradriver controller` as real processes.
+
+The CRD's rules are the API server's to enforce; the controller places each domain in
+the clique with room, makes and owns its claim template, tracks the claims made from it
+and cleans up on deletion, also across a restart, and two replicas share one Lease.
+
+Claims made from a domain's template are written here as the resourceclaim controller,
+the scheduler and the node would (the node side of IMEX comes with its own tests), so
+what the controller reads is what the API server holds for real claims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.api import computedomain as cd
+from dradriver.k8s import Kube, KubeError, path_for
+
+from .helpers import (
+    RES,
+    Cluster,
+    DradriverProcess,
+    HollowNode,
+    PluginProc,
+    ensure_device_classes,
+    free_port,
+    get_or_none,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+DRIVER = "gpu.dradriver.io"
+CDS = (cd.API_VERSION, cd.PLURAL)
+RACK = {
+    "cd-a1": "fake:4xGB200:cluster=rack7,clique=1",
+    "cd-a2": "fake:4xGB200:cluster=rack7,clique=1",
+    "cd-b1": "fake:4xGB200:cluster=rack7,clique=2",
+}
+
+
+class Controller(DradriverProcess):
+    def __init__(self, kubeconfig: str, tmp: Path, lease_ns: str, identity: str) -> None:
+        self.kubeconfig, self.lease_ns, self.identity = kubeconfig, lease_ns, identity
+        self.log_path = tmp / f"controller-{identity}.log"
+        self.proc = None
+
+    def start(self) -> None:
+        self._spawn(
+            [
+                "controller",
+                "--kubeconfig",
+                self.kubeconfig,
+                "--webhook-address",
+                "127.0.0.1",
+                "--webhook-port",
+                str(free_port()),
+                "--healthz-port",
+                str(free_port()),
+                # A webhook configuration nobody creates: this test is about domains.
+                "--webhook-config-name",
+                f"cd-e2e-{secrets.token_hex(3)}",
+                "--namespace",
+                self.lease_ns,
+                "--leader-election-id",
+                self.identity,
+                "--log-level",
+                "debug",
+            ]
+        )
+
+
+@pytest.fixture(scope="module")
+def rack(cluster: Cluster, kube: Kube) -> Iterator[dict[str, str]]:
+    """node -> its fabric clique, as its plugin published it."""
+    ensure_device_classes(kube)
+    tmp = Path(tempfile.mkdtemp(prefix="drk-cd-"))
+    procs: list[DradriverProcess] = []
+    try:
+        for node, spec in RACK.items():
+            kubelet = HollowNode(cluster.kubeconfig, node, tmp / node)
+            procs.append(kubelet)
+            kubelet.start()
+            kubelet.wait_node_ready(kube)
+            plugin = PluginProc(cluster.kubeconfig, kubelet, spec)
+            procs.append(plugin)
+            plugin.start()
+        cliques: dict[str, str] = {}
+
+        def published() -> bool:
+            slices = kube.list(
+                path_for(RES, "resourceslices"), fieldSelector=f"spec.driver={DRIVER}"
+            )
+            for s in slices.get("items", []):
+                node = s["spec"].get("nodeName")
+                for d in s["spec"].get("devices") or []:
+                    dom = d.get("attributes", {}).get("nvlinkDomain", {}).get("string")
+                    if node in RACK and dom:
+                        cliques[node] = dom
+            return set(cliques) == set(RACK)
+
+        wait_for(published, "the rack's slices with their cliques", 60)
+        assert cliques["cd-a1"] == cliques["cd-a2"] != cliques["cd-b1"]
+        yield cliques
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        for node in RACK:
+            with contextlib.suppress(KubeError):
+                kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lease_ns(kube: Kube) -> Iterator[str]:
+    name = f"cd-lease-{secrets.token_hex(3)}"
+    kube.create(path_for("v1", "namespaces"), {"metadata": {"name": name}})
+    yield name
+    kube.delete(path_for("v1", "namespaces", name=name), missing_ok=True)
+
+
+@pytest.fixture
+def controllers(
+    cluster: Cluster, kube: Kube, lease_ns: str, namespace: str
+) -> Iterator[Callable[[str], Controller]]:
+    """Starts controller replicas; afterwards the test namespace's domains are deleted
+    while one still runs (their finalizers would hold the namespace forever)."""
+    tmp = Path(tempfile.mkdtemp(prefix="drk-ctl-"))
+    started: list[Controller] = []
+
+    def start(identity: str) -> Controller:
+        c = Controller(cluster.kubeconfig, tmp, lease_ns, identity)
+        started.append(c)
+        c.start()
+        return c
+
+    yield start
+    try:
+        kube.delete_collection(path_for(*CDS, namespace))
+        wait_for(
+            lambda: not kube.list(path_for(*CDS, namespace)).get("items"),
+            "the test's domains deleted",
+            45,
+        )
+    finally:
+        for c in started:
+            c.stop()
+            print(f"--- controller {c.identity}, last lines ---\n{c.log()[-4000:]}")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def domain(name: str, num_nodes: int, template: str | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": cd.API_VERSION,
+        "kind": cd.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "numNodes": num_nodes,
+            "channel": {"resourceClaimTemplate": {"name": template or f"{name}-channel"}},
+        },
+    }
+
+
+def ready_condition(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+    obj = get_or_none(kube, path_for(*CDS, ns, name)) or {}
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == "Ready"), {})
+
+
+def wait_reason(kube: Kube, ns: str, name: str, reason: str, timeout: float = 30) -> dict[str, Any]:
+    return wait_for(
+        lambda: (c := ready_condition(kube, ns, name)).get("reason") == reason and c,
+        f"ComputeDomain {name} {reason}",
+        timeout,
+    )
+
+
+def member_claim(
+    kube: Kube, ns: str, template: dict[str, Any], pod: str, node: str, ready: bool
+) -> str:
+    """A claim made from `template` for `pod`, allocated on `node` and reserved, with the
+    node's Ready condition on its channel: what the resourceclaim controller, the
+    scheduler and the node write for a pod of the job. The pod exists (the resourceclaim
+    controller drops reservations for pods that do not), held by a scheduling gate."""
+    name = f"{pod}-channel"
+    made = kube.create(
+        path_for("v1", "pods", ns),
+        {
+            "metadata": {"name": pod},
+            "spec": {
+                "schedulingGates": [{"name": "e2e.dradriver.io/hold"}],
+                "resourceClaims": [{"name": "channel", "resourceClaimName": name}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "channel"}]},
+                    }
+                ],
+            },
+        },
+    )
+    kube.create(
+        path_for(RES, "resourceclaims", ns),
+        {
+            "metadata": {"name": name, "labels": template["spec"]["metadata"]["labels"]},
+            "spec": template["spec"]["spec"],
+        },
+    )
+    channel = int(template["metadata"]["annotations"][cd.CHANNEL_ANNOTATION])
+    obj = kube.get(path_for(RES, "resourceclaims", ns, name))
+    obj["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "channel",
+                        "driver": DRIVER,
+                        "pool": node,
+                        "device": f"channel-{channel}",
+                    }
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            },
+        },
+        "reservedFor": [{"resource": "pods", "name": pod, "uid": made["metadata"]["uid"]}],
+        "devices": [
+            {
+                "driver": DRIVER,
+                "pool": node,
+                "device": f"channel-{channel}",
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": str(ready),
+                        "reason": "IMEXDaemonReady" if ready else "IMEXDaemonStarting",
+                        "message": "",
+                        "lastTransitionTime": "2026-12-03T00:00:00Z",
+                    }
+                ],
+            }
+        ],
+    }
+    kube.replace(path_for(RES, "resourceclaims", ns, name, "status"), obj)
+    return name
+
+
+def release(kube: Kube, ns: str, pod: str) -> None:
+    """The pod is gone: the resourceclaim controller drops its reservation."""
+    kube.delete(path_for("v1", "pods", ns, pod), grace_period=0)
+
+
+def test_the_api_server_enforces_the_crds_rules(kube: Kube, namespace: str) -> None:
+    def refused(body: dict[str, Any]) -> str:
+        with pytest.raises(KubeError) as info:
+            kube.create(path_for(*CDS, namespace), body)
+        assert info.value.status == 422, info.value
+        return info.value.message
+
+    assert "spec.numNodes" in refused(domain("zero", 0))
+    assert "must be a DNS subdomain" in refused(domain("bad", 1, template="Bad_Name"))
+    no_channel = domain("nochan", 1)
+    del no_channel["spec"]["channel"]
+    assert "spec.channel: Required value" in refused(no_channel)
+    kube.create(path_for(*CDS, namespace), domain("fixed", 2))
+    with pytest.raises(KubeError) as info:
+        kube.patch(path_for(*CDS, namespace, "fixed"), {"spec": {"numNodes": 3}})
+    assert "spec is immutable" in info.value.message
+
+
+def test_domains_are_placed_tracked_and_cleaned_up(
+    kube: Kube, namespace: str, rack: dict[str, str], controllers: Callable[[str], Controller]
+) -> None:
+    controllers("one")
+    ns = namespace
+    two, one = rack["cd-a1"], rack["cd-b1"]
+    kube.create(path_for(*CDS, ns), domain("train", 2))
+    cond = wait_reason(kube, ns, "train", "WaitingForPods")
+    assert cond["status"] == "False"
+    train = kube.get(path_for(*CDS, ns, "train"))
+    assert cd.FINALIZER in train["metadata"]["finalizers"]
+    assert (train["status"]["clique"], train["status"]["channel"]) == (two, 0)
+    tmpl = kube.get(path_for(RES, "resourceclaimtemplates", ns, "train-channel"))
+    (owner,) = tmpl["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == (cd.KIND, train["metadata"]["uid"])
+    (req,) = tmpl["spec"]["spec"]["devices"]["requests"]
+    assert f'nvlinkDomain == "{two}"' in req["exactly"]["selectors"][0]["cel"]["expression"]
+
+    # Best fit: a one-node job goes to the one-node clique, keeping the pair whole.
+    kube.create(path_for(*CDS, ns), domain("solo", 1))
+    wait_reason(kube, ns, "solo", "WaitingForPods")
+    assert kube.get(path_for(*CDS, ns, "solo"))["status"]["clique"] == one
+    # Three nodes: no clique has them.
+    kube.create(path_for(*CDS, ns), domain("big", 3))
+    cond = wait_reason(kube, ns, "big", "NoCliqueWithRoom")
+    assert "spec.numNodes is 3" in cond["message"]
+    assert get_or_none(kube, path_for(RES, "resourceclaimtemplates", ns, "big-channel")) is None
+    # A template that is not the domain's is left alone.
+    kube.create(
+        path_for(RES, "resourceclaimtemplates", ns),
+        {"metadata": {"name": "taken"}, "spec": {"spec": {"devices": {"requests": []}}}},
+    )
+    kube.create(path_for(*CDS, ns), domain("late", 1, template="taken"))
+    assert "already exists" in wait_reason(kube, ns, "late", "TemplateExists")["message"]
+
+    # The job's pods: one node joins ready, then the other.
+    a = member_claim(kube, ns, tmpl, "train-0", "cd-a1", ready=True)
+    cond = wait_reason(kube, ns, "train", "WaitingForNodes")
+    assert cond["message"] == "1 of 2 nodes ready; joined: cd-a1"
+    b = member_claim(kube, ns, tmpl, "train-1", "cd-a2", ready=True)
+    cond = wait_reason(kube, ns, "train", "NodesReady")
+    assert cond["status"] == "True"
+    nodes = kube.get(path_for(*CDS, ns, "train"))["status"]["nodes"]
+    address = {
+        n: next(
+            a["address"]
+            for a in kube.get(path_for("v1", "nodes", name=n))["status"]["addresses"]
+            if a["type"] == "InternalIP"
+        )
+        for n in ("cd-a1", "cd-a2")
+    }
+    assert nodes == [
+        {"name": n, "clique": two, "address": address[n], "ready": True, "claim": c}
+        for n, c in (("cd-a1", a), ("cd-a2", b))
+    ]
+
+    # Deleted while its pods run: the template goes, the domain waits for the pods.
+    kube.delete(path_for(*CDS, ns, "train"))
+    cond = wait_reason(kube, ns, "train", "Deleting")
+    assert "2 claim(s)" in cond["message"]
+    wait_for(
+        lambda: (
+            get_or_none(kube, path_for(RES, "resourceclaimtemplates", ns, "train-channel")) is None
+        ),
+        "the template deleted",
+    )
+    release(kube, ns, "train-0")
+    release(kube, ns, "train-1")
+    wait_for(lambda: get_or_none(kube, path_for(*CDS, ns, "train")) is None, "the domain gone")
+    assert get_or_none(kube, path_for(RES, "resourceclaimtemplates", ns, "taken")) is not None
+
+
+def test_a_deletion_while_the_controller_is_down_is_finished_after_it_starts(
+    kube: Kube, namespace: str, rack: dict[str, str], controllers: Callable[[str], Controller]
+) -> None:
+    ctl = controllers("first")
+    kube.create(path_for(*CDS, namespace), domain("brief", 1))
+    wait_reason(kube, namespace, "brief", "WaitingForPods")
+    ctl.stop(signal.SIGKILL)
+    kube.delete(path_for(*CDS, namespace, "brief"))
+    assert get_or_none(kube, path_for(*CDS, namespace, "brief")) is not None  # the finalizer
+    controllers("second")  # takes over once the killed one's lease runs out
+    wait_for(
+        lambda: get_or_none(kube, path_for(*CDS, namespace, "brief")) is None, "the domain gone", 45
+    )
+    assert (
+        get_or_none(kube, path_for(RES, "resourceclaimtemplates", namespace, "brief-channel"))
+        is None
+    )
+
+
+def test_two_replicas_one_writer_and_a_clean_handover(
+    kube: Kube,
+    namespace: str,
+    lease_ns: str,
+    rack: dict[str, str],
+    controllers: Callable[[str], Controller],
+) -> None:
+    lease = path_for("coordination.k8s.io/v1", "leases", lease_ns, "dradriver-controller")
+
+    def holder() -> str:
+        return str(((get_or_none(kube, lease) or {}).get("spec") or {}).get("holderIdentity") or "")
+
+    first = controllers("left")
+    wait_for(lambda: holder() == "left", "the first replica leading", 45)
+    second = controllers("right")
+    kube.create(path_for(*CDS, namespace), domain("shared", 1))
+    wait_reason(kube, namespace, "shared", "WaitingForPods")
+    assert "domain status" not in second.log()  # the follower wrote nothing
+    first.stop()  # SIGTERM: it hands the lease over
+    wait_for(lambda: holder() == "right", "the second replica leading", 10)
+    kube.delete(path_for(*CDS, namespace, "shared"))
+    wait_for(
+        lambda: get_or_none(kube, path_for(*CDS, namespace, "shared")) is None, "the domain gone"
+    )
+    assert "released the lease" in first.log()
