@@ -20,6 +20,8 @@ the controller, the kubelet plugin and the tools share with it.
 
 from __future__ import annotations
 
+import re
+
 GROUP = "gpu.dradriver.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -47,6 +49,17 @@ CHANNEL_REQUEST = "channel"
 # superchips (GB200 NVL72: 18 nodes; GH200 NVL32), so more could never all be in use;
 # the driver itself has 2048.
 CHANNELS = 128
+
+# A multi-node NVLink fabric clique as dradriver's nvlinkDomain attribute spells it,
+# `<clusterUuid>.<cliqueId>`; an NVLink domain within one node is `nvlink-<hash>`.
+FABRIC_CLIQUE = re.compile(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.[0-9]{1,10}"
+)
+
+
+def is_fabric_clique(domain: str | None) -> bool:
+    return domain is not None and FABRIC_CLIQUE.fullmatch(domain) is not None
+
 
 # The node label naming its fabric clique, for a job's podAffinity topologyKey.
 NVLINK_DOMAIN_LABEL = f"{GROUP}/nvlink-domain"

@@ -129,6 +129,7 @@ def run_plugin(
         flags.mig_profiles(args.mig_profiles),
         health,
         consumable,
+        imex_channels=args.imex_channels == "on",
     )
     late.reason = lambda: view.last_error or "loading the checkpoint"
     names = NameBook(state_dir / "device-names.json")

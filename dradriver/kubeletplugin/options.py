@@ -46,6 +46,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "capacity each share's memory is also set as its pods' GPU-memory limit there "
         "(r615+ drivers, whole GPUs)",
     )
+    flags.add(
+        p,
+        "--imex-channels",
+        "off",
+        "publish IMEX channel devices (channel-0..127) where the node's GPUs are in one "
+        "multi-node NVLink fabric clique, for ComputeDomains: on or off (off until the "
+        "node side of IMEX prepares them)",
+        choices=["on", "off"],
+    )
     flags.add(p, "--healthz-address", "0.0.0.0", "address of /healthz, /readyz, /metrics")
     flags.add(p, "--healthz-port", "8081", "port of /healthz, /readyz, /metrics (0: any)", type=int)
     flags.add(

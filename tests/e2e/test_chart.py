@@ -755,7 +755,16 @@ def compute_domain_with_chart_rbac(kube: Kube, ns: str) -> None:
     clique = "00000000-0000-4000-8000-00000000c0de.1"
     kube.create(path_for("v1", "nodes"), {"metadata": {"name": node}})
     body = slice_body(node, node)
-    body["spec"]["devices"][0]["attributes"] = {"nvlinkDomain": {"string": clique}}
+    body["spec"]["devices"] = [
+        {
+            "name": "channel-0",
+            "attributes": {
+                "type": {"string": "imex-channel"},
+                "channel": {"int": 0},
+                "nvlinkDomain": {"string": clique},
+            },
+        }
+    ]
     kube.create(path_for(RES, "resourceslices"), body)
     cds = path_for(cd.API_VERSION, cd.PLURAL, ns)
     try:

@@ -42,10 +42,11 @@ from .helpers import (
 pytestmark = pytest.mark.e2e
 DRIVER = "gpu.dradriver.io"
 CDS = (cd.API_VERSION, cd.PLURAL)
+DATA = Path(__file__).resolve().parents[1] / "data"
 RACK = {
-    "cd-a1": "fake:4xGB200:cluster=rack7,clique=1",
-    "cd-a2": "fake:4xGB200:cluster=rack7,clique=1",
-    "cd-b1": "fake:4xGB200:cluster=rack7,clique=2",
+    "cd-a1": f"fake:@{DATA / 'gb200-clique-1.yaml'}",
+    "cd-a2": f"fake:@{DATA / 'gb200-clique-1.yaml'}",
+    "cd-b1": f"fake:@{DATA / 'gb200-clique-2.yaml'}",
 }
 
 
@@ -92,7 +93,9 @@ def rack(cluster: Cluster, kube: Kube) -> Iterator[dict[str, str]]:
             procs.append(kubelet)
             kubelet.start()
             kubelet.wait_node_ready(kube)
-            plugin = PluginProc(cluster.kubeconfig, kubelet, spec)
+            plugin = PluginProc(
+                cluster.kubeconfig, kubelet, spec, extra_args=["--imex-channels", "on"]
+            )
             procs.append(plugin)
             plugin.start()
         cliques: dict[str, str] = {}
@@ -104,9 +107,9 @@ def rack(cluster: Cluster, kube: Kube) -> Iterator[dict[str, str]]:
             for s in slices.get("items", []):
                 node = s["spec"].get("nodeName")
                 for d in s["spec"].get("devices") or []:
-                    dom = d.get("attributes", {}).get("nvlinkDomain", {}).get("string")
-                    if node in RACK and dom:
-                        cliques[node] = dom
+                    attrs = d.get("attributes", {})
+                    if node in RACK and attrs.get("type", {}).get("string") == "imex-channel":
+                        cliques[node] = attrs["nvlinkDomain"]["string"]
             return set(cliques) == set(RACK)
 
         wait_for(published, "the rack's slices with their cliques", 60)
@@ -398,3 +401,58 @@ def test_two_replicas_one_writer_and_a_clean_handover(
         lambda: get_or_none(kube, path_for(*CDS, namespace, "shared")) is None, "the domain gone"
     )
     assert "released the lease" in first.log()
+
+
+def job_pod(name: str, template: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"job": "train"}},
+        "spec": {
+            "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": template}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "channel"}]},
+                }
+            ],
+        },
+    }
+
+
+def test_the_scheduler_puts_a_jobs_pods_in_the_domains_clique_one_a_node(
+    kube: Kube, namespace: str, rack: dict[str, str], controllers: Callable[[str], Controller]
+) -> None:
+    """The real scheduler allocates each pod's channel claim from the domain's template:
+    the pinned clique and channel keep both pods on the pair, on two nodes; the third
+    node (the other clique) is never chosen."""
+    controllers("sched")
+    ns = namespace
+    kube.create(path_for(*CDS, ns), domain("job", 2))
+    wait_reason(kube, ns, "job", "WaitingForPods")
+    for i in range(2):
+        kube.create(path_for("v1", "pods", ns), job_pod(f"job-{i}", "job-channel"))
+
+    def bound() -> set[str] | None:
+        nodes = {
+            (get_or_none(kube, path_for("v1", "pods", ns, f"job-{i}")) or {})
+            .get("spec", {})
+            .get("nodeName")
+            for i in range(2)
+        }
+        return nodes if None not in nodes else None
+
+    assert wait_for(bound, "both pods scheduled", 60) == {"cd-a1", "cd-a2"}
+    cond = wait_reason(kube, ns, "job", "WaitingForNodes")
+    # Joined, and not ready: no IMEX daemon runs on the nodes yet (the node side).
+    assert cond["message"] == (
+        "0 of 2 nodes ready; joined: cd-a1, cd-a2; IMEX daemon not ready yet on cd-a1, cd-a2"
+    )
+    claims = kube.list(path_for(RES, "resourceclaims", ns)).get("items", [])
+    devices = sorted(
+        (r["pool"], r["device"])
+        for c in claims
+        for r in c["status"]["allocation"]["devices"]["results"]
+    )
+    assert devices == [("cd-a1", "channel-0"), ("cd-a2", "channel-0")]
+    for i in range(2):
+        kube.delete(path_for("v1", "pods", ns, f"job-{i}"), grace_period=0)

@@ -31,9 +31,10 @@ class NoRoom:
 
 
 def node_cliques(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, str]:
-    """node -> the fabric clique of its GPUs, from `driver`'s ResourceSlices (the
-    nvlinkDomain attribute). A node whose GPUs name two cliques is left out: one IMEX
-    daemon cannot serve both, and the fabric manager has not settled."""
+    """node -> its fabric clique, from the IMEX channel devices of `driver`'s
+    ResourceSlices (their nvlinkDomain attribute): a node that publishes none cannot
+    prepare a domain's channel (no clique, a driver without channels, or channels off),
+    so it is no place for a domain. One that names two cliques is left out too."""
     seen: dict[str, set[str]] = {}
     for s in slices:
         spec = s.get("spec") or {}
@@ -42,8 +43,10 @@ def node_cliques(slices: Iterable[Mapping[str, Any]], driver: str) -> dict[str, 
             continue
         for d in spec.get("devices") or []:
             attrs = (d or {}).get("attributes") or {}
+            if (attrs.get("type") or {}).get("string") != cd.CHANNEL_TYPE:
+                continue
             dom = (attrs.get("nvlinkDomain") or {}).get("string")
-            if isinstance(dom, str) and dom:
+            if isinstance(dom, str) and cd.is_fabric_clique(dom):
                 seen.setdefault(node, set()).add(dom)
     return {n: next(iter(c)) for n, c in seen.items() if len(c) == 1}
 
@@ -63,9 +66,9 @@ def place(domain: Domain, fleet: Fleet) -> Placement | NoRoom:
     if not fleet.cliques:
         return NoRoom(
             "NoFabricClique",
-            "no node publishes GPUs in a multi-node NVLink fabric clique (the nvlinkDomain "
-            "attribute; GB200 NVL72 and GH200 NVL32 nodes have one once their fabric "
-            "manager is up): check `dradriver devices` on the nodes",
+            "no node publishes IMEX channels (GB200 NVL72 and GH200 NVL32 nodes do once "
+            "their fabric manager is up, on driver 570.158.01 or later, with the kubelet "
+            "plugin's --imex-channels on): check `dradriver devices` on the nodes",
         )
     fits = sorted(
         (len(nodes), clique)

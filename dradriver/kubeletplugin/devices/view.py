@@ -13,6 +13,7 @@ from dradriver.kubeletplugin.devices.health import NodeHealth
 from dradriver.nvml.library import Nvml
 from dradriver.slices.build import SliceContent, build
 from dradriver.slices.consumable import OFF, Consumable
+from dradriver.slices.imex import channel_slice, node_clique
 
 log = logs.get_logger("kubeletplugin")
 
@@ -32,12 +33,16 @@ class DeviceView:
         profiles: frozenset[str] = frozenset(),
         health: NodeHealth | None = None,
         consumable: Consumable = OFF,
+        imex_channels: bool = False,
     ) -> None:
         self.consumable = consumable
+        self.imex_channels = imex_channels
+        self.clique: str | None = None  # the node's fabric clique, from the latest discovery
         self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
         self.health = health
         self.held, self.offered_profiles = held, profiles
         self._unknown_profiles: frozenset[str] = frozenset()
+        self._no_channels = ""
         self._lock = threading.Lock()
         self._slices: list[SliceContent] = []
         self._index: dict[str, NodeDevice] = {}
@@ -72,6 +77,14 @@ class DeviceView:
         slices = built.slices
         if self.health is not None:
             slices = self.health.taint(slices, built.offer.devices().values())
+        self.clique = node_clique(found.inventory)
+        if self.imex_channels:
+            channels, why_not = channel_slice(found.inventory)
+            if channels is not None:
+                slices = [*slices, channels]
+            elif why_not != self._no_channels:
+                log.info("no IMEX channels published", reason=why_not)
+            self._no_channels = why_not
         if self.offered_profiles and self.mode is MigMode.DYNAMIC:
             known = {p.name for g in found.inventory.gpus for p in g.mig_profiles}
             unknown = self.offered_profiles - known

@@ -9,6 +9,7 @@ index)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from dradriver.errors import DeviceError
@@ -20,6 +21,9 @@ _AGAIN = (
     "the claim must be allocated again: delete the pod (a claim from a template is then "
     "made anew) or the claim, and the scheduler picks a device this node publishes now"
 )
+
+
+IMEX_CHANNEL = re.compile(r"channel-[0-9]{1,4}")
 
 
 def check_identity(
@@ -42,6 +46,15 @@ def check_identity(
                 reason="identity_mismatch",
             )
         return
+    if published is None and IMEX_CHANNEL.fullmatch(device):
+        # Published with --imex-channels on, for the ComputeDomain controller and the
+        # scheduler to place jobs by; preparing one needs the node's IMEX daemon.
+        raise DeviceError(
+            f"claim {ref}: device {device} is an IMEX channel of a ComputeDomain; this "
+            "plugin publishes channels (--imex-channels on) but cannot prepare them yet "
+            "(the node side of IMEX, issue Q12): run it with --imex-channels off",
+            reason="imex_not_prepared",
+        )
     if published is None:
         raise DeviceError(
             f"claim {ref}: device {device} is not published by this node (any more); {_AGAIN}",

@@ -98,21 +98,30 @@ def ready(plan_or_domain: Plan | Domain) -> dict[str, Any]:
 # -- placement --------------------------------------------------------------------------------
 
 
-def _slice(node: str, *cliques: str, driver: str = DRIVER) -> dict[str, Any]:
+def _slice(
+    node: str, *cliques: str, driver: str = DRIVER, kind: str = "imex-channel"
+) -> dict[str, Any]:
     devs = [
-        {"name": f"gpu-{i}", "attributes": {"nvlinkDomain": {"string": c}}}
+        {
+            "name": f"channel-{i}",
+            "attributes": {"type": {"string": kind}, "nvlinkDomain": {"string": c}},
+        }
         for i, c in enumerate(cliques)
     ]
     return {"spec": {"driver": driver, "nodeName": node, "devices": devs}}
 
 
-def test_a_nodes_clique_is_its_gpus_and_one_that_names_two_is_left_out() -> None:
+def test_a_nodes_clique_is_its_channels_and_one_that_names_two_is_left_out() -> None:
     slices = [
         _slice("n1", A, A, A, A),
         _slice("n2", A, B),  # the fabric has not settled
         _slice("n3", B),
         _slice("n4", A, driver="other.example.com"),
-        {"spec": {"driver": DRIVER, "nodeName": "n5", "devices": [{"name": "gpu-0"}]}},  # PCIe
+        # GPUs in a clique, but no channels (off, or a driver without them): no place.
+        _slice("n5", A, kind="gpu"),
+        # An HGX board's NVLink domain is not a fabric clique.
+        _slice("n6", "nvlink-42b5fb7b9bc0"),
+        {"spec": {"driver": DRIVER, "nodeName": "n7", "devices": [{"name": "gpu-0"}]}},
     ]
     assert node_cliques(slices, DRIVER) == {"n1": A, "n3": B}
 
