@@ -19,6 +19,7 @@ from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import DeviceKind, MigMode, MigSwitching
 from dradriver.k8s import ConfigError, Kube
 from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
+from dradriver.kubeletplugin.devices.node_label import NodeLabel
 from dradriver.kubeletplugin.devices.view import DeviceView
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
@@ -134,9 +135,13 @@ def run_plugin(
     late.reason = lambda: view.last_error or "loading the checkpoint"
     names = NameBook(state_dir / "device-names.json")
 
+    node_label = NodeLabel(kube, args.node_name)
+
     def discover() -> list[SliceContent]:
         slices = view.refresh()
         names.learn({d.gpu.uuid: d.gpu for d in view.devices().values()}.values())
+        if view.clique is not None or node_label.labelled:
+            node_label.sync(view.clique)
         return slices
 
     registered = threading.Event()

@@ -154,9 +154,9 @@ def check_references(docs: list[dict[str, Any]], ns: str) -> None:
             assert subject["name"] == sa
     vaps = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
-    # Own node's slices and own node's claims' status (the plugin); its own webhook's
-    # caBundle only (the controller).
-    assert len(vaps) == 3
+    # Own node's slices, own node's claims' status and own node's clique label (the
+    # plugin); its own webhook's caBundle only (the controller).
+    assert len(vaps) == 4
     ctrl_sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     for vap in vaps:
         (cond,) = vap["spec"]["matchConditions"]
@@ -370,7 +370,8 @@ def plugin_rules(kube: Kube, release: Release) -> list[dict[str, Any]]:
 def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> None:
     """Any added verb must come with the code that needs it (and the report of why)."""
     assert plugin_rules(kube, release) == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        # patch: its fabric-clique label only (the node-label policy).
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
@@ -667,6 +668,51 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube: Kube, release: Release
             as_plugin.close()
         for name in created:
             kube.delete(f"{slices}/{name}", missing_ok=True)
+        for n in (node_a, node_b):
+            kube.delete(path_for("v1", "nodes", name=n), missing_ok=True)
+
+
+def test_plugin_may_set_only_its_own_nodes_clique_label(kube: Kube, release: Release) -> None:
+    tag = secrets.token_hex(3)
+    node_a, node_b = f"lbl-a-{tag}", f"lbl-b-{tag}"
+    key = "gpu.dradriver.io/nvlink-domain"
+    clique = "00000000-0000-4000-8000-00000000c0de.1"
+    for n in (node_a, node_b):
+        kube.create(path_for("v1", "nodes"), {"metadata": {"name": n, "labels": {"team": "x"}}})
+    as_plugin = None
+    try:
+        pod = sa_pod(kube, release.ns, f"plugin-{node_a}", release.plugin_sa, node_a)
+        as_plugin = kube.with_token(request_token(kube, release.ns, release.plugin_sa, pod))
+
+        def label(node: str, labels: dict[str, Any]) -> Any:
+            assert as_plugin is not None
+            return as_plugin.patch(
+                path_for("v1", "nodes", name=node), {"metadata": {"labels": labels}}
+            )
+
+        def refused_for_b() -> KubeError | None:
+            try:
+                label(node_b, {key: clique})
+            except KubeError as exc:
+                return exc if "may label only the node its pod runs on" in exc.message else None
+            return None
+
+        err = wait_for(refused_for_b, "the policy to refuse node B's label", 30, interval=0.3)
+        assert err is not None and err.status == 403
+        assert f"({node_a}), not {node_b}" in err.message
+        assert label(node_a, {key: clique})["metadata"]["labels"][key] == clique
+        err = refusal(lambda: label(node_a, {"team": "mine"}))
+        assert err.status == 403 and "only the gpu.dradriver.io/nvlink-domain label" in err.message
+        err = refusal(
+            lambda: as_plugin.patch(
+                path_for("v1", "nodes", name=node_a), {"spec": {"unschedulable": True}}
+            )
+        )
+        assert err.status == 403
+        assert key not in label(node_a, {key: None})["metadata"]["labels"]
+    finally:
+        if as_plugin is not None:
+            as_plugin.close()
         for n in (node_a, node_b):
             kube.delete(path_for("v1", "nodes", name=n), missing_ok=True)
 

@@ -114,6 +114,17 @@ def rack(cluster: Cluster, kube: Kube) -> Iterator[dict[str, str]]:
 
         wait_for(published, "the rack's slices with their cliques", 60)
         assert cliques["cd-a1"] == cliques["cd-a2"] != cliques["cd-b1"]
+        # Each plugin labels its Node with its clique: a job's podAffinity topologyKey.
+        for node, clique in cliques.items():
+            wait_for(
+                lambda node=node, clique=clique: (
+                    kube.get(path_for("v1", "nodes", name=node))["metadata"]
+                    .get("labels", {})
+                    .get(cd.NVLINK_DOMAIN_LABEL)
+                    == clique
+                ),
+                f"node {node} labelled with its clique",
+            )
         yield cliques
     finally:
         for p in reversed(procs):

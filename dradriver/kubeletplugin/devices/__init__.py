@@ -2,5 +2,6 @@
 
 - view.py: the latest discovery and the slices it publishes, shared with prepare;
 - health.py: GPU health (XIDs, probes) turned into taints, health-stream answers and
-  node Events.
+  node Events;
+- node_label.py: the Node's fabric-clique label, kept in step with discovery.
 """

@@ -121,6 +121,10 @@ The settings of one DaemonSet (the top-level values, or a node group's over them
 {{- end -}}
 {{- end -}}
 
+{{- define "dradriver.nodeLabelPolicy.name" -}}
+{{- printf "%s-node-label-own-node" (include "dradriver.fullname" .) -}}
+{{- end -}}
+
 {{- define "dradriver.claimStatusPolicy.name" -}}
 {{- printf "%s-claim-status-own-node" (include "dradriver.fullname" .) -}}
 {{- end -}}
