@@ -64,4 +64,8 @@ def is_fabric_clique(domain: str | None) -> bool:
 # The node label naming its fabric clique, for a job's podAffinity topologyKey.
 NVLINK_DOMAIN_LABEL = f"{GROUP}/nvlink-domain"
 
+# A node's address for its peers' IMEX daemons, where the IMEX network is not the one
+# its InternalIP is on (the kubelet's --node-labels, or by hand); an IPv4 or IPv6 address.
+IMEX_ADDRESS_LABEL = f"{GROUP}/imex-address"
+
 READY = "Ready"

@@ -48,6 +48,9 @@ RACK = {
     "cd-a2": f"fake:@{DATA / 'gb200-clique-1.yaml'}",
     "cd-b1": f"fake:@{DATA / 'gb200-clique-2.yaml'}",
 }
+# Each node's IMEX address (hollow nodes share one InternalIP): distinct loopback
+# addresses, as the IMEX daemons of one machine need.
+ADDRESS = {"cd-a1": "127.0.0.11", "cd-a2": "127.0.0.12", "cd-b1": "127.0.0.13"}
 
 
 class Controller(DradriverProcess):
@@ -89,7 +92,12 @@ def rack(cluster: Cluster, kube: Kube) -> Iterator[dict[str, str]]:
     procs: list[DradriverProcess] = []
     try:
         for node, spec in RACK.items():
-            kubelet = HollowNode(cluster.kubeconfig, node, tmp / node)
+            kubelet = HollowNode(
+                cluster.kubeconfig,
+                node,
+                tmp / node,
+                extra_args=["--label", f"{cd.IMEX_ADDRESS_LABEL}={ADDRESS[node]}"],
+            )
             procs.append(kubelet)
             kubelet.start()
             kubelet.wait_node_ready(kube)
@@ -339,16 +347,8 @@ def test_domains_are_placed_tracked_and_cleaned_up(
     cond = wait_reason(kube, ns, "train", "NodesReady")
     assert cond["status"] == "True"
     nodes = kube.get(path_for(*CDS, ns, "train"))["status"]["nodes"]
-    address = {
-        n: next(
-            a["address"]
-            for a in kube.get(path_for("v1", "nodes", name=n))["status"]["addresses"]
-            if a["type"] == "InternalIP"
-        )
-        for n in ("cd-a1", "cd-a2")
-    }
     assert nodes == [
-        {"name": n, "clique": two, "address": address[n], "ready": True, "claim": c}
+        {"name": n, "clique": two, "address": ADDRESS[n], "ready": True, "claim": c}
         for n, c in (("cd-a1", a), ("cd-a2", b))
     ]
 

@@ -37,6 +37,27 @@ def utcnow() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def node_address(node: Obj) -> str | None:
+    """The node's IMEX address: its gpu.dradriver.io/imex-address label when that is an
+    IP address, else its InternalIP."""
+    import ipaddress
+
+    label = ((node.get("metadata") or {}).get("labels") or {}).get(cd.IMEX_ADDRESS_LABEL)
+    if isinstance(label, str):
+        try:
+            return str(ipaddress.ip_address(label))
+        except ValueError:
+            log.warning(
+                "ignoring a node's IMEX address label: not an IP address",
+                node=(node.get("metadata") or {}).get("name"),
+                label=cd.IMEX_ADDRESS_LABEL,
+                value=label,
+            )
+    addrs = (node.get("status") or {}).get("addresses") or []
+    found = next((a.get("address") for a in addrs if a.get("type") == "InternalIP"), None)
+    return str(found) if found else None
+
+
 class ComputeDomainController:
     def __init__(
         self,
@@ -146,7 +167,7 @@ class ComputeDomainController:
         )
 
     def _address(self, node: str) -> str | None:
-        """The node's InternalIP: what its peers' IMEX daemons connect to."""
+        """What the node's peers' IMEX daemons connect to (node_address)."""
         now = time.monotonic()
         cached = self._addresses.get(node)
         if cached is not None and now - cached[0] < ADDRESS_TTL:
@@ -159,8 +180,7 @@ class ComputeDomainController:
             log.warning("cannot read the node's address", node=node, error=exc.message)
             return cached[1] if cached else None
         else:
-            addrs = (obj.get("status") or {}).get("addresses") or []
-            addr = next((a.get("address") for a in addrs if a.get("type") == "InternalIP"), None)
+            addr = node_address(obj)
         self._addresses[node] = (now, addr)
         return addr
 

@@ -11,6 +11,7 @@ import yaml
 
 from dradriver.api import computedomain as cd
 from dradriver.api.config import ComputeDomainChannelConfig, decode
+from dradriver.controller.computedomain.controller import node_address
 from dradriver.controller.computedomain.placement import (
     NoRoom,
     Placement,
@@ -432,3 +433,21 @@ def test_the_crd_names_what_the_code_uses() -> None:
     assert set(written["nodes"][0]) <= set(status["nodes"]["items"]["properties"])
     assert set(written["conditions"][0]) <= set(status["conditions"]["items"]["properties"])
     assert status["channel"]["maximum"] >= cd.CHANNELS - 1
+
+
+def test_a_nodes_imex_address_is_its_label_or_its_internal_ip() -> None:
+    node: dict[str, Any] = {
+        "metadata": {"name": "n1"},
+        "status": {
+            "addresses": [
+                {"type": "Hostname", "address": "n1"},
+                {"type": "InternalIP", "address": "10.0.0.1"},
+            ]
+        },
+    }
+    assert node_address(node) == "10.0.0.1"
+    node["metadata"]["labels"] = {cd.IMEX_ADDRESS_LABEL: "192.168.7.1"}
+    assert node_address(node) == "192.168.7.1"
+    node["metadata"]["labels"] = {cd.IMEX_ADDRESS_LABEL: "not-an-ip"}
+    assert node_address(node) == "10.0.0.1"
+    assert node_address({"metadata": {"name": "bare"}}) is None
