@@ -78,6 +78,14 @@ class SharingError(DriverError):
     layer = "sharing"
 
 
+class ImexError(DriverError):
+    """A ComputeDomain's IMEX channel cannot be prepared on this node (yet): the domain is
+    not found or not this node's, its other nodes have not joined, or the node's IMEX
+    daemon did not get ready."""
+
+    layer = "IMEX"
+
+
 class CdiError(DriverError, OSError):
     """A CDI spec could not be written or removed."""
 

@@ -7,7 +7,10 @@ machine without GPUs.
 - the MPS control daemon: a real stand-in process (fakenvml.mpsd) with the daemon's
   lifecycle;
 - device nodes: none (they do not exist here); the CDI spec then names the GPUs by
-  environment only;
+  environment only; an IMEX channel is named with the fake's own major number (the
+  kernel assigns the real one: /proc/devices);
+- the IMEX daemon and its ctl: real stand-in processes (fakenvml.imexd, imexctl), with
+  a never-ready fault from <state dir>/fake-imex-faults.json ({"neverReady": true});
 - PCIe roots: one per pair of buses, as the switches of an HGX board group them.
 """
 
@@ -22,7 +25,20 @@ import tempfile
 import threading
 from pathlib import Path
 
-from dradriver.nvml.host import TIMESLICE, DeviceNode, finish_mps, mps_alive, spawn_mps
+from dradriver.nvml.host import (
+    IMEX_CHANNELS_DIR,
+    TIMESLICE,
+    DeviceNode,
+    finish_mps,
+    imex_query,
+    mps_alive,
+    spawn_imex,
+    spawn_mps,
+    stop_daemon,
+)
+
+# The fake's nvidia-caps-imex-channels major (a real one is the kernel's choice).
+FAKE_IMEX_MAJOR = 509
 
 
 class FakeHost:
@@ -94,12 +110,33 @@ class FakeHost:
     def control_device_nodes(self) -> list[DeviceNode]:
         return []
 
+    def imex_channel_node(self, channel: int) -> DeviceNode:
+        return DeviceNode(f"{IMEX_CHANNELS_DIR}/channel{channel}", "c", FAKE_IMEX_MAJOR, channel)
+
+    def start_imex(self, config: Path, log: Path) -> int:
+        faults = self.record.with_name("fake-imex-faults.json")
+        try:
+            never = bool(json.loads(faults.read_text()).get("neverReady"))
+        except (OSError, ValueError, AttributeError):
+            never = False
+        if never:
+            with open(config, "a") as f:
+                f.write("FAKE_NEVER_READY=1\n")
+        return spawn_imex([sys.executable, "-m", "fakenvml.imexd", "-c", str(config)], log)
+
+    def imex_ready(self, config: Path) -> tuple[bool, str]:
+        return imex_query([sys.executable, "-m", "fakenvml.imexctl", "-c", str(config), "-q"])
+
+    def stop_imex(self, pid: int) -> None:
+        stop_daemon(pid)
+
 
 def stop_fake_daemons(root: Path) -> int:
-    """Stops every stand-in MPS daemon whose pipe directory lies under `root` (they run in
-    their own sessions by design, so tearing down a dev cluster must find them)."""
+    """Stops every stand-in MPS and IMEX daemon whose pipe or config directory lies under
+    `root` (they run in their own sessions by design, so tearing down a dev cluster must
+    find them)."""
     stopped = 0
-    for control in root.glob("**/pipe/control"):
+    for control in [*root.glob("**/pipe/control"), *root.glob("**/imex/*/daemon.pid")]:
         try:
             pid = int(control.read_text().strip())
         except (OSError, ValueError):

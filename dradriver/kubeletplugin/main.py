@@ -37,8 +37,13 @@ from dradriver.slices.publish import PublishLoop, SlicePublisher
 from dradriver.slices.watch import SliceWatch
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from dradriver.kubeletplugin.hardware.imex import ImexSteps
     from dradriver.kubeletplugin.ops.server import OpsServer
     from dradriver.kubeletplugin.prepare.preparer import Preparer
+    from dradriver.nvml.host import GpuHost
     from dradriver.slices.build import SliceContent
 
 log = logs.get_logger("kubeletplugin")
@@ -67,6 +72,41 @@ class _Registration:
     refused: str = ""  # the kubelet's reason, when it refused us
     since: float = field(default_factory=time.monotonic)  # waiting since
     warned: bool = False
+
+
+def _imex_steps(
+    args: argparse.Namespace,
+    kube: Kube,
+    host: GpuHost,
+    state_dir: Path,
+    clique: Callable[[], str | None],
+) -> ImexSteps | None:
+    """ComputeDomains' channels and IMEX daemons, where channels are published."""
+    if args.imex_channels != "on":
+        return None
+    from dradriver.api import computedomain as cd
+    from dradriver.errors import ImexError
+    from dradriver.k8s import KubeError, NotFound, path_for
+    from dradriver.kubeletplugin.hardware.imex import ImexSteps
+
+    def domain_of(namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return kube.get(path_for(cd.API_VERSION, cd.PLURAL, namespace, name), timeout=10)
+        except NotFound as exc:
+            raise ImexError(
+                f"ComputeDomain {namespace}/{name} not found: it was deleted (delete the "
+                "job's pods too), or the claim was not made from its template",
+                reason="imex_no_domain",
+            ) from exc
+        except KubeError as exc:
+            raise ImexError(
+                f"reading ComputeDomain {namespace}/{name}: {exc.message}; the kubelet retries",
+                reason="imex_api",
+            ) from exc
+
+    return ImexSteps(
+        host, args.node_name, state_dir, domain_of, clique, args.imex_port, args.imex_cmd_port
+    )
 
 
 def run_plugin(
@@ -291,6 +331,7 @@ def run_plugin(
             nvml.module, nvml.host, state_dir / "mps", lambda: mps_protocol(view.driver_version)
         ),
         pod_memory=pod_memory,
+        imex=_imex_steps(args, kube, nvml.host, state_dir, lambda: view.clique),
     )
     driver = Preparer(
         driver=args.driver_name,

@@ -51,9 +51,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--imex-channels",
         "off",
         "publish IMEX channel devices (channel-0..127) where the node's GPUs are in one "
-        "multi-node NVLink fabric clique, for ComputeDomains: on or off (off until the "
-        "node side of IMEX prepares them)",
+        "multi-node NVLink fabric clique, and prepare them for ComputeDomains with an "
+        "IMEX daemon (nvidia-imex) per domain: on or off",
         choices=["on", "off"],
+    )
+    flags.add(p, "--imex-port", "50000", "SERVER_PORT of the IMEX daemons (every node's)", type=int)
+    flags.add(
+        p,
+        "--imex-cmd-port",
+        "50005",
+        "IMEX_CMD_PORT of the IMEX daemons: their command service, for nvidia-imex-ctl",
+        type=int,
     )
     flags.add(p, "--healthz-address", "0.0.0.0", "address of /healthz, /readyz, /metrics")
     flags.add(p, "--healthz-port", "8081", "port of /healthz, /readyz, /metrics (0: any)", type=int)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from dradriver.errors import SharingError
+from dradriver.errors import ImexError, SharingError
 from dradriver.logs import get_logger
 from dradriver.nvml.discover import sysfs_pcie_root
 from dradriver.nvml.mig import caps_access, caps_major
@@ -74,9 +74,31 @@ class GpuHost(Protocol):
     def control_device_nodes(self) -> list[DeviceNode]:
         """The /dev nodes every GPU container needs (nvidiactl, uvm)."""
 
+    def imex_channel_node(self, channel: int) -> DeviceNode:
+        """/dev/nvidia-caps-imex-channels/channel<N>: what a container of a ComputeDomain
+        gets to import and export memory over NVLink within its IMEX domain."""
+
+    def start_imex(self, config: Path, log: Path) -> int:
+        """Starts an IMEX daemon (`nvidia-imex -c config`, DAEMONIZE=0 in it) in its own
+        session, its output to `log`; its PID. ImexError when it cannot be started."""
+
+    def imex_ready(self, config: Path) -> tuple[bool, str]:
+        """Whether the daemon of `config` answers READY (`nvidia-imex-ctl -c config -q`),
+        and what it said."""
+
+    def stop_imex(self, pid: int) -> None:
+        """Stops the daemon (SIGTERM: it tells its peers; idempotent)."""
+
+
+# The IMEX package's commands (NVIDIA IMEX guide: "Getting Started with IMEX").
+IMEX_DAEMON = "/usr/bin/nvidia-imex"
+IMEX_CTL = "/usr/bin/nvidia-imex-ctl"
+IMEX_CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
+
 
 class RealHost:
-    """A node with the NVIDIA driver: nvidia-smi, nvidia-cuda-mps-control, /dev, /proc."""
+    """A node with the NVIDIA driver: nvidia-smi, nvidia-cuda-mps-control, nvidia-imex,
+    /dev, /proc."""
 
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
         self.proc_root = proc_root
@@ -169,6 +191,70 @@ class RealHost:
 
     def control_device_nodes(self) -> list[DeviceNode]:
         return [DeviceNode(p) for p in CONTROL_DEVICE_NODES]
+
+    def imex_channel_node(self, channel: int) -> DeviceNode:
+        path = f"{IMEX_CHANNELS_DIR}/channel{channel}"
+        major = device_major(self.proc_root, "nvidia-caps-imex-channels")
+        return DeviceNode(path) if major is None else DeviceNode(path, "c", major, channel)
+
+    def start_imex(self, config: Path, log: Path) -> int:
+        return spawn_imex([IMEX_DAEMON, "-c", str(config)], log)
+
+    def imex_ready(self, config: Path) -> tuple[bool, str]:
+        return imex_query([IMEX_CTL, "-c", str(config), "-q"])
+
+    def stop_imex(self, pid: int) -> None:
+        stop_daemon(pid)
+
+
+def device_major(proc_root: Path, name: str) -> int | None:
+    """A character device's major number (dynamic: its line of /proc/devices)."""
+    try:
+        lines = (proc_root / "devices").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
+            return int(parts[0])
+    return None
+
+
+def spawn_imex(cmd: list[str], log: Path) -> int:
+    """An IMEX daemon in its own session (it outlives a plugin restart, as the pods
+    using it do), its output appended to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+    except OSError as exc:
+        raise ImexError(f"starting the IMEX daemon ({cmd[0]}): {exc}", reason="imex_start") from exc
+    return proc.pid
+
+
+def imex_query(cmd: list[str]) -> tuple[bool, str]:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"{' '.join(cmd)}: {exc}"
+    said = (out.stdout.strip() or out.stderr.strip())[:300]
+    return out.stdout.strip() == "READY", said
+
+
+def stop_daemon(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds; nothing for a process gone."""
+    if mps_alive(pid):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+    finish_mps(pid, grace)
 
 
 def spawn_mps(

@@ -90,6 +90,9 @@ class CdiDevice:
     # The DRA device, where the CDI name is not it (a share: gpu-9b3c2810-share-<shareID>):
     # DRADRIVER_DEVICE_<NAME> names the device either way.
     device: str = ""
+    # Not a GPU (an IMEX channel): no UUID, and nothing of the GPUs' visibility, which the
+    # container's GPU claims set.
+    gpu: bool = True
 
 
 def cdi_kind(driver: str) -> str:
@@ -139,6 +142,9 @@ def claim_spec(
     entries: list[dict[str, Any]] = []
     for dev in devices:
         _check_device(dev, seen)
+        if not dev.gpu:
+            entries.append(_other(dev, claim_uid))
+            continue
         uuids = groups.setdefault(dev.group, [])
         uuids.append(dev.uuid)
         visible = ",".join(uuids)
@@ -158,7 +164,7 @@ def claim_spec(
     top: dict[str, Any] = {
         "env": [f"DRADRIVER_CLAIM={claim_name}", f"DRADRIVER_CLAIM_UID={claim_uid}"]
     }
-    if control_nodes:
+    if control_nodes and any(d.gpu for d in devices):
         top["deviceNodes"] = [_node(n) for n in control_nodes]
     spec: dict[str, Any] = {
         "cdiVersion": CDI_VERSIONS[0],
@@ -180,12 +186,21 @@ def _node(n: DeviceNode | str) -> dict[str, Any]:
     return out
 
 
+def _other(dev: CdiDevice, claim_uid: str) -> dict[str, Any]:
+    edits: dict[str, Any] = {"env": list(dev.env)}
+    if dev.device_nodes:
+        edits["deviceNodes"] = [_node(n) for n in dev.device_nodes]
+    return {"name": cdi_device_name(dev.name, claim_uid), "containerEdits": edits}
+
+
 def _check_device(dev: CdiDevice, seen: set[str]) -> None:
     if not _DEVICE.match(dev.name):
         raise ValueError(f"CDI: device name {dev.name!r} is not a valid CDI device name")
     if dev.name in seen:
         raise ValueError(f"CDI: device {dev.name} listed twice")
     seen.add(dev.name)
+    if not dev.gpu:
+        return
     # A UUID goes into comma-separated lists and env values.
     if not dev.uuid or any(c in dev.uuid for c in ", \t\n="):
         raise ValueError(f"CDI: device {dev.name} has no usable UUID ({dev.uuid!r})")

@@ -147,6 +147,20 @@ def _entry(driver: str, d: PreparedDevice, now: str) -> dict[str, Any]:
         ],
         "data": {"uuid": d.uuid, "cdiDeviceIDs": d.cdi_device_ids},
     }
+    if d.imex is not None:
+        # Prepared means this node's IMEX daemon answered READY: what the ComputeDomain
+        # controller counts the node ready by.
+        domain = f"{d.imex.namespace}/{d.imex.domain}"
+        entry["conditions"][0].update(
+            reason="IMEXDaemonReady",
+            message=f"this node's IMEX daemon for ComputeDomain {domain} is ready",
+        )
+        entry["data"] = {
+            "cdiDeviceIDs": d.cdi_device_ids,
+            "computeDomain": domain,
+            "channel": d.imex.channel,
+            "peers": list(d.imex.peers),
+        }
     if d.share is not None:
         entry["shareID"] = d.share.share_id
         limits = {}

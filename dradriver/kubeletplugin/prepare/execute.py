@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.crashpoints import crashpoint
-from dradriver.errors import CdiError, CheckpointError, DriverError, MigError, SharingError
+from dradriver.errors import (
+    CdiError,
+    CheckpointError,
+    DriverError,
+    ImexError,
+    MigError,
+    SharingError,
+)
+from dradriver.kubeletplugin.hardware.imex import ImexSteps
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
 from dradriver.kubeletplugin.hardware.shares import share_edits
@@ -26,7 +34,7 @@ from dradriver.kubeletplugin.state.records import (
     PreparedDevice,
 )
 from dradriver.logs import get_logger
-from dradriver.nvml.host import GpuHost
+from dradriver.nvml.host import DeviceNode, GpuHost
 
 log = get_logger("kubeletplugin.execute")
 
@@ -34,7 +42,9 @@ log = get_logger("kubeletplugin.execute")
 def _layered(exc: Exception, claim: str) -> DriverError:
     """A step's failure as the per-claim error the kubelet shows, naming the layer."""
     if isinstance(exc, DriverError):
-        prefix = {"MIG": "MIG layer: ", "sharing": "sharing layer: "}.get(exc.layer, "")
+        prefix = {"MIG": "MIG layer: ", "sharing": "sharing layer: ", "IMEX": "IMEX layer: "}.get(
+            exc.layer, ""
+        )
         return exc.retold(f"claim {claim}: {prefix}{exc}")
     if isinstance(exc, OSError):
         return CheckpointError(f"claim {claim}: checkpoint layer: {exc}", reason="checkpoint")
@@ -54,6 +64,8 @@ class Executor:
     sharing: SharingSteps | None = None
     # Shares' memory as their pods' cgroup limits (r615+, whole GPUs); None: not here.
     pod_memory: PodMemory | None = None
+    # ComputeDomains' IMEX channels and daemons; None: this node publishes no channels.
+    imex: ImexSteps | None = None
 
     # -- prepare ---------------------------------------------------------------------------
     def check(self, rec: ClaimRecord) -> None:
@@ -63,6 +75,11 @@ class Executor:
         shares = any(d.share is not None and not d.admin_access for d in rec.devices)
         if (shares or any(d.sharing is not None for d in rec.devices)) and self.sharing is None:
             raise SharingError(f"claim {rec.ref}: sharing is not available on this node")
+        if any(d.imex is not None for d in rec.devices) and self.imex is None:
+            raise ImexError(
+                f"claim {rec.ref}: IMEX channels are not prepared on this node (the plugin "
+                "runs with --imex-channels off)"
+            )
 
     def apply(
         self,
@@ -82,8 +99,9 @@ class Executor:
             for d in rec.devices
             if d.sharing is not None or (d.share is not None and not d.admin_access)
         ]
+        channels = [d for d in rec.devices if d.imex is not None]
         try:
-            if carving or shared:
+            if carving or shared or channels:
                 if not intent_recorded:
                     journal.record(rec)  # intent first: a crash from here on is recoverable
                 crashpoint("intent-recorded")
@@ -106,6 +124,10 @@ class Executor:
                     rec, lambda: journal.pod_memory(rec.uid)
                 ):
                     journal.record(rec)
+            if channels:
+                assert self.imex is not None
+                self.imex.apply(rec, lambda: journal.record(rec))
+                crashpoint("imex-started")
             self.cdi_writer.write(rec.uid, self.spec(rec))
             crashpoint("cdi-written")
             rec.state = PREPARE_COMPLETED
@@ -123,12 +145,16 @@ class Executor:
             more_env, more_mounts = share_edits(d)
             env += more_env + share_env(d)
             mounts += more_mounts
+            if d.imex is not None:
+                devices.append(imex_device(d, self.host.imex_channel_node(d.imex.channel)))
+                continue
+            nodes = self.host.device_nodes(d.minor, d.mig_ids())
             devices.append(
                 cdi.CdiDevice(
                     name=d.cdi_name,
                     device=d.device,
                     uuid=d.uuid or "",
-                    device_nodes=tuple(self.host.device_nodes(d.minor, d.mig_ids())),
+                    device_nodes=tuple(nodes),
                     group=",".join(d.request_names),
                     env=tuple(env),
                     mounts=tuple(mounts),
@@ -148,6 +174,8 @@ class Executor:
         unfinished (the failure may have come after the record was marked completed)."""
         rec.state = PREPARE_STARTED
         keep = False
+        if self.imex is not None:
+            self.imex.undo(rec)
         if self.sharing is not None:
             try:
                 self.sharing.undo(rec)
@@ -181,6 +209,14 @@ class Executor:
             log.error("rollback could not save the checkpoint", claim_uid=rec.uid, error=str(exc))
         self.restore_mig_modes(rec, journal)
 
+    @staticmethod
+    def needs_intent(rec: ClaimRecord) -> bool:
+        """Whether the claim's hardware work must be recorded before it starts: a carve,
+        a sharing setup, a share, an IMEX daemon (a MIG mode switch is in its ledger)."""
+        return any(
+            d.carve or d.sharing or d.share or d.imex for d in rec.devices if not d.admin_access
+        )
+
     # -- unprepare -------------------------------------------------------------------------
     def simple(self, rec: ClaimRecord) -> bool:
         """Nothing but a CDI spec and the record: no MIG device, MIG mode or sharing
@@ -189,7 +225,10 @@ class Executor:
             self.mig is None
             and rec.migrated_from is None  # its record may not say all: the ledgers do
             and all(
-                d.carve is None and d.sharing is None and (d.share is None or d.admin_access)
+                d.carve is None
+                and d.sharing is None
+                and d.imex is None
+                and (d.share is None or d.admin_access)
                 for d in rec.devices
             )
         )
@@ -197,6 +236,8 @@ class Executor:
     def release(self, journal: Journal, rec: ClaimRecord) -> None:
         """Undoes a prepared (or half-prepared) claim and forgets it. A step that fails
         raises a DriverError and leaves the record, so the kubelet's retry finishes it."""
+        if self.imex is not None:
+            self.imex.undo(rec)
         if self.sharing is not None:
             try:
                 self.sharing.undo(rec)
@@ -300,6 +341,23 @@ class Executor:
         whole = {d.uuid for d in rec.devices if d.kind == "gpu" and d.uuid}
         if whole:
             self.mig.restore_disabled(whole, journal.held_whole(rec.uid))
+
+
+def imex_device(d: PreparedDevice, node: DeviceNode) -> cdi.CdiDevice:
+    """An IMEX channel in the container: its device node, and which domain and channel."""
+    assert d.imex is not None
+    return cdi.CdiDevice(
+        name=d.cdi_name,
+        device=d.device,
+        uuid="",
+        device_nodes=(node,),
+        group=",".join(d.request_names),
+        env=(
+            f"DRADRIVER_IMEX_CHANNEL={d.imex.channel}",
+            f"DRADRIVER_COMPUTE_DOMAIN={d.imex.namespace}/{d.imex.domain}",
+        ),
+        gpu=False,
+    )
 
 
 def share_env(d: PreparedDevice) -> list[str]:

@@ -47,13 +47,12 @@ def check_identity(
             )
         return
     if published is None and IMEX_CHANNEL.fullmatch(device):
-        # Published with --imex-channels on, for the ComputeDomain controller and the
-        # scheduler to place jobs by; preparing one needs the node's IMEX daemon.
         raise DeviceError(
-            f"claim {ref}: device {device} is an IMEX channel of a ComputeDomain; this "
-            "plugin publishes channels (--imex-channels on) but cannot prepare them yet "
-            "(the node side of IMEX, issue Q12): run it with --imex-channels off",
-            reason="imex_not_prepared",
+            f"claim {ref}: device {device} is an IMEX channel, which this node does not "
+            "publish (any more): its GPUs are not all in one fabric clique, its driver is "
+            "older than 570.158.01, or the plugin runs with --imex-channels off; "
+            f"{_AGAIN}",
+            reason="not_published",
         )
     if published is None:
         raise DeviceError(

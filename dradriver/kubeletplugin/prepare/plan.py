@@ -17,6 +17,11 @@ from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.cdi import qualified_name
+from dradriver.kubeletplugin.prepare.channels import (
+    channel_device,
+    channel_number,
+    check_one_domain,
+)
 from dradriver.kubeletplugin.prepare.identity import check_identity
 from dradriver.kubeletplugin.prepare.shares import check_room, share_of
 from dradriver.kubeletplugin.state.records import (
@@ -321,14 +326,21 @@ def plan(
     now: float,
     consumable: Consumable = OFF,
     identities: Mapping[str, GpuIdentity] | None = None,
+    channels: bool = False,
 ) -> ClaimRecord:
     """The record of everything prepare does for `claim`, in state PrepareStarted: the
     devices with their request names, GPU minors, MIG ids or carve intents, and sharing
     setups, nothing applied yet. `identities`: the name book (which GPU each name was
-    published for). Raises a typed DriverError for a claim this node cannot prepare."""
+    published for); `channels`: the node publishes IMEX channels. Raises a typed
+    DriverError for a claim this node cannot prepare."""
     cd = claim_devices(claim, ref, driver, node)
     records: dict[tuple[str, str], PreparedDevice] = {}
     for pd in cd.devices:
+        if channels and pd.device not in devices and channel_number(pd.device) is not None:
+            records[(pd.device, "")] = channel_device(
+                ref, driver, node, pd.request_name, pd.device, pd.configs
+            )
+            continue
         dev = devices.get(pd.device)
         check_identity(ref, pd.device, dev, identities or {}, devices)
         assert dev is not None  # check_identity raised otherwise
@@ -383,9 +395,14 @@ def plan(
         )
         out.cdi_device_ids = [qualified_name(driver, out.cdi_name, ref.uid)]
     exclusive = [
-        (devices[r.device], r.share is not None) for r in records.values() if not r.admin_access
+        (devices[r.device], r.share is not None)
+        for r in records.values()
+        if not r.admin_access and r.imex is None
     ]
     check_exclusive(checkpoint, ref, exclusive, devices)
+    imex = [r for r in records.values() if r.imex is not None]
+    if imex:
+        check_one_domain(checkpoint, ref, imex)
     shared = [(r, devices[r.device]) for r in records.values() if r.share and not r.admin_access]
     if shared:
         check_room(checkpoint, ref, shared, consumable)

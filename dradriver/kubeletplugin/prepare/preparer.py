@@ -240,14 +240,13 @@ class Preparer:
             now=time.time(),
             consumable=self.consumable,
             identities=self.names() if self.names is not None else None,
+            channels=self.executor.imex is not None,
         )
         if not self.executor.simple(rec):
             self.executor.check(rec)
             self._in_flight.add(rec.uid)
-            if not any(d.carve or d.sharing or d.share for d in rec.devices if not d.admin_access):
-                # A whole GPU in dynamic MIG mode: its one hardware step (MIG mode off)
-                # is in the MIG ledger before it is taken, so no intent is saved for it,
-                # as before per-GPU locks; the completed record is its one save.
+            if not self.executor.needs_intent(rec):
+                # A whole GPU in dynamic MIG mode: its MIG ledger is its intent.
                 return (rec.devices, rec), None
             cp.claims[rec.uid] = rec.copy()  # the intent; the work is on `rec`
             self._count(cp)
@@ -334,6 +333,8 @@ class Preparer:
             except CdiError as exc:
                 raise exc.retold(f"claim {ref}: {exc}") from exc
             log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
+        if self.executor.imex is not None:
+            self.executor.imex.ensure(rec, lambda: None)  # its PID file finds it otherwise
         if (pm := self.executor.pod_memory) is not None:
             # Asked again after the kubelet's restart or a reboot: the pod's cgroup is new.
             pm.apply(rec, lambda: pod_totals(r for r in cp.claims.values() if r.uid != rec.uid))

@@ -39,6 +39,8 @@ def reconcile(
         except MigError as exc:
             log.error("MIG reconciliation incomplete", error=str(exc))
     for rec in undo:
+        if ex.imex is not None:
+            ex.imex.undo(rec)
         if ex.sharing is not None:
             try:
                 ex.sharing.undo(rec)
@@ -64,9 +66,14 @@ def reconcile(
                 rec, functools.partial(_others, cp, rec.uid)
             ):
                 store.save(cp)
+    if ex.imex is not None:
+        # A reboot ended the IMEX daemons of the claims still prepared: started again.
+        for rec in cp.claims.values():
+            if rec.state == PREPARE_COMPLETED:
+                ex.imex.ensure(rec, lambda: store.save(cp))
     local = devices()
     for rec in cp.claims.values():
-        missing = [d.device for d in rec.devices if d.device not in local]
+        missing = [d.device for d in rec.devices if d.device not in local and d.imex is None]
         if missing:
             log.error(
                 "prepared claim refers to devices this node no longer has",

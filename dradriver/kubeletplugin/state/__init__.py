@@ -5,6 +5,7 @@
   sharing, kept apart from the checkpoint so that losing it loses nothing;
 - journal.py, group_commit.py: each step recorded, several callers' saves in one fsync;
 - pod_limits.py: what the prepared shares of each GPU give each pod (pure, over records);
+- share.py, imex.py: a share's and an IMEX channel's part of a prepared device's record;
 - files.py, gpu_locks.py: atomic writes, the node lock, per-GPU locks.
 
 Imports no other package of the plugin: everything else builds on it.

@@ -22,6 +22,7 @@ from dradriver.kubeletplugin.state.decode import obj as _object
 from dradriver.kubeletplugin.state.decode import optional as optional
 from dradriver.kubeletplugin.state.decode import str_list as str_list
 from dradriver.kubeletplugin.state.decode import unknown as unknown
+from dradriver.kubeletplugin.state.imex import ImexDaemon as ImexDaemon
 from dradriver.kubeletplugin.state.share import Share as Share
 
 PREPARE_STARTED: Final = "PrepareStarted"
@@ -214,7 +215,7 @@ def sharing_from_json(value: Any, where: str) -> Sharing:
 # -- devices, claims, the checkpoint ----------------------------------------------------------
 
 _DEVICE_KEYS = ("requestNames", "pool", "device", "cdiDeviceIds", "uuid", "kind", "extra")
-_EXTRA_KEYS = ("minor", "carve", "mig", "sharing", "adminAccess", "share")
+_EXTRA_KEYS = ("minor", "carve", "mig", "sharing", "adminAccess", "share", "imex")
 _CLAIM_KEYS = (
     "uid", "namespace", "name", "state", "devices", "updatedAt", "extra", "migratedFrom",
     "minReader",
@@ -231,7 +232,7 @@ class PreparedDevice:
     device: str
     cdi_device_ids: list[str]
     uuid: str | None = None  # a partition's MIG UUID is known once carved
-    kind: str = "gpu"  # "gpu" | "mig"
+    kind: str = "gpu"  # "gpu" | "mig" | "imex-channel"
     minor: int | None = None  # of the (parent) GPU: /dev/nvidia<minor>
     carve: Carve | None = None  # a partition carved at prepare
     mig: MigIds | None = None  # an existing MIG device
@@ -241,6 +242,8 @@ class PreparedDevice:
     admin_access: bool = False
     # One share of a device that allows multiple allocations; None: the whole device.
     share: Share | None = None
+    # An IMEX channel of a ComputeDomain, and the node's IMEX daemon for it.
+    imex: ImexDaemon | None = None
     # Keys of "extra" and of the device written by a newer release; written back
     # unchanged so a downgrade followed by an upgrade does not lose them.
     extra_unknown: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -279,6 +282,8 @@ class PreparedDevice:
             extra["adminAccess"] = True
         if self.share is not None:
             extra["share"] = self.share.to_json()
+        if self.imex is not None:
+            extra["imex"] = self.imex.to_json()
         return {
             **self.unknown,
             "requestNames": list(self.request_names),
@@ -310,6 +315,7 @@ class PreparedDevice:
             else None,
             admin_access=optional(extra, "adminAccess", bool, False, ew),
             share=Share.from_json(extra["share"], f"{ew}.share") if extra.get("share") else None,
+            imex=ImexDaemon.from_json(extra["imex"], f"{ew}.imex") if extra.get("imex") else None,
             extra_unknown=unknown(extra, _EXTRA_KEYS),
             unknown=unknown(obj, _DEVICE_KEYS),
         )

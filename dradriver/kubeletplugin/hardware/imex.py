@@ -1,0 +1,209 @@
+"""The node's IMEX daemon for a ComputeDomain's channel: checked against the domain, then
+started with every node of the domain as its peers, waited for until it answers READY,
+stopped at unprepare.
+
+The IMEX guide says what this leans on: the daemon reads its config and nodes file once
+at start (a change means a restart), is "ready for processing immediately after
+starting", reconnects to peers that come and go, and tells its peers when SIGTERM ends
+it. So the daemon starts once every node of the domain is known (the controller lists
+them in the domain's status as their claims are allocated), never with half a list;
+until then prepare fails with what it waits for, and the kubelet retries.
+
+Each step is recorded before it is taken (the intent: the config directory; then the
+daemon's PID), so a crash leaves nothing the startup reconcile cannot stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dradriver.errors import ImexError
+from dradriver.kubeletplugin.state.records import ClaimRecord, ImexDaemon, PreparedDevice
+from dradriver.logs import get_logger
+from dradriver.nvml.host import GpuHost, mps_alive
+
+log = get_logger("kubeletplugin.imex")
+
+DEFAULT_PORT = 50000  # the IMEX guide's SERVER_PORT default
+DEFAULT_CMD_PORT = 50005
+READY_TIMEOUT = 10.0
+Obj = dict[str, Any]
+
+
+def config_text(d: ImexDaemon, nodes_file: Path, port: int, cmd_port: int) -> str:
+    """The daemon's config.cfg (IMEX guide, "IMEX Service Config Options")."""
+    return (
+        "# Written by the dradriver kubelet plugin for ComputeDomain "
+        f"{d.namespace}/{d.domain} ({d.domain_uid}), channel {d.channel}\n"
+        "DAEMONIZE=0\n"
+        f"BIND_INTERFACE_IP={d.address}\n"
+        f"SERVER_PORT={port}\n"
+        f"IMEX_NODE_CONFIG_FILE={nodes_file}\n"
+        "IMEX_CMD_ENABLED=1\n"
+        f"IMEX_CMD_PORT={cmd_port}\n"
+    )
+
+
+def peers_of(domain: Obj, node: str, uid: str) -> tuple[str, tuple[str, ...]] | str:
+    """(this node's address, every node's address) from the domain's status, or what
+    is still missing."""
+    status = domain.get("status") or {}
+    want = int((domain.get("spec") or {}).get("numNodes") or 0)
+    nodes = [n for n in status.get("nodes") or [] if isinstance(n, dict)]
+    joined = sorted(str(n.get("name")) for n in nodes)
+    mine = next((n for n in nodes if n.get("name") == node), None)
+    if mine is None or not mine.get("address"):
+        return (
+            f"the ComputeDomain controller has not listed this node ({node}) in the domain "
+            f"yet (joined: {', '.join(joined) or 'none'})"
+        )
+    if len(nodes) < want:
+        return f"{len(nodes)} of {want} nodes of the domain have joined ({', '.join(joined)})"
+    missing = [str(n.get("name")) for n in nodes if not n.get("address")]
+    if missing:
+        return f"no IMEX address known for {', '.join(missing)}"
+    return str(mine["address"]), tuple(sorted(str(n["address"]) for n in nodes))
+
+
+@dataclass
+class ImexSteps:
+    host: GpuHost
+    node: str
+    state_dir: Path
+    # GET of the claim's ComputeDomain (namespace, name); raises ImexError.
+    domain_of: Callable[[str, str], Obj]
+    clique: Callable[[], str | None]  # the node's fabric clique now
+    port: int = DEFAULT_PORT
+    cmd_port: int = DEFAULT_CMD_PORT
+    ready_timeout: float = READY_TIMEOUT
+
+    def apply(self, rec: ClaimRecord, record: Callable[[], None]) -> None:
+        for d in rec.devices:
+            if d.imex is not None:
+                self._one(rec, d, d.imex, record)
+
+    def _one(
+        self, rec: ClaimRecord, d: PreparedDevice, im: ImexDaemon, record: Callable[[], None]
+    ) -> None:
+        where = f"ComputeDomain {im.namespace}/{im.domain}"
+        domain = self.domain_of(im.namespace, im.domain)
+        uid = (domain.get("metadata") or {}).get("uid")
+        if uid != im.domain_uid:
+            raise ImexError(
+                f"{where} is not the domain the claim was made for (uid {uid}, the claim's "
+                f"config names {im.domain_uid}): it was deleted and made again; delete the "
+                "job's pods so that their claims are made from the new domain's template",
+                reason="imex_domain_replaced",
+            )
+        status = domain.get("status") or {}
+        mine, theirs = self.clique(), status.get("clique")
+        if theirs != mine:
+            raise ImexError(
+                f"{where} is in fabric clique {theirs}, but this node ({self.node}) is in "
+                f"{mine or 'no clique'}: its GPUs cannot reach the domain's over NVLink",
+                reason="imex_wrong_clique",
+            )
+        if status.get("channel") != im.channel:
+            raise ImexError(
+                f"{where} holds IMEX channel {status.get('channel')}, not {d.device}",
+                reason="imex_wrong_channel",
+            )
+        found = peers_of(domain, self.node, im.domain_uid)
+        if isinstance(found, str):
+            raise ImexError(
+                f"{where}: waiting for its nodes before starting this node's IMEX daemon: "
+                f"{found}; the kubelet retries",
+                reason="imex_waiting",
+            )
+        im.address, im.peers = found
+        cfg_dir = self.state_dir / "imex" / im.domain_uid
+        im.config_dir = str(cfg_dir)
+        record()  # the intent: a crash from here leaves a directory to clean
+        cfg_dir.mkdir(parents=True, exist_ok=True)
+        nodes = cfg_dir / "nodes_config.cfg"
+        nodes.write_text("".join(f"{p}\n" for p in im.peers))
+        config = cfg_dir / "config.cfg"
+        config.write_text(config_text(im, nodes, self.port, self.cmd_port))
+        im.pid = self.host.start_imex(config, cfg_dir / "imex.log")
+        (cfg_dir / "daemon.pid").write_text(f"{im.pid}\n")
+        record()
+        log.info(
+            "IMEX daemon started",
+            claim=rec.ref,
+            claim_uid=rec.uid,
+            domain=f"{im.namespace}/{im.domain}",
+            channel=im.channel,
+            address=im.address,
+            peers=",".join(im.peers),
+            pid=im.pid,
+        )
+        self._wait_ready(im, config, where)
+
+    def _wait_ready(self, im: ImexDaemon, config: Path, where: str) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        said = ""
+        while time.monotonic() < deadline:
+            if im.pid is not None and not mps_alive(im.pid):
+                raise ImexError(
+                    f"{where}: this node's IMEX daemon exited at start; see "
+                    f"{Path(config).parent / 'imex.log'}",
+                    reason="imex_exited",
+                )
+            ready, said = self.host.imex_ready(config)
+            if ready:
+                return
+            time.sleep(0.1)
+        raise ImexError(
+            f"{where}: this node's IMEX daemon did not answer READY within "
+            f"{self.ready_timeout:.0f} s (nvidia-imex-ctl -q: {said or 'no answer'}); it is "
+            f"stopped and the kubelet retries; see {Path(config).parent / 'imex.log'}",
+            reason="imex_not_ready",
+        )
+
+    def ensure(self, rec: ClaimRecord, record: Callable[[], None]) -> None:
+        """A prepared claim whose daemon is gone (the node rebooted; someone killed it):
+        started again from its config, at startup and on the kubelet's repeated
+        prepare. Not waited for: IMEX is ready at once after starting (the guide), and
+        this may run under the node lock."""
+        for d in rec.devices:
+            im = d.imex
+            if im is None or im.config_dir is None or (im.pid is not None and mps_alive(im.pid)):
+                continue
+            config = Path(im.config_dir) / "config.cfg"
+            if not config.exists():
+                continue  # interrupted before its config: the startup reconcile undoes it
+            im.pid = self.host.start_imex(config, Path(im.config_dir) / "imex.log")
+            (Path(im.config_dir) / "daemon.pid").write_text(f"{im.pid}\n")
+            record()
+            log.info(
+                "IMEX daemon started again",
+                claim=rec.ref,
+                claim_uid=rec.uid,
+                domain=f"{im.namespace}/{im.domain}",
+                pid=im.pid,
+            )
+
+    def undo(self, rec: ClaimRecord) -> None:
+        """Stops the claim's daemons and removes their files (idempotent). The PID file
+        beside the config finds a daemon whose PID a crash kept out of the record."""
+        for d in rec.devices:
+            im = d.imex
+            if im is None:
+                continue
+            pids = {im.pid} if im.pid is not None else set()
+            if im.config_dir is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.add(int((Path(im.config_dir) / "daemon.pid").read_text().strip()))
+            for pid in pids:
+                self.host.stop_imex(pid)
+                log.info("IMEX daemon stopped", claim=rec.ref, claim_uid=rec.uid, pid=pid)
+            im.pid = None
+            if im.config_dir is not None:
+                shutil.rmtree(im.config_dir, ignore_errors=True)
+                im.config_dir = None

@@ -1,0 +1,80 @@
+"""IMEX channels in the prepare plan (pure): a channel device allocated to a claim, with
+the ComputeDomain its config names, becomes a record whose daemon hardware/imex.py
+starts; one domain per node at a time (one IMEX daemon a node), refused otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dradriver.errors import ConfigError, DeviceError
+from dradriver.kubeletplugin.claimref import ClaimRef
+from dradriver.kubeletplugin.prepare.cdi import qualified_name
+from dradriver.kubeletplugin.state.records import Checkpoint, ImexDaemon, PreparedDevice
+
+CHANNEL = re.compile(r"channel-([0-9]{1,4})")
+KIND = "imex-channel"
+
+
+def channel_number(device: str) -> int | None:
+    m = CHANNEL.fullmatch(device)
+    return int(m.group(1)) if m else None
+
+
+def channel_device(
+    ref: ClaimRef,
+    driver: str,
+    node: str,
+    request: str,
+    device: str,
+    configs: tuple[dict[str, Any], ...],
+) -> PreparedDevice:
+    """The record of a channel device; its config must say which ComputeDomain."""
+    from dradriver.api.config import ComputeDomainChannelConfig, effective
+
+    n = channel_number(device)
+    assert n is not None
+    try:
+        cfg = effective(list(configs), KIND, request)
+    except ConfigError as exc:
+        raise ConfigError(f"claim {ref}: {exc}", reason="config") from exc
+    if not isinstance(cfg, ComputeDomainChannelConfig):
+        raise ConfigError(
+            f"claim {ref}: device {device} is an IMEX channel, which is given only for a "
+            "ComputeDomain: make the claim from the domain's ResourceClaimTemplate "
+            "(spec.channel.resourceClaimTemplate.name), whose config names the domain",
+            reason="config",
+        )
+    out = PreparedDevice(
+        request_names=[request],
+        pool=node,
+        device=device,
+        cdi_device_ids=[],
+        kind=KIND,
+        imex=ImexDaemon(cfg.domainUID, cfg.domain, ref.namespace, n),
+    )
+    out.cdi_device_ids = [qualified_name(driver, out.cdi_name, ref.uid)]
+    return out
+
+
+def check_one_domain(cp: Checkpoint, ref: ClaimRef, channels: list[PreparedDevice]) -> None:
+    """A node runs one IMEX daemon: a channel of another domain, or the same channel in
+    another claim, is refused while a claim here holds one."""
+    for other in cp.claims.values():
+        if other.uid == ref.uid:
+            continue
+        for od in other.devices:
+            if od.imex is None:
+                continue
+            for d in channels:
+                assert d.imex is not None
+                if od.device == d.device or od.imex.domain_uid != d.imex.domain_uid:
+                    raise DeviceError(
+                        f"claim {ref}: this node's IMEX daemon serves ComputeDomain "
+                        f"{od.imex.namespace}/{od.imex.domain} (claim "
+                        f"{other.namespace}/{other.name}, {od.device}); a node is in one "
+                        f"IMEX domain at a time, so {d.device} of ComputeDomain "
+                        f"{d.imex.namespace}/{d.imex.domain} waits until that one ends",
+                        reason="imex_node_busy",
+                    )
