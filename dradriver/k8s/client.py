@@ -130,10 +130,16 @@ class Kube:
         from dradriver.k8s.transport import TransportError
 
         url = self._base + path + _query(query)
-        # Encoded here, compactly: the API server keeps opaque config parameters byte for
-        # byte, and a later PATCH (which re-encodes them compactly) must not look like a
-        # change to an immutable field.
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        # Encoded here, compactly and with sorted keys, as Go encodes: the API server keeps
+        # opaque config parameters byte for byte, and a later PATCH or server-side apply
+        # (which re-encodes them so) must not look like a change to an immutable field; a
+        # ComputeDomain's template written in insertion order made every claim from it
+        # refuse its node's status apply ("status.allocation: field is immutable").
+        data = (
+            None
+            if body is None
+            else json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        )
         t = timeout if timeout is not None else self._timeout
         deadline = time.monotonic() + (sum(t) if isinstance(t, tuple) else t)
         renewed = False

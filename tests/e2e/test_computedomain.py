@@ -14,9 +14,11 @@ what the controller reads is what the API server holds for real claims.
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shutil
 import signal
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +28,9 @@ import pytest
 
 from dradriver.api import computedomain as cd
 from dradriver.k8s import Kube, KubeError, path_for
+from dradriver.nvml.host import mps_alive
+from fakenvml.host import stop_fake_daemons
+from fakenvml.imexctl import query
 
 from .helpers import (
     RES,
@@ -84,12 +89,32 @@ class Controller(DradriverProcess):
         )
 
 
+class Rack(dict[str, str]):
+    """node -> its fabric clique, as its plugin published it; and the nodes' processes."""
+
+    kubelets: dict[str, HollowNode]
+    plugins: dict[str, PluginProc]
+
+    def imex_configs(self, node: str) -> list[Path]:
+        return sorted((self.plugins[node].state_dir / "imex").glob("*/config.cfg"))
+
+
+def _loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind((ADDRESS["cd-a1"], 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture(scope="module")
-def rack(cluster: Cluster, kube: Kube) -> Iterator[dict[str, str]]:
-    """node -> its fabric clique, as its plugin published it."""
+def rack(cluster: Cluster, kube: Kube) -> Iterator[Rack]:
     ensure_device_classes(kube)
     tmp = Path(tempfile.mkdtemp(prefix="drk-cd-"))
     procs: list[DradriverProcess] = []
+    out = Rack()
+    out.kubelets, out.plugins = {}, {}
+    # Every node's IMEX daemon on the same ports, each on its own address.
+    imex = ["--imex-channels", "on", "--imex-port", str(_loopback_port())]
+    imex += ["--imex-cmd-port", str(_loopback_port())]
     try:
         for node, spec in RACK.items():
             kubelet = HollowNode(
@@ -101,10 +126,9 @@ def rack(cluster: Cluster, kube: Kube) -> Iterator[dict[str, str]]:
             procs.append(kubelet)
             kubelet.start()
             kubelet.wait_node_ready(kube)
-            plugin = PluginProc(
-                cluster.kubeconfig, kubelet, spec, extra_args=["--imex-channels", "on"]
-            )
+            plugin = PluginProc(cluster.kubeconfig, kubelet, spec, extra_args=imex)
             procs.append(plugin)
+            out.kubelets[node], out.plugins[node] = kubelet, plugin
             plugin.start()
         cliques: dict[str, str] = {}
 
@@ -133,10 +157,14 @@ def rack(cluster: Cluster, kube: Kube) -> Iterator[dict[str, str]]:
                 ),
                 f"node {node} labelled with its clique",
             )
-        yield cliques
+        out.update(cliques)
+        yield out
     finally:
         for p in reversed(procs):
             p.stop()
+        # The nodes' IMEX daemons run in their own sessions, as on a node; a test that
+        # failed before its pods ended leaves them to this.
+        stop_fake_daemons(tmp)
         for node in RACK:
             with contextlib.suppress(KubeError):
                 kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
@@ -305,7 +333,7 @@ def test_the_api_server_enforces_the_crds_rules(kube: Kube, namespace: str) -> N
 
 
 def test_domains_are_placed_tracked_and_cleaned_up(
-    kube: Kube, namespace: str, rack: dict[str, str], controllers: Callable[[str], Controller]
+    kube: Kube, namespace: str, rack: Rack, controllers: Callable[[str], Controller]
 ) -> None:
     controllers("one")
     ns = namespace
@@ -369,7 +397,7 @@ def test_domains_are_placed_tracked_and_cleaned_up(
 
 
 def test_a_deletion_while_the_controller_is_down_is_finished_after_it_starts(
-    kube: Kube, namespace: str, rack: dict[str, str], controllers: Callable[[str], Controller]
+    kube: Kube, namespace: str, rack: Rack, controllers: Callable[[str], Controller]
 ) -> None:
     ctl = controllers("first")
     kube.create(path_for(*CDS, namespace), domain("brief", 1))
@@ -391,7 +419,7 @@ def test_two_replicas_one_writer_and_a_clean_handover(
     kube: Kube,
     namespace: str,
     lease_ns: str,
-    rack: dict[str, str],
+    rack: Rack,
     controllers: Callable[[str], Controller],
 ) -> None:
     lease = path_for("coordination.k8s.io/v1", "leases", lease_ns, "dradriver-controller")
@@ -430,34 +458,38 @@ def job_pod(name: str, template: str) -> dict[str, Any]:
     }
 
 
-def test_the_scheduler_puts_a_jobs_pods_in_the_domains_clique_one_a_node(
-    kube: Kube, namespace: str, rack: dict[str, str], controllers: Callable[[str], Controller]
+def running(kube: Kube, ns: str, pod: str, timeout: float = 90) -> dict[str, Any]:
+    path = path_for("v1", "pods", ns, pod)
+    return wait_for(
+        lambda: (p := get_or_none(kube, path)) and p["status"].get("phase") == "Running" and p,
+        f"pod {pod} running",
+        timeout,
+    )
+
+
+def events_of(kube: Kube, ns: str, pod: str) -> str:
+    items = kube.list(path_for("v1", "events", ns), fieldSelector=f"involvedObject.name={pod}")
+    return "\n".join(e.get("message", "") for e in items.get("items", []))
+
+
+def test_a_two_node_job_runs_in_one_imex_domain(
+    kube: Kube, namespace: str, rack: Rack, controllers: Callable[[str], Controller]
 ) -> None:
-    """The real scheduler allocates each pod's channel claim from the domain's template:
-    the pinned clique and channel keep both pods on the pair, on two nodes; the third
-    node (the other clique) is never chosen."""
+    """The real scheduler allocates each pod's channel claim from the domain's template
+    (both pods on the pair, one a node; the other clique never); each node's plugin
+    starts its IMEX daemon once both nodes have joined, with both as peers; the pods run
+    with the channel's device node; the domain reads Ready; deleting the pods stops the
+    daemons and leaves no file behind."""
     controllers("sched")
     ns = namespace
     kube.create(path_for(*CDS, ns), domain("job", 2))
     wait_reason(kube, ns, "job", "WaitingForPods")
     for i in range(2):
         kube.create(path_for("v1", "pods", ns), job_pod(f"job-{i}", "job-channel"))
-
-    def bound() -> set[str] | None:
-        nodes = {
-            (get_or_none(kube, path_for("v1", "pods", ns, f"job-{i}")) or {})
-            .get("spec", {})
-            .get("nodeName")
-            for i in range(2)
-        }
-        return nodes if None not in nodes else None
-
-    assert wait_for(bound, "both pods scheduled", 60) == {"cd-a1", "cd-a2"}
-    cond = wait_reason(kube, ns, "job", "WaitingForNodes")
-    # Joined, and not ready: no IMEX daemon runs on the nodes yet (the node side).
-    assert cond["message"] == (
-        "0 of 2 nodes ready; joined: cd-a1, cd-a2; IMEX daemon not ready yet on cd-a1, cd-a2"
-    )
+    pods = [running(kube, ns, f"job-{i}") for i in range(2)]
+    assert {p["spec"]["nodeName"] for p in pods} == {"cd-a1", "cd-a2"}
+    cond = wait_reason(kube, ns, "job", "NodesReady")
+    assert cond["status"] == "True" and cond["message"] == "2 of 2 nodes ready: cd-a1, cd-a2"
     claims = kube.list(path_for(RES, "resourceclaims", ns)).get("items", [])
     devices = sorted(
         (r["pool"], r["device"])
@@ -465,5 +497,63 @@ def test_the_scheduler_puts_a_jobs_pods_in_the_domains_clique_one_a_node(
         for r in c["status"]["allocation"]["devices"]["results"]
     )
     assert devices == [("cd-a1", "channel-0"), ("cd-a2", "channel-0")]
+    for p in pods:
+        node = p["spec"]["nodeName"]
+        rec = rack.kubelets[node].container(p["metadata"]["uid"], "main")
+        assert rec is not None
+        assert "/dev/nvidia-caps-imex-channels/channel0" in json.dumps(rec), rec
+        assert "DRADRIVER_IMEX_CHANNEL=0" in rec["env"]
+        # The node's daemon: both nodes as peers, connected to the other.
+        (config,) = rack.imex_configs(node)
+        assert (config.parent / "nodes_config.cfg").read_text().split() == sorted(
+            [ADDRESS["cd-a1"], ADDRESS["cd-a2"]]
+        )
+        wait_for(
+            lambda config=config: all(n["connected"] for n in query(config)["nodes"]),
+            f"{node}'s IMEX daemon connected to its peer",
+        )
+    pids = [
+        int((c.parent / "daemon.pid").read_text())
+        for n in ("cd-a1", "cd-a2")
+        for c in rack.imex_configs(n)
+    ]
+    assert rack.imex_configs("cd-b1") == []
     for i in range(2):
-        kube.delete(path_for("v1", "pods", ns, f"job-{i}"), grace_period=0)
+        kube.delete(path_for("v1", "pods", ns, f"job-{i}"))
+    for i in range(2):
+        wait_for(
+            lambda i=i: get_or_none(kube, path_for("v1", "pods", ns, f"job-{i}")) is None,
+            "pod gone",
+            60,
+        )
+    wait_for(lambda: not any(mps_alive(p) for p in pids), "the IMEX daemons stopped", 30)
+    assert rack.imex_configs("cd-a1") == rack.imex_configs("cd-a2") == []
+
+
+def test_a_daemon_that_never_gets_ready_keeps_its_pod_from_starting_and_says_why(
+    kube: Kube, namespace: str, rack: Rack, controllers: Callable[[str], Controller]
+) -> None:
+    """Without the binding-condition gates, the pod waits in ContainerCreating: its
+    prepare fails, naming the IMEX layer, and the kubelet retries."""
+    controllers("stuck")
+    faults = rack.plugins["cd-b1"].state_dir / "fake-imex-faults.json"
+    faults.write_text(json.dumps({"neverReady": True}))
+    try:
+        ns = namespace
+        kube.create(path_for(*CDS, ns), domain("stuck", 1))
+        wait_reason(kube, ns, "stuck", "WaitingForPods")
+        kube.create(path_for("v1", "pods", ns), job_pod("stuck-0", "stuck-channel"))
+        said = wait_for(
+            lambda: "IMEX layer" in (e := events_of(kube, ns, "stuck-0")) and e,
+            "the pod's event naming the IMEX layer",
+            60,
+        )
+        assert "did not answer READY" in said and "nvidia-imex-ctl -q: UNAVAILABLE" in said
+        pod = kube.get(path_for("v1", "pods", ns, "stuck-0"))
+        assert pod["spec"]["nodeName"] == "cd-b1" and pod["status"].get("phase") == "Pending"
+        cond = wait_reason(kube, ns, "stuck", "WaitingForNodes")
+        assert "IMEX daemon not ready yet on cd-b1" in cond["message"]
+        kube.delete(path_for("v1", "pods", ns, "stuck-0"), grace_period=0)
+    finally:
+        faults.unlink()
+    wait_for(lambda: rack.imex_configs("cd-b1") == [], "no daemon left on cd-b1", 30)
