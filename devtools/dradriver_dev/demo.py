@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -31,6 +32,7 @@ import yaml
 from dradriver.commands import dev_nodes
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
 from dradriver_dev import addons, cluster
+from dradriver_dev import demo_domains as domains
 from dradriver_dev import hollow_node as hollow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,9 +46,15 @@ NODES = {
     "h100-node": ("fake:8xH100-80GB", "dynamic"),
     "mixed-node": ("fake:4xA100-80GB:nvlink=pairs+2xL4", "none"),
     "shared-node": ("fake:1xH100-80GB", "none"),
+    # Two GB200 trays of one NVL72 rack's fabric clique: the ComputeDomain job's nodes.
+    **{t: (f"fake:@{domains.TRAY}", "none") for t in domains.TRAYS},
 }
-# Further plugin flags of a node: the shared node's GPU goes to several claims by memory.
-PLUGIN_ARGS = {"shared-node": ["--consumable-capacity", "memory"]}
+# Further plugin flags of a node: the shared node's GPU goes to several claims by memory;
+# the trays publish IMEX channels (their daemons' ports are chosen at start).
+PLUGIN_ARGS = {
+    "shared-node": ["--consumable-capacity", "memory"],
+    **{t: ["--imex-channels", "on"] for t in domains.TRAYS},
+}
 SHOWN_ENV = (
     "NVIDIA_VISIBLE_DEVICES",
     "DRADRIVER_CLAIM",
@@ -61,6 +69,14 @@ PLACEMENT = {
     "prioritized-list": "mixed-node",
     **{p: "shared-node" for p in ("share-a", "share-b", "share-c")},
 }
+
+
+@functools.cache
+def imex_ports() -> tuple[int, int]:
+    """The trays' IMEX daemons' SERVER_PORT and IMEX_CMD_PORT: one pair for all, as real
+    nodes share one; chosen once per demo."""
+    server, cmd = cluster._free_ports(2)
+    return server, cmd
 
 
 def say(msg: str) -> None:
@@ -113,6 +129,7 @@ def start_node(
             "--kubeconfig",
             kubeconfig,
             "--alpha",
+            *(domains.kubelet_args(name) if name in domains.TRAYS else []),
         ],
         stdout=open(logs / f"{name}-kubelet.log", "ab"),  # noqa: SIM115
         stderr=subprocess.STDOUT,
@@ -147,6 +164,7 @@ def start_node(
             "--healthz-port",
             str(healthz_port),
             *PLUGIN_ARGS.get(name, []),
+            *(domains.plugin_args(imex_ports()) if name in domains.TRAYS else []),
         ],
         stdout=open(logs / f"{name}-plugin.log", "ab"),  # noqa: SIM115
         stderr=subprocess.STDOUT,
@@ -197,7 +215,9 @@ def wait(what: str, fn: Any, timeout: float = 60.0) -> Any:
 # sick later, and that job would take a healthy GPU another example needs meanwhile).
 # The shares=4 and unlimited examples need a node in their own mode (the e2e tests run
 # them); the demo's shared node is in memory mode.
+# The ComputeDomain job has its own part of the demo, on the GB200 trays.
 NOT_APPLIED = {
+    "computedomain-job.yaml",
     "gpu-tolerating-unhealthy.yaml",
     "gpu-share-of-four.yaml",
     "gpu-share-unlimited.yaml",
@@ -415,6 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         print(summary(kube, pods, nodes))
         print(mig_layout(nodes))
         print()
+        domains.show(
+            kube,
+            NAMESPACE,
+            {n: nodes[n].root for n in domains.TRAYS},
+            {n: nodes[n].state for n in domains.TRAYS},
+            say,
+        )
         show_sick_gpu(kube, nodes["h100-node"])
         show_doctor(st.kubeconfig)
         say(f"done in {time.monotonic() - start:.0f}s")
