@@ -280,6 +280,9 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
             node_obj = None
         if not step(judge.node(args.node, node_obj)):
             return 1
+        imex_layer = judge.imex(published, node_obj)
+        if imex_layer is not None:
+            step(imex_layer)  # a warning at most: every other layer still counts
         if not step(
             judge.device_classes(args.driver_name, items(kube, path_for(RES, "deviceclasses")))
         ):

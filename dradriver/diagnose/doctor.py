@@ -261,6 +261,48 @@ def slices(driver: str, node: str, published: Sequence[Obj], nvml_uuids: set[str
     return Layer("slices", State.OK, counted)
 
 
+def imex(published: Sequence[Obj], node_obj: Obj | None) -> Layer | None:
+    """Multi-node NVLink: the node's IMEX channels, its clique label and its IMEX address;
+    None for a node whose GPUs are in no fabric clique (nothing to say)."""
+    from dradriver.api import computedomain as cd
+
+    devices = [d for s in published for d in s.get("spec", {}).get("devices", [])]
+
+    def attr(d: Obj, key: str) -> Any:
+        return (d.get("attributes", {}).get(key) or {}).get("string")
+
+    channels = [d for d in devices if attr(d, "type") == cd.CHANNEL_TYPE]
+    cliques = {
+        attr(d, "nvlinkDomain") for d in devices if cd.is_fabric_clique(attr(d, "nvlinkDomain"))
+    }
+    if not cliques:
+        return None
+    clique = ", ".join(sorted(cliques))
+    if not channels:
+        return Layer(
+            "imex",
+            State.WARN,
+            f"the GPUs are in fabric clique {clique}, but no IMEX channels are published: "
+            "ComputeDomains cannot use this node",
+            "run the plugin with --imex-channels on (driver 570.158.01 or later, with the "
+            "nvidia-imex package on the node)",
+        )
+    meta = (node_obj or {}).get("metadata") or {}
+    label = (meta.get("labels") or {}).get(cd.NVLINK_DOMAIN_LABEL)
+    if label != clique:
+        return Layer(
+            "imex",
+            State.WARN,
+            f"{_n(len(channels), 'IMEX channel')} in clique {clique}, but the Node's "
+            f"{cd.NVLINK_DOMAIN_LABEL} label is {label or 'missing'}",
+            "the plugin sets it after each discovery: its log says why it could not (the "
+            "chart grants nodes patch for it)",
+        )
+    return Layer(
+        "imex", State.OK, f"{_n(len(channels), 'IMEX channel')} published in clique {clique}"
+    )
+
+
 def node(name: str, obj: Obj | None) -> Layer:
     if obj is None:
         return Layer(

@@ -14,6 +14,7 @@ what the controller reads is what the API server holds for real claims.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import secrets
 import shutil
@@ -21,12 +22,14 @@ import signal
 import socket
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dradriver.api import computedomain as cd
+from dradriver.cli import main
 from dradriver.k8s import Kube, KubeError, path_for
 from dradriver.nvml.host import mps_alive
 from fakenvml.host import stop_fake_daemons
@@ -551,6 +554,22 @@ def test_a_daemon_that_never_gets_ready_keeps_its_pod_from_starting_and_says_why
         assert "did not answer READY" in said and "nvidia-imex-ctl -q: UNAVAILABLE" in said
         pod = kube.get(path_for("v1", "pods", ns, "stuck-0"))
         assert pod["spec"]["nodeName"] == "cd-b1" and pod["status"].get("phase") == "Pending"
+        # What `dradriver explain` says of it: the IMEX layer, and where to look.
+        out = io.StringIO()
+        with redirect_stdout(out):
+            main(
+                [
+                    "explain",
+                    "pod/stuck-0",
+                    "-n",
+                    ns,
+                    "--kubeconfig",
+                    rack.plugins["cd-b1"].kubeconfig,
+                ]
+            )
+        (verdict,) = [x for x in out.getvalue().splitlines() if x.startswith("=> ")]
+        assert verdict.startswith("=> IMEX: the pod is on cd-b1, waiting for its ComputeDomain")
+        assert "nvidia-imex-ctl -N" in verdict
         cond = wait_reason(kube, ns, "stuck", "WaitingForNodes")
         assert "IMEX daemon not ready yet on cd-b1" in cond["message"]
         kube.delete(path_for("v1", "pods", ns, "stuck-0"), grace_period=0)

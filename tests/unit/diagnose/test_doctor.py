@@ -189,3 +189,27 @@ def test_device_classes_and_gates() -> None:
     assert judge.feature_gates("dynamic", off).state is State.FAIL
     assert judge.feature_gates("static", off).state is State.OK
     assert judge.feature_gates("dynamic", {}).state is State.SKIP
+
+
+def test_imex_layer_names_missing_channels_and_a_wrong_label() -> None:
+    from dradriver.diagnose.doctor import imex
+
+    clique = "a1b2c3d4-0000-4000-8000-000000000001.1"
+    gpu = {
+        "name": "gpu-0",
+        "attributes": {"type": {"string": "gpu"}, "nvlinkDomain": {"string": clique}},
+    }
+    channel = {
+        "name": "channel-0",
+        "attributes": {"type": {"string": "imex-channel"}, "nvlinkDomain": {"string": clique}},
+    }
+    hgx = {"name": "gpu-1", "attributes": {"nvlinkDomain": {"string": "nvlink-42b5fb7b9bc0"}}}
+    assert imex([{"spec": {"devices": [hgx]}}], None) is None
+    layer = imex([{"spec": {"devices": [gpu]}}], None)
+    assert layer is not None and layer.state is State.WARN and "--imex-channels on" in layer.fix
+    labelled = {"metadata": {"labels": {"gpu.dradriver.io/nvlink-domain": clique}}}
+    layer = imex([{"spec": {"devices": [gpu, channel]}}], {"metadata": {}})
+    assert layer is not None and layer.state is State.WARN and "label is missing" in layer.text
+    layer = imex([{"spec": {"devices": [gpu, channel]}}], labelled)
+    assert layer is not None and layer.state is State.OK
+    assert layer.line() == f"ok    imex: 1 IMEX channel published in clique {clique}"

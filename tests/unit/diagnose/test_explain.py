@@ -285,3 +285,28 @@ def test_a_name_some_devices_lack_is_a_guard_not_a_typo() -> None:
     text = line(run(claim("c", sel), s, [node("n1"), node("n2")]))
     assert f"; 1 of 2 published devices have attribute {D}/migCapable." in text
     assert "did you mean" not in text and "Fix: guard attributes some devices lack" in text
+
+
+def test_a_pod_waiting_for_its_imex_daemon_is_told_so_with_the_fix() -> None:
+    c = claim("c", allocated=[("n1", "gpu-0")])
+    p = pod("p", "c", nodeName="n1")
+    said = (
+        "NodePrepareResources failed for claim default/c: claim default/c: IMEX layer: "
+        "ComputeDomain default/train: this node's IMEX daemon did not answer READY within "
+        "10 s (nvidia-imex-ctl -q: UNAVAILABLE); it is stopped and the kubelet retries"
+    )
+    event = {"type": "Warning", "reason": "FailedPrepareDynamicResources", "message": said}
+    world = build_world(slices("n1", "2xL4"), CLASSES, [c], [node("n1")], None)
+    r = explain("x", [ClaimRef("default/c", c)], world, p, [event])
+    assert r.finding is not None and r.finding.layer == "IMEX"
+    text = r.finding.line()
+    assert text.startswith("IMEX: the pod is on n1, waiting for its ComputeDomain's IMEX channel")
+    assert "nvidia-imex-ctl -N" in text
+    waiting = dict(
+        event,
+        message=said.replace(
+            "this node's IMEX daemon did not", "waiting for its nodes: 1 of 2 did not"
+        ),
+    )
+    r = explain("x", [ClaimRef("default/c", c)], world, p, [waiting])
+    assert r.finding is not None and "the job's other pods must be scheduled" in r.finding.line()
