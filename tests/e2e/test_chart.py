@@ -378,6 +378,8 @@ def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> No
             "verbs": ["create", "delete", "list", "update", "watch"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        # An IMEX channel's prepare reads its ComputeDomain.
+        {"apiGroups": ["gpu.dradriver.io"], "resources": ["computedomains"], "verbs": ["get"]},
         # `dradriver doctor` in the plugin pod reads the DeviceClasses.
         {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["list"]},
         {
@@ -1186,3 +1188,16 @@ def test_schema_checks_the_plugin_values_where_they_are(helm: Path) -> None:
         render(helm, {"kubeletPlugin": {"health": {"taintEffect": "Evict"}}})
     with pytest.raises(HelmError, match="nodeGroups"):
         render(helm, {"nodeGroups": [{"name": "a", "nodeSelector": {"x": "1"}, "mig": "on"}]})
+
+
+def test_imex_channels_follow_their_value(helm: Path) -> None:
+    """computeDomains.imexChannels turns the plugin's IMEX channels on; off without
+    ComputeDomains at all (no controller would place a domain on them)."""
+
+    def env(values: dict[str, Any]) -> str:
+        (c,) = one(render(helm, values), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+        return str({e["name"]: e.get("value", "") for e in c["env"]}["DRADRIVER_IMEX_CHANNELS"])
+
+    assert env({}) == "off"
+    assert env({"computeDomains": {"imexChannels": True}}) == "on"
+    assert env({"computeDomains": {"imexChannels": True, "enabled": False}}) == "off"
