@@ -126,6 +126,8 @@ class ImexSteps:
         im.config_dir = str(cfg_dir)
         record()  # the intent: a crash from here leaves a directory to clean
         cfg_dir.mkdir(parents=True, exist_ok=True)
+        # Whose daemon this is, should the checkpoint be lost (forgotten() finds it).
+        (cfg_dir / "claim").write_text(f"{rec.uid}\n")
         nodes = cfg_dir / "nodes_config.cfg"
         nodes.write_text("".join(f"{p}\n" for p in im.peers))
         config = cfg_dir / "config.cfg"
@@ -207,3 +209,24 @@ class ImexSteps:
             if im.config_dir is not None:
                 shutil.rmtree(im.config_dir, ignore_errors=True)
                 im.config_dir = None
+
+    def forgotten(self, uid: str) -> list[Path]:
+        """The config directories of claim `uid`'s daemons, by the claim file each holds:
+        what is left of a claim whose record a lost checkpoint took with it."""
+        out = []
+        for claim in sorted((self.state_dir / "imex").glob("*/claim")):
+            with contextlib.suppress(OSError):
+                if claim.read_text().strip() == uid:
+                    out.append(claim.parent)
+        return out
+
+    def undo_forgotten(self, uid: str) -> None:
+        """Stops and removes the daemons of a claim the checkpoint does not know."""
+        for cfg_dir in self.forgotten(uid):
+            with contextlib.suppress(OSError, ValueError):
+                pid = int((cfg_dir / "daemon.pid").read_text().strip())
+                self.host.stop_imex(pid)
+                log.info(
+                    "IMEX daemon of a claim the checkpoint had lost stopped", claim_uid=uid, pid=pid
+                )
+            shutil.rmtree(cfg_dir, ignore_errors=True)

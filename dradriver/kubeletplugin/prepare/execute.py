@@ -290,6 +290,8 @@ class Executor:
             gpus |= {g for g, m in e.compute_mode.items() if m.claim == uid}
             gpus |= {g for g, c in e.time_slice.items() if c == uid}
             gpus |= {k for k, sd in e.shared.items() if uid in sd.members.values()}
+        if self.imex is not None and self.imex.forgotten(uid):
+            found = True  # an IMEX daemon, on no GPU
         if self.mig is not None:
             mine = {i.gpu_uuid for i in self.mig.ledger.instances() if i.claim == uid}
             mine |= {g for g, c in self.mig.ledger.disabled_for().items() if c == uid}
@@ -301,6 +303,8 @@ class Executor:
         """Unprepare of a claim the checkpoint does not know: if it was lost (a corrupt
         checkpoint moved aside), the ledgers and the CDI directory still know what was
         done for the claim; undo that now. Nothing recorded: nothing to do."""
+        if self.imex is not None:
+            self.imex.undo_forgotten(uid)
         if self.sharing is not None:
             try:
                 self.sharing.undo_forgotten_claim(uid)

@@ -25,7 +25,7 @@ from dradriver.nvml.host import mps_alive
 from dradriver.slices.imex import node_clique
 from fakenvml.imexctl import query
 from tests.support.crash import Crash, crash_at
-from tests.support.node import DRIVER, NODE, fake_preparer
+from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 TRAY = Path(__file__).resolve().parents[2] / "data" / "gb200-clique-1.yaml"
 ADDRESS = "127.0.0.21"
@@ -253,3 +253,16 @@ def test_a_reboot_starts_the_daemon_again(node: ImexNode) -> None:
     assert d.imex is not None and d.imex.pid != pid and d.imex.pid is not None
     assert mps_alive(d.imex.pid) and node.daemons() == [d.imex.pid]
     assert d.kind == cd.CHANNEL_TYPE
+
+
+def test_a_daemon_whose_claim_a_lost_checkpoint_forgot_goes_at_unprepare(node: ImexNode) -> None:
+    node.domain("lost")
+    ref = node.claim("lost-0", "lost")
+    assert node.prepare(ref) == ""
+    (pid,) = node.daemons()
+    lose_checkpoint(node.tmp)
+    node.start()
+    node.driver.reconcile()
+    assert mps_alive(pid)  # kept for its pod until the kubelet unprepares the claim
+    assert node.driver.unprepare([ref])[ref.uid] == ""
+    assert not mps_alive(pid) and node.daemons() == []
