@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -63,6 +64,7 @@ from dradriver.k8s import Kube, KubeError, NotFound, path_for  # noqa: E402
 from dradriver.nvml.library import open_nvml  # noqa: E402
 from dradriver.slices.build import MigMode, SliceContent, build  # noqa: E402
 from dradriver.slices.consumable import OFF, Consumable, parse_mode  # noqa: E402
+from dradriver.slices.imex import channel_slice  # noqa: E402
 from dradriver.slices.publish import SlicePublisher, render  # noqa: E402
 from dradriver_dev import cluster  # noqa: E402
 
@@ -75,7 +77,12 @@ NODES = (10, 50, 200, 500)
 MODES = ("none", "dynamic", "dynamic-chosen")
 # Whole GPUs on the alpha cluster: what the alpha gates cost by themselves, apart from the
 # slices dynamic mode publishes. Not run unless asked for.
-MODES_KNOWN = (*MODES, "none-alpha", "memory")
+MODES_KNOWN = (*MODES, "none-alpha", "memory", "gb200", "imex")
+# `gb200`: GB200 trays (4 GPUs each, 18 to a rack's fabric clique) with whole GPUs;
+# `imex`: the same with each tray's 128 IMEX channels (--imex-channels on) in a slice of
+# its own: what the channels cost the API server, etcd and the scheduler.
+TRAY = "fake:4xGB200:cluster=rack{rack}"
+TRAYS_PER_CLIQUE = 18
 # `memory`: whole GPUs shared by memory (--consumable-capacity memory, on the alpha
 # cluster); its burst adds 20Gi shares, three to an 80 GB H100.
 SHARE = "20Gi"
@@ -241,7 +248,7 @@ class NodeSlices:
                         for cs in d.get("consumesCounters", ())
                         for c, v in cs["counters"].items()
                     },
-                    memory=int(d["capacity"]["memory"]["value"]),
+                    memory=int(d.get("capacity", {}).get("memory", {}).get("value", 0)),
                     multi=bool(d.get("allowMultipleAllocations")),
                 )
 
@@ -261,12 +268,23 @@ class NodeSlices:
 
 
 def build_fleet(
-    n: int, mode: MigMode, profiles: frozenset[str] = frozenset(), consumable: Consumable = OFF
+    n: int,
+    mode: MigMode,
+    profiles: frozenset[str] = frozenset(),
+    consumable: Consumable = OFF,
+    trays: str = "",
 ) -> list[NodeSlices]:
+    """`trays`: "gb200" or "imex" for GB200 trays (with their channels for "imex")."""
     out = []
     for i in range(n):
-        inv = open_nvml(DEVICES, node=node_name(i), state_dir=None).discover().inventory
+        devices = TRAY.format(rack=i // TRAYS_PER_CLIQUE) if trays else DEVICES
+        inv = open_nvml(devices, node=node_name(i), state_dir=None).discover().inventory
         slices = build(inv, mode, profiles=profiles, consumable=consumable).slices
+        if trays == "imex":
+            # The fake's default driver predates IMEX channels; a tray runs 570.158.01+.
+            channels, why = channel_slice(dataclasses.replace(inv, driver_version="570.158.1"))
+            assert channels is not None, why
+            slices = [*slices, channels]
         out.append(NodeSlices(node_name(i), slices))
     return out
 
@@ -605,13 +623,16 @@ class Result:
 def run(mode: str, n: int, pods: int, work: Path, chosen: frozenset[str]) -> Result:
     t0 = time.perf_counter()
     consumable = parse_mode("memory") if mode == "memory" else OFF
-    mig = MigMode("none" if consumable.on else mode.removesuffix("-alpha").removesuffix("-chosen"))
+    trays = mode if mode in ("gb200", "imex") else ""
+    mig = MigMode(
+        "none" if consumable.on or trays else mode.removesuffix("-alpha").removesuffix("-chosen")
+    )
     alpha = mig is MigMode.DYNAMIC or mode.endswith("-alpha") or consumable.on
     profiles = chosen if mode.endswith("-chosen") else frozenset()
     label = f"dynamic, {','.join(sorted(profiles))}" if profiles else mode
     print(f"fleet: {label} x {n} nodes: building each node's slices", flush=True)
     t = time.perf_counter()
-    fleet = build_fleet(n, mig, profiles, consumable)
+    fleet = build_fleet(n, mig, profiles, consumable, trays)
     built = time.perf_counter() - t
     st = cluster.up(work / f"{mode}-{n}", alpha=alpha, controllers=CONTROLLERS)
     try:
@@ -671,7 +692,8 @@ def main() -> int:
         "--modes",
         default=",".join(MODES),
         help="MIG modes: none,dynamic,dynamic-chosen (only --mig-profiles offered); "
-        "none-alpha: whole GPUs on the alpha cluster; memory: whole GPUs shared by memory",
+        "none-alpha: whole GPUs on the alpha cluster; memory: whole GPUs shared by memory; "
+        "gb200, imex: GB200 trays without and with their IMEX channels",
     )
     ap.add_argument(
         "--mig-profiles",

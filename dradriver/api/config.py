@@ -169,6 +169,8 @@ class ComputeDomainChannelConfig(_Strict):
     kind: Literal["ComputeDomainChannelConfig"]
     domain: Annotated[str, Field(min_length=1, max_length=253)]
     domainUID: Annotated[str, Field(pattern=UID)]
+    # The domain's IMEX channel: the same number on every node of it.
+    channel: Annotated[int, Field(ge=0, le=2047)]
 
     @property
     def sharing(self) -> None:

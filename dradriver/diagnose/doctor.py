@@ -282,7 +282,7 @@ def imex(published: Sequence[Obj], node_obj: Obj | None) -> Layer | None:
         return Layer(
             "imex",
             State.WARN,
-            f"the GPUs are in fabric clique {clique}, but no IMEX channels are published: "
+            f"the GPUs are in fabric clique {clique}, but no IMEX channel device is published: "
             "ComputeDomains cannot use this node",
             "run the plugin with --imex-channels on (driver 570.158.01 or later, with the "
             "nvidia-imex package on the node)",
@@ -293,14 +293,12 @@ def imex(published: Sequence[Obj], node_obj: Obj | None) -> Layer | None:
         return Layer(
             "imex",
             State.WARN,
-            f"{_n(len(channels), 'IMEX channel')} in clique {clique}, but the Node's "
+            f"the IMEX channel device is in clique {clique}, but the Node's "
             f"{cd.NVLINK_DOMAIN_LABEL} label is {label or 'missing'}",
             "the plugin sets it after each discovery: its log says why it could not (the "
             "chart grants nodes patch for it)",
         )
-    return Layer(
-        "imex", State.OK, f"{_n(len(channels), 'IMEX channel')} published in clique {clique}"
-    )
+    return Layer("imex", State.OK, f"the IMEX channel device is published in clique {clique}")
 
 
 def node(name: str, obj: Obj | None) -> Layer:

@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--imex-channels",
         "off",
-        "publish IMEX channel devices (channel-0..127) where the node's GPUs are in one "
+        "publish an IMEX channel device where the node's GPUs are in one "
         "multi-node NVLink fabric clique, and prepare them for ComputeDomains with an "
         "IMEX daemon (nvidia-imex) per domain: on or off",
         choices=["on", "off"],

@@ -1,11 +1,12 @@
-"""IMEX channel devices (pure): on a node whose GPUs are in one multi-node NVLink fabric
-clique, `channel-0` .. `channel-<CHANNELS-1>`, each with the clique as its nvlinkDomain
-and its number, in a slice of their own (a GPU's slice is rebuilt on every MIG change;
-the channels never change while the clique holds).
+"""The IMEX channel device (pure): on a node whose GPUs are in one multi-node NVLink
+fabric clique, one device `imex-channel` with the clique as its nvlinkDomain, in a slice
+of its own (a GPU's slice is rebuilt on every MIG change; this one never changes while
+the clique holds).
 
-A ComputeDomain's claim template selects the domain's channel number in the domain's
-clique, so the job's claims land on that clique's nodes, one a node (a channel device is
-allocated once). Channel N is /dev/nvidia-caps-imex-channels/channelN on the node.
+A ComputeDomain's claim template selects it in the domain's clique, so the job's claims
+land on that clique's nodes, one a node (the device is allocated once, and a node is in
+one IMEX domain at a time); prepare gives the container the domain's channel number,
+/dev/nvidia-caps-imex-channels/channel<N> (api/computedomain.py says why one device).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _driver(version: str) -> tuple[int, ...]:
         return ()
 
 
-def channel_slice(inv: Inventory, channels: int = cd.CHANNELS) -> tuple[SliceContent | None, str]:
+def channel_slice(inv: Inventory) -> tuple[SliceContent | None, str]:
     """The node's channel slice, or None and why not."""
     clique = node_clique(inv)
     if clique is None:
@@ -48,15 +49,11 @@ def channel_slice(inv: Inventory, channels: int = cd.CHANNELS) -> tuple[SliceCon
             f"driver {inv.driver_version} is older than "
             f"{'.'.join(map(str, MIN_DRIVER))}, the first with IMEX channels for containers"
         )
-    devices = tuple(
-        {
-            "name": f"channel-{n}",
-            "attributes": {
-                "type": {"string": cd.CHANNEL_TYPE},
-                "channel": {"int": n},
-                "nvlinkDomain": {"string": clique},
-            },
-        }
-        for n in range(channels)
-    )
-    return SliceContent(key=KEY, devices=devices), ""
+    device = {
+        "name": cd.CHANNEL_DEVICE,
+        "attributes": {
+            "type": {"string": cd.CHANNEL_TYPE},
+            "nvlinkDomain": {"string": clique},
+        },
+    }
+    return SliceContent(key=KEY, devices=(device,)), ""

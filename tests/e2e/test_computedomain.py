@@ -270,7 +270,6 @@ def member_claim(
             "spec": template["spec"]["spec"],
         },
     )
-    channel = int(template["metadata"]["annotations"][cd.CHANNEL_ANNOTATION])
     obj = kube.get(path_for(RES, "resourceclaims", ns, name))
     obj["status"] = {
         "allocation": {
@@ -280,7 +279,7 @@ def member_claim(
                         "request": "channel",
                         "driver": DRIVER,
                         "pool": node,
-                        "device": f"channel-{channel}",
+                        "device": "imex-channel",
                     }
                 ]
             },
@@ -295,7 +294,7 @@ def member_claim(
             {
                 "driver": DRIVER,
                 "pool": node,
-                "device": f"channel-{channel}",
+                "device": "imex-channel",
                 "conditions": [
                     {
                         "type": "Ready",
@@ -499,7 +498,7 @@ def test_a_two_node_job_runs_in_one_imex_domain(
         for c in claims
         for r in c["status"]["allocation"]["devices"]["results"]
     )
-    assert devices == [("cd-a1", "channel-0"), ("cd-a2", "channel-0")]
+    assert devices == [("cd-a1", "imex-channel"), ("cd-a2", "imex-channel")]
     for p in pods:
         node = p["spec"]["nodeName"]
         rec = rack.kubelets[node].container(p["metadata"]["uid"], "main")

@@ -1,9 +1,9 @@
-"""The ResourceClaimTemplate a ComputeDomain's job names (pure): one IMEX channel device,
-selected to be the domain's channel number on a node of the domain's clique, with the
-opaque config that tells the node which domain the claim is for.
+"""The ResourceClaimTemplate a ComputeDomain's job names (pure): the IMEX channel device
+of a node of the domain's clique, with the opaque config that tells the node which domain
+the claim is for and its channel number.
 
-Each pod of the job gets its own claim from it; since a channel device can be allocated
-once, two pods of the job never share a node, which is what numNodes means.
+Each pod of the job gets its own claim from it; since a node's channel device can be
+allocated once, two pods of the job never share a node, which is what numNodes means.
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ RES = "resource.k8s.io/v1"
 
 def selector(driver: str, placement: Placement) -> str:
     attrs = f"device.attributes[{json.dumps(driver)}]"
-    return (
-        f"{attrs}.nvlinkDomain == {json.dumps(placement.clique)} && "
-        f"{attrs}.channel == {placement.channel}"
-    )
+    return f"{attrs}.nvlinkDomain == {json.dumps(placement.clique)}"
 
 
 def template_for(
@@ -78,6 +75,7 @@ def template_for(
                                     "kind": "ComputeDomainChannelConfig",
                                     "domain": domain.name,
                                     "domainUID": domain.uid,
+                                    "channel": placement.channel,
                                 },
                             },
                         }

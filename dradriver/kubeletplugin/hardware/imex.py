@@ -111,7 +111,8 @@ class ImexSteps:
             )
         if status.get("channel") != im.channel:
             raise ImexError(
-                f"{where} holds IMEX channel {status.get('channel')}, not {d.device}",
+                f"{where} holds IMEX channel {status.get('channel')}, not the claim's "
+                f"{im.channel}: the claim was made from an older template of it",
                 reason="imex_wrong_channel",
             )
         found = peers_of(domain, self.node, im.domain_uid)

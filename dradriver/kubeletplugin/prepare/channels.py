@@ -1,25 +1,24 @@
-"""IMEX channels in the prepare plan (pure): a channel device allocated to a claim, with
-the ComputeDomain its config names, becomes a record whose daemon hardware/imex.py
-starts; one domain per node at a time (one IMEX daemon a node), refused otherwise.
+"""IMEX channels in the prepare plan (pure): the node's channel device allocated to a
+claim, with the ComputeDomain and channel number its config names, becomes a record
+whose daemon hardware/imex.py starts; one domain per node at a time (one IMEX daemon a
+node: the scheduler allocates the device once, and a second is refused here too).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from dradriver.api.computedomain import CHANNEL_DEVICE
 from dradriver.errors import ConfigError, DeviceError
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.cdi import qualified_name
 from dradriver.kubeletplugin.state.records import Checkpoint, ImexDaemon, PreparedDevice
 
-CHANNEL = re.compile(r"channel-([0-9]{1,4})")
 KIND = "imex-channel"
 
 
-def channel_number(device: str) -> int | None:
-    m = CHANNEL.fullmatch(device)
-    return int(m.group(1)) if m else None
+def is_channel(device: str) -> bool:
+    return device == CHANNEL_DEVICE
 
 
 def channel_device(
@@ -33,8 +32,6 @@ def channel_device(
     """The record of a channel device; its config must say which ComputeDomain."""
     from dradriver.api.config import ComputeDomainChannelConfig, effective
 
-    n = channel_number(device)
-    assert n is not None
     try:
         cfg = effective(list(configs), KIND, request)
     except ConfigError as exc:
@@ -52,7 +49,7 @@ def channel_device(
         device=device,
         cdi_device_ids=[],
         kind=KIND,
-        imex=ImexDaemon(cfg.domainUID, cfg.domain, ref.namespace, n),
+        imex=ImexDaemon(cfg.domainUID, cfg.domain, ref.namespace, cfg.channel),
     )
     out.cdi_device_ids = [qualified_name(driver, out.cdi_name, ref.uid)]
     return out

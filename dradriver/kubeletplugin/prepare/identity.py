@@ -23,7 +23,7 @@ _AGAIN = (
 )
 
 
-IMEX_CHANNEL = re.compile(r"channel-[0-9]{1,4}")
+IMEX_CHANNEL = re.compile(r"imex-channel")
 
 
 def check_identity(

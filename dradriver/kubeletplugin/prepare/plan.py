@@ -19,8 +19,8 @@ from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.cdi import qualified_name
 from dradriver.kubeletplugin.prepare.channels import (
     channel_device,
-    channel_number,
     check_one_domain,
+    is_channel,
 )
 from dradriver.kubeletplugin.prepare.identity import check_identity
 from dradriver.kubeletplugin.prepare.shares import check_room, share_of
@@ -336,7 +336,7 @@ def plan(
     cd = claim_devices(claim, ref, driver, node)
     records: dict[tuple[str, str], PreparedDevice] = {}
     for pd in cd.devices:
-        if channels and pd.device not in devices and channel_number(pd.device) is not None:
+        if channels and pd.device not in devices and is_channel(pd.device):
             records[(pd.device, "")] = channel_device(
                 ref, driver, node, pd.request_name, pd.device, pd.configs
             )

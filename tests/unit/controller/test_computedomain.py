@@ -62,7 +62,7 @@ def member(node: str | None, ready: bool = False, in_use: bool = True, uid: str 
         claim=f"pod-{node}-channel",
         domain_uid=uid or str(uuid.UUID(int=7)),
         node=node,
-        device="channel-0" if node else None,
+        device="imex-channel" if node else None,
         ready=ready,
         in_use=in_use,
     )
@@ -173,14 +173,12 @@ def test_the_template_pins_clique_and_channel_and_passes_the_webhook() -> None:
     (req,) = body["spec"]["spec"]["devices"]["requests"]
     assert req["exactly"]["deviceClassName"] == cd.CHANNEL_CLASS
     (sel,) = req["exactly"]["selectors"]
-    assert sel["cel"]["expression"] == (
-        f'device.attributes["{DRIVER}"].nvlinkDomain == "{A}" && '
-        f'device.attributes["{DRIVER}"].channel == 3'
-    )
+    assert sel["cel"]["expression"] == f'device.attributes["{DRIVER}"].nvlinkDomain == "{A}"'
     assert object_problems("ResourceClaimTemplate", body, DRIVER) == []
     (cfg,) = body["spec"]["spec"]["devices"]["config"]
     parsed = decode(cfg["opaque"]["parameters"])
     assert isinstance(parsed, ComputeDomainChannelConfig) and parsed.domainUID == d.uid
+    assert parsed.channel == 3
     t = Template.of(body | {"metadata": body["metadata"] | {"uid": "t-uid"}})
     assert (t.clique, t.channel, t.belongs_to(d), t.uid) == (A, 3, True, "t-uid")
 
@@ -197,7 +195,8 @@ def test_the_channel_config_is_strict() -> None:
                         {
                             "opaque": {
                                 "driver": DRIVER,
-                                "parameters": good | {"domain": "x", "domainUID": "not-a-uid"},
+                                "parameters": good
+                                | {"domain": "x", "domainUID": "not-a-uid", "channel": 0},
                             }
                         }
                     ],
@@ -230,7 +229,7 @@ def claim(
         obj["status"]["allocation"] = {
             "devices": {
                 "results": [
-                    {"request": "channel", "driver": DRIVER, "pool": node, "device": "channel-0"}
+                    {"request": "channel", "driver": DRIVER, "pool": node, "device": "imex-channel"}
                 ]
             }
         }
@@ -241,7 +240,7 @@ def claim(
             {
                 "driver": DRIVER,
                 "pool": node,
-                "device": "channel-0",
+                "device": "imex-channel",
                 "conditions": [{"type": "Ready", "status": str(ready)}],
             }
         ]
@@ -251,7 +250,7 @@ def claim(
 def test_a_member_is_read_from_its_claim() -> None:
     uid = domain().uid
     m = member_of(claim(uid, "n1", ready=True), DRIVER)
-    assert m == Member("pod-a-channel", uid, "n1", "channel-0", ready=True, in_use=True)
+    assert m == Member("pod-a-channel", uid, "n1", "imex-channel", ready=True, in_use=True)
     m = member_of(claim(uid, "n1", ready=False, reserved=False), DRIVER)
     assert m is not None and not m.ready and not m.in_use
     m = member_of(claim(uid), DRIVER)

@@ -212,4 +212,4 @@ def test_imex_layer_names_missing_channels_and_a_wrong_label() -> None:
     assert layer is not None and layer.state is State.WARN and "label is missing" in layer.text
     layer = imex([{"spec": {"devices": [gpu, channel]}}], labelled)
     assert layer is not None and layer.state is State.OK
-    assert layer.line() == f"ok    imex: 1 IMEX channel published in clique {clique}"
+    assert layer.line() == f"ok    imex: the IMEX channel device is published in clique {clique}"

@@ -94,6 +94,7 @@ class ImexNode:
             "kind": "ComputeDomainChannelConfig",
             "domain": domain,
             "domainUID": d["metadata"]["uid"],
+            "channel": channel,
         }
         self.claims[name] = {
             "metadata": {"uid": uid, "namespace": "team", "name": name},
@@ -105,7 +106,7 @@ class ImexNode:
                                 "request": "channel",
                                 "driver": DRIVER,
                                 "pool": NODE,
-                                "device": f"channel-{channel}",
+                                "device": "imex-channel",
                             }
                         ],
                         "config": [
