@@ -27,6 +27,9 @@ etcd, kube-apiserver, kube-scheduler and kube-controller-manager v1.34) without 
     .venv/bin/python benchmarks/fleet.py [--nodes 10,50,200,500]
         [--modes none,dynamic,dynamic-chosen] [--mig-profiles 1g.10gb,3g.40gb]
 
+`--modes gb200,imex` publishes GB200 trays (4 GPUs, 18 to a fabric clique) without and
+with their IMEX channel device: what the channels cost.
+
 `--modes memory` publishes the same whole GPUs shared by memory (`--consumable-capacity
 memory`, on the alpha cluster) and adds a burst of 20Gi shares: what the mode costs in
 slice bytes and in the scheduler's time per pod against `none`.
@@ -79,8 +82,8 @@ MODES = ("none", "dynamic", "dynamic-chosen")
 # slices dynamic mode publishes. Not run unless asked for.
 MODES_KNOWN = (*MODES, "none-alpha", "memory", "gb200", "imex")
 # `gb200`: GB200 trays (4 GPUs each, 18 to a rack's fabric clique) with whole GPUs;
-# `imex`: the same with each tray's 128 IMEX channels (--imex-channels on) in a slice of
-# its own: what the channels cost the API server, etcd and the scheduler.
+# `imex`: the same with each tray's IMEX channel device (--imex-channels on) in a slice
+# of its own: what the channels cost the API server, etcd and the scheduler.
 TRAY = "fake:4xGB200:cluster=rack{rack}"
 TRAYS_PER_CLIQUE = 18
 # `memory`: whole GPUs shared by memory (--consumable-capacity memory, on the alpha
