@@ -32,6 +32,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 RETRY = 0.2
@@ -77,17 +78,17 @@ class Daemon:
 
     def serve(self) -> None:
         server = socket.create_server((self.ip, self.port), reuse_port=False)
-        server.settimeout(RETRY)
-        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+        threading.Thread(target=self._accept, args=(server, self._hold), daemon=True).start()
         if self.cmd:
             cmd = socket.create_server((self.ip, self.cmd_port))
-            cmd.settimeout(RETRY)
-            threading.Thread(target=self._commands, args=(cmd,), daemon=True).start()
+            threading.Thread(target=self._accept, args=(cmd, self._answer), daemon=True).start()
         for peer in self.nodes:
             if peer != self.ip:
                 threading.Thread(target=self._keep, args=(peer,), daemon=True).start()
 
-    def _accept(self, server: socket.socket) -> None:
+    def _accept(self, server: socket.socket, handle: Callable[[socket.socket], None]) -> None:
+        """Each connection to `server` handled in a thread of its own, until stopped."""
+        server.settimeout(RETRY)
         while not self.stop.is_set():
             try:
                 conn, _ = server.accept()
@@ -95,20 +96,23 @@ class Daemon:
                 continue
             except OSError:
                 return
-            threading.Thread(target=self._hold, args=(conn,), daemon=True).start()
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
     def _hold(self, conn: socket.socket) -> None:
         """A peer's connection: held open until either side goes."""
-        conn.settimeout(RETRY)
         with conn:
-            while not self.stop.is_set():
-                try:
-                    if not conn.recv(64):
-                        return
-                except TimeoutError:
-                    continue
-                except OSError:
+            self._until_closed(conn)
+
+    def _until_closed(self, conn: socket.socket) -> None:
+        conn.settimeout(RETRY)
+        while not self.stop.is_set():
+            try:
+                if not conn.recv(64):
                     return
+            except TimeoutError:
+                continue
+            except OSError:
+                return
 
     def _keep(self, peer: str) -> None:
         """Our connection to `peer`, made again whenever it breaks."""
@@ -121,15 +125,7 @@ class Daemon:
             with conn:
                 conn.sendall(f"HELLO {self.ip}\n".encode())
                 self._set(peer, True)
-                conn.settimeout(RETRY)
-                while not self.stop.is_set():
-                    try:
-                        if not conn.recv(64):
-                            break
-                    except TimeoutError:
-                        continue
-                    except OSError:
-                        break
+                self._until_closed(conn)
             self._set(peer, False)
 
     def _set(self, peer: str, up: bool) -> None:
@@ -141,21 +137,15 @@ class Daemon:
             nodes = [{"address": n, "connected": self.connected[n]} for n in self.nodes]
         return {"status": "UNAVAILABLE" if self.never_ready else "READY", "nodes": nodes}
 
-    def _commands(self, server: socket.socket) -> None:
-        while not self.stop.is_set():
+    def _answer(self, conn: socket.socket) -> None:
+        """One command-service request: the status, as JSON on one line."""
+        with conn:
+            conn.settimeout(2)
             try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
+                conn.recv(16)
+                conn.sendall((json.dumps(self.status()) + "\n").encode())
             except OSError:
-                return
-            with conn:
-                conn.settimeout(2)
-                try:
-                    conn.recv(16)
-                    conn.sendall((json.dumps(self.status()) + "\n").encode())
-                except OSError:
-                    pass
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:

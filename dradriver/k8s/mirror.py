@@ -6,12 +6,11 @@ version is gone. The controller reads its mirrors instead of listing on every pa
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from dradriver.k8s.client import Kube, KubeError
-from dradriver.k8s.watching import resource_version, resumable
+from dradriver.k8s.follow import follow
 from dradriver.logs import get_logger
 
 log = get_logger("k8s.mirror")
@@ -65,42 +64,28 @@ class Mirror:
             self._items.pop(key, None)
 
     def run(self, stop: threading.Event) -> None:
-        failures = 0
-        rv: str | None = None  # where the next watch starts; None: list first
-        while not stop.is_set():
-            try:
-                if rv is None:
-                    rv = self._relist()
-                started, events = time.monotonic(), 0
-                for ev in self.kube.watch(
-                    self.path,
-                    resource_version=rv,
-                    timeout_seconds=self.watch_timeout,
-                    **self.query,
-                ):
-                    if stop.is_set():
-                        return
-                    rv = resource_version(ev) or rv
-                    events, failures = events + 1, 0
-                    self._event(ev)
-                failures = 0
-                if not events and time.monotonic() - started < 1.0:
-                    stop.wait(1.0)  # a server ending every watch at once: no busy loop
-            except KubeError as exc:
-                failures += 1
-                self.last_error = exc.message or str(exc)
-                if rv is not None and not resumable(exc):
-                    rv = None
-                    if failures == 1:  # a version compacted away is routine
-                        continue
-                wait = min(self.backoff_max, 0.5 * 2.0 ** min(failures, 8))
-                log.warning(
-                    "watch failed; " + ("listing again" if rv is None else "resuming"),
-                    path=self.path,
-                    error=self.last_error,
-                    retry_in=f"{wait:.1f}s",
-                )
-                stop.wait(wait)
+        follow(
+            self.kube,
+            self.path,
+            self.query,
+            self._relist,
+            self._event,
+            stop,
+            watch_timeout=self.watch_timeout,
+            backoff=lambda n: min(self.backoff_max, 0.5 * 2.0 ** min(n, 8)),
+            failed=self._failed,
+        )
+
+    def _failed(self, exc: KubeError, rv: str | None, wait: float | None) -> None:
+        self.last_error = exc.message or str(exc)
+        if wait is None:
+            return
+        log.warning(
+            "watch failed; " + ("listing again" if rv is None else "resuming"),
+            path=self.path,
+            error=self.last_error,
+            retry_in=f"{wait:.1f}s",
+        )
 
     def _relist(self) -> str | None:
         listing = self.kube.list(self.path, **self.query)

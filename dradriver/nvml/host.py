@@ -21,7 +21,7 @@ from typing import Protocol
 from dradriver.errors import ImexError, SharingError
 from dradriver.logs import get_logger
 from dradriver.nvml.discover import sysfs_pcie_root
-from dradriver.nvml.mig import caps_access, caps_major
+from dradriver.nvml.mig import caps_access, caps_major, device_major
 
 log = get_logger("nvml.host")
 
@@ -205,19 +205,6 @@ class RealHost:
 
     def stop_imex(self, pid: int) -> None:
         stop_daemon(pid)
-
-
-def device_major(proc_root: Path, name: str) -> int | None:
-    """A character device's major number (dynamic: its line of /proc/devices)."""
-    try:
-        lines = (proc_root / "devices").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
-            return int(parts[0])
-    return None
 
 
 def spawn_imex(cmd: list[str], log: Path) -> int:

@@ -312,14 +312,18 @@ def caps_access(
 
 
 def caps_major(proc_root: Path) -> int | None:
-    """The character-device major of nvidia-caps (dynamic: the "nvidia-caps" line of
-    /proc/devices), or None where the driver registered none."""
+    """The character-device major of nvidia-caps, or None where the driver registered none."""
+    return device_major(proc_root, "nvidia-caps")
+
+
+def device_major(proc_root: Path, name: str) -> int | None:
+    """A character device's major number (dynamic: its line of /proc/devices)."""
     try:
         lines = (proc_root / "devices").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
         parts = line.split()
-        if len(parts) == 2 and parts[1] == "nvidia-caps" and parts[0].isdigit():
+        if len(parts) == 2 and parts[1] == name and parts[0].isdigit():
             return int(parts[0])
     return None

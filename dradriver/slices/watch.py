@@ -11,14 +11,13 @@ publishing nothing for minutes.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.k8s import Kube, KubeError
-from dradriver.k8s.watching import resource_version, resumable
+from dradriver.k8s.follow import follow
 from dradriver.logs import get_logger
 from dradriver.slices.publish import SLICES
 
@@ -69,43 +68,29 @@ class SliceWatch:
         """Lists once, then watches on from the last resourceVersion seen (an event's or a
         bookmark's) each time a watch ends or breaks; lists again only when that version
         is gone (410) or the server refuses to resume from it."""
-        failures = 0
-        rv: str | None = None  # where the next watch starts; None: list first
-        while not stop.is_set():
-            try:
-                if rv is None:
-                    rv = self._relist()
-                started, events = time.monotonic(), 0
-                for ev in self.kube.watch(
-                    SLICES,
-                    resource_version=rv,
-                    timeout_seconds=self.watch_timeout,
-                    fieldSelector=self.selector,
-                ):
-                    if stop.is_set():
-                        return
-                    rv = resource_version(ev) or rv
-                    events, failures = events + 1, 0
-                    self._event(ev)
-                failures = 0
-                if not events and time.monotonic() - started < 1.0:
-                    stop.wait(1.0)  # a server ending every watch at once: no busy loop
-            except KubeError as exc:
-                failures += 1
-                if rv is not None and not resumable(exc):
-                    rv = None
-                    if failures == 1:  # a version compacted away is routine
-                        log.info("slice watch expired; re-listing", node=self.node)
-                        continue
-                wait = self._backoff(failures)
-                log.warning(
-                    "slice watch failed; " + ("re-listing" if rv is None else "resuming"),
-                    node=self.node,
-                    error=exc.message or str(exc),
-                    resource_version=rv,
-                    retry_in=f"{wait:.1f}s",
-                )
-                stop.wait(wait)
+        follow(
+            self.kube,
+            SLICES,
+            {"fieldSelector": self.selector},
+            self._relist,
+            self._event,
+            stop,
+            watch_timeout=self.watch_timeout,
+            backoff=self._backoff,
+            failed=self._failed,
+        )
+
+    def _failed(self, exc: KubeError, rv: str | None, wait: float | None) -> None:
+        if wait is None:
+            log.info("slice watch expired; re-listing", node=self.node)
+            return
+        log.warning(
+            "slice watch failed; " + ("re-listing" if rv is None else "resuming"),
+            node=self.node,
+            error=exc.message or str(exc),
+            resource_version=rv,
+            retry_in=f"{wait:.1f}s",
+        )
 
     def _backoff(self, failures: int) -> float:
         return min(self.backoff_max, 0.5 * 2.0 ** min(failures, 8))

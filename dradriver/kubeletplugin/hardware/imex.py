@@ -133,11 +133,22 @@ class ImexSteps:
         nodes.write_text("".join(f"{p}\n" for p in im.peers))
         config = cfg_dir / "config.cfg"
         config.write_text(config_text(im, nodes, self.port, self.cmd_port))
-        im.pid = self.host.start_imex(config, cfg_dir / "imex.log")
-        (cfg_dir / "daemon.pid").write_text(f"{im.pid}\n")
+        self._start(rec, im, config, record, "IMEX daemon started")
+        self._wait_ready(im, config, where)
+
+    def _start(
+        self,
+        rec: ClaimRecord,
+        im: ImexDaemon,
+        config: Path,
+        record: Callable[[], None],
+        said: str,
+    ) -> None:
+        im.pid = self.host.start_imex(config, config.parent / "imex.log")
+        (config.parent / "daemon.pid").write_text(f"{im.pid}\n")
         record()
         log.info(
-            "IMEX daemon started",
+            said,
             claim=rec.ref,
             claim_uid=rec.uid,
             domain=f"{im.namespace}/{im.domain}",
@@ -146,7 +157,6 @@ class ImexSteps:
             peers=",".join(im.peers),
             pid=im.pid,
         )
-        self._wait_ready(im, config, where)
 
     def _wait_ready(self, im: ImexDaemon, config: Path, where: str) -> None:
         deadline = time.monotonic() + self.ready_timeout
@@ -181,16 +191,7 @@ class ImexSteps:
             config = Path(im.config_dir) / "config.cfg"
             if not config.exists():
                 continue  # interrupted before its config: the startup reconcile undoes it
-            im.pid = self.host.start_imex(config, Path(im.config_dir) / "imex.log")
-            (Path(im.config_dir) / "daemon.pid").write_text(f"{im.pid}\n")
-            record()
-            log.info(
-                "IMEX daemon started again",
-                claim=rec.ref,
-                claim_uid=rec.uid,
-                domain=f"{im.namespace}/{im.domain}",
-                pid=im.pid,
-            )
+            self._start(rec, im, config, record, "IMEX daemon started again")
 
     def undo(self, rec: ClaimRecord) -> None:
         """Stops the claim's daemons and removes their files (idempotent). The PID file

@@ -9,9 +9,9 @@ index)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
+from dradriver.api.computedomain import CHANNEL_DEVICE
 from dradriver.errors import DeviceError
 from dradriver.inventory.naming import GpuIdentity, gpu_name_of
 from dradriver.inventory.node_devices import NodeDevice, gpu_device_name
@@ -21,9 +21,6 @@ _AGAIN = (
     "the claim must be allocated again: delete the pod (a claim from a template is then "
     "made anew) or the claim, and the scheduler picks a device this node publishes now"
 )
-
-
-IMEX_CHANNEL = re.compile(r"imex-channel")
 
 
 def check_identity(
@@ -46,7 +43,7 @@ def check_identity(
                 reason="identity_mismatch",
             )
         return
-    if published is None and IMEX_CHANNEL.fullmatch(device):
+    if published is None and device == CHANNEL_DEVICE:
         raise DeviceError(
             f"claim {ref}: device {device} is an IMEX channel, which this node does not "
             "publish (any more): its GPUs are not all in one fabric clique, its driver is "

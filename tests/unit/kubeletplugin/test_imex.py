@@ -23,6 +23,7 @@ from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.records import ClaimRecord
 from dradriver.nvml.host import mps_alive
 from dradriver.slices.imex import node_clique
+from fakenvml.host import stop_fake_daemons
 from fakenvml.imexctl import query
 from tests.support.crash import Crash, crash_at
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
@@ -148,9 +149,7 @@ class ImexNode:
 def node(tmp_path: Path) -> Iterator[ImexNode]:
     n = ImexNode(tmp_path)
     yield n
-    for pid in n.daemons():  # never leave a daemon behind, even when a test fails
-        if mps_alive(pid):
-            os.kill(pid, 9)
+    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
 
 
 def test_a_channel_gets_the_domains_daemon_and_its_device_node(node: ImexNode) -> None:

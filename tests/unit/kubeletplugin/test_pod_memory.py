@@ -8,7 +8,6 @@ both, and nothing here is ever fatal to a share, which keeps its MPS limits."""
 from __future__ import annotations
 
 import json
-import os
 import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,10 +27,10 @@ from dradriver.kubeletplugin.state.records import (
     PreparedDevice,
     Share,
 )
-from dradriver.nvml.host import mps_alive
 from dradriver.nvml.memory_limits import get_memory_limit, set_memory_limit
 from dradriver.slices.consumable import parse_mode
 from fakenvml import dmem, load
+from fakenvml.host import stop_fake_daemons
 from fakenvml.mps_v3 import Client, CudaError
 from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, NODE, fake_preparer
@@ -279,9 +278,6 @@ class CgroupNode:
     def record(self, ref: ClaimRef) -> ClaimRecord:
         return self.driver.store.load().claims[ref.uid]
 
-    def daemons(self) -> list[int]:
-        return [int(p.read_text()) for p in (self.tmp / "mps").glob("*/pipe/control")]
-
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[CgroupNode]:
@@ -289,9 +285,7 @@ def node(tmp_path: Path) -> Iterator[CgroupNode]:
     fails, rather than left running."""
     n = CgroupNode(tmp_path)
     yield n
-    for pid in n.daemons():
-        if mps_alive(pid):
-            os.kill(pid, 15)
+    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
 
 
 def test_each_pods_cgroup_is_limited_to_its_share_across_its_processes(node: CgroupNode) -> None:

@@ -22,6 +22,7 @@ from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.nvml.host import mps_alive
 from dradriver.slices.consumable import parse_mode
 from fakenvml import FakeNvml
+from fakenvml.host import stop_fake_daemons
 from fakenvml.mps_v3 import CUDA_ERROR_OUT_OF_MEMORY, Client, CudaError, namespaces
 from tests.support.crash import Crash, crash_at
 from tests.support.gpu_names import names_of, real
@@ -120,9 +121,7 @@ def restart(node: SharedNode, boot_id: str = "boot") -> SharedNode:
 def node(tmp_path: Path) -> Iterator[SharedNode]:
     n = SharedNode(tmp_path)
     yield n
-    for pid in n.daemons():  # never leave a daemon behind, even when a test fails
-        if mps_alive(pid):
-            os.kill(pid, 15)
+    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
 
 
 def test_three_shares_run_under_one_daemon_each_in_its_own_namespace(node: SharedNode) -> None:

@@ -18,7 +18,7 @@ from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.records import Mps
 from dradriver.nvml.host import mps_alive
 from fakenvml import FakeNvml
-from fakenvml.host import FakeHost
+from fakenvml.host import FakeHost, stop_fake_daemons
 from tests.support.gpu_names import names_of, real
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
@@ -99,9 +99,7 @@ class Node:
 def node(tmp_path: Path) -> Iterator[Node]:
     n = Node(tmp_path)
     yield n
-    for pid in n.daemons():  # never leave a daemon behind, even when a test fails
-        if mps_alive(pid):
-            os.kill(pid, 15)
+    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
 
 
 def test_no_config_means_exclusive_and_untouched(node: Node) -> None:
