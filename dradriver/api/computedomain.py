@@ -72,3 +72,11 @@ NVLINK_DOMAIN_LABEL = f"{GROUP}/nvlink-domain"
 IMEX_ADDRESS_LABEL = f"{GROUP}/imex-address"
 
 READY = "Ready"
+
+# Device binding conditions (KEP-5007, alpha in 1.34: gates DRADeviceBindingConditions
+# and DRAResourceClaimDeviceStatus): the channel device names these, so the scheduler
+# holds a pod's binding until the node's plugin sets the first True in the claim's
+# status.devices (its IMEX daemon answers READY), and gives the node up when it sets the
+# second (the daemon cannot get ready there).
+BINDING_CONDITION = "IMEXDaemonReady"
+BINDING_FAILURE = "IMEXDaemonFailed"

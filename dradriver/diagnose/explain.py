@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dradriver.api.suggest import did_you_mean
+from dradriver.diagnose import imex
 from dradriver.diagnose.capacity import Fit, fit, requested
 from dradriver.diagnose.cel import CompileError, Selector
 from dradriver.diagnose.nearest import MissingName, explain_miss, missing_name
@@ -530,6 +531,9 @@ def explain(
             report.notes.append(f"claim {ref.name} is allocated on {node}: {devs}")
         else:
             pending.append(ref)
+    if pod is not None and (held := imex.held_at_binding(refs, pod, events)) is not None:
+        report.finding = Finding("IMEX", *held)
+        return report
     for ref in pending:
         report.requests.extend(explain_claim(ref, w, pod))
     for r in report.requests:
@@ -574,39 +578,6 @@ SHARED_SCHEDULER_BUG = (
 _PREPARE_REASONS = ("FailedPrepareDynamicResources", "FailedCreatePodSandBox", "Failed")
 
 
-# What to do about each IMEX prepare failure (kubeletplugin/hardware/imex.py says them).
-_IMEX_FIXES = (
-    (
-        "waiting for its nodes",
-        "the job's other pods must be scheduled too (`dradriver explain` on a pending one, "
-        "`kubectl get computedomain -o yaml` for who joined); the kubelet retries",
-    ),
-    (
-        "did not answer READY",
-        "look at the node's IMEX daemon log (named in the message) and `nvidia-imex-ctl -N` "
-        "on the node; the kubelet retries",
-    ),
-    ("exited at start", "the node's IMEX daemon log (named in the message) says why"),
-    (
-        "fabric clique",
-        "the domain's pods must run in its clique: delete the pods, whose new claims are "
-        "placed by the domain's template",
-    ),
-    ("not found", "create the ComputeDomain again, or delete the job's pods"),
-    ("made again", "delete the job's pods: their new claims come from the new domain"),
-)
-
-
-def _imex(node: str, msg: str) -> Finding:
-    text = msg.split("IMEX layer: ", 1)[1]
-    fix = next((f for key, f in _IMEX_FIXES if key in text), "")
-    return Finding(
-        "IMEX",
-        f"the pod is on {node}, waiting for its ComputeDomain's IMEX channel: {text}",
-        fix or f"`dradriver doctor --node {node}` checks the node",
-    )
-
-
 def _pod_state(pod: Obj, events: Sequence[Obj]) -> Finding | None:
     """For a pod whose claims are allocated: what stops it on its node, if anything."""
     status = pod.get("status", {})
@@ -617,8 +588,8 @@ def _pod_state(pod: Obj, events: Sequence[Obj]) -> Finding | None:
         for e in reversed(warnings):
             if e.get("reason") in _PREPARE_REASONS:
                 msg = " ".join(str(e.get("message", "")).split())
-                if "IMEX layer: " in msg:
-                    return _imex(node, msg)
+                if imex.LAYER in msg:
+                    return Finding("IMEX", *imex.at_prepare(node, msg))
                 return Finding(
                     "prepare",
                     f"the pod is on {node} but the kubelet could not prepare its devices: {msg}",
@@ -627,6 +598,8 @@ def _pod_state(pod: Obj, events: Sequence[Obj]) -> Finding | None:
                     "the node",
                 )
     if not node:
+        if (failed := imex.after_binding(events)) is not None:
+            return Finding("IMEX", *failed)
         for c in status.get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "False":
                 return Finding(

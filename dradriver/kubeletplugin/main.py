@@ -348,6 +348,28 @@ def run_plugin(
     )
     preparers.append(driver)
     reconciled = driver.reconcile()
+    if executor.imex is not None:
+        from dradriver.kubeletplugin.binding import binder
+
+        def prepared() -> set[str]:
+            cp = store.load()
+            return set(cp.claims) | set(cp.unreadable)
+
+        view.imex_binding = (
+            binder.start(
+                args.imex_binding_conditions,
+                kube,
+                args.driver_name,
+                args.node_name,
+                executor.imex,
+                driver.lock,
+                prepared,
+                stop,
+            )
+            is not None
+        )
+        if view.imex_binding:
+            loop.trigger()  # the channel device again, with its binding conditions
     # What an earlier release published its claims' devices as (by NVML index, before
     # names followed the UUID): a claim allocated under such a name is refused, naming its GPU.
     names.seed(prepared_names(store.cached))

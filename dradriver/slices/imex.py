@@ -39,8 +39,11 @@ def _driver(version: str) -> tuple[int, ...]:
         return ()
 
 
-def channel_slice(inv: Inventory) -> tuple[SliceContent | None, str]:
-    """The node's channel slice, or None and why not."""
+def channel_slice(inv: Inventory, binding: bool = False) -> tuple[SliceContent | None, str]:
+    """The node's channel slice, or None and why not. With `binding`, the device carries
+    the binding conditions (api/computedomain.py): published only where the API server
+    and the scheduler have the gates, since a scheduler without them never allocates a
+    device that has any."""
     clique = node_clique(inv)
     if clique is None:
         return None, "the node's GPUs are not all in one multi-node NVLink fabric clique"
@@ -56,4 +59,7 @@ def channel_slice(inv: Inventory) -> tuple[SliceContent | None, str]:
             "nvlinkDomain": {"string": clique},
         },
     }
+    if binding:
+        device["bindingConditions"] = [cd.BINDING_CONDITION]
+        device["bindingFailureConditions"] = [cd.BINDING_FAILURE]
     return SliceContent(key=KEY, devices=(device,)), ""

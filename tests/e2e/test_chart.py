@@ -1194,10 +1194,28 @@ def test_imex_channels_follow_their_value(helm: Path) -> None:
     """computeDomains.imexChannels turns the plugin's IMEX channels on; off without
     ComputeDomains at all (no controller would place a domain on them)."""
 
-    def env(values: dict[str, Any]) -> str:
+    def env(values: dict[str, Any], name: str = "DRADRIVER_IMEX_CHANNELS") -> str:
         (c,) = one(render(helm, values), "DaemonSet")["spec"]["template"]["spec"]["containers"]
-        return str({e["name"]: e.get("value", "") for e in c["env"]}["DRADRIVER_IMEX_CHANNELS"])
+        return str({e["name"]: e.get("value", "") for e in c["env"]}[name])
+
+    def watches_claims(values: dict[str, Any]) -> bool:
+        role = next(
+            d
+            for d in render(helm, values)
+            if d["kind"] == "ClusterRole" and "kubelet-plugin" in d["metadata"]["name"]
+        )
+        return any(
+            "resourceclaims" in r["resources"] and "watch" in r["verbs"] for r in role["rules"]
+        )
 
     assert env({}) == "off"
     assert env({"computeDomains": {"imexChannels": True}}) == "on"
     assert env({"computeDomains": {"imexChannels": True, "enabled": False}}) == "off"
+    # Binding conditions: auto by default; the binder's claim watch only with channels.
+    assert env({}, "DRADRIVER_IMEX_BINDING_CONDITIONS") == "auto"
+    off = {"computeDomains": {"bindingConditions": "off"}}
+    assert env(off, "DRADRIVER_IMEX_BINDING_CONDITIONS") == "off"
+    assert watches_claims({"computeDomains": {"imexChannels": True}})
+    assert not watches_claims({})
+    with pytest.raises(HelmError, match="bindingConditions"):
+        render(helm, {"computeDomains": {"bindingConditions": "yes"}})

@@ -102,34 +102,43 @@ class Rack(dict[str, str]):
         return sorted((self.plugins[node].state_dir / "imex").glob("*/config.cfg"))
 
 
-def _loopback_port() -> int:
+def _loopback_port(address: str) -> int:
     with socket.socket() as s:
-        s.bind((ADDRESS["cd-a1"], 0))
+        s.bind((address, 0))
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def rack(cluster: Cluster, kube: Kube) -> Iterator[Rack]:
+@contextlib.contextmanager
+def rack_of(
+    kubeconfig: str,
+    kube: Kube,
+    nodes: dict[str, str],
+    address: dict[str, str],
+    plugin_args: tuple[str, ...] = (),
+) -> Iterator[Rack]:
+    """Hollow nodes with our plugin, each `nodes` spec's GPUs and `address` its IMEX
+    address, until they have published their channels and labelled their Nodes."""
     ensure_device_classes(kube)
     tmp = Path(tempfile.mkdtemp(prefix="drk-cd-"))
     procs: list[DradriverProcess] = []
     out = Rack()
     out.kubelets, out.plugins = {}, {}
     # Every node's IMEX daemon on the same ports, each on its own address.
-    imex = ["--imex-channels", "on", "--imex-port", str(_loopback_port())]
-    imex += ["--imex-cmd-port", str(_loopback_port())]
+    first = next(iter(address.values()))
+    imex = ["--imex-channels", "on", "--imex-port", str(_loopback_port(first))]
+    imex += ["--imex-cmd-port", str(_loopback_port(first)), *plugin_args]
     try:
-        for node, spec in RACK.items():
+        for node, spec in nodes.items():
             kubelet = HollowNode(
-                cluster.kubeconfig,
+                kubeconfig,
                 node,
                 tmp / node,
-                extra_args=["--label", f"{cd.IMEX_ADDRESS_LABEL}={ADDRESS[node]}"],
+                extra_args=["--label", f"{cd.IMEX_ADDRESS_LABEL}={address[node]}"],
             )
             procs.append(kubelet)
             kubelet.start()
             kubelet.wait_node_ready(kube)
-            plugin = PluginProc(cluster.kubeconfig, kubelet, spec, extra_args=imex)
+            plugin = PluginProc(kubeconfig, kubelet, spec, extra_args=imex)
             procs.append(plugin)
             out.kubelets[node], out.plugins[node] = kubelet, plugin
             plugin.start()
@@ -143,12 +152,11 @@ def rack(cluster: Cluster, kube: Kube) -> Iterator[Rack]:
                 node = s["spec"].get("nodeName")
                 for d in s["spec"].get("devices") or []:
                     attrs = d.get("attributes", {})
-                    if node in RACK and attrs.get("type", {}).get("string") == "imex-channel":
+                    if node in nodes and attrs.get("type", {}).get("string") == "imex-channel":
                         cliques[node] = attrs["nvlinkDomain"]["string"]
-            return set(cliques) == set(RACK)
+            return set(cliques) == set(nodes)
 
         wait_for(published, "the rack's slices with their cliques", 60)
-        assert cliques["cd-a1"] == cliques["cd-a2"] != cliques["cd-b1"]
         # Each plugin labels its Node with its clique: a job's podAffinity topologyKey.
         for node, clique in cliques.items():
             wait_for(
@@ -168,10 +176,17 @@ def rack(cluster: Cluster, kube: Kube) -> Iterator[Rack]:
         # The nodes' IMEX daemons run in their own sessions, as on a node; a test that
         # failed before its pods ended leaves them to this.
         stop_fake_daemons(tmp)
-        for node in RACK:
+        for node in nodes:
             with contextlib.suppress(KubeError):
                 kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def rack(cluster: Cluster, kube: Kube) -> Iterator[Rack]:
+    with rack_of(cluster.kubeconfig, kube, RACK, ADDRESS) as out:
+        assert out["cd-a1"] == out["cd-a2"] != out["cd-b1"]
+        yield out
 
 
 @pytest.fixture(scope="module")

@@ -154,8 +154,10 @@ def member_of(claim: Mapping[str, Any], driver: str) -> Member | None:
         d = _dict(d)
         if (d.get("driver"), d.get("pool"), d.get("device")) != (driver, node, device):
             continue
+        # Ready from prepare; IMEXDaemonReady from the node before its pod was bound.
         ready = any(
-            _dict(c).get("type") == cd.READY and _dict(c).get("status") == "True"
+            _dict(c).get("type") in (cd.READY, cd.BINDING_CONDITION)
+            and _dict(c).get("status") == "True"
             for c in _list(d.get("conditions"))
         )
     return Member(

@@ -37,6 +37,9 @@ class DeviceView:
     ) -> None:
         self.consumable = consumable
         self.imex_channels = imex_channels
+        # Whether the channel device names binding conditions: set once the API server
+        # is known to keep them (binding/probe.py), then the next refresh publishes them.
+        self.imex_binding = False
         self.clique: str | None = None  # the node's fabric clique, from the latest discovery
         self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
         self.health = health
@@ -79,7 +82,7 @@ class DeviceView:
             slices = self.health.taint(slices, built.offer.devices().values())
         self.clique = node_clique(found.inventory)
         if self.imex_channels:
-            channels, why_not = channel_slice(found.inventory)
+            channels, why_not = channel_slice(found.inventory, self.imex_binding)
             if channels is not None:
                 slices = [*slices, channels]
             elif why_not != self._no_channels:

@@ -6,7 +6,8 @@
 - shares.py: consumable-capacity shares under one MPS daemon per device, their limits
   in its namespaces;
 - pod_memory.py (with pod_cgroup.py, where the kubelet keeps a pod's cgroup): a share's
-  memory as its pods' cgroup GPU-memory limit.
+  memory as its pods' cgroup GPU-memory limit;
+- imex.py: a ComputeDomain's IMEX daemon (nvidia-imex), at prepare or before binding.
 
 Built on dradriver.nvml (where NVML is touched) and the ledgers in state/.
 """

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.errors import ImexError
-from dradriver.kubeletplugin.state.records import ClaimRecord, ImexDaemon, PreparedDevice
+from dradriver.kubeletplugin.state.records import ClaimRecord, ImexDaemon
 from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost, mps_alive
 
@@ -33,7 +33,21 @@ log = get_logger("kubeletplugin.imex")
 DEFAULT_PORT = 50000  # the IMEX guide's SERVER_PORT default
 DEFAULT_CMD_PORT = 50005
 READY_TIMEOUT = 10.0
+# The reason of the one ImexError that is a wait, not a failure: the domain's other
+# nodes have not joined yet (binding/ reports it as a False condition, not a failure).
+WAITING = "imex_waiting"
+# What happens next, said at the end of a message: at prepare, and before binding.
+KUBELET_RETRIES = "the kubelet retries"
+SCHEDULER_WAITS = "the scheduler holds the pod until then"
+SCHEDULER_RETRIES = "the scheduler places the pod again"
 Obj = dict[str, Any]
+
+
+def _pid_in(cfg_dir: Path) -> int | None:
+    try:
+        return int((cfg_dir / "daemon.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def config_text(d: ImexDaemon, nodes_file: Path, port: int, cmd_port: int) -> str:
@@ -86,11 +100,24 @@ class ImexSteps:
     def apply(self, rec: ClaimRecord, record: Callable[[], None]) -> None:
         for d in rec.devices:
             if d.imex is not None:
-                self._one(rec, d, d.imex, record)
+                self.check(d.imex, KUBELET_RETRIES)
+                self._launch(rec.uid, rec.ref, d.imex, record, KUBELET_RETRIES)
 
-    def _one(
-        self, rec: ClaimRecord, d: PreparedDevice, im: ImexDaemon, record: Callable[[], None]
-    ) -> None:
+    def prebind(self, uid: str, ref: str, im: ImexDaemon) -> None:
+        """Before the pod is bound (binding conditions, kubeletplugin/binding/): the same
+        checks and daemon as at prepare, which then adopts it. The files beside the
+        config are its only record (no checkpoint entry before prepare): the binder's
+        sweep stops a daemon whose claim is neither prepared nor allocated here."""
+        self.check(im, SCHEDULER_WAITS)
+        try:
+            self._launch(uid, ref, im, lambda: None, SCHEDULER_RETRIES)
+        except ImexError:
+            self.undo_forgotten(uid)
+            raise
+
+    def check(self, im: ImexDaemon, then: str) -> None:
+        """The claim's domain is the one it was made for, in this node's clique, with
+        its channel; every node has joined: sets the daemon's address and peers."""
         where = f"ComputeDomain {im.namespace}/{im.domain}"
         domain = self.domain_of(im.namespace, im.domain)
         uid = (domain.get("metadata") or {}).get("uid")
@@ -119,26 +146,56 @@ class ImexSteps:
         if isinstance(found, str):
             raise ImexError(
                 f"{where}: waiting for its nodes before starting this node's IMEX daemon: "
-                f"{found}; the kubelet retries",
-                reason="imex_waiting",
+                f"{found}; {then}",
+                reason=WAITING,
             )
         im.address, im.peers = found
+
+    def _launch(
+        self, uid: str, ref: str, im: ImexDaemon, record: Callable[[], None], then: str
+    ) -> None:
+        where = f"ComputeDomain {im.namespace}/{im.domain}"
         cfg_dir = self.state_dir / "imex" / im.domain_uid
+        config = cfg_dir / "config.cfg"
+        nodes = cfg_dir / "nodes_config.cfg"
+        text = config_text(im, nodes, self.port, self.cmd_port)
+        running = _pid_in(cfg_dir)
+        if running is not None and self._same(cfg_dir, uid, im, text) and mps_alive(running):
+            # Started before the pod was bound, for this claim, with these peers.
+            im.config_dir, im.pid = str(cfg_dir), running
+            record()
+            log.info(
+                "IMEX daemon adopted", claim=ref, claim_uid=uid, channel=im.channel, pid=running
+            )
+            self._wait_ready(im, config, where, then)
+            return
+        if running is not None:
+            self.host.stop_imex(running)  # an older start's, with another peer list
         im.config_dir = str(cfg_dir)
         record()  # the intent: a crash from here leaves a directory to clean
         cfg_dir.mkdir(parents=True, exist_ok=True)
         # Whose daemon this is, should the checkpoint be lost (forgotten() finds it).
-        (cfg_dir / "claim").write_text(f"{rec.uid}\n")
-        nodes = cfg_dir / "nodes_config.cfg"
+        (cfg_dir / "claim").write_text(f"{uid}\n")
         nodes.write_text("".join(f"{p}\n" for p in im.peers))
-        config = cfg_dir / "config.cfg"
-        config.write_text(config_text(im, nodes, self.port, self.cmd_port))
-        self._start(rec, im, config, record, "IMEX daemon started")
-        self._wait_ready(im, config, where)
+        config.write_text(text)
+        self._start(uid, ref, im, config, record, "IMEX daemon started")
+        self._wait_ready(im, config, where, then)
+
+    @staticmethod
+    def _same(cfg_dir: Path, uid: str, im: ImexDaemon, text: str) -> bool:
+        try:
+            return (
+                (cfg_dir / "claim").read_text().strip() == uid
+                and (cfg_dir / "nodes_config.cfg").read_text().split() == list(im.peers)
+                and (cfg_dir / "config.cfg").read_text() == text
+            )
+        except OSError:
+            return False
 
     def _start(
         self,
-        rec: ClaimRecord,
+        uid: str,
+        ref: str,
         im: ImexDaemon,
         config: Path,
         record: Callable[[], None],
@@ -149,8 +206,8 @@ class ImexSteps:
         record()
         log.info(
             said,
-            claim=rec.ref,
-            claim_uid=rec.uid,
+            claim=ref,
+            claim_uid=uid,
             domain=f"{im.namespace}/{im.domain}",
             channel=im.channel,
             address=im.address,
@@ -158,7 +215,7 @@ class ImexSteps:
             pid=im.pid,
         )
 
-    def _wait_ready(self, im: ImexDaemon, config: Path, where: str) -> None:
+    def _wait_ready(self, im: ImexDaemon, config: Path, where: str, then: str) -> None:
         deadline = time.monotonic() + self.ready_timeout
         said = ""
         while time.monotonic() < deadline:
@@ -175,7 +232,7 @@ class ImexSteps:
         raise ImexError(
             f"{where}: this node's IMEX daemon did not answer READY within "
             f"{self.ready_timeout:.0f} s (nvidia-imex-ctl -q: {said or 'no answer'}); it is "
-            f"stopped and the kubelet retries; see {Path(config).parent / 'imex.log'}",
+            f"stopped and {then}; see {Path(config).parent / 'imex.log'}",
             reason="imex_not_ready",
         )
 
@@ -191,7 +248,7 @@ class ImexSteps:
             config = Path(im.config_dir) / "config.cfg"
             if not config.exists():
                 continue  # interrupted before its config: the startup reconcile undoes it
-            self._start(rec, im, config, record, "IMEX daemon started again")
+            self._start(rec.uid, rec.ref, im, config, record, "IMEX daemon started again")
 
     def undo(self, rec: ClaimRecord) -> None:
         """Stops the claim's daemons and removes their files (idempotent). The PID file
@@ -211,6 +268,14 @@ class ImexSteps:
             if im.config_dir is not None:
                 shutil.rmtree(im.config_dir, ignore_errors=True)
                 im.config_dir = None
+
+    def daemons(self) -> dict[str, Path]:
+        """claim uid -> the config directory of its daemon, for every one on disk."""
+        out = {}
+        for claim in sorted((self.state_dir / "imex").glob("*/claim")):
+            with contextlib.suppress(OSError):
+                out[claim.read_text().strip()] = claim.parent
+        return out
 
     def forgotten(self, uid: str) -> list[Path]:
         """The config directories of claim `uid`'s daemons, by the claim file each holds:

@@ -259,6 +259,11 @@ def test_a_member_is_read_from_its_claim() -> None:
     m = member_of(claim("other-uid", "n1"), DRIVER)
     assert m is not None and m.domain_uid == "other-uid"
     assert member_of({"metadata": {"name": "x"}, "spec": {}}, DRIVER) is None
+    # Before its pod is bound (binding conditions), the node says so as IMEXDaemonReady.
+    early = claim(uid, "n1", ready=False)
+    early["status"]["devices"][0]["conditions"] = [{"type": "IMEXDaemonReady", "status": "True"}]
+    m = member_of(early, DRIVER)
+    assert m is not None and m.ready
 
 
 # -- reconcile --------------------------------------------------------------------------------

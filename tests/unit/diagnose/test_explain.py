@@ -310,3 +310,65 @@ def test_a_pod_waiting_for_its_imex_daemon_is_told_so_with_the_fix() -> None:
     )
     r = explain("x", [ClaimRef("default/c", c)], world, p, [waiting])
     assert r.finding is not None and "the job's other pods must be scheduled" in r.finding.line()
+
+
+def _held(conditions: list[dict[str, Any]]) -> dict[str, Any]:
+    """A claim allocated a channel with binding conditions, its node's conditions so."""
+    c = claim("c", allocated=[("n1", "imex-channel")])
+    (r,) = c["status"]["allocation"]["devices"]["results"]
+    r.update(bindingConditions=["IMEXDaemonReady"], bindingFailureConditions=["IMEXDaemonFailed"])
+    c["status"]["devices"] = [
+        {"driver": D, "pool": "n1", "device": "imex-channel", "conditions": conditions}
+    ]
+    return c
+
+
+FAILED = (
+    "IMEX layer: ComputeDomain default/train: this node's IMEX daemon did not answer READY "
+    "within 10 s (nvidia-imex-ctl -q: UNAVAILABLE); it is stopped and the scheduler places "
+    "the pod again; see /var/lib/dradriver/imex/u/imex.log"
+)
+
+
+def test_a_pod_held_at_binding_is_told_what_its_node_waits_for() -> None:
+    waiting = {
+        "type": "IMEXDaemonReady",
+        "status": "False",
+        "message": "IMEX layer: ComputeDomain default/train: waiting for its nodes before "
+        "starting this node's IMEX daemon: 1 of 2 nodes of the domain have joined (n1)",
+    }
+    c = _held([waiting])
+    world = build_world(slices("n1", "2xL4"), CLASSES, [c], [node("n1")], None)
+    r = explain("x", [ClaimRef("default/c", c)], world, pod("p", "c"), [])
+    assert r.finding is not None and r.finding.layer == "IMEX"
+    text = r.finding.line()
+    assert text.startswith("IMEX: the scheduler holds the pod until the IMEX daemon on n1")
+    assert "1 of 2 nodes of the domain have joined" in text
+    assert "the job's other pods must be scheduled" in text and "kubelet" not in text
+    # Not reported yet, after an earlier try failed: that failure and its fix.
+    c = _held([])
+    event = {
+        "type": "Warning",
+        "reason": "FailedScheduling",
+        "message": 'running PreBind plugin "DynamicResources": claim c binding failed: '
+        f'reason=IMEXNotReady, message="{FAILED}"',
+    }
+    r = explain("x", [ClaimRef("default/c", c)], world, pod("p", "c"), [event])
+    assert r.finding is not None
+    text = r.finding.line()
+    assert "n1's plugin is starting it" in text and "an earlier try failed" in text
+    assert "nvidia-imex-ctl -N" in text and text.count("imex.log") == 1
+    # Failed: the node gave up; the same when the scheduler has deallocated the claim.
+    c = _held([{"type": "IMEXDaemonFailed", "status": "True", "message": FAILED}])
+    r = explain("x", [ClaimRef("default/c", c)], world, pod("p", "c"), [])
+    assert r.finding is not None
+    assert r.finding.line().startswith("IMEX: n1 could not get the pod's IMEX daemon ready")
+    free = claim("c")
+    r = explain("x", [ClaimRef("default/c", free)], world, pod("p", "c"), [event])
+    assert r.finding is not None and r.finding.layer == "IMEX", r.finding
+    assert "the scheduler could not bind the pod" in r.finding.line()
+    # A bound pod is prepare's business, not binding's.
+    assert (
+        explain("x", [ClaimRef("default/c", c)], world, pod("p", "c", nodeName="n1")).finding
+        is None
+    )

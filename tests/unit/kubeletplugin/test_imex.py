@@ -19,6 +19,7 @@ from dradriver.api import computedomain as cd
 from dradriver.errors import ImexError
 from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.hardware.imex import ImexSteps
+from dradriver.kubeletplugin.prepare.channels import channel_device
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.records import ClaimRecord
 from dradriver.nvml.host import mps_alive
@@ -266,3 +267,49 @@ def test_a_daemon_whose_claim_a_lost_checkpoint_forgot_goes_at_unprepare(node: I
     assert mps_alive(pid)  # kept for its pod until the kubelet unprepares the claim
     assert node.driver.unprepare([ref])[ref.uid] == ""
     assert not mps_alive(pid) and node.daemons() == []
+
+
+def _prebind(node: ImexNode, ref: ClaimRef) -> None:
+    """What the binder does while the scheduler holds the pod (binding conditions)."""
+    params = node.claims[ref.name]["status"]["allocation"]["devices"]["config"][0]["opaque"]
+    dev = channel_device(ref, DRIVER, NODE, "channel", cd.CHANNEL_DEVICE, (params["parameters"],))
+    assert dev.imex is not None and node.driver.executor.imex is not None
+    node.driver.executor.imex.prebind(ref.uid, str(ref), dev.imex)
+
+
+def test_a_daemon_started_before_binding_is_adopted_at_prepare(node: ImexNode) -> None:
+    node.domain("early")
+    ref = node.claim("early-0", "early")
+    _prebind(node, ref)
+    (pid,) = node.daemons()
+    assert mps_alive(pid) and ref.uid not in node.driver.store.load().claims
+    steps = node.driver.executor.imex
+    assert steps is not None and set(steps.daemons()) == {ref.uid}
+    assert node.prepare(ref) == ""
+    (d,) = node.record(ref).devices
+    assert d.imex is not None and d.imex.pid == pid and node.daemons() == [pid]
+    assert node.driver.unprepare([ref])[ref.uid] == ""
+    assert not mps_alive(pid) and node.daemons() == []
+
+
+def test_a_daemon_started_with_other_peers_is_replaced_at_prepare(node: ImexNode) -> None:
+    node.domain("moved")
+    ref = node.claim("moved-0", "moved")
+    _prebind(node, ref)
+    (old,) = node.daemons()
+    # The node's IMEX address changed before its pod was bound: a new peer list.
+    node.domains[("team", "moved")]["status"]["nodes"][0]["address"] = "127.0.0.23"
+    assert node.prepare(ref) == ""
+    (d,) = node.record(ref).devices
+    assert d.imex is not None and d.imex.peers == ("127.0.0.23",)
+    assert not mps_alive(old) and node.daemons() == [d.imex.pid]
+
+
+def test_a_daemon_that_never_gets_ready_before_binding_leaves_nothing(node: ImexNode) -> None:
+    node.faults(neverReady=True)
+    node.domain("late")
+    ref = node.claim("late-0", "late")
+    with pytest.raises(ImexError, match="the scheduler places the pod again") as exc:
+        _prebind(node, ref)
+    assert exc.value.reason == "imex_not_ready"
+    assert node.daemons() == [] and list((node.tmp / "imex").glob("*")) == []

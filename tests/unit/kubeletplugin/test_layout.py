@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.support.pyimports import module_imports
 
 PLUGIN = Path(__file__).resolve().parents[3] / "dradriver" / "kubeletplugin"
-PACKAGES = ("grpc_edge", "prepare", "state", "hardware", "devices", "ops")
+PACKAGES = ("grpc_edge", "prepare", "state", "hardware", "devices", "ops", "binding")
 # What each package may import of the plugin's other packages.
 ALLOWED = {
     "grpc_edge": set(),
@@ -18,6 +18,7 @@ ALLOWED = {
     "devices": set(),
     "ops": set(),
     "prepare": {"state", "hardware", "ops"},
+    "binding": {"prepare", "state", "hardware"},
 }
 # Off the registration path: the gRPC edge binds the sockets before any of these loads.
 HEAVY = ("dradriver.k8s", "dradriver.nvml", "dradriver.slices", "kubernetes", "pynvml", "fakenvml")

@@ -33,6 +33,14 @@ def test_a_gb200_tray_publishes_its_channel_device_in_its_clique() -> None:
     # What the controller places domains by: the same clique, read back from the slice.
     body = {"spec": {"driver": "d", "nodeName": "n", "devices": list(channels.devices)}}
     assert node_cliques([body], "d") == {"n": clique}
+    # Where the API server keeps binding conditions, the scheduler holds the pod until
+    # the node says its IMEX daemon is ready (or gives the node up when it cannot be).
+    held, _ = channel_slice(inv, binding=True)
+    assert held is not None
+    (device,) = held.devices
+    assert device["bindingConditions"] == ["IMEXDaemonReady"]
+    assert device["bindingFailureConditions"] == ["IMEXDaemonFailed"]
+    check_limits([held])
 
 
 def test_two_trays_of_a_rack_share_the_cluster_but_not_the_clique() -> None:

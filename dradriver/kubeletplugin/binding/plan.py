@@ -1,0 +1,122 @@
+"""What the binder does for the node's IMEX channel claims (pure): which wait for their
+binding conditions, which keep their daemons, and the status entries it writes.
+
+A claim waits when the scheduler allocated this node's channel device with our binding
+condition (the allocation result copies the device's bindingConditions: a claim
+allocated by a scheduler without the gates has none, and prepare does the work), its
+pod is not prepared yet, and the claim's status.devices entry has neither condition
+True yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dradriver.api import computedomain as cd
+from dradriver.kubeletplugin.claimref import ClaimRef
+
+Obj = dict[str, Any]
+
+
+def _dict(v: Any) -> Obj:
+    return v if isinstance(v, dict) else {}
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def ref_of(claim: Obj) -> ClaimRef:
+    meta = _dict(claim.get("metadata"))
+    return ClaimRef(
+        str(meta.get("namespace", "")), str(meta.get("uid", "")), str(meta.get("name", ""))
+    )
+
+
+def channel_result(claim: Obj, driver: str, node: str) -> Obj | None:
+    """The allocation result that gives this node's channel device to the claim."""
+    alloc = _dict(_dict(claim.get("status")).get("allocation"))
+    for r in _list(_dict(alloc.get("devices")).get("results")):
+        r = _dict(r)
+        if (r.get("driver"), r.get("pool"), r.get("device")) == (driver, node, cd.CHANNEL_DEVICE):
+            return r
+    return None
+
+
+def conditions_of(claim: Obj, driver: str, node: str) -> dict[str, Obj]:
+    """type -> condition, of the claim's status.devices entry for the channel device."""
+    for d in _list(_dict(claim.get("status")).get("devices")):
+        d = _dict(d)
+        if (d.get("driver"), d.get("pool"), d.get("device")) == (driver, node, cd.CHANNEL_DEVICE):
+            return {str(_dict(c).get("type")): _dict(c) for c in _list(d.get("conditions"))}
+    return {}
+
+
+def is_true(conds: Mapping[str, Obj], kind: str) -> bool:
+    return conds.get(kind, {}).get("status") == "True"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    ref: ClaimRef
+    claim: Obj  # as the API server holds it
+    said: Obj | None  # our IMEXDaemonReady condition as the claim has it now
+
+
+def allocated_here(claims: Iterable[Obj], driver: str, node: str) -> set[str]:
+    """UIDs of the claims holding this node's channel: their daemons are kept."""
+    return {ref_of(c).uid for c in claims if channel_result(c, driver, node) is not None}
+
+
+def waiting(claims: Iterable[Obj], driver: str, node: str, prepared: set[str]) -> list[Waiting]:
+    out = []
+    for c in claims:
+        r = channel_result(c, driver, node)
+        if r is None or cd.BINDING_CONDITION not in _list(r.get("bindingConditions")):
+            continue
+        ref = ref_of(c)
+        if ref.uid in prepared or _dict(c.get("metadata")).get("deletionTimestamp"):
+            continue
+        conds = conditions_of(c, driver, node)
+        if is_true(conds, cd.BINDING_CONDITION) or is_true(conds, cd.BINDING_FAILURE):
+            continue
+        out.append(Waiting(ref, c, conds.get(cd.BINDING_CONDITION)))
+    return sorted(out, key=lambda w: (w.ref.namespace, w.ref.name))
+
+
+def to_sweep(daemons: Mapping[str, Any], keep: set[str]) -> list[str]:
+    """Claims whose daemon is on disk but which are neither prepared here nor allocated
+    here any more (deallocated after a failed binding, deleted): stopped."""
+    return sorted(uid for uid in daemons if uid not in keep)
+
+
+def condition(kind: str, status: bool, reason: str, message: str, now: str) -> Obj:
+    return {
+        "type": kind,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": now,
+    }
+
+
+def unchanged(said: Obj | None, new: Obj) -> bool:
+    """A False condition written again only when what it says changed."""
+    return said is not None and all(said.get(k) == new[k] for k in ("status", "reason", "message"))
+
+
+def status_body(ref: ClaimRef, driver: str, node: str, conds: list[Obj]) -> Obj:
+    """A server-side apply of the channel's status.devices entry with these conditions
+    (under a field manager of their own: prepare's Ready condition is another's)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+        "status": {
+            "devices": [
+                {"driver": driver, "pool": node, "device": cd.CHANNEL_DEVICE, "conditions": conds}
+            ]
+        },
+    }

@@ -1,0 +1,51 @@
+"""Whether the API server keeps a device's binding conditions: a dry-run create of a
+slice with one, read back. A server without the alpha gates drops the fields on write
+(they are gated, not refused), and a channel device published without them falls back
+to prepare's waiting; with them, the scheduler must have the gates too (a scheduler
+without them never allocates such a device), which the API cannot tell: --imex-binding-
+conditions off is the way out of that split, and the README says so.
+"""
+
+from __future__ import annotations
+
+from dradriver.api import computedomain as cd
+from dradriver.k8s import Kube, KubeError, path_for
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.binding")
+
+
+def api_keeps_binding_conditions(kube: Kube, driver: str, node: str) -> bool:
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node}-binding-probe-"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": cd.CHANNEL_DEVICE,
+                    "bindingConditions": [cd.BINDING_CONDITION],
+                    "bindingFailureConditions": [cd.BINDING_FAILURE],
+                }
+            ],
+        },
+    }
+    try:
+        got = kube.request(
+            "POST",
+            path_for("resource.k8s.io/v1", "resourceslices"),
+            body=body,
+            query={"dryRun": "All"},
+            timeout=10,
+        )
+    except KubeError as exc:
+        log.warning(
+            "could not ask the API server about binding conditions; not using them",
+            error=exc.message,
+        )
+        return False
+    devices = (got.get("spec") or {}).get("devices") or [{}]
+    return bool(devices[0].get("bindingConditions"))
