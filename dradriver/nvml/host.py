@@ -91,8 +91,9 @@ class GpuHost(Protocol):
 
 
 # The IMEX package's commands (NVIDIA IMEX guide: "Getting Started with IMEX").
-IMEX_DAEMON = "/usr/bin/nvidia-imex"
-IMEX_CTL = "/usr/bin/nvidia-imex-ctl"
+# Found on PATH: the chart appends the driver root's usr/bin to the image's.
+IMEX_DAEMON = "nvidia-imex"
+IMEX_CTL = "nvidia-imex-ctl"
 IMEX_CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
 
 

@@ -1219,3 +1219,40 @@ def test_imex_channels_follow_their_value(helm: Path) -> None:
     assert not watches_claims({})
     with pytest.raises(HelmError, match="bindingConditions"):
         render(helm, {"computeDomains": {"bindingConditions": "yes"}})
+
+    # The daemon binds the node's address: the plugin in the host's network, replaced
+    # in place on upgrade (two instances cannot share the host's /healthz port).
+    def spec(values: dict[str, Any], group: str = "") -> dict[str, Any]:
+        docs = [d for d in render(helm, values) if d["kind"] == "DaemonSet"]
+        (ds,) = [d for d in docs if d["metadata"]["name"].endswith(group)]
+        return dict(ds["spec"])
+
+    on = spec({"computeDomains": {"imexChannels": True}})
+    assert on["template"]["spec"]["hostNetwork"] is True
+    assert on["template"]["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert on["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    plain = spec({})
+    assert "hostNetwork" not in plain["template"]["spec"]
+    assert plain["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    # Per node group: only the GB200 trays'.
+    groups = {
+        "nodeGroups": [
+            {"name": "gb200", "nodeSelector": {"rack": "a"}, "imexChannels": True},
+            {"name": "h100", "nodeSelector": {"rack": "b"}},
+        ]
+    }
+    assert spec(groups, "gb200")["template"]["spec"]["hostNetwork"] is True
+    assert "hostNetwork" not in spec(groups, "h100")["template"]["spec"]
+    assert watches_claims(groups)
+    with_off = {"computeDomains": {"imexChannels": True}, **groups}
+    with_off["nodeGroups"][1]["imexChannels"] = False  # type: ignore[index]
+    assert "hostNetwork" not in spec(with_off, "h100")["template"]["spec"]
+
+
+def test_the_driver_root_gives_the_plugin_the_drivers_commands(helm: Path) -> None:
+    """nvidia-smi (time-slicing), nvidia-cuda-mps-control (MPS) and nvidia-imex are the
+    host driver's: with nvml the plugin finds them on PATH, from the driver root."""
+    (c,) = one(render(helm, {}), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    script = c["command"][-1]
+    assert 'export PATH="$PATH:/driver-root/usr/bin"' in script
+    assert "libcuda.so.1" in script and script.rstrip().endswith("exec dradriver kubelet-plugin")
