@@ -32,6 +32,12 @@ def _explain(args: argparse.Namespace) -> int:
     return explain.run(args)
 
 
+def _fleet(args: argparse.Namespace) -> int:
+    from dradriver.commands import fleet
+
+    return fleet.run(args)
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from dradriver.commands import doctor
 
@@ -115,6 +121,22 @@ def build_parser(dev_tools: bool = True, only: str = "") -> argparse.ArgumentPar
     )
     doctor.add_arguments(dr)
     dr.set_defaults(func=_doctor)
+
+    from dradriver.commands import fleet
+
+    fl = sub.add_parser(
+        "fleet",
+        help="the fleet's GPUs: per node and product, what still fits, what is stranded",
+        description="Reads every ResourceSlice, ResourceClaim, DeviceClass, Node and Pending "
+        "pod once, and shows per node and product the GPUs published, allocated, carved into "
+        "MIG partitions, tainted and free; what each node can still place (1, 2, 4, 8 GPUs, "
+        "in one NVLink domain, each MIG profile); and the stranded GPUs: free ones that no "
+        "Pending pod's claim can use where they are, with the reason (wrong product, "
+        "fragmented across NVLink domains, too few free on the node, MIG layout) and, with "
+        "--price-per-gpu-hour, what they cost. Read-only.",
+    )
+    fleet.add_arguments(fl)
+    fl.set_defaults(func=_fleet)
 
     _add_kubelet_plugin(sub)
 

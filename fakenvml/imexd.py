@@ -123,7 +123,11 @@ class Daemon:
                 self.stop.wait(RETRY)
                 continue
             with conn:
-                conn.sendall(f"HELLO {self.ip}\n".encode())
+                try:
+                    conn.sendall(f"HELLO {self.ip}\n".encode())
+                except OSError:  # the peer went between its accept and our hello
+                    self.stop.wait(RETRY)
+                    continue
                 self._set(peer, True)
                 self._until_closed(conn)
             self._set(peer, False)

@@ -1256,3 +1256,75 @@ def test_the_driver_root_gives_the_plugin_the_drivers_commands(helm: Path) -> No
     script = c["command"][-1]
     assert 'export PATH="$PATH:/driver-root/usr/bin"' in script
     assert "libcuda.so.1" in script and script.rstrip().endswith("exec dradriver kubelet-plugin")
+
+
+def test_quota_classes_select_exactly_their_product_or_profile(helm: Path) -> None:
+    """`dradriver fleet --quota-classes` values for a mixed fleet (H100s and A100s in
+    dynamic MIG mode, L4s), rendered by the chart: each class's CEL selects exactly the
+    devices it is named for, evaluated as the scheduler does (diagnose/cel.py)."""
+    from dradriver.diagnose.cel import Selector
+    from dradriver.diagnose.fleet import quota_classes
+    from dradriver.diagnose.world import build_world
+    from dradriver.inventory.node_devices import MigMode
+    from dradriver.nvml.library import open_nvml
+    from dradriver.slices.build import build
+    from dradriver.slices.publish import render as render_slices
+
+    def node_slices(node: str, spec: str, mode: MigMode) -> list[dict[str, Any]]:
+        found = open_nvml(f"fake:{spec}", node=node, state_dir=None).discover()
+        return render_slices("gpu.dradriver.io", node, build(found.inventory, mode).slices)
+
+    slices = node_slices("h", "2xH100-80GB", MigMode.DYNAMIC)
+    slices += node_slices("a", "1xA100-80GB:mig=on+1xA100-80GB", MigMode.DYNAMIC)
+    slices += node_slices("l", "2xL4", MigMode.NONE)
+    world = build_world(slices, [], [], [])
+    values = quota_classes(world)
+    assert {p["name"] for p in values["products"]} == {"h100-80gb-hbm3", "a100-sxm4-80gb", "l4"}
+    # 1g.10gb is both an A100-80GB's and an H100-80GB's profile: one class per product.
+    shared = [m for m in values["migProfiles"] if m["profile"] == "1g.10gb"]
+    assert len(shared) == 2 and all("productName" in m for m in shared)
+    classes = [d for d in render(helm, {"quotaClasses": values}) if d["kind"] == "DeviceClass"]
+    by_name = {c["metadata"]["name"]: c for c in classes}
+    checked = 0
+    for p in values["products"]:
+        cls = by_name[f"{p['name']}.gpu.dradriver.io"]
+        want = {
+            d.id
+            for d in world.devices
+            if d.cel.attributes["gpu.dradriver.io"]["type"] == "gpu"
+            and d.product() == p["productName"]
+        }
+        got = {
+            d.id
+            for d in world.devices
+            if all(
+                Selector(s["cel"]["expression"]).evaluate(d.cel).matches
+                for s in cls["spec"]["selectors"]
+            )
+        }
+        assert got == want and want, p
+        checked += 1
+    for m in values["migProfiles"]:
+        name = m.get("name") or m["profile"].replace(".", "").replace("+", "-")
+        cls = by_name[f"{name}.mig.dradriver.io"]
+        attrs = lambda d: d.cel.attributes["gpu.dradriver.io"]  # noqa: E731
+        want = {
+            d.id
+            for d in world.devices
+            if attrs(d)["type"] == "mig"
+            and attrs(d)["profile"] == m["profile"]
+            and d.product() == m.get("productName", d.product())
+        }
+        got = {
+            d.id
+            for d in world.devices
+            if all(
+                Selector(s["cel"]["expression"]).evaluate(d.cel).matches
+                for s in cls["spec"]["selectors"]
+            )
+        }
+        assert got == want and want, m
+        checked += 1
+    assert checked == len(classes) - 3  # beside the gpu, mig and imex-channel classes
+    with pytest.raises(HelmError, match="quotaClasses"):
+        render(helm, {"quotaClasses": {"migProfiles": [{"profile": "big"}]}})

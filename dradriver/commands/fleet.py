@@ -1,0 +1,138 @@
+"""`dradriver fleet`: the fleet's GPUs per node and product, what each node can still
+place, and the capacity the Pending pods cannot use where it is (read-only; one LIST of
+each kind, any cluster a kubeconfig reaches)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dradriver.diagnose.fleet import FleetReport
+    from dradriver.k8s import Kube
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG)")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["text", "json"],
+        default="text",
+        help="text (a table per node, the totals and the stranded GPUs) or json",
+    )
+    p.add_argument(
+        "--price-per-gpu-hour",
+        type=float,
+        default=None,
+        metavar="X",
+        help="what a GPU costs an hour: the stranded GPUs' cost is shown",
+    )
+    p.add_argument(
+        "--quota-classes",
+        action="store_true",
+        help="print the Helm values (quotaClasses) for a DeviceClass per product and MIG "
+        "profile the fleet publishes, for quotas that count them (Kueue)",
+    )
+
+
+def gather(kube: Kube, price: float | None) -> FleetReport:
+    from dradriver.commands.cluster_facts import cluster_lists, items
+    from dradriver.diagnose.fleet import fleet, pending_requests
+    from dradriver.diagnose.world import build_world
+    from dradriver.k8s import path_for
+
+    lists = cluster_lists(kube)
+    pods = items(kube, path_for("v1", "pods"), fieldSelector="status.phase=Pending")
+    classes = {c["metadata"]["name"]: c for c in lists["classes"]}
+    requests, unreadable = pending_requests(pods, lists["claims"], classes)
+    world = build_world(lists["slices"], lists["classes"], lists["claims"], lists["nodes"])
+    report = fleet(world, requests, price)
+    report.unreadable = unreadable
+    return report
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def render(r: FleetReport) -> str:
+    head = ("NODE", "PRODUCT", "GPUS", "ALLOCATED", "CARVED", "TAINTED", "FREE", "FITS")
+    rows: list[tuple[str, ...]] = [head]
+    for v in r.nodes:
+        for product, c in sorted(v.products.items()):
+            rows.append(
+                (
+                    v.node,
+                    product,
+                    str(c.published),
+                    str(c.allocated),
+                    str(c.carved),
+                    str(c.tainted),
+                    str(c.free),
+                    ", ".join(v.shapes()) or "-",
+                )
+            )
+    out = _table(rows) if len(rows) > 1 else ["no GPUs of gpu.dradriver.io published"]
+    out.append("")
+    for product, c in sorted(r.totals.items()):
+        busy = 100 * (c.allocated + c.carved) / c.published if c.published else 0.0
+        out.append(
+            f"total {product}: {c.published} GPUs, {c.allocated} allocated, {c.carved} carved "
+            f"into MIG, {c.tainted} tainted, {c.free} free ({busy:.0f}% busy)"
+        )
+    out.append(f"pending requests: {len(r.requests)}")
+    if r.unreadable:
+        out.append(f"claims whose selectors do not compile: {', '.join(r.unreadable)}")
+    if not r.requests:
+        out.append("stranded: none (no Pending pod asks for these devices)")
+        return "\n".join(out)
+    if not r.stranded:
+        out.append("stranded: none (every free GPU can serve a Pending claim where it is)")
+        return "\n".join(out)
+    cost = r.cost_per_hour()
+    out.append(
+        f"stranded: {r.stranded_gpus} free GPUs no Pending claim can use where they are"
+        + (f", {cost:.2f} an hour" if cost is not None else "")
+    )
+    rows = [("NODE", "PRODUCT", "GPUS", "REASON", "DETAIL")]
+    rows += [(s.node, s.product, str(s.gpus), s.reason, s.detail) for s in r.stranded]
+    out += ["  " + line for line in _table(rows)]
+    return "\n".join(out)
+
+
+def _print_quota_classes(kube: Kube) -> int:
+    import yaml
+
+    from dradriver.commands.cluster_facts import cluster_lists
+    from dradriver.diagnose.fleet import quota_classes
+    from dradriver.diagnose.world import build_world
+
+    lists = cluster_lists(kube)
+    w = build_world(lists["slices"], lists["classes"], lists["claims"], lists["nodes"])
+    values = {"quotaClasses": quota_classes(w)}
+    print("# helm upgrade ... -f this-file: a DeviceClass per product and MIG profile published")
+    print(yaml.safe_dump(values, sort_keys=False), end="")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from dradriver.commands.cluster_facts import FactsError, connect
+    from dradriver.diagnose.fleet import as_dict
+
+    try:
+        kube = connect(args.kubeconfig)
+        try:
+            if args.quota_classes:
+                return _print_quota_classes(kube)
+            report = gather(kube, args.price_per_gpu_hour)
+        finally:
+            kube.close()
+    except FactsError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    print(json.dumps(as_dict(report), indent=2) if args.output == "json" else render(report))
+    return 0

@@ -1,0 +1,394 @@
+"""`dradriver fleet` (pure): what the fleet's GPUs are doing, per node and product, what
+each node can still place, and the stranded capacity: free GPUs that none of the Pending
+pods' claims can use where they are, each with why.
+
+What the integer hid: twelve 8-GPU nodes each running two 3-GPU pods are 75% busy, and
+a 4-GPU pod still finds no node; the 24 free GPUs are stranded, two a node ("the node
+has 2 free that the claim can take, it needs 4"). The scheduler's own rules decide
+what counts: a device is taken when a claim holds it, or when a partition of it is
+allocated (its pool's counters are spent: dynamic MIG); a taint with NoSchedule or
+NoExecute keeps it from new claims; a claim's selectors (its class's and its own, CEL)
+decide which devices it may take, and a matchAttribute constraint on nvlinkDomain
+keeps a request's GPUs in one NVLink domain.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dradriver.diagnose.cel import CompileError, Selector
+from dradriver.diagnose.world import Published, World, blocked_by_counters, remaining_counters
+
+Obj = Mapping[str, Any]
+DRIVER = "gpu.dradriver.io"
+NVLINK = f"{DRIVER}/nvlinkDomain"
+SHAPES = (1, 2, 4, 8)
+
+
+def _attr(d: Published, name: str) -> str:
+    v = d.cel.attributes.get(DRIVER, {}).get(name)
+    return v if isinstance(v, str) else ""
+
+
+def _kind(d: Published) -> str:
+    return _attr(d, "type")
+
+
+def _blocking(taint: Obj) -> bool:
+    return taint.get("effect") in ("NoSchedule", "NoExecute")
+
+
+@dataclass
+class ProductCount:
+    published: int = 0
+    allocated: int = 0
+    carved: int = 0  # partitions of it allocated: not free as a whole GPU
+    tainted: int = 0
+    free: int = 0
+
+    def add(self, other: ProductCount) -> None:
+        for k in ("published", "allocated", "carved", "tainted", "free"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+@dataclass
+class NodeView:
+    node: str
+    products: dict[str, ProductCount] = field(default_factory=dict)
+    # MIG profile -> (placements allocated, placements free now)
+    mig: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # The most whole GPUs a claim can still get here: in one NVLink domain, and at all.
+    largest_nvlinked: int = 0
+    largest: int = 0
+
+    def shapes(self) -> list[str]:
+        out = [f"{n} GPU{'s' if n > 1 else ''}" for n in SHAPES if self.largest >= n]
+        out += [f"{n} NVLinked" for n in SHAPES if n > 1 and self.largest_nvlinked >= n]
+        out += [f"MIG {p}" for p, (_, free) in sorted(self.mig.items()) if free]
+        return out
+
+
+@dataclass(frozen=True)
+class Request:
+    """A Pending pod's claim request for devices of ours."""
+
+    claim: str
+    name: str
+    count: int
+    selectors: tuple[Selector, ...]
+    same_nvlink: bool  # a matchAttribute constraint on nvlinkDomain covers it
+
+
+@dataclass(frozen=True)
+class Stranded:
+    node: str
+    product: str
+    gpus: int
+    reason: str  # wrong-product, fragmented-nvlink, too-few-free, mig-layout
+    detail: str
+
+
+@dataclass
+class FleetReport:
+    nodes: list[NodeView]
+    totals: dict[str, ProductCount]
+    requests: list[Request]
+    stranded: list[Stranded]
+    price: float | None = None
+    unreadable: list[str] = field(default_factory=list)  # claims whose selectors do not compile
+
+    @property
+    def stranded_gpus(self) -> int:
+        return sum(s.gpus for s in self.stranded)
+
+    def cost_per_hour(self) -> float | None:
+        return None if self.price is None else self.stranded_gpus * self.price
+
+
+def pending_requests(
+    pods: Sequence[Obj], claims: Sequence[Obj], classes: Mapping[str, Obj]
+) -> tuple[list[Request], list[str]]:
+    """The requests of the unallocated claims of pods not bound yet, for our classes."""
+    by_name = {(c["metadata"].get("namespace", ""), c["metadata"]["name"]): c for c in claims}
+    out: list[Request] = []
+    unreadable: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for p in pods:
+        if (p.get("spec") or {}).get("nodeName"):
+            continue
+        ns = p["metadata"].get("namespace", "")
+        generated = {
+            s.get("name"): s.get("resourceClaimName")
+            for s in (p.get("status") or {}).get("resourceClaimStatuses") or []
+        }
+        for rc in (p.get("spec") or {}).get("resourceClaims") or []:
+            name = rc.get("resourceClaimName") or generated.get(rc.get("name"))
+            if not name or (ns, name) in seen or (ns, name) not in by_name:
+                continue
+            seen.add((ns, name))
+            claim = by_name[(ns, name)]
+            if (claim.get("status") or {}).get("allocation"):
+                continue
+            try:
+                out += _requests(claim, classes)
+            except CompileError:
+                unreadable.append(f"{ns}/{name}")
+    return out, unreadable
+
+
+def _requests(claim: Obj, classes: Mapping[str, Obj]) -> list[Request]:
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    names = [r.get("name", "") for r in devices.get("requests") or []]
+    nvlinked: set[str] = set()
+    for c in devices.get("constraints") or []:
+        if c.get("matchAttribute") == NVLINK:
+            nvlinked |= set(c.get("requests") or names)
+    ref = f"{claim['metadata'].get('namespace', '')}/{claim['metadata']['name']}"
+    out = []
+    for r in devices.get("requests") or []:
+        exactly = r.get("exactly") or {}
+        cls = classes.get(exactly.get("deviceClassName", ""))
+        if cls is None or exactly.get("allocationMode") == "All":
+            continue
+        exprs = [
+            s["cel"]["expression"]
+            for s in [
+                *((cls.get("spec") or {}).get("selectors") or []),
+                *(exactly.get("selectors") or []),
+            ]
+            if "cel" in s
+        ]
+        out.append(
+            Request(
+                ref,
+                str(r.get("name", "")),
+                int(exactly.get("count", 1)),
+                tuple(Selector(e) for e in exprs),
+                str(r.get("name", "")) in nvlinked,
+            )
+        )
+    return out
+
+
+def _judge(req: Request, d: Published) -> bool:
+    for sel in req.selectors:
+        o = sel.evaluate(d.cel)
+        if o.error or not o.matches:
+            return False
+    return True
+
+
+def fleet(w: World, requests: Sequence[Request], price: float | None = None) -> FleetReport:
+    allocated = set(w.holders) | set(w.sharers)
+    left = remaining_counters(w, allocated)
+    views: dict[str, NodeView] = {}
+    free_gpus: dict[str, list[Published]] = defaultdict(list)
+    carved: dict[str, list[Published]] = defaultdict(list)
+    free_mig: dict[str, list[Published]] = defaultdict(list)
+    for d in w.devices:
+        if d.driver != DRIVER or not d.node:
+            continue
+        view = views.setdefault(d.node, NodeView(d.node))
+        kind = _kind(d)
+        if kind == "gpu":
+            count = view.products.setdefault(d.product() or "unknown", ProductCount())
+            count.published += 1
+            if d.id in allocated:
+                count.allocated += 1
+            elif blocked_by_counters(d, left):
+                count.carved += 1
+                carved[d.node].append(d)
+            elif any(_blocking(t) for t in d.taints):
+                count.tainted += 1
+            else:
+                count.free += 1
+                free_gpus[d.node].append(d)
+        elif kind == "mig":
+            profile = _attr(d, "profile")
+            used, free = view.mig.get(profile, (0, 0))
+            if d.id in allocated:
+                used += 1
+            elif not blocked_by_counters(d, left) and not any(_blocking(t) for t in d.taints):
+                free += 1
+                free_mig[d.node].append(d)
+            view.mig[profile] = (used, free)
+    for node, view in views.items():
+        idle = free_gpus[node]
+        view.largest = len(idle)
+        domains = Counter(_attr(d, "nvlinkDomain") for d in idle if _attr(d, "nvlinkDomain"))
+        view.largest_nvlinked = max(domains.values(), default=min(len(idle), 1))
+    stranded = _stranded(requests, free_gpus, carved, free_mig) if requests else []
+    totals: dict[str, ProductCount] = {}
+    for view in views.values():
+        for product, c in view.products.items():
+            totals.setdefault(product, ProductCount()).add(c)
+    return FleetReport([views[n] for n in sorted(views)], totals, list(requests), stranded, price)
+
+
+def _stranded(
+    requests: Sequence[Request],
+    free_gpus: Mapping[str, list[Published]],
+    carved: Mapping[str, list[Published]],
+    free_mig: Mapping[str, list[Published]],
+) -> list[Stranded]:
+    out: list[Stranded] = []
+    seen: dict[tuple[int, tuple[str, str, str]], bool] = {}
+
+    def _matches(r: Request, d: Published) -> bool:
+        # Each (request, device) judged once: a node's GPUs are compared pairwise.
+        key = (id(r), d.id)
+        if key not in seen:
+            seen[key] = _judge(r, d)
+        return seen[key]
+
+    for node in sorted(set(free_gpus) | set(carved)):
+        free = free_gpus.get(node, [])
+        # Why each free GPU is of no use to any Pending request here; None: one can use it.
+        why: dict[str, tuple[str, str]] = {}
+        for d in free:
+            reasons: list[tuple[str, str]] = []
+            for r in requests:
+                if not _matches(r, d):
+                    continue
+                able = [g for g in free if _matches(r, g)]
+                if r.same_nvlink:
+                    dom = _attr(d, "nvlinkDomain")
+                    in_domain = [g for g in able if dom and _attr(g, "nvlinkDomain") == dom]
+                    if len(in_domain) >= r.count:
+                        reasons = []
+                        break
+                    if len(able) >= r.count:
+                        reasons.append(
+                            (
+                                "fragmented-nvlink",
+                                f"{len(in_domain)} free in its NVLink domain; claim {r.claim} "
+                                f"needs {r.count} in one",
+                            )
+                        )
+                        continue
+                elif len(able) >= r.count:
+                    reasons = []
+                    break
+                reasons.append(
+                    (
+                        "too-few-free",
+                        f"the node has {len(able)} free that claim {r.claim} can take; it "
+                        f"needs {r.count}",
+                    )
+                )
+            else:
+                if not reasons:
+                    reasons.append(
+                        ("wrong-product", f"no Pending claim selects a {d.product() or 'GPU'}")
+                    )
+                why[d.name] = reasons[0]
+        groups: dict[tuple[str, str, str], int] = Counter(
+            (d.product(), *why[d.name]) for d in free if d.name in why
+        )
+        # A GPU with a partition in use is no whole GPU, and its free partitions serve
+        # no Pending MIG request here: the layout strands it for a whole-GPU claim.
+        for d in carved.get(node, []):
+            if not any(_matches(r, d) for r in requests):
+                continue
+            parts = [
+                m for m in free_mig.get(node, []) if _attr(m, "parentUUID") == _attr(d, "uuid")
+            ]
+            if any(_matches(r, m) for r in requests for m in parts):
+                continue
+            key = (
+                d.product(),
+                "mig-layout",
+                "a MIG partition of it is in use; a Pending claim wants it whole",
+            )
+            groups[key] = groups.get(key, 0) + 1
+        for (product, reason, detail), n in sorted(groups.items()):
+            out.append(Stranded(node, product, n, reason, detail))
+    return out
+
+
+def as_dict(r: FleetReport) -> dict[str, Any]:
+    def counts(c: ProductCount) -> dict[str, int]:
+        return {
+            "published": c.published,
+            "allocated": c.allocated,
+            "carved": c.carved,
+            "tainted": c.tainted,
+            "free": c.free,
+        }
+
+    return {
+        "totals": {p: counts(c) for p, c in sorted(r.totals.items())},
+        "nodes": [
+            {
+                "node": v.node,
+                "products": {p: counts(c) for p, c in sorted(v.products.items())},
+                "mig": {p: {"allocated": u, "free": f} for p, (u, f) in sorted(v.mig.items())},
+                "largestNVLinked": v.largest_nvlinked,
+                "largest": v.largest,
+                "fits": v.shapes(),
+            }
+            for v in r.nodes
+        ],
+        "pendingRequests": [
+            {"claim": q.claim, "request": q.name, "count": q.count, "sameNVLink": q.same_nvlink}
+            for q in r.requests
+        ],
+        "stranded": [
+            {
+                "node": s.node,
+                "product": s.product,
+                "gpus": s.gpus,
+                "reason": s.reason,
+                "detail": s.detail,
+            }
+            for s in r.stranded
+        ],
+        "strandedGPUs": r.stranded_gpus,
+        "costPerHour": r.cost_per_hour(),
+        "unreadableClaims": r.unreadable,
+    }
+
+
+def class_name(product: str) -> str:
+    """A DNS label for a product's class: "NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3"."""
+    words = product.lower().removeprefix("nvidia").strip()
+    label = "".join(c if c.isalnum() else "-" for c in words)
+    while "--" in label:
+        label = label.replace("--", "-")
+    return label.strip("-")[:63].strip("-") or "gpu"
+
+
+def quota_classes(w: World) -> dict[str, list[dict[str, str]]]:
+    """The chart's quotaClasses values for what the fleet publishes: a class per product
+    of whole GPUs and per MIG profile (of one product each where two products share a
+    profile name, so that a quota never counts an A100's 1g.10gb as an H100's)."""
+    products: set[str] = set()
+    profiles: dict[str, set[str]] = defaultdict(set)
+    for d in w.devices:
+        if d.driver != DRIVER:
+            continue
+        if _kind(d) == "gpu" and d.product():
+            products.add(d.product())
+        elif _kind(d) == "mig" and _attr(d, "profile"):
+            profiles[_attr(d, "profile")].add(d.product())
+    migs: list[dict[str, str]] = []
+    for profile, owners in sorted(profiles.items()):
+        short = profile.replace(".", "").replace("+", "-")
+        if len(owners) == 1:
+            migs.append({"profile": profile})
+            continue
+        for p in sorted(owners):
+            migs.append(
+                {
+                    "name": f"{short}-{class_name(p)}"[:63].strip("-"),
+                    "profile": profile,
+                    "productName": p,
+                }
+            )
+    return {
+        "products": [{"name": class_name(p), "productName": p} for p in sorted(products)],
+        "migProfiles": migs,
+    }

@@ -1,0 +1,144 @@
+"""`dradriver fleet` on slices the driver's own code builds from fake GPUs, with claims
+and pods as the API server returns them: the counts per node and product, what each
+node can still place, and the stranded capacity with its reasons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dradriver.diagnose.fleet import as_dict, fleet, pending_requests
+from dradriver.diagnose.world import build_world
+from dradriver.inventory.node_devices import MigMode
+
+from .test_explain import CLASSES, D, node, slices
+
+NVLINKED = [{"requests": ["gpus"], "matchAttribute": f"{D}/nvlinkDomain"}]
+
+
+def claim(
+    name: str, count: int, on: tuple[str, list[str]] | None = None, nvlinked: bool = True
+) -> dict[str, Any]:
+    c: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpus", "exactly": {"deviceClassName": D, "count": count}}],
+                **({"constraints": NVLINKED} if nvlinked else {}),
+            }
+        },
+    }
+    if on is not None:
+        pool, devices = on
+        c["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpus", "driver": D, "pool": pool, "device": d} for d in devices
+                    ]
+                }
+            }
+        }
+    return c
+
+
+def pending_pod(name: str, claim_name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimName": claim_name}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def gpu_names(s: list[dict[str, Any]]) -> list[str]:
+    return [d["name"] for sl in s for d in sl["spec"]["devices"]]
+
+
+def test_twelve_nodes_75_percent_busy_strand_24_gpus_from_a_4_gpu_pod() -> None:
+    """The issue's fleet: 12 nodes of 8 H100s, two 3-GPU pods on each (72 of 96 busy);
+    a 4-GPU pod finds no node, and the 24 free GPUs are stranded, two a node."""
+    all_slices, claims, nodes = [], [], []
+    for i in range(12):
+        n = f"n{i:02d}"
+        s = slices(n, "8xH100-80GB")
+        names = gpu_names(s)
+        all_slices += s
+        nodes.append(node(n))
+        claims += [claim(f"{n}-a", 3, (n, names[0:3])), claim(f"{n}-b", 3, (n, names[3:6]))]
+    claims.append(claim("wide", 4))
+    reqs, bad = pending_requests(
+        [pending_pod("wide", "wide")], claims, {c["metadata"]["name"]: c for c in CLASSES}
+    )
+    assert bad == [] and [(r.claim, r.count, r.same_nvlink) for r in reqs] == [
+        ("team/wide", 4, True)
+    ]
+    w = build_world(all_slices, CLASSES, claims, nodes)
+    r = fleet(w, reqs, price=2.5)
+    (product,) = r.totals
+    t = r.totals[product]
+    assert (t.published, t.allocated, t.free) == (96, 72, 24)
+    assert r.stranded_gpus == 24 and r.cost_per_hour() == 60.0
+    assert {s.node for s in r.stranded} == {f"n{i:02d}" for i in range(12)}
+    (first, *_) = r.stranded
+    assert (first.gpus, first.reason) == (2, "too-few-free")
+    assert first.detail == "the node has 2 free that claim team/wide can take; it needs 4"
+    view = r.nodes[0]
+    assert (view.largest, view.largest_nvlinked) == (2, 2)
+    assert view.shapes() == ["1 GPU", "2 GPUs", "2 NVLinked"]
+    out = as_dict(r)
+    assert out["strandedGPUs"] == 24 and out["costPerHour"] == 60.0
+
+
+def test_a_free_node_strands_nothing_and_the_reasons_name_product_and_nvlink() -> None:
+    """A node with room places the pod: nothing is stranded there. NVLink pairs with one
+    free GPU each fit a 2-GPU claim only without the constraint; L4s no H100 claim wants
+    are the wrong product."""
+    pairs = slices("p", "4xA100-80GB:nvlink=pairs+2xL4")
+    names = gpu_names(pairs)
+    a100 = [
+        n
+        for n, d in zip(names, (d for sl in pairs for d in sl["spec"]["devices"]), strict=True)
+        if "A100" in str(d["attributes"]["productName"])
+    ]
+    # One GPU of each pair taken: two free, in two NVLink domains.
+    claims = [claim("one", 1, ("p", [a100[0]])), claim("two", 1, ("p", [a100[2]]))]
+    sel = f'device.attributes["{D}"].productName.contains("A100")'
+    wide = claim("pair", 2)
+    wide["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": sel}}]
+    claims.append(wide)
+    classes = {c["metadata"]["name"]: c for c in CLASSES}
+    reqs, _ = pending_requests([pending_pod("pair", "pair")], claims, classes)
+    r = fleet(build_world(pairs, CLASSES, claims, [node("p")]), reqs)
+    reasons = {(s.product, s.reason, s.gpus) for s in r.stranded}
+    products = {s.product for s in r.stranded}
+    assert any(reason == "fragmented-nvlink" and n == 2 for _, reason, n in reasons), reasons
+    assert any(reason == "wrong-product" and n == 2 and "L4" in p for p, reason, n in reasons), (
+        reasons
+    )
+    assert len(products) == 2
+    # Without the constraint, the two free A100s serve the claim: only the L4s are left.
+    wide["spec"]["devices"].pop("constraints")
+    reqs, _ = pending_requests([pending_pod("pair", "pair")], claims, classes)
+    r = fleet(build_world(pairs, CLASSES, claims, [node("p")]), reqs)
+    assert [s.reason for s in r.stranded] == ["wrong-product"]
+    # No Pending claim: idle is not stranded.
+    assert fleet(build_world(pairs, CLASSES, claims, [node("p")]), []).stranded == []
+
+
+def test_dynamic_mig_counts_partitions_and_a_carved_gpu_is_not_free() -> None:
+    s = slices("m", "2xH100-80GB", MigMode.DYNAMIC)
+    devices = [d for sl in s for d in sl["spec"]["devices"]]
+    part = next(d["name"] for d in devices if d["attributes"]["type"]["string"] == "mig")
+    claims = [claim("slice", 1, ("m", [part]), nvlinked=False)]
+    r = fleet(build_world(s, CLASSES, claims, [node("m")]), [])
+    (t,) = r.totals.values()
+    assert (t.published, t.carved, t.free) == (2, 1, 1)
+    (view,) = r.nodes
+    profile = next(p for p, (used, _) in view.mig.items() if used)
+    assert view.mig[profile][0] == 1 and f"MIG {profile}" in view.shapes()
+    # A whole-GPU claim for two: one GPU is carved, so the layout strands it.
+    claims.append(claim("two", 2, nvlinked=False))
+    reqs, _ = pending_requests(
+        [pending_pod("two", "two")], claims, {c["metadata"]["name"]: c for c in CLASSES}
+    )
+    r = fleet(build_world(s, CLASSES, claims, [node("m")]), reqs)
+    assert {s.reason for s in r.stranded} == {"mig-layout", "too-few-free"}
