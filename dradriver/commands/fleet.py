@@ -31,6 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="what a GPU costs an hour: the stranded GPUs' cost is shown",
     )
     p.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="judge stranding by the Pending pods of this namespace only (a team's view); "
+        "default: every namespace's",
+    )
+    p.add_argument(
         "--quota-classes",
         action="store_true",
         help="print the Helm values (quotaClasses) for a DeviceClass per product and MIG "
@@ -38,14 +45,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def gather(kube: Kube, price: float | None) -> FleetReport:
+def gather(kube: Kube, price: float | None, namespace: str | None = None) -> FleetReport:
     from dradriver.commands.cluster_facts import cluster_lists, items
     from dradriver.diagnose.fleet import fleet, pending_requests
     from dradriver.diagnose.world import build_world
     from dradriver.k8s import path_for
 
     lists = cluster_lists(kube)
-    pods = items(kube, path_for("v1", "pods"), fieldSelector="status.phase=Pending")
+    pods = items(kube, path_for("v1", "pods", namespace), fieldSelector="status.phase=Pending")
     classes = {c["metadata"]["name"]: c for c in lists["classes"]}
     requests, unreadable = pending_requests(pods, lists["claims"], classes)
     world = build_world(lists["slices"], lists["classes"], lists["claims"], lists["nodes"])
@@ -128,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             if args.quota_classes:
                 return _print_quota_classes(kube)
-            report = gather(kube, args.price_per_gpu_hour)
+            report = gather(kube, args.price_per_gpu_hour, args.namespace)
         finally:
             kube.close()
     except FactsError as exc:

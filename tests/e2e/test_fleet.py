@@ -62,11 +62,25 @@ def pod(name: str, node: str) -> dict[str, Any]:
     }
 
 
-def report(kubeconfig: str) -> dict[str, Any]:
+def report(kubeconfig: str, ns: str) -> dict[str, Any]:
+    """The report judged by the Pending pods of `ns`, or of every namespace with "" (where
+    another test's, still going away, may want the same GPUs)."""
     out = io.StringIO()
+    scope = ["-n", ns] if ns else []
     with redirect_stdout(out):
         assert (
-            main(["fleet", "--kubeconfig", kubeconfig, "-o", "json", "--price-per-gpu-hour", "3"])
+            main(
+                [
+                    "fleet",
+                    "--kubeconfig",
+                    kubeconfig,
+                    *scope,
+                    "-o",
+                    "json",
+                    "--price-per-gpu-hour",
+                    "3",
+                ]
+            )
             == 0
         )
     data: dict[str, Any] = json.loads(out.getvalue())
@@ -109,13 +123,26 @@ def test_fleet_says_what_the_scheduler_then_does(
         run("third", gpu_claim("third", 1, index=2))
         wait_for(lambda: phase("first") == phase("third") == "Running", "both pods running", 60)
         mine = lambda r: next(v for v in r["nodes"] if v["node"] == node)  # noqa: E731
-        before = mine(report(cluster.kubeconfig))
+        before = mine(report(cluster.kubeconfig, ns))
         assert before["largest"] == 2 and before["largestNVLinked"] == 1
         assert "2 GPUs" in before["fits"] and "2 NVLinked" not in before["fits"]
         # The scheduler agrees: two NVLinked GPUs do not fit, any two do.
         run("pair", gpu_claim("pair", 2, nvlinked=True))
         wait_for(lambda: unschedulable("pair"), "the NVLinked pair unschedulable", 60)
-        r = report(cluster.kubeconfig)
+        # Another team's Pending pod that any one GPU would serve (held off every node
+        # by its selector): across the fleet our free GPUs are of use to someone, in
+        # this namespace they are stranded.
+        other = f"{ns}-other"
+        kube.create(path_for("v1", "namespaces"), {"metadata": {"name": other}})
+        try:
+            kube.create(path_for(RES, "resourceclaims", other), gpu_claim("any", 1))
+            held = pod("any", "no-such-node")
+            kube.create(path_for("v1", "pods", other), held)
+            everyone = [s for s in report(cluster.kubeconfig, "")["stranded"] if s["node"] == node]
+            assert everyone == [], everyone
+        finally:
+            kube.delete(path_for("v1", "namespaces", name=other), missing_ok=True)
+        r = report(cluster.kubeconfig, ns)
         stranded = [s for s in r["stranded"] if s["node"] == node]
         assert [(s["gpus"], s["reason"]) for s in stranded] == [(2, "fragmented-nvlink")], stranded
         assert f"claim {ns}/pair needs 2 in one" in stranded[0]["detail"]
@@ -123,7 +150,7 @@ def test_fleet_says_what_the_scheduler_then_does(
         run("any-two", gpu_claim("any-two", 2))
         wait_for(lambda: phase("any-two") == "Running", "the pod for any two GPUs running", 60)
         assert phase("pair") == "Pending"
-        after = mine(report(cluster.kubeconfig))
+        after = mine(report(cluster.kubeconfig, ns))
         (product,) = after["products"].values()
         assert (product["allocated"], product["free"]) == (4, 0) and after["fits"] == []
         for name in ("first", "third", "pair", "any-two"):
