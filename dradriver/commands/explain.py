@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 # The CEL runtime and the Kubernetes client load when the command runs, not whenever the
 # parser is built (every `dradriver` start, the kubelet plugin's included).
 if TYPE_CHECKING:
-    from dradriver.diagnose.explain import ClaimRef, Report
+    from dradriver.diagnose.explain import ClaimRef, Finding, Report
     from dradriver.k8s import Kube
 
 Obj = Mapping[str, Any]
@@ -140,8 +140,14 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
             fieldSelector=f"involvedObject.kind=Pod,involvedObject.name={name}",
         )
         refs = _pod_claims(kube, pod, ns, events)
-        if not refs:
-            raise FactsError(f"explain: pod {ns}/{name} uses no ResourceClaims")
+        lists = cluster_lists(kube)
+        extra, unserved, notes = _extended(kube, pod, ns, lists)
+        refs += extra
+        if not refs and unserved is None:
+            raise FactsError(
+                f"explain: pod {ns}/{name} uses no ResourceClaims and asks for no extended "
+                "resource a DeviceClass serves"
+            )
         label = f"pod {ns}/{name}"
     else:
         try:
@@ -149,11 +155,41 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
         except NotFound:
             raise FactsError(f"explain: no pod or ResourceClaim {ns}/{name}") from None
         label = f"claim {ns}/{name}"
-    lists = cluster_lists(kube)
+        lists = cluster_lists(kube)
+        unserved, notes = None, ()
     world = build_world(
         lists["slices"], lists["classes"], lists["claims"], lists["nodes"], feature_gates(kube)
     )
-    return explain(label, refs, world, pod, events)
+    report = explain(label, refs, world, pod, events)
+    report.notes[:0] = notes
+    if unserved is not None:
+        report.finding = unserved
+    return report
+
+
+def _extended(
+    kube: Kube, pod: Obj, ns: str, lists: Mapping[str, list[Obj]]
+) -> tuple[list[ClaimRef], Finding | None, tuple[str, ...]]:
+    """The claim the scheduler made for the pod's extended resources (DRAExtendedResource),
+    or the one it would make; and a finding for a resource nothing serves."""
+    from dradriver.commands.cluster_facts import RES, get
+    from dradriver.diagnose import extended
+    from dradriver.diagnose.explain import ClaimRef
+    from dradriver.k8s import NotFound, path_for
+
+    made = (pod.get("status", {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if made:
+        try:
+            return (
+                [ClaimRef(f"{ns}/{made}", get(kube, path_for(RES, "resourceclaims", ns, made)))],
+                None,
+                (),
+            )
+        except NotFound:
+            pass  # deleted with a stale allocation: the scheduler makes it again
+    plan = extended.plan(pod, lists["classes"], lists["nodes"])
+    refs = [] if plan.claim is None else [ClaimRef(str(plan.claim["metadata"]["name"]), plan.claim)]
+    return refs, plan.unserved, plan.notes
 
 
 def render(report: Report) -> str:

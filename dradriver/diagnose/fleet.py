@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dradriver.diagnose import extended
 from dradriver.diagnose.cel import CompileError, Selector
 from dradriver.diagnose.world import Published, World, blocked_by_counters, remaining_counters
 
@@ -124,18 +125,26 @@ def pending_requests(
             s.get("name"): s.get("resourceClaimName")
             for s in (p.get("status") or {}).get("resourceClaimStatuses") or []
         }
-        for rc in (p.get("spec") or {}).get("resourceClaims") or []:
-            name = rc.get("resourceClaimName") or generated.get(rc.get("name"))
-            if not name or (ns, name) in seen or (ns, name) not in by_name:
-                continue
-            seen.add((ns, name))
-            claim = by_name[(ns, name)]
+        names = [
+            rc.get("resourceClaimName") or generated.get(rc.get("name"))
+            for rc in (p.get("spec") or {}).get("resourceClaims") or []
+        ]
+        # `nvidia.com/gpu: 2` in a container (DRAExtendedResource): the claim the
+        # scheduler made for it, else the one it would make.
+        status = (p.get("status") or {}).get("extendedResourceClaimStatus") or {}
+        names.append(status.get("resourceClaimName"))
+        todo = [by_name[(ns, n)] for n in names if n and (ns, n) in by_name and (ns, n) not in seen]
+        seen.update((ns, c["metadata"]["name"]) for c in todo)
+        if not status:
+            made_up = extended.plan(p, list(classes.values()), ()).claim
+            todo += [made_up] if made_up is not None else []
+        for claim in todo:
             if (claim.get("status") or {}).get("allocation"):
                 continue
             try:
                 out += _requests(claim, classes)
             except CompileError:
-                unreadable.append(f"{ns}/{name}")
+                unreadable.append(f"{ns}/{claim['metadata']['name']}")
     return out, unreadable
 
 

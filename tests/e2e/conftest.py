@@ -11,6 +11,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver_dev import cluster as devcluster
 
-from .helpers import Cluster, HollowNode, wait_for
+from .helpers import REPO, Cluster, HollowNode, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -144,3 +145,13 @@ def hollow_node(
         print(f"--- kubelet of {kubelet.node}, last lines ---\n{kubelet.log()[-6000:]}")
         with contextlib.suppress(KubeError):
             api.delete(path_for("v1", "nodes", name=kubelet.node), missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The helm CLI built by tools/helm/build.sh (cached)."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "tools" / "helm" / "build.sh")], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.returncode == 0, "tools/helm/build.sh failed (its output is above)"
+    return Path(proc.stdout.strip().splitlines()[-1]) / "helm"

@@ -499,3 +499,20 @@ class NodeUnderTest:
 
     def env(self, pod: dict[str, Any], container: str = "main") -> dict[str, str]:
         return dict(e.split("=", 1) for e in self.record(pod, container)["env"])
+
+
+class HelmError(Exception):
+    pass
+
+
+def run_helm(helm: Path, *args: str, values: dict[str, Any] | None = None) -> str:
+    """The helm CLI (the `helm` fixture's binary); raises HelmError with its stderr."""
+    cmd = [str(helm), *args]
+    if values is not None:
+        cmd += ["--values", "-"]
+    proc = subprocess.run(
+        cmd, input=yaml.safe_dump(values or {}), capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode != 0:
+        raise HelmError(proc.stderr.strip())
+    return proc.stdout

@@ -29,6 +29,7 @@ from .helpers import (
     REPO,
     RES,
     Cluster,
+    HelmError,
     HollowNode,
     PluginProc,
     apply_object,
@@ -37,6 +38,7 @@ from .helpers import (
     load_yaml,
     request_token,
     resource_path,
+    run_helm,
     token_kubeconfig,
     wait_for,
 )
@@ -57,31 +59,6 @@ TEST_VALUES: dict[str, Any] = {
     # of this module admissible whatever they carry.
     "controller": {**INERT, "failurePolicy": "Ignore"},
 }
-
-
-@pytest.fixture(scope="session")
-def helm() -> Path:
-    proc = subprocess.run(
-        ["bash", str(REPO / "tools" / "helm" / "build.sh")], stdout=subprocess.PIPE, text=True
-    )
-    assert proc.returncode == 0, "tools/helm/build.sh failed (its output is above)"
-    return Path(proc.stdout.strip().splitlines()[-1]) / "helm"
-
-
-def run_helm(helm: Path, *args: str, values: dict[str, Any] | None = None) -> str:
-    cmd = [str(helm), *args]
-    if values is not None:
-        cmd += ["--values", "-"]
-    proc = subprocess.run(
-        cmd, input=yaml.safe_dump(values or {}), capture_output=True, text=True, timeout=60
-    )
-    if proc.returncode != 0:
-        raise HelmError(proc.stderr.strip())
-    return proc.stdout
-
-
-class HelmError(Exception):
-    pass
 
 
 def render(

@@ -142,3 +142,32 @@ def test_dynamic_mig_counts_partitions_and_a_carved_gpu_is_not_free() -> None:
     )
     r = fleet(build_world(s, CLASSES, claims, [node("m")]), reqs)
     assert {s.reason for s in r.stranded} == {"mig-layout", "too-few-free"}
+
+
+def test_a_pending_pod_asking_for_the_integer_is_judged_as_its_claim_would_be() -> None:
+    """`nvidia.com/gpu: 4` with the chart's extended-resource class: before the scheduler
+    has made the pod's claim, fleet weighs the claim it would make (the class's devices,
+    count 4, no NVLink constraint) against three nodes with 2 free each."""
+    all_slices, claims, nodes = [], [], []
+    for i in range(3):
+        n = f"n{i}"
+        s = slices(n, "8xH100-80GB")
+        all_slices += s
+        nodes.append(node(n))
+        claims.append(claim(f"{n}-a", 6, (n, gpu_names(s)[0:6])))
+    ext = {
+        "metadata": {"name": "extended." + D},
+        "spec": {**CLASSES[0]["spec"], "extendedResourceName": "nvidia.com/gpu"},
+    }
+    classes = {c["metadata"]["name"]: c for c in [*CLASSES, ext]}
+    pod = {
+        "metadata": {"name": "wide", "namespace": "team"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+        "status": {"phase": "Pending"},
+    }
+    reqs, bad = pending_requests([pod], claims, classes)
+    assert bad == []
+    assert [(r.name, r.count, r.same_nvlink) for r in reqs] == [("container-0-request-0", 4, False)]
+    r = fleet(build_world(all_slices, list(classes.values()), claims, nodes), reqs)
+    assert r.stranded_gpus == 6
+    assert {s.reason for s in r.stranded} == {"too-few-free"}
