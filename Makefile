@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 STATE ?= .devcluster
 PYTEST_ARGS ?=
 
-.PHONY: all venv bytecode controlplane hollow-node cdi-tool helm proto schema lint format typecheck unit \
+.PHONY: all venv bytecode controlplane hollow-node cdi-tool helm kueue proto schema lint format typecheck unit \
         test e2e cluster-up cluster-down demo bench clean kind-demo kind-down kind-test
 
 all: test
@@ -47,6 +47,11 @@ cdi-tool:
 helm:
 	@bash tools/helm/build.sh >/dev/null
 
+# Kueue's manager and CRDs (tests/e2e/test_kueue.py: fair sharing of our GPUs), built from
+# its Go module and cached the same way; nothing ships.
+kueue:
+	@bash tools/kueue/build.sh >/dev/null
+
 schema: venv
 	$(PY) -c "import json; from dradriver.api.config import json_schema; print(json.dumps(json_schema(), indent=2, sort_keys=True))" > api/config/v1alpha1.schema.json
 
@@ -67,10 +72,10 @@ typecheck: venv
 unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test: venv bytecode controlplane hollow-node cdi-tool helm lint typecheck
+test: venv bytecode controlplane hollow-node cdi-tool helm kueue lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-e2e: venv bytecode controlplane hollow-node cdi-tool helm
+e2e: venv bytecode controlplane hollow-node cdi-tool helm kueue
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 cluster-up: venv controlplane

@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="print the Helm values (quotaClasses) for a DeviceClass per product and MIG "
         "profile the fleet publishes, for quotas that count them (Kueue)",
     )
+    p.add_argument(
+        "--kueue",
+        action="store_true",
+        help="print Kueue's configuration (resources.deviceClassMappings) charging each of "
+        "those classes as a quota resource of its name (with --quota-classes: both)",
+    )
 
 
 def gather(kube: Kube, price: float | None, namespace: str | None = None) -> FleetReport:
@@ -111,18 +117,29 @@ def render(r: FleetReport) -> str:
     return "\n".join(out)
 
 
-def _print_quota_classes(kube: Kube) -> int:
+def _print_quota_classes(kube: Kube, helm_values: bool, kueue: bool) -> int:
     import yaml
 
     from dradriver.commands.cluster_facts import cluster_lists
-    from dradriver.diagnose.fleet import quota_classes
+    from dradriver.diagnose.fleet import kueue_mappings, quota_class_names, quota_classes
     from dradriver.diagnose.world import build_world
 
     lists = cluster_lists(kube)
     w = build_world(lists["slices"], lists["classes"], lists["claims"], lists["nodes"])
-    values = {"quotaClasses": quota_classes(w)}
-    print("# helm upgrade ... -f this-file: a DeviceClass per product and MIG profile published")
-    print(yaml.safe_dump(values, sort_keys=False), end="")
+    values = quota_classes(w)
+    if helm_values:
+        print(
+            "# helm upgrade ... -f this-file: a DeviceClass per product and MIG profile published"
+        )
+        print(yaml.safe_dump({"quotaClasses": values}, sort_keys=False), end="")
+    if kueue:
+        if helm_values:
+            print("---")
+        print(
+            "# Kueue's Configuration (featureGates: {DynamicResourceAllocation: true}): those"
+            " classes as quota resources"
+        )
+        print(yaml.safe_dump(kueue_mappings(quota_class_names(values)), sort_keys=False), end="")
     return 0
 
 
@@ -133,8 +150,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         kube = connect(args.kubeconfig)
         try:
-            if args.quota_classes:
-                return _print_quota_classes(kube)
+            if args.quota_classes or args.kueue:
+                return _print_quota_classes(kube, args.quota_classes, args.kueue)
             report = gather(kube, args.price_per_gpu_hour, args.namespace)
         finally:
             kube.close()

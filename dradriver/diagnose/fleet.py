@@ -401,3 +401,29 @@ def quota_classes(w: World) -> dict[str, list[dict[str, str]]]:
         "products": [{"name": class_name(p), "productName": p} for p in sorted(products)],
         "migProfiles": migs,
     }
+
+
+def quota_class_names(
+    values: Mapping[str, list[dict[str, str]]],
+    gpu_class: str = "gpu.dradriver.io",
+    mig_class: str = "mig.dradriver.io",
+) -> list[str]:
+    """The DeviceClasses the chart makes of quotaClasses values (templates/
+    deviceclasses.yaml): <name>.<gpu class> per product; <name, else the profile without
+    dots, '+' as '-'>.<mig class> per MIG profile."""
+    out = [f"{p['name']}.{gpu_class}" for p in values.get("products") or []]
+    for m in values.get("migProfiles") or []:
+        name = m.get("name") or m["profile"].replace(".", "").replace("+", "-")
+        out.append(f"{name}.{mig_class}")
+    return out
+
+
+def kueue_mappings(classes: Sequence[str]) -> dict[str, Any]:
+    """Kueue's `resources` configuration (its DynamicResourceAllocation gate): each class
+    charged as a quota resource of its own name, what a ClusterQueue then lists in its
+    coveredResources."""
+    return {
+        "resources": {
+            "deviceClassMappings": [{"name": c, "deviceClassNames": [c]} for c in classes]
+        }
+    }

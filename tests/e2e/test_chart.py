@@ -1240,7 +1240,7 @@ def test_quota_classes_select_exactly_their_product_or_profile(helm: Path) -> No
     dynamic MIG mode, L4s), rendered by the chart: each class's CEL selects exactly the
     devices it is named for, evaluated as the scheduler does (diagnose/cel.py)."""
     from dradriver.diagnose.cel import Selector
-    from dradriver.diagnose.fleet import quota_classes
+    from dradriver.diagnose.fleet import quota_class_names, quota_classes
     from dradriver.diagnose.world import build_world
     from dradriver.inventory.node_devices import MigMode
     from dradriver.nvml.library import open_nvml
@@ -1303,5 +1303,11 @@ def test_quota_classes_select_exactly_their_product_or_profile(helm: Path) -> No
         assert got == want and want, m
         checked += 1
     assert checked == len(classes) - 3  # beside the gpu, mig and imex-channel classes
+    # `fleet --kueue` names the very classes the chart makes of these values.
+    assert set(quota_class_names(values)) == set(by_name) - {
+        "gpu.dradriver.io",
+        "mig.dradriver.io",
+        "imex-channel.dradriver.io",
+    }
     with pytest.raises(HelmError, match="quotaClasses"):
         render(helm, {"quotaClasses": {"migProfiles": [{"profile": "big"}]}})

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dradriver.diagnose.fleet import as_dict, fleet, pending_requests
+from dradriver.diagnose.fleet import (
+    as_dict,
+    fleet,
+    kueue_mappings,
+    pending_requests,
+    quota_class_names,
+)
 from dradriver.diagnose.world import build_world
 from dradriver.inventory.node_devices import MigMode
 
@@ -171,3 +177,24 @@ def test_a_pending_pod_asking_for_the_integer_is_judged_as_its_claim_would_be() 
     r = fleet(build_world(all_slices, list(classes.values()), claims, nodes), reqs)
     assert r.stranded_gpus == 6
     assert {s.reason for s in r.stranded} == {"too-few-free"}
+
+
+def test_kueue_charges_each_quota_class_as_a_resource_of_its_name() -> None:
+    values = {
+        "products": [{"name": "h100-80gb-hbm3", "productName": "NVIDIA H100 80GB HBM3"}],
+        "migProfiles": [
+            {"profile": "1g.10gb+me"},
+            {"name": "3g40gb-h100", "profile": "3g.40gb", "productName": "x"},
+        ],
+    }
+    names = quota_class_names(values)
+    assert names == [
+        "h100-80gb-hbm3.gpu.dradriver.io",
+        "1g10gb-me.mig.dradriver.io",
+        "3g40gb-h100.mig.dradriver.io",
+    ]
+    (first, *_) = kueue_mappings(names)["resources"]["deviceClassMappings"]
+    assert first == {
+        "name": "h100-80gb-hbm3.gpu.dradriver.io",
+        "deviceClassNames": ["h100-80gb-hbm3.gpu.dradriver.io"],
+    }
