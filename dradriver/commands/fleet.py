@@ -73,29 +73,43 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def render(r: FleetReport) -> str:
-    head = ("NODE", "PRODUCT", "GPUS", "ALLOCATED", "CARVED", "TAINTED", "FREE", "FITS")
+    from dradriver.diagnose.quantity import human
+
+    sharing = any(c.shared for c in r.totals.values()) or any(v.largest_share for v in r.nodes)
+    head: tuple[str, ...] = (
+        "NODE",
+        "PRODUCT",
+        "GPUS",
+        "ALLOCATED",
+        "CARVED",
+        "TAINTED",
+        "FREE",
+        "FITS",
+    )
+    if sharing:  # consumable capacity somewhere: the GPUs holding shares get a column
+        head = (*head[:5], "SHARED", *head[5:])
     rows: list[tuple[str, ...]] = [head]
     for v in r.nodes:
         for product, c in sorted(v.products.items()):
-            rows.append(
-                (
-                    v.node,
-                    product,
-                    str(c.published),
-                    str(c.allocated),
-                    str(c.carved),
-                    str(c.tainted),
-                    str(c.free),
-                    ", ".join(v.shapes()) or "-",
-                )
-            )
+            row = [v.node, product, str(c.published), str(c.allocated), str(c.carved)]
+            row += [str(c.shared)] if sharing else []
+            row += [str(c.tainted), str(c.free), ", ".join(v.shapes()) or "-"]
+            rows.append(tuple(row))
     out = _table(rows) if len(rows) > 1 else ["no GPUs of gpu.dradriver.io published"]
+    for v in r.nodes:
+        for g in v.shared:
+            out.append(
+                f"  {v.node} {g.device}: {g.claims} "
+                f"{'share holds' if g.claims == 1 else 'shares hold'} "
+                f"{human(g.memory_held)} of {human(g.memory)}"
+            )
     out.append("")
     for product, c in sorted(r.totals.items()):
-        busy = 100 * (c.allocated + c.carved) / c.published if c.published else 0.0
+        busy = 100 * (c.allocated + c.carved + c.shared) / c.published if c.published else 0.0
+        shared = f", {c.shared} shared" if c.shared else ""
         out.append(
             f"total {product}: {c.published} GPUs, {c.allocated} allocated, {c.carved} carved "
-            f"into MIG, {c.tainted} tainted, {c.free} free ({busy:.0f}% busy)"
+            f"into MIG{shared}, {c.tainted} tainted, {c.free} free ({busy:.0f}% busy)"
         )
     out.append(f"pending requests: {len(r.requests)}")
     if r.unreadable:
@@ -110,6 +124,11 @@ def render(r: FleetReport) -> str:
     out.append(
         f"stranded: {r.stranded_gpus} free GPUs no Pending claim can use where they are"
         + (f", {cost:.2f} an hour" if cost is not None else "")
+        + (
+            f"; {human(r.stranded_memory)} left on shared GPUs that no Pending share fits in"
+            if r.stranded_memory
+            else ""
+        )
     )
     rows = [("NODE", "PRODUCT", "GPUS", "REASON", "DETAIL")]
     rows += [(s.node, s.product, str(s.gpus), s.reason, s.detail) for s in r.stranded]

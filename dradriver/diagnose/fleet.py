@@ -17,10 +17,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from dradriver.diagnose import extended
+from dradriver.diagnose.capacity import fit, requested
 from dradriver.diagnose.cel import CompileError, Selector
+from dradriver.diagnose.quantity import human
 from dradriver.diagnose.world import Published, World, blocked_by_counters, remaining_counters
 
 Obj = Mapping[str, Any]
@@ -49,10 +52,22 @@ class ProductCount:
     carved: int = 0  # partitions of it allocated: not free as a whole GPU
     tainted: int = 0
     free: int = 0
+    shared: int = 0  # holding shares of its capacity (consumable capacity): not free whole
 
     def add(self, other: ProductCount) -> None:
-        for k in ("published", "allocated", "carved", "tainted", "free"):
+        for k in ("published", "allocated", "carved", "tainted", "free", "shared"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+@dataclass(frozen=True)
+class SharedGpu:
+    """A GPU published for several claims at once (consumable capacity) that holds shares."""
+
+    device: str
+    product: str
+    claims: int  # the shares it holds
+    memory_held: Fraction
+    memory: Fraction  # its whole memory capacity (0: it publishes none)
 
 
 @dataclass
@@ -64,11 +79,16 @@ class NodeView:
     # The most whole GPUs a claim can still get here: in one NVLink domain, and at all.
     largest_nvlinked: int = 0
     largest: int = 0
+    shared: list[SharedGpu] = field(default_factory=list)
+    # The most memory one more share can get on one GPU here (None: no GPU is shared).
+    largest_share: Fraction | None = None
 
     def shapes(self) -> list[str]:
         out = [f"{n} GPU{'s' if n > 1 else ''}" for n in SHAPES if self.largest >= n]
         out += [f"{n} NVLinked" for n in SHAPES if n > 1 and self.largest_nvlinked >= n]
         out += [f"MIG {p}" for p, (_, free) in sorted(self.mig.items()) if free]
+        if self.largest_share:
+            out.append(f"a share of {human(self.largest_share)}")
         return out
 
 
@@ -81,6 +101,8 @@ class Request:
     count: int
     selectors: tuple[Selector, ...]
     same_nvlink: bool  # a matchAttribute constraint on nvlinkDomain covers it
+    # What it asks of each device's capacity (a share: consumable capacity); {}: whole.
+    capacity: Mapping[str, Fraction] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,8 +110,11 @@ class Stranded:
     node: str
     product: str
     gpus: int
-    reason: str  # wrong-product, fragmented-nvlink, too-few-free, mig-layout
+    reason: str  # wrong-product, fragmented-nvlink, too-few-free, mig-layout, memory-left
     detail: str
+    # For memory-left: the memory left on shared GPUs that no Pending share fits in (their
+    # GPUs are in use, so `gpus` is 0 and no cost is counted).
+    memory: Fraction = Fraction(0)
 
 
 @dataclass
@@ -104,6 +129,10 @@ class FleetReport:
     @property
     def stranded_gpus(self) -> int:
         return sum(s.gpus for s in self.stranded)
+
+    @property
+    def stranded_memory(self) -> Fraction:
+        return sum((s.memory for s in self.stranded), Fraction(0))
 
     def cost_per_hour(self) -> float | None:
         return None if self.price is None else self.stranded_gpus * self.price
@@ -177,6 +206,7 @@ def _requests(claim: Obj, classes: Mapping[str, Obj]) -> list[Request]:
                 int(exactly.get("count", 1)),
                 tuple(Selector(e) for e in exprs),
                 str(r.get("name", "")) in nvlinked,
+                requested(exactly),
             )
         )
     return out
@@ -197,6 +227,7 @@ def fleet(w: World, requests: Sequence[Request], price: float | None = None) -> 
     free_gpus: dict[str, list[Published]] = defaultdict(list)
     carved: dict[str, list[Published]] = defaultdict(list)
     free_mig: dict[str, list[Published]] = defaultdict(list)
+    shared: dict[str, list[Published]] = defaultdict(list)
     for d in w.devices:
         if d.driver != DRIVER or not d.node:
             continue
@@ -205,7 +236,24 @@ def fleet(w: World, requests: Sequence[Request], price: float | None = None) -> 
         if kind == "gpu":
             count = view.products.setdefault(d.product() or "unknown", ProductCount())
             count.published += 1
-            if d.id in allocated:
+            if d.multi and not any(_blocking(t) for t in d.taints):
+                held = w.consumed.get(d.id, {})
+                room = _memory(d) - held.get("memory", Fraction(0))
+                if d.id not in w.holders and (view.largest_share or 0) < room:
+                    view.largest_share = room
+            if d.id in w.sharers:
+                count.shared += 1
+                shared[d.node].append(d)
+                view.shared.append(
+                    SharedGpu(
+                        d.name,
+                        d.product(),
+                        len(w.sharers[d.id]),
+                        w.consumed.get(d.id, {}).get("memory", Fraction(0)),
+                        _memory(d),
+                    )
+                )
+            elif d.id in allocated:
                 count.allocated += 1
             elif blocked_by_counters(d, left):
                 count.carved += 1
@@ -230,6 +278,7 @@ def fleet(w: World, requests: Sequence[Request], price: float | None = None) -> 
         domains = Counter(_attr(d, "nvlinkDomain") for d in idle if _attr(d, "nvlinkDomain"))
         view.largest_nvlinked = max(domains.values(), default=min(len(idle), 1))
     stranded = _stranded(requests, free_gpus, carved, free_mig) if requests else []
+    stranded += _memory_left(requests, shared, w) if requests else []
     totals: dict[str, ProductCount] = {}
     for view in views.values():
         for product, c in view.products.items():
@@ -318,6 +367,50 @@ def _stranded(
     return out
 
 
+def _shares(n: int) -> str:
+    return f"{n} share{'s' if n != 1 else ''}"
+
+
+def _memory(d: Published) -> Fraction:
+    cap = d.caps.get("memory")
+    return cap.value if cap is not None else Fraction(0)
+
+
+def _memory_left(
+    requests: Sequence[Request], shared: Mapping[str, list[Published]], w: World
+) -> list[Stranded]:
+    """Memory left on GPUs that hold shares, where Pending shares would go (their selectors
+    take the GPU) but none fits in what is left: the consumable-capacity form of
+    fragmentation. Judged by the scheduler's capacity rules (diagnose/capacity.py)."""
+    out: list[Stranded] = []
+    for node in sorted(shared):
+        for d in shared[node]:
+            if any(_blocking(t) for t in d.taints):
+                continue
+            held = w.consumed.get(d.id, {})
+            left = _memory(d) - held.get("memory", Fraction(0))
+            wanting = [r for r in requests if r.capacity and _judge(r, d)]
+            if left <= 0 or not wanting:
+                continue
+            if any(fit(d.caps, d.multi, r.capacity, held).ok for r in wanting):
+                continue
+            r = min(wanting, key=lambda q: q.capacity.get("memory", Fraction(0)))
+            asked = r.capacity.get("memory")
+            out.append(
+                Stranded(
+                    node,
+                    d.product(),
+                    0,
+                    "memory-left",
+                    f"{human(left)} left on {d.name} beside {_shares(len(w.sharers[d.id]))}; "
+                    f"claim {r.claim} asks "
+                    + (f"{human(asked)}" if asked is not None else "more than is left"),
+                    left,
+                )
+            )
+    return out
+
+
 def as_dict(r: FleetReport) -> dict[str, Any]:
     def counts(c: ProductCount) -> dict[str, int]:
         return {
@@ -326,6 +419,7 @@ def as_dict(r: FleetReport) -> dict[str, Any]:
             "carved": c.carved,
             "tainted": c.tainted,
             "free": c.free,
+            "shared": c.shared,
         }
 
     return {
@@ -337,6 +431,17 @@ def as_dict(r: FleetReport) -> dict[str, Any]:
                 "mig": {p: {"allocated": u, "free": f} for p, (u, f) in sorted(v.mig.items())},
                 "largestNVLinked": v.largest_nvlinked,
                 "largest": v.largest,
+                "shared": [
+                    {
+                        "device": g.device,
+                        "product": g.product,
+                        "shares": g.claims,
+                        "memoryHeld": human(g.memory_held),
+                        "memory": human(g.memory),
+                    }
+                    for g in v.shared
+                ],
+                "largestShare": human(v.largest_share) if v.largest_share else None,
                 "fits": v.shapes(),
             }
             for v in r.nodes
@@ -352,10 +457,12 @@ def as_dict(r: FleetReport) -> dict[str, Any]:
                 "gpus": s.gpus,
                 "reason": s.reason,
                 "detail": s.detail,
+                **({"memory": human(s.memory)} if s.memory else {}),
             }
             for s in r.stranded
         ],
         "strandedGPUs": r.stranded_gpus,
+        "strandedMemory": human(r.stranded_memory),
         "costPerHour": r.cost_per_hour(),
         "unreadableClaims": r.unreadable,
     }

@@ -185,6 +185,18 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
         f"{node.kubelet.node}, "
         "where 3 shares hold 60Gi"
     ), report.finding.line()
+    # fleet, judged by this namespace's Pending pods, agrees: the GPU holds 3 shares, and
+    # what is left on it is of no use to the Pending 30Gi share.
+    from dradriver.commands.fleet import gather as fleet_gather
+
+    fleet = fleet_gather(node.kube, None, node.ns)
+    (view,) = [v for v in fleet.nodes if v.node == node.kubelet.node]
+    assert [(g.device, g.claims, g.memory_held) for g in view.shared] == [
+        (node.real("gpu-0"), 3, 60 * GI)
+    ]
+    (left,) = fleet.stranded
+    assert (left.node, left.reason, left.gpus) == (node.kubelet.node, "memory-left", 0)
+    assert left.detail.startswith(f"19.6Gi left on {node.real('gpu-0')} beside 3 shares")
     node.delete("a")
     node.running("big", timeout=90)
     assert node.result("big")["consumedCapacity"]["memory"] == "30Gi"

@@ -198,3 +198,76 @@ def test_kueue_charges_each_quota_class_as_a_resource_of_its_name() -> None:
         "name": "h100-80gb-hbm3.gpu.dradriver.io",
         "deviceClassNames": ["h100-80gb-hbm3.gpu.dradriver.io"],
     }
+
+
+def test_shared_gpus_show_their_shares_and_the_memory_no_pending_share_fits_in() -> None:
+    """Two H100s published by memory (consumable capacity): three 20Gi shares on one, a
+    70Gi share on the other. 29.2Gi is left across them, and a Pending 30Gi share fits
+    on neither: fleet says so, as the scheduler's capacity rules do."""
+    from dradriver.inventory.node_devices import MigMode
+    from dradriver.nvml.library import open_nvml
+    from dradriver.slices.build import build
+    from dradriver.slices.consumable import parse_mode
+    from dradriver.slices.publish import render
+
+    found = open_nvml("fake:2xH100-80GB", node="s", state_dir=None).discover()
+    sl = render(
+        D, "s", build(found.inventory, MigMode.NONE, consumable=parse_mode("memory")).slices
+    )
+    g0, g1 = gpu_names(sl)
+
+    def share(name: str, asks: str, on: str | None = None) -> dict[str, Any]:
+        c: dict[str, Any] = {
+            "metadata": {"name": name, "namespace": "team"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": D,
+                                "capacity": {"requests": {"memory": asks}},
+                            },
+                        }
+                    ]
+                }
+            },
+        }
+        if on:
+            result = {
+                "request": "gpu",
+                "driver": D,
+                "pool": "s",
+                "device": on,
+                "shareID": f"{len(name):08d}-0000-4000-8000-{name.encode().hex():0>12}"[-36:],
+                "consumedCapacity": {"memory": asks, "compute": "0"},
+            }
+            c["status"] = {"allocation": {"devices": {"results": [result]}}}
+        return c
+
+    claims = [share(f"s{i}", "20Gi", g0) for i in range(3)] + [share("big", "70Gi", g1)]
+    claims.append(share("wide", "30Gi"))
+    classes = {c["metadata"]["name"]: c for c in CLASSES}
+    reqs, _ = pending_requests([pending_pod("wide", "wide")], claims, classes)
+    assert [dict(r.capacity) for r in reqs] == [{"memory": 30 * 2**30}]
+    r = fleet(build_world(sl, CLASSES, claims, [node("s")]), reqs)
+    (view,) = r.nodes
+    (c,) = view.products.values()
+    assert (c.published, c.shared, c.allocated, c.free) == (2, 2, 0, 0)
+    assert [(g.device, g.claims, g.memory_held) for g in view.shared] == [
+        (g0, 3, 60 * 2**30),
+        (g1, 1, 70 * 2**30),
+    ]
+    assert view.largest_share is not None and view.largest_share < 30 * 2**30
+    assert r.stranded_gpus == 0
+    assert {s.reason for s in r.stranded} == {"memory-left"}
+    assert r.stranded_memory == sum(g.memory - g.memory_held for g in view.shared)
+    assert "claim team/wide asks 30Gi" in r.stranded[0].detail
+    out = as_dict(r)
+    assert out["nodes"][0]["shared"][0]["shares"] == 3
+    # One share fewer on the first: 39.6Gi left there, and the 30Gi share fits; only the
+    # second's 9.6Gi is of no use to it.
+    r = fleet(build_world(sl, CLASSES, claims[1:], [node("s")]), reqs)
+    (left,) = r.stranded
+    assert left.detail.startswith(f"9.6Gi left on {g1} beside 1 share")
+    assert "a share of 39.6Gi" in r.nodes[0].shapes()
