@@ -242,6 +242,13 @@ def test_helm_upgrade_rolls_the_plugin_side_by_side_without_losing_a_claim(
     # maxSurge 1, maxUnavailable 0: the new instance ran beside the old before it went.
     assert 2 in seen_together, seen_together
     for group in ("h100", "mixed", "shared"):
+        # The rollout is done when helm returns; the old pod may still be on its way out
+        # (its graceful stop), so until it is gone there are two.
+        k.kubectl.wait_for(
+            f"the old {group} plugin pod gone",
+            lambda group=group: len(plugin_pods(k, group)) == 1,
+            timeout=60,
+        )
         (pod,) = plugin_pods(k, group)
         assert pod["spec"]["containers"][0]["image"].endswith(":dev-next") and ready(pod)
     # The claims prepared by the old instance are the new one's: the pods still run, and

@@ -20,7 +20,7 @@ kind_version=v0.33.0
 # Bump a recipe's number when its steps here change: keys name their inputs, not this
 # script, so an edit elsewhere in it rebuilds nothing.
 debian_recipe=2
-node_recipe=2
+node_recipe=3
 mkdir -p "$cache"
 
 say() { echo "kind-build: $*" >&2; }
@@ -210,9 +210,16 @@ build_node() {
   for c in kube-apiserver kube-controller-manager kube-scheduler; do
     docker save -o "$stage/kubernetes/server/bin/$c.tar" "registry.k8s.io/$c-amd64:$version"
   done
-  # kind imports every archive; the extra images ride with kube-proxy's.
+  # kind imports four archives; the extra images ride with kube-proxy's. kind renames
+  # an archive's -amd64 image only when it is the archive's first manifest entry, and
+  # how `docker save` orders several images differs between Docker releases (28's put
+  # etcd first: kube-proxy kept its -amd64 name, kubeadm's DaemonSet could not find it
+  # and, with no registry, no node had a Service network). So kube-proxy also travels
+  # under the name kubeadm asks for.
+  docker tag "registry.k8s.io/kube-proxy-amd64:$version" "registry.k8s.io/kube-proxy:$version"
   # shellcheck disable=SC2086
-  docker save -o "$stage/kubernetes/server/bin/kube-proxy.tar" "registry.k8s.io/kube-proxy-amd64:$version" "$etcd_tag" $pause_tags
+  docker save -o "$stage/kubernetes/server/bin/kube-proxy.tar" "registry.k8s.io/kube-proxy-amd64:$version" \
+    "registry.k8s.io/kube-proxy:$version" "$etcd_tag" $pause_tags
   tarball="$cache/kubernetes-server-linux-amd64.tar.gz"
   tar -C "$stage" -czf "$tarball" kubernetes
   rm -rf "$stage"
