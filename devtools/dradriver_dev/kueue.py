@@ -113,10 +113,15 @@ def install(kube: Kube, built: Path, deadline: float) -> None:
 
 
 def configuration(
-    mappings: Mapping[str, list[str]], cert_dir: Path, ports: Mapping[str, int]
+    mappings: Mapping[str, list[str]],
+    cert_dir: Path,
+    ports: Mapping[str, int],
+    gates: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
     """Kueue's Configuration: batch/Jobs with a queue label, DRA quota by DeviceClass
-    (resource name -> classes), everything on loopback, one replica."""
+    (resource name -> classes), everything on loopback, one replica; `gates`: more of
+    Kueue's feature gates (DRAExtendedResources: pods asking `nvidia.com/gpu` charged as
+    the class that serves it is mapped)."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -133,7 +138,11 @@ def configuration(
         "manageJobsWithoutQueueName": False,
         "integrations": {"frameworks": ["batch/job"]},
         # The visibility API server wants a port and certificates of its own.
-        "featureGates": {"DynamicResourceAllocation": True, "VisibilityOnDemand": False},
+        "featureGates": {
+            "DynamicResourceAllocation": True,
+            "VisibilityOnDemand": False,
+            **(gates or {}),
+        },
         "resources": {
             "deviceClassMappings": [
                 {"name": name, "deviceClassNames": list(classes)}
@@ -176,6 +185,7 @@ def start(
     mappings: Mapping[str, list[str]],
     *,
     work: Path | None = None,
+    gates: Mapping[str, bool] | None = None,
     timeout: float = 120.0,
 ) -> Kueue:
     """Builds (cached), installs and starts Kueue against the cluster of `kubeconfig`, and
@@ -191,7 +201,10 @@ def start(
         kube.close()
     webhook, metrics, health = cluster._free_ports(3)
     cfg = configuration(
-        mappings, work / "certs", {"webhook": webhook, "metrics": metrics, "health": health}
+        mappings,
+        work / "certs",
+        {"webhook": webhook, "metrics": metrics, "health": health},
+        gates,
     )
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
     log_path = work / "kueue.log"

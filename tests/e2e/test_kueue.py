@@ -79,7 +79,7 @@ def quota_class(helm: Any, product: dict[str, str]) -> dict[str, Any]:
     return dict(cls)
 
 
-def cluster_queue(name: str, gpus: int, flavor: str) -> dict[str, Any]:
+def cluster_queue(name: str, gpus: int, flavor: str, resource: str = CLASS) -> dict[str, Any]:
     """What a platform team writes: a nominal quota of H100s in a shared cohort, the rest
     of the cohort's idle ones borrowable, and its own taken back when it needs them."""
     return {
@@ -92,9 +92,9 @@ def cluster_queue(name: str, gpus: int, flavor: str) -> dict[str, Any]:
             "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never"},
             "resourceGroups": [
                 {
-                    "coveredResources": [CLASS],
+                    "coveredResources": [resource],
                     "flavors": [
-                        {"name": flavor, "resources": [{"name": CLASS, "nominalQuota": gpus}]}
+                        {"name": flavor, "resources": [{"name": resource, "nominalQuota": gpus}]}
                     ],
                 }
             ],
@@ -107,12 +107,31 @@ class Teams:
     kube: Kube
     node: str
     suffix: str
+    resource: str = CLASS  # what the ClusterQueues' quotas count
     namespaces: dict[str, str] = field(default_factory=dict)  # team -> namespace
 
-    def job(self, team: str, name: str, pods: int, template: str = "h100") -> None:
-        """A Job of `pods` pods, one H100 each, submitted to the team's queue. Created
-        suspended, as Kueue's Job webhook (not installed here) would make it."""
+    def job(
+        self, team: str, name: str, pods: int, template: str = "h100", limits: bool = False
+    ) -> None:
+        """A Job of `pods` pods, one GPU each, submitted to the team's queue: through the
+        claim template `template`, or (`limits`) as the device plugin's users ask,
+        `nvidia.com/gpu: 1` in the container's limits. Created suspended, as Kueue's Job
+        webhook (not installed here) would make it."""
         ns = self.namespaces[team]
+        container: dict[str, Any] = {"name": "train", "image": "registry.k8s.io/pause:3.10"}
+        claims: list[dict[str, Any]] = []
+        if limits:
+            # Requests too: Kueue 0.17 looks for a DRA-served extended resource in the
+            # template's requests only, and a Job's template gets no requests defaulted
+            # from its limits (a Pod does); with limits alone it is charged as
+            # nvidia.com/gpu, which no ClusterQueue here has.
+            container["resources"] = {
+                "limits": {"nvidia.com/gpu": "1"},
+                "requests": {"nvidia.com/gpu": "1"},
+            }
+        else:
+            container["resources"] = {"claims": [{"name": "gpu"}]}
+            claims = [{"name": "gpu", "resourceClaimTemplateName": template}]
         self.kube.create(
             path_for("batch/v1", "jobs", ns),
             {
@@ -126,16 +145,8 @@ class Teams:
                             "restartPolicy": "Never",
                             "terminationGracePeriodSeconds": 1,
                             "nodeSelector": {"kubernetes.io/hostname": self.node},
-                            "resourceClaims": [
-                                {"name": "gpu", "resourceClaimTemplateName": template}
-                            ],
-                            "containers": [
-                                {
-                                    "name": "train",
-                                    "image": "registry.k8s.io/pause:3.10",
-                                    "resources": {"claims": [{"name": "gpu"}]},
-                                }
-                            ],
+                            "resourceClaims": claims,
+                            "containers": [container],
                         }
                     },
                 },
@@ -179,8 +190,11 @@ class Teams:
         ns = self.namespaces[team]
         out = []
         for p in self.running_pods(team, job):
-            for s in p["status"].get("resourceClaimStatuses") or []:
-                c = self.kube.get(path_for(RES, "resourceclaims", ns, s["resourceClaimName"]))
+            names = [s["resourceClaimName"] for s in p["status"].get("resourceClaimStatuses") or []]
+            extended = p["status"].get("extendedResourceClaimStatus")  # nvidia.com/gpu
+            names += [extended["resourceClaimName"]] if extended else []
+            for name in names:
+                c = self.kube.get(path_for(RES, "resourceclaims", ns, name))
                 out += [
                     f"{r['pool']}/{r['device']}"
                     for r in c["status"]["allocation"]["devices"]["results"]
@@ -192,7 +206,7 @@ class Teams:
         cq = self.kube.get(path_for(K, "clusterqueues", name=queue))
         for f in (cq.get("status") or {}).get("flavorsUsage") or []:
             for r in f.get("resources") or []:
-                if r["name"] == CLASS:
+                if r["name"] == self.resource:
                     return int(r.get("total", 0)), int(r.get("borrowed", 0))
         return 0, 0
 
@@ -215,33 +229,36 @@ class Teams:
         return self.gpus(team, job)
 
 
-@pytest.fixture
-def teams(
-    cluster: Cluster, kube: Kube, helm: Any, hollow_node: Callable[..., HollowNode]
+@contextlib.contextmanager
+def team_queues(
+    kubeconfig: str,
+    kube: Kube,
+    hollow_node: Callable[..., HollowNode],
+    *,
+    classes: Callable[[], list[dict[str, Any]]],
+    mappings: Callable[[], dict[str, list[str]]],
+    resource: str,
+    template_class: str,
+    gates: dict[str, bool] | None = None,
 ) -> Iterator[Teams]:
+    """A hollow node with four fake H100s and the plugin; `classes()` applied (once the
+    plugin publishes); Kueue with `mappings()`; a flavor, and per team a namespace, a
+    LocalQueue, a ClusterQueue of 2 `resource` in one cohort and a claim template `h100`
+    of `template_class`. Everything goes afterwards."""
     ensure_device_classes(kube)
-    kubelet = hollow_node()
-    plugin = PluginProc(cluster.kubeconfig, kubelet, "fake:4xH100-80GB")
+    kubelet = hollow_node(kubeconfig=kubeconfig, api=kube)
+    plugin = PluginProc(kubeconfig, kubelet, "fake:4xH100-80GB")
     plugin.start()
     suffix = secrets.token_hex(3)
-    t = Teams(kube, kubelet.node, suffix)
+    t = Teams(kube, kubelet.node, suffix, resource)
     made: list[str] = []
     k = None
     try:
         wait_for(plugin.ready, "the plugin", 30)
-        wait_for(lambda: fleet_says(cluster.kubeconfig)[0]["products"], "the fleet's H100s", 30)
-        # The platform team's steps: the fleet's classes into the chart, their mapping
-        # into Kueue's configuration (other tests' nodes may publish other products).
-        values, kueue_cfg = fleet_says(cluster.kubeconfig)
-        (h100,) = [p for p in values["products"] if p["productName"] == H100]
-        apply_object(kube, quota_class(helm, h100))
-        mappings = {
-            m["name"]: m["deviceClassNames"]
-            for m in kueue_cfg["resources"]["deviceClassMappings"]
-            if m["name"] == CLASS
-        }
-        assert mappings == {CLASS: [CLASS]}
-        k = kueue.start(cluster.kubeconfig, mappings, work=kubelet.root.parent / "kueue")
+        for cls in classes():
+            apply_object(kube, cls)
+            made.append(path_for(RES, "deviceclasses", name=cls["metadata"]["name"]))
+        k = kueue.start(kubeconfig, mappings(), work=kubelet.root.parent / "kueue", gates=gates)
         # Names of this test's own: a flavor an earlier test deleted may still be going
         # (Kueue holds it with a finalizer until no queue uses it).
         flavor = f"h100-{suffix}"
@@ -252,7 +269,7 @@ def teams(
         for team in ("team-a", "team-b"):
             queue = f"{team}-{suffix}"
             made.append(path_for(K, "clusterqueues", name=queue))
-            kube.create(path_for(K, "clusterqueues"), cluster_queue(queue, 2, flavor))
+            kube.create(path_for(K, "clusterqueues"), cluster_queue(queue, 2, flavor, resource))
             ns = f"{team}-{suffix}"
             kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
             made.append(path_for("v1", "namespaces", name=ns))
@@ -277,7 +294,9 @@ def teams(
                     "spec": {
                         "spec": {
                             "devices": {
-                                "requests": [{"name": "gpu", "exactly": {"deviceClassName": CLASS}}]
+                                "requests": [
+                                    {"name": "gpu", "exactly": {"deviceClassName": template_class}}
+                                ]
                             }
                         }
                     },
@@ -288,10 +307,13 @@ def teams(
     finally:
         for ns in t.namespaces.values():
             for j in kube.list(path_for("batch/v1", "jobs", ns))["items"]:
+                # Background, not Foreground: a pod held in foreground deletion waits for
+                # its extended-resource claim, which 1.34's resourceclaim controller never
+                # releases for a pod that still exists (kubernetes/kubernetes#134311).
                 kube.request(
                     "DELETE",
                     path_for("batch/v1", "jobs", ns, j["metadata"]["name"]),
-                    body={"propagationPolicy": "Foreground"},
+                    body={"propagationPolicy": "Background"},
                 )
         for ns in t.namespaces.values():
             wait_for(
@@ -305,7 +327,67 @@ def teams(
         if k is not None:
             k.stop()
         plugin.stop()
-        kube.delete(path_for(RES, "deviceclasses", name=CLASS), missing_ok=True)
+
+
+@pytest.fixture
+def teams(
+    cluster: Cluster, kube: Kube, helm: Any, hollow_node: Callable[..., HollowNode]
+) -> Iterator[Teams]:
+    """Quota on the H100s' class, as `dradriver fleet --quota-classes --kueue` says."""
+    said: dict[str, Any] = {}
+
+    def classes() -> list[dict[str, Any]]:
+        wait_for(lambda: fleet_says(cluster.kubeconfig)[0]["products"], "the fleet's H100s", 30)
+        # The platform team's steps: the fleet's classes into the chart, their mapping
+        # into Kueue's configuration (other tests' nodes may publish other products).
+        values, said["kueue"] = fleet_says(cluster.kubeconfig)
+        (h100,) = [p for p in values["products"] if p["productName"] == H100]
+        return [quota_class(helm, h100)]
+
+    def mappings() -> dict[str, list[str]]:
+        found = {
+            m["name"]: m["deviceClassNames"]
+            for m in said["kueue"]["resources"]["deviceClassMappings"]
+            if m["name"] == CLASS
+        }
+        assert found == {CLASS: [CLASS]}
+        return found
+
+    with team_queues(
+        cluster.kubeconfig,
+        kube,
+        hollow_node,
+        classes=classes,
+        mappings=mappings,
+        resource=CLASS,
+        template_class=CLASS,
+    ) as t:
+        yield t
+
+
+GPUS = "gpus"  # one quota for GPUs however they are asked for
+
+
+@pytest.fixture
+def mixed_teams(
+    alpha_cluster: Cluster, alpha_kube: Kube, helm: Any, hollow_node: Callable[..., HollowNode]
+) -> Iterator[Teams]:
+    """On the alpha control plane (DRAExtendedResource): the chart's extended-resource class
+    and the whole-GPU class both charged as `gpus`, with Kueue's DRAExtendedResources gate."""
+    from .test_extended_resource import extended_class
+
+    ext = extended_class(helm)
+    with team_queues(
+        alpha_cluster.kubeconfig,
+        alpha_kube,
+        hollow_node,
+        classes=lambda: [ext],
+        mappings=lambda: {GPUS: ["gpu.dradriver.io", ext["metadata"]["name"]]},
+        resource=GPUS,
+        template_class="gpu.dradriver.io",
+        gates={"DRAExtendedResources": True},
+    ) as t:
+        yield t
 
 
 def test_two_teams_share_gpus_and_borrowed_ones_are_given_back(teams: Teams) -> None:
@@ -404,3 +486,26 @@ def test_a_claim_kueue_cannot_count_is_held_with_the_reason(teams: Teams) -> Non
     # A class per product says what the selector said, and is counted.
     t.job("team-a", "plain", 1)
     assert len(t.runs("team-a", "plain", 1)) == 1
+
+
+def test_pods_asking_nvidia_com_gpu_and_claims_count_against_one_quota(
+    mixed_teams: Teams,
+) -> None:
+    """A platform team moving off the device plugin quotas both forms as one resource:
+    a job whose pods ask `nvidia.com/gpu: 1` (served by the extended-resource class) and
+    one whose pods use a claim template are charged to the same `gpus` quota; the second
+    borrows, because the first holds the team's two."""
+    t = mixed_teams
+    qa = f"team-a-{t.suffix}"
+    t.job("team-a", "legacy", 2, limits=True)
+    legacy = t.runs("team-a", "legacy", 2)
+    w = t.workload("team-a", "legacy")
+    assert w is not None
+    (ps,) = w["status"]["admission"]["podSetAssignments"]
+    assert ps["resourceUsage"] == {GPUS: "2"}, ps
+    t.used(qa, 2, 0)
+    t.job("team-a", "modern", 1)
+    modern = t.runs("team-a", "modern", 1)
+    t.used(qa, 3, 1)
+    held = legacy + modern
+    assert len(held) == len(set(held)) == 3, held
