@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def gather(kube: Kube, price: float | None, namespace: str | None = None) -> FleetReport:
     from dradriver.commands.cluster_facts import cluster_lists, items
-    from dradriver.diagnose.fleet import fleet, pending_requests
+    from dradriver.diagnose.fleet import fleet, held_by_finished, pending_requests
     from dradriver.diagnose.world import build_world
     from dradriver.k8s import path_for
 
@@ -64,6 +64,12 @@ def gather(kube: Kube, price: float | None, namespace: str | None = None) -> Fle
     world = build_world(lists["slices"], lists["classes"], lists["claims"], lists["nodes"])
     report = fleet(world, requests, price)
     report.unreadable = unreadable
+    finished = items(
+        kube,
+        path_for("v1", "pods", namespace),
+        fieldSelector="status.phase!=Pending,status.phase!=Running",
+    )
+    report.held = held_by_finished(lists["claims"], finished)
     return report
 
 
@@ -111,6 +117,20 @@ def render(r: FleetReport) -> str:
             f"total {product}: {c.published} GPUs, {c.allocated} allocated, {c.carved} carved "
             f"into MIG{shared}, {c.tainted} tainted, {c.free} free ({busy:.0f}% busy)"
         )
+    if r.held:
+        out.append(
+            f"held by finished pods: {r.held_devices} GPUs allocated to claims whose pods "
+            "have all finished"
+        )
+        for h in r.held:
+            why = (
+                " (the scheduler's claim for an extended resource: Kubernetes 1.34 keeps it "
+                "while the pod exists, kubernetes/kubernetes#134311; delete the finished "
+                "pods or give their Jobs a ttlSecondsAfterFinished)"
+                if h.extended
+                else ""
+            )
+            out.append(f"  {h.node} {h.claim}: {h.devices} held by {', '.join(h.pods)}{why}")
     out.append(f"pending requests: {len(r.requests)}")
     if r.unreadable:
         out.append(f"claims whose selectors do not compile: {', '.join(r.unreadable)}")

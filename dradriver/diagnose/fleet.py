@@ -117,6 +117,21 @@ class Stranded:
     memory: Fraction = Fraction(0)
 
 
+@dataclass(frozen=True)
+class HeldByFinished:
+    """An allocated claim every consumer of which has finished (Succeeded or Failed): its
+    devices do nothing and no one else can have them. The resourceclaim controller
+    releases a finished pod's claims at once, except, in 1.34, the claim the scheduler
+    made for a pod's extended resources (kubernetes/kubernetes#134311): those stay held
+    while the finished pod exists."""
+
+    claim: str
+    pods: tuple[str, ...]
+    node: str
+    devices: int
+    extended: bool  # the scheduler's claim for `nvidia.com/gpu: N`
+
+
 @dataclass
 class FleetReport:
     nodes: list[NodeView]
@@ -125,6 +140,7 @@ class FleetReport:
     stranded: list[Stranded]
     price: float | None = None
     unreadable: list[str] = field(default_factory=list)  # claims whose selectors do not compile
+    held: list[HeldByFinished] = field(default_factory=list)
 
     @property
     def stranded_gpus(self) -> int:
@@ -136,6 +152,41 @@ class FleetReport:
 
     def cost_per_hour(self) -> float | None:
         return None if self.price is None else self.stranded_gpus * self.price
+
+    @property
+    def held_devices(self) -> int:
+        return sum(h.devices for h in self.held)
+
+
+def held_by_finished(claims: Sequence[Obj], finished: Sequence[Obj]) -> list[HeldByFinished]:
+    """The allocated claims of our devices reserved only for pods that have finished."""
+    done = {
+        p["metadata"].get("uid"): f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
+        for p in finished
+        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    }
+    out = []
+    for c in claims:
+        status = c.get("status") or {}
+        results = [
+            r
+            for r in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+            if r.get("driver") == DRIVER and not r.get("adminAccess")
+        ]
+        users = status.get("reservedFor") or []
+        if not results or not users or not all(u.get("uid") in done for u in users):
+            continue
+        meta = c["metadata"]
+        out.append(
+            HeldByFinished(
+                f"{meta.get('namespace', '')}/{meta['name']}",
+                tuple(sorted(done[u["uid"]] for u in users)),
+                str(results[0].get("pool", "")),
+                len(results),
+                (meta.get("annotations") or {}).get(extended.EXTENDED_CLAIM_ANNOTATION) == "true",
+            )
+        )
+    return sorted(out, key=lambda h: (h.node, h.claim))
 
 
 def pending_requests(
@@ -463,6 +514,16 @@ def as_dict(r: FleetReport) -> dict[str, Any]:
         ],
         "strandedGPUs": r.stranded_gpus,
         "strandedMemory": human(r.stranded_memory),
+        "heldByFinishedPods": [
+            {
+                "claim": h.claim,
+                "pods": list(h.pods),
+                "node": h.node,
+                "devices": h.devices,
+                "extendedResourceClaim": h.extended,
+            }
+            for h in r.held
+        ],
         "costPerHour": r.cost_per_hour(),
         "unreadableClaims": r.unreadable,
     }

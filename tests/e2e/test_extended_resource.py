@@ -9,14 +9,17 @@ what is taken; nothing is left once the pods go."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import redirect_stdout
 from typing import Any
 
 import pytest
 import yaml
 
+from dradriver.cli import main
 from dradriver.k8s import Kube, KubeError, path_for
 
 from .helpers import (
@@ -297,11 +300,6 @@ def test_explain_weighs_the_integer_as_the_scheduler_does(gpu_node: GpuNode) -> 
 
 
 def explain(node: GpuNode, pod: str) -> dict[str, Any]:
-    import io
-    from contextlib import redirect_stdout
-
-    from dradriver.cli import main
-
     out = io.StringIO()
     with redirect_stdout(out):
         main(
@@ -318,3 +316,110 @@ def explain(node: GpuNode, pod: str) -> dict[str, Any]:
         )
     data: dict[str, Any] = json.loads(out.getvalue())
     return data
+
+
+def test_a_finished_pods_extended_claim_keeps_its_gpu_and_fleet_says_so(
+    gpu_node: GpuNode,
+) -> None:
+    """Kubernetes 1.34 (kubernetes/kubernetes#134311): the resourceclaim controller
+    releases a finished pod's claims, but not the one the scheduler made for its
+    `nvidia.com/gpu`, while the pod exists. Two pods run `true` and finish: the one with
+    a claim template gives its GPU back, the one asking nvidia.com/gpu keeps it allocated;
+    `dradriver fleet` names that claim, its pod and the fix; deleting the pod frees it."""
+    n = gpu_node
+    node = n.kubelet.node
+    n.kube.create(
+        path_for(RES, "resourceclaimtemplates", n.ns),
+        {
+            "metadata": {"name": "one"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+                    }
+                }
+            },
+        },
+    )
+
+    def finishing(name: str, resources: dict[str, Any], claims: list[Any]) -> None:
+        n.kube.create(
+            path_for("v1", "pods", n.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "resourceClaims": claims,
+                    "containers": [
+                        {
+                            "name": "cuda",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "command": ["true"],
+                            "resources": resources,
+                        }
+                    ],
+                },
+            },
+        )
+
+    finishing(
+        "with-claim",
+        {"claims": [{"name": "gpu"}]},
+        [{"name": "gpu", "resourceClaimTemplateName": "one"}],
+    )
+    finishing("with-integer", {"limits": {"nvidia.com/gpu": "1"}}, [])
+
+    def phase(name: str) -> str:
+        p = get_or_none(n.kube, path_for("v1", "pods", n.ns, name)) or {}
+        return str(p.get("status", {}).get("phase"))
+
+    for name in ("with-claim", "with-integer"):
+        wait_for(lambda name=name: phase(name) == "Succeeded", f"{name} Succeeded", 60)
+
+    def allocated_claims() -> dict[str, dict[str, Any]]:
+        return {
+            c["metadata"]["name"]: c
+            for c in n.kube.list(path_for(RES, "resourceclaims", n.ns))["items"]
+            if (c.get("status") or {}).get("allocation")
+        }
+
+    # The template's claim is released (and, made for that pod alone, deleted).
+    wait_for(
+        lambda: not [c for c in allocated_claims() if c.startswith("with-claim")],
+        "the finished pod's template claim released",
+        30,
+    )
+    ext = n.kube.get(path_for("v1", "pods", n.ns, "with-integer"))["status"][
+        "extendedResourceClaimStatus"
+    ]["resourceClaimName"]
+    held = allocated_claims()
+    assert ext in held, held
+    assert [r["uid"] for r in held[ext]["status"]["reservedFor"]] == [
+        n.kube.get(path_for("v1", "pods", n.ns, "with-integer"))["metadata"]["uid"]
+    ]
+    # The node side is done with it: the kubelet unprepared it when the pod finished.
+    wait_for(lambda: not n.checkpoint_claims(), "the plugin's checkpoint empty", 30)
+
+    fleet = ["fleet", "--kubeconfig", str(n.plugin.kubeconfig), "-n", n.ns]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main([*fleet, "-o", "json"]) == 0
+    report = json.loads(out.getvalue())
+    assert report["heldByFinishedPods"] == [
+        {
+            "claim": f"{n.ns}/{ext}",
+            "pods": [f"{n.ns}/with-integer"],
+            "node": node,
+            "devices": 1,
+            "extendedResourceClaim": True,
+        }
+    ]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(fleet) == 0
+    assert "kubernetes/kubernetes#134311" in out.getvalue()
+    assert "ttlSecondsAfterFinished" in out.getvalue()
+
+    n.kube.delete(path_for("v1", "pods", n.ns, "with-integer"))
+    wait_for(lambda: ext not in allocated_claims(), "the claim released with its pod", 60)

@@ -9,6 +9,7 @@ from typing import Any
 from dradriver.diagnose.fleet import (
     as_dict,
     fleet,
+    held_by_finished,
     kueue_mappings,
     pending_requests,
     quota_class_names,
@@ -271,3 +272,36 @@ def test_shared_gpus_show_their_shares_and_the_memory_no_pending_share_fits_in()
     (left,) = r.stranded
     assert left.detail.startswith(f"9.6Gi left on {g1} beside 1 share")
     assert "a share of 39.6Gi" in r.nodes[0].shapes()
+
+
+def test_claims_held_only_by_finished_pods_are_named() -> None:
+    """A claim reserved for pods that have all finished holds its GPUs for nothing; the
+    scheduler's extended-resource claim is said to be one (kubernetes#134311)."""
+
+    def held(name: str, uids: list[str], extended: bool = False) -> dict[str, Any]:
+        c = claim(name, 1, ("n1", ["gpu-a"]))
+        c["status"]["reservedFor"] = [{"resource": "pods", "name": u, "uid": u} for u in uids]
+        if extended:
+            c["metadata"]["annotations"] = {
+                "resource.kubernetes.io/extended-resource-claim": "true"
+            }
+        return c
+
+    def pod(uid: str, phase: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": uid, "namespace": "team", "uid": uid},
+            "status": {"phase": phase},
+        }
+
+    claims = [
+        held("done", ["p1"], extended=True),
+        held("half", ["p1", "p2"]),  # p2 still runs: in use
+        held("failed", ["p3"]),
+        claim("pending", 1),  # not allocated
+    ]
+    finished = [pod("p1", "Succeeded"), pod("p3", "Failed"), pod("p4", "Unknown")]
+    got = held_by_finished(claims, finished)
+    assert [(h.claim, h.pods, h.node, h.devices, h.extended) for h in got] == [
+        ("team/done", ("team/p1",), "n1", 1, True),
+        ("team/failed", ("team/p3",), "n1", 1, False),
+    ]
