@@ -67,8 +67,15 @@ def crd_names() -> list[str]:
 
 def apply_crds(kube: Kube, deadline: float) -> list[str]:
     """The chart's CRDs, applied and waited for until the API server serves them."""
+    return establish(kube, crds(), deadline)
+
+
+def establish(kube: Kube, docs: list[dict[str, Any]], deadline: float) -> list[str]:
+    """CRDs applied server-side (a big one, Kueue's Workload at 1.4 MB, is over what a
+    client-side apply's last-applied annotation may hold), then waited for until the API
+    server serves them; raises ClusterError past `deadline`."""
     names = []
-    for doc in crds():
+    for doc in docs:
         name = doc["metadata"]["name"]
         kube.apply(
             path_for(CRD_API, "customresourcedefinitions", name=name),

@@ -31,14 +31,12 @@ from typing import Any
 import yaml
 
 from dradriver.k8s import Conflict, Kube, path_for
-from dradriver_dev import cluster
+from dradriver_dev import addons, cluster
 
 BUILD_SCRIPT = cluster.REPO_ROOT / "tools" / "kueue" / "build.sh"
 NAMESPACE = "kueue-system"
 SERVICE = "kueue-webhook-service"
 SECRET = "kueue-webhook-server-cert"
-CRD_API = "apiextensions.k8s.io/v1"
-FIELD_MANAGER = "dradriver-dev"
 KUEUE_PROCESS = "kueue"
 API = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -89,27 +87,7 @@ def install(kube: Kube, built: Path, deadline: float) -> None:
     ):
         with contextlib.suppress(Conflict):
             kube.create(path, body)
-    names = []
-    for doc in crds(built):
-        name = doc["metadata"]["name"]
-        # Server-side: the Workload CRD is 1.4 MB, over what a client-side apply's
-        # last-applied annotation may hold.
-        kube.apply(
-            path_for(CRD_API, "customresourcedefinitions", name=name),
-            doc,
-            field_manager=FIELD_MANAGER,
-            force=True,
-        )
-        names.append(name)
-    for name in names:
-        path = path_for(CRD_API, "customresourcedefinitions", name=name)
-        while not any(
-            c.get("type") == "Established" and c.get("status") == "True"
-            for c in (kube.get(path).get("status") or {}).get("conditions") or []
-        ):
-            if time.monotonic() > deadline:
-                raise KueueError(f"Kueue's CRD {name} is not established yet")
-            time.sleep(0.1)
+    addons.establish(kube, crds(built), deadline)
 
 
 def configuration(

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.k8s import Kube, KubeError, NotFound, path_for
+from dradriver.k8s import Kube, KubeError, path_for
 from dradriver_dev import cluster as devcluster
 
-from .helpers import REPO, Cluster, HollowNode, wait_for
+from .helpers import REPO, Cluster, HollowNode, new_namespace
 
 pytestmark = pytest.mark.e2e
 
@@ -76,23 +76,9 @@ def alpha_kube(alpha_cluster: Cluster) -> Iterator[Kube]:
 def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test, ready for pods (its default ServiceAccount exists)."""
     base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
-    name = f"{base}-{secrets.token_hex(3)}"
-    kube.create(path_for("v1", "namespaces"), {"metadata": {"name": name}})
-    wait_for(
-        lambda: _exists(kube, path_for("v1", "serviceaccounts", name, "default")),
-        "the namespace's default ServiceAccount",
-        timeout=30,
-    )
+    name = new_namespace(kube, f"{base}-{secrets.token_hex(3)}")
     yield name
     kube.delete(path_for("v1", "namespaces", name=name), missing_ok=True)
-
-
-def _exists(kube: Kube, path: str) -> bool:
-    try:
-        kube.get(path)
-        return True
-    except NotFound:
-        return False
 
 
 @pytest.fixture

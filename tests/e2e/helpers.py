@@ -397,11 +397,28 @@ def token_kubeconfig(admin_kubeconfig: str, token: str, dest: Path) -> str:
     return str(dest)
 
 
+def new_namespace(kube: Kube, name: str) -> str:
+    """Creates namespace `name` and returns it once it is ready for pods (its default
+    ServiceAccount exists)."""
+    kube.create(path_for("v1", "namespaces"), {"metadata": {"name": name}})
+    wait_for(
+        lambda: get_or_none(kube, path_for("v1", "serviceaccounts", name, "default")),
+        f"namespace {name}'s default ServiceAccount",
+        30,
+    )
+    return name
+
+
 class NodeUnderTest:
     """A hollow node with a running plugin, and the few things tests do with it."""
 
     def __init__(self, kube: Kube, ns: str, kubelet: HollowNode, plugin: PluginProc) -> None:
         self.kube, self.ns, self.kubelet, self.plugin = kube, ns, kubelet, plugin
+
+    def checkpoint_claims(self) -> dict[str, Any]:
+        """The claims the plugin's checkpoint holds, by UID."""
+        p = self.plugin.state_dir / "checkpoint.json"
+        return dict(json.loads(p.read_text())["payload"]["claims"]) if p.exists() else {}
 
     def gpu_names(self) -> list[str]:
         """The node's whole-GPU device names by NVML index, as its plugin's discovery

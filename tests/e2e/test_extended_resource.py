@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import subprocess
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stdout
 from typing import Any
@@ -32,6 +32,7 @@ from .helpers import (
     apply_object,
     ensure_device_classes,
     get_or_none,
+    new_namespace,
     run_helm,
     wait_for,
 )
@@ -67,6 +68,12 @@ def extended_class(helm: Any) -> dict[str, Any]:
 
 
 class GpuNode(NodeUnderTest):
+    def __init__(
+        self, kube: Kube, ns: str, kubelet: HollowNode, plugin: PluginProc, helm: Any
+    ) -> None:
+        super().__init__(kube, ns, kubelet, plugin)
+        self.helm = helm
+
     def uuids(self) -> dict[str, str]:
         """Device name -> UUID of this node's published GPUs."""
         out = {}
@@ -105,12 +112,6 @@ class GpuNode(NodeUnderTest):
         self.kube.delete(path_for("apps/v1", "deployments", self.ns, release), missing_ok=True)
         wait_for(lambda: not self.pods_of(release), f"the pods of {release} gone", 60)
 
-    def checkpoint_claims(self) -> dict[str, Any]:
-        p = self.plugin.state_dir / "checkpoint.json"
-        return dict(json.loads(p.read_text())["payload"]["claims"]) if p.exists() else {}
-
-    helm: Any = None
-
 
 @pytest.fixture
 def gpu_node(
@@ -124,18 +125,11 @@ def gpu_node(
     cls = extended_class(helm)
     path = path_for(RES, "deviceclasses", name=cls["metadata"]["name"])
     apply_object(k, cls)
-    ns = f"extended-{subprocess.check_output(['date', '+%s%N'], text=True)[-7:-1]}"
-    k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
-    wait_for(
-        lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
-        "the default ServiceAccount",
-        30,
-    )
+    ns = new_namespace(k, f"extended-{secrets.token_hex(3)}")
     kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
     plugin = PluginProc(alpha_cluster.kubeconfig, kubelet, "fake:4xH100-80GB")
     plugin.start()
-    node = GpuNode(k, ns, kubelet, plugin)
-    node.helm = helm
+    node = GpuNode(k, ns, kubelet, plugin, helm)
     try:
         wait_for(plugin.ready, "the plugin", 30)
         yield node

@@ -3,7 +3,6 @@ real kubelet (a hollow node) (P3)."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -101,10 +100,6 @@ class GpuNode(NodeUnderTest):
         return self.kube.create(
             path_for("v1", "pods", self.ns), {"metadata": {"name": name}, "spec": spec}
         )
-
-    def checkpoint_claims(self) -> dict[str, Any]:
-        p = self.plugin.state_dir / "checkpoint.json"
-        return dict(json.loads(p.read_text())["payload"]["claims"]) if p.exists() else {}
 
     def cdi_specs(self) -> list[str]:
         return sorted(p.name for p in self.kubelet.cdi_dir.glob("*.json"))

@@ -34,7 +34,7 @@ from .helpers import (
     PluginProc,
     apply_object,
     ensure_device_classes,
-    get_or_none,
+    new_namespace,
     run_helm,
     wait_for,
 )
@@ -171,11 +171,9 @@ class Teams:
         return self.condition(team, job, "Admitted") is not None
 
     def running_pods(self, team: str, job: str) -> list[dict[str, Any]]:
-        ns = self.namespaces[team]
-        pods = self.kube.list(path_for("v1", "pods", ns), labelSelector=f"job-name={job}")["items"]
         return [
             p
-            for p in pods
+            for p in self.pods_of(team, job)
             if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
         ]
 
@@ -270,14 +268,8 @@ def team_queues(
             queue = f"{team}-{suffix}"
             made.append(path_for(K, "clusterqueues", name=queue))
             kube.create(path_for(K, "clusterqueues"), cluster_queue(queue, 2, flavor, resource))
-            ns = f"{team}-{suffix}"
-            kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+            ns = new_namespace(kube, f"{team}-{suffix}")
             made.append(path_for("v1", "namespaces", name=ns))
-            wait_for(
-                lambda ns=ns: get_or_none(kube, path_for("v1", "serviceaccounts", ns, "default")),
-                "the default ServiceAccount",
-                30,
-            )
             kube.create(
                 path_for(K, "localqueues", ns),
                 {
