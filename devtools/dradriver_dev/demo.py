@@ -215,9 +215,11 @@ def wait(what: str, fn: Any, timeout: float = 60.0) -> Any:
 # sick later, and that job would take a healthy GPU another example needs meanwhile).
 # The shares=4 and unlimited examples need a node in their own mode (the e2e tests run
 # them); the demo's shared node is in memory mode.
-# The ComputeDomain job has its own part of the demo, on the GB200 trays.
+# The ComputeDomain job has its own part of the demo, on the GB200 trays, and the pod
+# asking nvidia.com/gpu its own, after the sick GPU (it would take the GPU that step uses).
 NOT_APPLIED = {
     "computedomain-job.yaml",
+    "nvidia-com-gpu-pod.yaml",
     "gpu-tolerating-unhealthy.yaml",
     "gpu-share-of-four.yaml",
     "gpu-share-unlimited.yaml",
@@ -363,8 +365,10 @@ def chart_objects() -> list[dict[str, Any]]:
         raise RuntimeError(f"building helm failed (exit {build.returncode})")
     helm = Path(out.strip().splitlines()[-1]) / "helm"
     only = ["templates/deviceclasses.yaml", "templates/resourceslice-policy.yaml"]
+    # The extended-resource class too: the demo's control plane has DRAExtendedResource.
     rendered = subprocess.run(
         [str(helm), "template", "dradriver", str(CHART), "--namespace", "dradriver"]
+        + ["--set", "extendedResourceClass.enabled=true,featureGates.DRAExtendedResource=true"]
         + [a for t in only for a in ("--show-only", t)],
         capture_output=True,
         text=True,
@@ -443,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             say,
         )
         show_sick_gpu(kube, nodes["h100-node"])
+        show_integer_pod(kube)
         show_doctor(st.kubeconfig)
         say(f"done in {time.monotonic() - start:.0f}s")
         if args.keep:
@@ -566,6 +571,45 @@ def show_sick_gpu(kube: Kube, node: NodeProcs) -> None:
     inject.send(node.state, node.name, inject.Request(gpu, "recover"))
     wait("the taints to go", lambda: not tainted(), timeout=30)
     say(f"  reset: healthy again after 3 clean probes, taints gone in {time.monotonic() - t0:.1f}s")
+
+
+def show_integer_pod(kube: Kube) -> None:
+    """examples/claims/nvidia-com-gpu-pod.yaml: a device-plugin pod, unchanged, gets one of
+    our GPUs through the claim the scheduler makes for it."""
+    (pod,) = yaml.safe_load_all(
+        (REPO / "examples" / "claims" / "nvidia-com-gpu-pod.yaml").read_text()
+    )
+    name = pod["metadata"]["name"]
+    say(f"pod {name} asks nvidia.com/gpu: 1 and no claim (examples/claims/nvidia-com-gpu-pod.yaml)")
+    kube.create(path_for("v1", "pods", NAMESPACE), pod)
+
+    def running() -> dict[str, Any] | None:
+        got = kube.get(path_for("v1", "pods", NAMESPACE, name))
+        return got if got.get("status", {}).get("phase") == "Running" else None
+
+    try:
+        got = wait(f"{name} to run", running, timeout=30)
+    except TimeoutError:
+        say(f"  {name} does not run: dradriver explain pod/{name} -n {NAMESPACE} says why")
+        return
+    claim = (got["status"].get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if not claim:
+        say(
+            f"  {name} runs on {got['spec'].get('nodeName')}, but names no claim of the scheduler's"
+        )
+        return
+    c = kube.get(path_for(RES, "resourceclaims", NAMESPACE, claim))
+    classes = {
+        r["name"]: r.get("exactly", {}).get("deviceClassName")
+        for r in c["spec"]["devices"]["requests"]
+    }
+    results = c.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
+    got_devices = ", ".join(f"{r['pool']}/{r['device']}" for r in results)
+    say(
+        f"  Running: the scheduler made claim {claim} for it (request "
+        + ", ".join(f"{r} of class {k}" for r, k in classes.items())
+        + f") and allocated {got_devices}, which the kubelet prepared"
+    )
 
 
 def show_refusal() -> None:
