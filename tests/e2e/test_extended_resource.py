@@ -244,6 +244,33 @@ def test_a_device_plugin_chart_gets_our_gpus_unchanged(gpu_node: GpuNode) -> Non
     )
 
 
+def test_the_example_pod_asking_the_integer_runs_on_one_of_our_gpus(gpu_node: GpuNode) -> None:
+    """examples/claims/nvidia-com-gpu-pod.yaml, as `make demo` runs it: no claim of its
+    own, one GPU through the claim the scheduler makes for it."""
+    n = gpu_node
+    uuids = n.uuids()
+    (name,) = n.apply("nvidia-com-gpu-pod")
+    pod = wait_for(
+        lambda: (
+            p
+            if (p := n.kube.get(path_for("v1", "pods", n.ns, name)))["status"].get("phase")
+            == "Running"
+            else None
+        ),
+        f"{name} Running",
+        60,
+    )
+    assert "resourceClaims" not in pod["spec"]
+    claim = the_claim(n, pod)
+    (req,) = claim["spec"]["devices"]["requests"]
+    assert req["exactly"]["deviceClassName"] == "extended.gpu.dradriver.io"
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == n.kubelet.node
+    assert n.env(pod, "main")["NVIDIA_VISIBLE_DEVICES"] == uuids[result["device"]]
+    n.kube.delete(path_for("v1", "pods", n.ns, name))
+    wait_for(lambda: not n.checkpoint_claims(), "the plugin's checkpoint empty", 60)
+
+
 def test_no_class_for_the_resource_leaves_the_pod_pending_and_explain_says_why(
     gpu_node: GpuNode,
 ) -> None:
