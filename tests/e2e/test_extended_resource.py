@@ -250,16 +250,7 @@ def test_the_example_pod_asking_the_integer_runs_on_one_of_our_gpus(gpu_node: Gp
     n = gpu_node
     uuids = n.uuids()
     (name,) = n.apply("nvidia-com-gpu-pod")
-    pod = wait_for(
-        lambda: (
-            p
-            if (p := n.kube.get(path_for("v1", "pods", n.ns, name)))["status"].get("phase")
-            == "Running"
-            else None
-        ),
-        f"{name} Running",
-        60,
-    )
+    pod = n.running(name)
     assert "resourceClaims" not in pod["spec"]
     claim = the_claim(n, pod)
     (req,) = claim["spec"]["devices"]["requests"]
