@@ -95,14 +95,6 @@ func (m *draContainerManager) PodMightNeedToUnprepareResources(uid types.UID) bo
 	return m.dra.PodMightNeedToUnprepareResources(uid)
 }
 
-// The health half (KEP-4680): only with the ResourceHealthStatus gate, as in the real
-// container manager, which fans the DRA manager's updates into its own channel.
-func (m *draContainerManager) UpdateAllocatedResourcesStatus(pod *v1.Pod, s *v1.PodStatus) {
-	if utilfeature.DefaultFeatureGate.Enabled(kubefeatures.ResourceHealthStatus) {
-		m.dra.UpdateAllocatedResourcesStatus(pod, s)
-	}
-}
-
 func (m *draContainerManager) Updates() <-chan resourceupdates.Update {
 	if utilfeature.DefaultFeatureGate.Enabled(kubefeatures.ResourceHealthStatus) {
 		return m.dra.Updates()
@@ -110,12 +102,13 @@ func (m *draContainerManager) Updates() <-chan resourceupdates.Update {
 	return nil
 }
 
-// GetDynamicResources answers the PodResources API (<root>/pod-resources/kubelet.sock)
+// dynamicResources answers the PodResources API (<root>/pod-resources/kubelet.sock;
+// GetDynamicResources, whose signature is the line's: dra_until_1_36.go)
 // with the claims, devices and CDI IDs the kubelet holds for a container. It keeps the
 // real container manager's shape exactly, including that a device's CDI list also
 // carries the IDs of the devices listed before it for the same driver: the harness
 // must answer what a production kubelet answers.
-func (m *draContainerManager) GetDynamicResources(pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
+func (m *draContainerManager) dynamicResources(pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
 	infos, err := m.dra.GetContainerClaimInfos(pod, container)
 	if err != nil {
 		klog.ErrorS(err, "Unable to get container claim info state")

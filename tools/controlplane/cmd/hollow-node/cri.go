@@ -161,7 +161,8 @@ func (r *cdiRuntime) CreateContainer(ctx context.Context, req *runtimeapi.Create
 	}
 	env := make([]string, 0, len(cfg.GetEnvs()))
 	for _, kv := range cfg.GetEnvs() {
-		env = append(env, kv.GetKey()+"="+kv.GetValue())
+		// A string until cri-api 0.35, bytes from 0.36: %s prints either.
+		env = append(env, fmt.Sprintf("%s=%s", kv.GetKey(), kv.GetValue()))
 	}
 	spec := &oci.Spec{Process: &oci.Process{Env: env}, Linux: &oci.Linux{}}
 	if len(ids) > 0 {

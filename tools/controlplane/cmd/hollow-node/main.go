@@ -28,13 +28,11 @@ import (
 	"syscall"
 	"time"
 
-	noopoteltrace "go.opentelemetry.io/otel/trace/noop"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/version"
-	remote "k8s.io/cri-client/pkg"
 	"k8s.io/klog/v2"
 	kubeletapp "k8s.io/kubernetes/cmd/kubelet/app"
 	"k8s.io/kubernetes/cmd/kubelet/app/options"
@@ -188,8 +186,7 @@ func run(ctx context.Context, c flags) error {
 		return err
 	}
 	defer rt.Stop()
-	logger := klog.Background()
-	runtimeService, err := remote.NewRemoteRuntimeService("unix://"+socket, 15*time.Second, noopoteltrace.NewTracerProvider(), &logger)
+	runtimeService, err := newRuntimeClient(ctx, "unix://"+socket, 15*time.Second)
 	if err != nil {
 		return fmt.Errorf("CRI client: %w", err)
 	}
