@@ -9,8 +9,10 @@ The code itself lives in :mod:`dradriver.api.gen` and is generated from
 - ``dra_v1`` / ``dra_v1_grpc`` and ``dra_v1beta1`` / ``dra_v1beta1_grpc``: the
   DRA node service (``NodePrepareResources`` / ``NodeUnprepareResources``);
   both versions carry the same messages and can be served side by side.
-- ``health_v1alpha1`` / ``health_v1alpha1_grpc``: the optional device health
-  stream (``NodeWatchResources``).
+- ``health_v1`` / ``health_v1_grpc`` and ``health_v1alpha1`` /
+  ``health_v1alpha1_grpc``: the optional device health stream
+  (``NodeWatchResources``); both versions carry the same messages (v1 is what
+  1.37 kubelets prefer, v1alpha1 what 1.34 to 1.36 call).
 
 The plugin serves these with grpcio's asyncio server (kubeletplugin/grpc_edge/), through
 the generated ``add_*Servicer_to_server`` functions; the tests and benchmarks call the
@@ -23,12 +25,14 @@ import importlib
 from typing import TYPE_CHECKING, Any, Final
 
 # Loaded on first use: the plugin's startup needs the registration and DRA modules
-# before anything else, and no process needs all eight.
+# before anything else, and no process needs all ten.
 _MODULES = {
     "dra_v1": "dra.v1.api_pb2",
     "dra_v1_grpc": "dra.v1.api_pb2_grpc",
     "dra_v1beta1": "dra.v1beta1.api_pb2",
     "dra_v1beta1_grpc": "dra.v1beta1.api_pb2_grpc",
+    "health_v1": "drahealth.v1.api_pb2",
+    "health_v1_grpc": "drahealth.v1.api_pb2_grpc",
     "health_v1alpha1": "drahealth.v1alpha1.api_pb2",
     "health_v1alpha1_grpc": "drahealth.v1alpha1.api_pb2_grpc",
     "registration": "pluginregistration.v1.api_pb2",
@@ -40,6 +44,8 @@ if TYPE_CHECKING:
     from dradriver.api.gen.kubelet.dra.v1 import api_pb2_grpc as dra_v1_grpc
     from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2 as dra_v1beta1
     from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+    from dradriver.api.gen.kubelet.drahealth.v1 import api_pb2 as health_v1
+    from dradriver.api.gen.kubelet.drahealth.v1 import api_pb2_grpc as health_v1_grpc
     from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
     from dradriver.api.gen.kubelet.drahealth.v1alpha1 import (
         api_pb2_grpc as health_v1alpha1_grpc,
@@ -66,9 +72,13 @@ DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 #: not the full proto package).
 DRA_V1: Final = "v1.DRAPlugin"
 DRA_V1BETA1: Final = "v1beta1.DRAPlugin"
+# The health services' names are their full gRPC names (their packages are bare
+# versions), exactly the kubelet's DRAResourceHealthService constants.
+DRA_HEALTH_V1: Final = "v1.DRAResourceHealth"
 DRA_HEALTH_V1ALPHA1: Final = "v1alpha1.DRAResourceHealth"
 
 __all__ = [
+    "DRA_HEALTH_V1",
     "DRA_HEALTH_V1ALPHA1",
     "DRA_PLUGIN_TYPE",
     "DRA_V1",
@@ -77,6 +87,8 @@ __all__ = [
     "dra_v1_grpc",
     "dra_v1beta1",
     "dra_v1beta1_grpc",
+    "health_v1",
+    "health_v1_grpc",
     "health_v1alpha1",
     "health_v1alpha1_grpc",
     "registration",

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -18,6 +19,7 @@ from dradriver.api.kubelet import (
     dra_v1_grpc,
     dra_v1beta1,
     dra_v1beta1_grpc,
+    health_v1,
     health_v1alpha1,
     registration,
 )
@@ -83,7 +85,7 @@ def test_generated_grpc_modules_use_relative_imports() -> None:
 def test_message_classes_report_their_real_module() -> None:
     # genproto replaces the api/-rooted module name protoc bakes in, so that
     # messages pickle (e.g. across multiprocessing) and repr correctly.
-    for module in (dra_v1, dra_v1beta1, registration, health_v1alpha1):
+    for module in (dra_v1, dra_v1beta1, registration, health_v1, health_v1alpha1):
         assert module.DESCRIPTOR.message_types_by_name, module
         for name in module.DESCRIPTOR.message_types_by_name:
             assert getattr(module, name).__module__ == module.__name__
@@ -125,11 +127,15 @@ def test_dra_method_paths(module: object, version: str) -> None:
     assert not prep.client_streaming and not prep.server_streaming
 
 
-def test_health_method_path_is_server_streaming() -> None:
-    fd = health_v1alpha1.DESCRIPTOR
-    assert fd.package == "v1alpha1"
+@pytest.mark.parametrize(
+    ("module", "version"),
+    [(health_v1, "v1"), (health_v1alpha1, "v1alpha1")],
+)
+def test_health_method_path_is_server_streaming(module: object, version: str) -> None:
+    fd: FileDescriptor = module.DESCRIPTOR  # type: ignore[attr-defined]
+    assert fd.package == version
     assert _method_paths(fd, "DRAResourceHealth") == {
-        "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+        f"/{version}.DRAResourceHealth/NodeWatchResources",
     }
     m = fd.services_by_name["DRAResourceHealth"].methods_by_name["NodeWatchResources"]
     assert m.server_streaming
@@ -143,9 +149,12 @@ def test_supported_version_constants_match_services() -> None:
     full_v1 = dra_v1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
     full_v1beta1 = dra_v1beta1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
     full_health = health_v1alpha1.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name
+    full_health_v1 = health_v1.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name
     assert full_v1.endswith("." + kubelet.DRA_V1)
     assert full_v1beta1.endswith("." + kubelet.DRA_V1BETA1)
-    assert full_health == kubelet.DRA_HEALTH_V1ALPHA1
+    # The kubelet compares the health names whole (drahealthv1.DRAResourceHealthService).
+    assert full_health == kubelet.DRA_HEALTH_V1ALPHA1 == "v1alpha1.DRAResourceHealth"
+    assert full_health_v1 == kubelet.DRA_HEALTH_V1 == "v1.DRAResourceHealth"
 
 
 def _field(module: object, message: str, field: str) -> FieldDescriptor:
@@ -221,6 +230,15 @@ def test_dra_field_numbers(module: object) -> None:
     assert not _is_map(_field(module, "NodePrepareResourcesRequest", "claims"))
 
 
+def test_share_id_is_v1s_optional_field_5() -> None:
+    f = _field(dra_v1, "Device", "share_id")
+    assert (f.number, f.type, _is_repeated(f)) == (5, FieldDescriptor.TYPE_STRING, False)
+    # proto3 `optional`: unset and "" differ, as the kubelet's *string does.
+    assert f.has_presence
+    assert not dra_v1.Device().HasField("share_id")
+    assert "share_id" not in dra_v1beta1.Device.DESCRIPTOR.fields_by_name
+
+
 def test_dra_wire_format_is_stable() -> None:
     # Encoding pins the field numbers independently of the descriptors:
     # Claim{namespace=1:"ns", uid=2:"u", name=3:"n"}.
@@ -229,13 +247,16 @@ def test_dra_wire_format_is_stable() -> None:
     # Device.cdi_device_ids is field 4, length-delimited: tag 0x22.
     dev = dra_v1.Device(cdi_device_ids=["x"])
     assert dev.SerializeToString() == b"\x22\x01x"
+    # Device.share_id is field 5, length-delimited: tag 0x2a; unset, it is not sent.
+    assert dra_v1.Device(share_id="s").SerializeToString() == b"\x2a\x01s"
     # v1 and v1beta1 share the wire format.
     assert dra_v1beta1.Claim.FromString(claim.SerializeToString()) == dra_v1beta1.Claim(
         namespace="ns", uid="u", name="n"
     )
 
 
-def test_health_field_numbers_and_enum() -> None:
+@pytest.mark.parametrize("module", [health_v1, health_v1alpha1], ids=["v1", "v1alpha1"])
+def test_health_field_numbers_and_enum(module: object) -> None:
     expected = {
         ("NodeWatchResourcesResponse", "devices"): (1, FieldDescriptor.TYPE_MESSAGE, True),
         ("DeviceIdentifier", "pool_name"): (1, FieldDescriptor.TYPE_STRING, False),
@@ -243,18 +264,40 @@ def test_health_field_numbers_and_enum() -> None:
         ("DeviceHealth", "device"): (1, FieldDescriptor.TYPE_MESSAGE, False),
         ("DeviceHealth", "health"): (2, FieldDescriptor.TYPE_ENUM, False),
         ("DeviceHealth", "last_updated_time"): (3, FieldDescriptor.TYPE_INT64, False),
+        ("DeviceHealth", "health_check_timeout_seconds"): (4, FieldDescriptor.TYPE_INT64, False),
+        ("DeviceHealth", "message"): (5, FieldDescriptor.TYPE_STRING, False),
     }
     for (msg, name), (number, typ, repeated) in expected.items():
-        f = _field(health_v1alpha1, msg, name)
+        f = _field(module, msg, name)
         assert (f.number, f.type, _is_repeated(f)) == (number, typ, repeated), (msg, name)
-    enum = health_v1alpha1.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+    fd: FileDescriptor = module.DESCRIPTOR  # type: ignore[attr-defined]
+    enum = fd.enum_types_by_name["HealthStatus"]
     assert {v.name: v.number for v in enum.values} == {
         "UNKNOWN": 0,
         "HEALTHY": 1,
         "UNHEALTHY": 2,
     }
-    assert health_v1alpha1.HEALTHY == 1
-    assert health_v1alpha1.UNHEALTHY == 2
+    assert module.HEALTHY == 1  # type: ignore[attr-defined]
+    assert module.UNHEALTHY == 2  # type: ignore[attr-defined]
+
+
+def test_health_v1_and_v1alpha1_share_the_wire_format() -> None:
+    def report(m: Any) -> bytes:
+        resp = m.NodeWatchResourcesResponse()
+        resp.devices.add(
+            device=m.DeviceIdentifier(pool_name="node-a", device_name="gpu-0"),
+            health=m.UNHEALTHY,
+            last_updated_time=1_700_000_000,
+            health_check_timeout_seconds=30,
+            message="xid-79",
+        )
+        return bytes(resp.SerializeToString())
+
+    assert report(health_v1) == report(health_v1alpha1)
+    # DeviceHealth.health_check_timeout_seconds is field 4 (varint, tag 0x20) and
+    # message field 5 (length-delimited, tag 0x2a).
+    dev = health_v1.DeviceHealth(health_check_timeout_seconds=30, message="m")
+    assert dev.SerializeToString() == b"\x20\x1e\x2a\x01m"
 
 
 # --- live round trip ---------------------------------------------------------

@@ -13,7 +13,10 @@ from types import ModuleType
 from typing import Any
 
 from dradriver.health.model import (
+    ECC_DBE,
+    LOST,
     DeviceHealth,
+    Fault,
     Health,
     HealthBook,
     Policy,
@@ -22,9 +25,14 @@ from dradriver.health.model import (
     device_health,
     unhealthy,
 )
-from dradriver.health.monitor import HealthMonitor
+from dradriver.health.monitor import (
+    RETIRED_PAGES_PENDING,
+    ROW_REMAP_FAILED,
+    ROW_REMAP_PENDING,
+    HealthMonitor,
+)
 from dradriver.health.store import FILE_NAME, HealthStore
-from dradriver.health.taints import TaintEffect, taint_key, with_taints
+from dradriver.health.taints import TaintEffect, rfc3339, taint_key, with_taints
 from dradriver.inventory.model import Gpu, Inventory
 from dradriver.inventory.node_devices import NodeDevice, gpu_device_name
 from dradriver.k8s import Kube, KubeError, path_for
@@ -33,6 +41,50 @@ from dradriver.slices.build import SliceContent
 
 log = get_logger("kubeletplugin.health")
 EVENT_SOURCE = "dradriver-kubelet-plugin"
+
+# What the XIDs that most often take a GPU out mean, in the words of NVIDIA's XID
+# catalogue (docs.nvidia.com/deploy/xid-errors), for people reading a pod's status;
+# any other XID goes by its number.
+XID_MEANINGS = {
+    48: "double-bit ECC error",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+_FAULTS = {
+    LOST: "NVML cannot reach the GPU",
+    ECC_DBE: "double-bit (uncorrectable) ECC error",
+    ROW_REMAP_PENDING: "a memory row remapping waits for a GPU reset",
+    ROW_REMAP_FAILED: "a memory row remapping failed",
+    RETIRED_PAGES_PENDING: "a memory page retirement waits for a GPU reset",
+}
+
+
+def fault_message(fault: Fault) -> str:
+    """Why a device is unhealthy, led by the taint's value so the two read alike."""
+    if fault.xid is not None:
+        meaning = XID_MEANINGS.get(fault.xid)
+        what = f"NVIDIA XID {fault.xid}" + (f": {meaning}" if meaning else "")
+    else:
+        what = _FAULTS.get(fault.reason, "")
+    head = f"{fault.reason} ({what})" if what else fault.reason
+    return f"{head}, since {rfc3339(fault.since)}"
+
+
+def health_message(state: DeviceHealth, unknown: str) -> str:
+    """The kubelet's health message for a device: the fault, why its GPU's health is
+    unknown (`unknown`: what the last probe could not tell), or nothing when healthy."""
+    if state.fault is not None:
+        return fault_message(state.fault)
+    if state.health is Health.UNKNOWN:
+        return f"the last probe could not tell: {unknown}" if unknown else ""
+    return ""
 
 
 @dataclass(frozen=True)
@@ -166,8 +218,19 @@ class NodeHealth:
         )
 
     def health_by_device(self) -> dict[str, str]:
-        """For the kubelet's health stream: device name -> Healthy/Unhealthy/Unknown."""
+        """Device name -> Healthy/Unhealthy/Unknown."""
         return {n: str(h.health) for n, h in self.states(self._devices()).items()}
+
+    def health_reports(self) -> dict[str, tuple[str, str]]:
+        """For the kubelet's health streams: device name -> (health, why), why empty
+        when healthy."""
+        devices = list(self._devices())
+        book = HealthBook(self.book.policy, self.monitor.snapshot())
+        gpu = {d.name: d.gpu.uuid for d in devices}
+        return {
+            n: (str(h.health), health_message(h, book.get(gpu[n]).unknown))
+            for n, h in device_health(book, devices).items()
+        }
 
     # -- what a change does ----------------------------------------------------------------
     def _changed(self, t: Transition) -> None:

@@ -3,7 +3,7 @@ grpcio's asyncio server.
 
 - server.py: the sockets and their servers (options, start, stop with GOAWAY, a socket
   recreated when someone removes it);
-- servicers.py: registration, DRA v1 and v1beta1, and the health stream, each a thin
+- servicers.py: registration, DRA v1 and v1beta1, and health v1 and v1alpha1, each a thin
   translation between protobuf messages and the driver;
 - late.py: the driver as the sockets see it before startup has built it;
 - health_feed.py: what the health streams send, fed from the plugin's health monitor;

@@ -1,12 +1,21 @@
 """What the kubelet's DRA health streams send (KEP-4680, gate ResourceHealthStatus):
-v1alpha1.DRAResourceHealth/NodeWatchResources on the DRA socket.
+NodeWatchResources of v1.DRAResourceHealth and v1alpha1.DRAResourceHealth, both on the DRA
+socket, both fed from one HealthFeed (their messages are the same, only their modules
+differ).
 
-What the v1.34 kubelet does with it (pkg/kubelet/cm/dra): it opens the stream on every
-connection to the plugin when its gate is on, retrying every 5 s; each message replaces
-its view of the devices it names; a device not heard of for 30 s (healthinfo.go's
-healthTimeout) becomes Unknown. So each stream gets the full state at once, again on
-every change, and again every `resend` seconds (well inside the 30 s). The registration
-names the service in supported_versions, as the Go kubeletplugin helper does.
+What the kubelets do with it (pkg/kubelet/cm/dra):
+- 1.34 to 1.36 open the v1alpha1 stream on every plugin when their gate is on, retrying
+  every 5 s; 1.37 opens one only on a plugin that names a health service in
+  supported_versions, and prefers v1 when both are named;
+- each message replaces their view of the devices it names; a device not heard of for
+  its timeout becomes Unknown. The timeout is 30 s, or from 1.35 the message's
+  health_check_timeout_seconds;
+- from 1.36 the message's `message` goes into the pod's status, cut to 1024 bytes.
+
+So each stream gets the full state at once, again on every change, and again every
+`resend` seconds; each device says it stays good for TRUST_RESENDS resends, so a missed
+resend or two changes nothing, and a plugin that stopped sending (hung, not gone: a
+closed stream clears the kubelet's view at once) turns Unknown within 30 s.
 
 The feed is told of changes from the health monitor's threads; the streams wait on the
 gRPC loop, each on an asyncio.Event that a change sets through its loop, so an open
@@ -17,18 +26,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 from dradriver.api import kubelet as kapi
 
 RESEND_SECONDS = 10.0
+# A report's health_check_timeout_seconds, in resends: 30 s at 10 s, the 1.34 kubelet's
+# fixed timeout, so every line turns a silent plugin's devices Unknown alike.
+TRUST_RESENDS = 3
+# The kubelet's cap on a message (v1.ResourceHealthMessageMaxLength, bytes). It cuts at a
+# byte count, which may split a UTF-8 character; cut here first, on a character.
+MESSAGE_MAX_BYTES = 1024
 
 # dradriver.health.model.Health's values (not imported: this module loads with the
 # sockets, before anything heavy) -> the proto's HealthStatus names.
 _STATUS = {"Healthy": "HEALTHY", "Unhealthy": "UNHEALTHY", "Unknown": "UNKNOWN"}
+
+# A device's report: its health value, or (health, why) where there is a reason to give.
+Report = str | tuple[str, str]
+Source = Callable[[], Mapping[str, Report]]
+
+
+def clip(message: str) -> str:
+    """`message` within MESSAGE_MAX_BYTES, the way the kubelet cuts it ("..." last)."""
+    raw = message.encode()
+    if len(raw) <= MESSAGE_MAX_BYTES:
+        return message
+    return raw[: MESSAGE_MAX_BYTES - 3].decode(errors="ignore") + "..."
 
 
 class HealthFeed:
@@ -41,7 +70,7 @@ class HealthFeed:
         self._version = 0
         self._stopped = False
         self._pool = ""
-        self._source: Callable[[], Mapping[str, str]] | None = None
+        self._source: Source | None = None
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
 
     @property
@@ -50,7 +79,12 @@ class HealthFeed:
         with self._lock:
             return len(self._waiters)
 
-    def attach(self, pool: str, source: Callable[[], Mapping[str, str]]) -> None:
+    @property
+    def timeout(self) -> int:
+        """health_check_timeout_seconds: whole seconds, at least one (0 is the default)."""
+        return max(1, math.ceil(TRUST_RESENDS * self.resend))
+
+    def attach(self, pool: str, source: Source) -> None:
         with self._lock:
             self._pool, self._source = pool, source
         self.changed()
@@ -70,23 +104,28 @@ class HealthFeed:
             self._stopped = True
         self.changed()
 
-    def message(self) -> Any:
-        msgs = kapi.health_v1alpha1
+    def message(self, msgs: ModuleType | None = None) -> Any:
+        """The full state as one NodeWatchResourcesResponse of `msgs`, the generated
+        module of a health version (kapi.health_v1 or kapi.health_v1alpha1, the default)."""
+        msgs = msgs or kapi.health_v1alpha1
         with self._lock:
             pool, source = self._pool, self._source
-        now = int(time.time())
+        now, timeout = int(time.time()), self.timeout
         resp = msgs.NodeWatchResourcesResponse()
-        for name, health in sorted((source() if source else {}).items()):
+        for name, report in sorted((source() if source else {}).items()):
+            health, why = report if isinstance(report, tuple) else (report, "")
             resp.devices.add(
                 device=msgs.DeviceIdentifier(pool_name=pool, device_name=name),
                 health=msgs.HealthStatus.Value(_STATUS.get(str(health), "UNKNOWN")),
                 last_updated_time=now,
+                health_check_timeout_seconds=timeout,
+                message=clip(why),
             )
         return resp
 
-    async def stream(self) -> AsyncIterator[Any]:
-        """The messages of one stream, until stop(); a cancelled call (the kubelet went
-        away) ends it where it waits."""
+    async def stream(self, msgs: ModuleType | None = None) -> AsyncIterator[Any]:
+        """The messages of one stream (of `msgs`, as message() takes it), until stop();
+        a cancelled call (the kubelet went away) ends it where it waits."""
         event = asyncio.Event()
         me = (asyncio.get_running_loop(), event)
         with self._lock:
@@ -100,7 +139,7 @@ class HealthFeed:
                 if stopped:
                     return
                 if attached:
-                    yield self.message()
+                    yield self.message(msgs)
                 with self._lock:
                     if self._version != seen or self._stopped:
                         continue

@@ -1,6 +1,6 @@
 """The two gRPC endpoints the kubelet talks to: the registration socket in its plugin
-registry and the DRA socket (DRA v1 and v1beta1, and the health stream, on one server),
-each served by a grpcio asyncio server on the loop thread.
+registry and the DRA socket (DRA v1 and v1beta1, and the health stream in v1 and
+v1alpha1, on one server), each served by a grpcio asyncio server on the loop thread.
 
 Socket names carry an instance id so two plugin instances can run side by side during a
 rolling update; the kubelet prefers the newest. If one of our sockets disappears
@@ -34,7 +34,8 @@ from dradriver.kubeletplugin.grpc_edge.loop import LoopThread
 from dradriver.kubeletplugin.grpc_edge.servicers import (
     DraV1beta1Servicer,
     DraV1Servicer,
-    HealthServicer,
+    HealthV1alpha1Servicer,
+    HealthV1Servicer,
     RegistrationServicer,
     Work,
 )
@@ -98,7 +99,7 @@ class PluginServers:
         self.dra_socket = self.plugin_dir / f"dra{suffix}.sock"
         self._driver = driver
         self._on_registered = on_registered
-        # The device health stream (v1alpha1.DRAResourceHealth), served on the DRA socket.
+        # The device health stream (v1 and v1alpha1 DRAResourceHealth), on the DRA socket.
         self.health = HealthFeed()
         self._work = Work(workers, "dra-call")
         self._reg_work = Work(2, "reg-call")
@@ -141,8 +142,11 @@ class PluginServers:
         kapi.dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
             DraV1beta1Servicer(self._driver, self._work), server
         )
+        kapi.health_v1_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthV1Servicer(self.health), server
+        )
         kapi.health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthServicer(self.health), server
+            HealthV1alpha1Servicer(self.health), server
         )
 
     def _reg_services(self, server: grpc.aio.Server) -> None:

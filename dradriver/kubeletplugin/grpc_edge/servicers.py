@@ -1,6 +1,6 @@
-"""The kubelet's three services as grpcio asyncio servicers: each translates messages to
-and from the driver's plain values, and runs the driver's blocking work on a thread
-pool, never on the loop.
+"""The kubelet's services (registration, DRA v1 and v1beta1, health v1 and v1alpha1) as
+grpcio asyncio servicers: each translates messages to and from the driver's plain
+values, and runs the driver's blocking work on a thread pool, never on the loop.
 
 A call first waits for one of the pool's slots on the loop, then runs. A call the client
 cancels while it waits (a reset stream, a deadline passed) never reaches the driver:
@@ -21,11 +21,19 @@ from dradriver.api.gen.kubelet.dra.v1 import api_pb2 as v1
 from dradriver.api.gen.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
 from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2 as v1beta1
 from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2 as health
-from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from dradriver.api.gen.kubelet.drahealth.v1 import api_pb2 as health_v1
+from dradriver.api.gen.kubelet.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2 as reg
 from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from dradriver.api.kubelet import DRA_HEALTH_V1ALPHA1, DRA_PLUGIN_TYPE, DRA_V1, DRA_V1BETA1
+from dradriver.api.kubelet import (
+    DRA_HEALTH_V1,
+    DRA_HEALTH_V1ALPHA1,
+    DRA_PLUGIN_TYPE,
+    DRA_V1,
+    DRA_V1BETA1,
+)
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.kubeletplugin.grpc_edge.late import Driver
@@ -69,6 +77,8 @@ class _DraCalls:
 
     def __init__(self, msgs: Any, driver: Driver, work: Work) -> None:
         self._msgs, self._driver, self._work = msgs, driver, work
+        # v1 only (1.35's field): v1beta1 has no way to say which share an entry is.
+        self._shares = "share_id" in msgs.Device.DESCRIPTOR.fields_by_name
 
     def _prepare(self, request: Any) -> Any:
         resp = self._msgs.NodePrepareResourcesResponse()
@@ -78,12 +88,18 @@ class _DraCalls:
                 entry.error = result.error
                 continue
             for d in result.devices:
-                entry.devices.add(
+                device = entry.devices.add(
                     request_names=d.request_names,
                     pool_name=d.pool,
                     device_name=d.device,
                     cdi_device_ids=d.cdi_device_ids,
                 )
+                # A share (consumable capacity) is its own entry, named by the
+                # allocation's shareID, which the kubelet keeps and reports through the
+                # PodResources API; a device held whole leaves the field unset.
+                share = getattr(d, "share", None)
+                if self._shares and share is not None and share.share_id:
+                    device.share_id = share.share_id
         return resp
 
     def _unprepare(self, request: Any) -> Any:
@@ -168,9 +184,11 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
             type=DRA_PLUGIN_TYPE,
             name=self._driver_name,
             endpoint=self._endpoint,
-            # The health service last: the kubelet picks the first DRA service it knows
-            # (k8s.io/dynamic-resource-allocation/kubeletplugin lists it the same way).
-            supported_versions=[DRA_V1, DRA_V1BETA1, DRA_HEALTH_V1ALPHA1],
+            # The DRA services first: the kubelet takes the first DRA service of this
+            # list it knows, skipping names it does not (the health services on 1.34 to
+            # 1.36). 1.37 watches health only where a health service is named, picking
+            # by its own preference (v1 first); the order here says ours the same way.
+            supported_versions=[DRA_V1, DRA_V1BETA1, DRA_HEALTH_V1, DRA_HEALTH_V1ALPHA1],
         )
 
     async def GetInfo(self, request: reg.InfoRequest, context: Context) -> reg.PluginInfo:
@@ -185,14 +203,37 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
-class HealthServicer(health_grpc.DRAResourceHealthServicer):
-    """v1alpha1.DRAResourceHealth, served from `feed`."""
+async def _watch(feed: HealthFeed, msgs: Any, service: str) -> AsyncIterator[Any]:
+    # Which version a kubelet watches is what tells a 1.37 node (v1) from an older one.
+    log.info("the kubelet watches device health", service=service)
+    try:
+        async for message in feed.stream(msgs):
+            yield message
+    finally:
+        log.debug("device health stream ended", service=service)
+
+
+class HealthV1Servicer(health_v1_grpc.DRAResourceHealthServicer):
+    """v1.DRAResourceHealth (1.37 kubelets prefer it), served from `feed`."""
 
     def __init__(self, feed: HealthFeed) -> None:
         self._feed = feed
 
     async def NodeWatchResources(
-        self, request: health.NodeWatchResourcesRequest, context: Context
-    ) -> AsyncIterator[health.NodeWatchResourcesResponse]:
-        async for message in self._feed.stream():
+        self, request: health_v1.NodeWatchResourcesRequest, context: Context
+    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
+        async for message in _watch(self._feed, health_v1, DRA_HEALTH_V1):
+            yield message
+
+
+class HealthV1alpha1Servicer(health_v1alpha1_grpc.DRAResourceHealthServicer):
+    """v1alpha1.DRAResourceHealth (1.34 to 1.36 kubelets call it), served from `feed`."""
+
+    def __init__(self, feed: HealthFeed) -> None:
+        self._feed = feed
+
+    async def NodeWatchResources(
+        self, request: health_v1alpha1.NodeWatchResourcesRequest, context: Context
+    ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
+        async for message in _watch(self._feed, health_v1alpha1, DRA_HEALTH_V1ALPHA1):
             yield message

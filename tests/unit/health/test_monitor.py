@@ -253,6 +253,7 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
         assert list(info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
         state = {"gpu-0": "Healthy", "gpu-1": "Unhealthy"}

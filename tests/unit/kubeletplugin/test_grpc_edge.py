@@ -139,6 +139,7 @@ def test_registration_names_the_dra_socket_and_hears_the_kubelets_answer(served:
         assert list(info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
         stub.NotifyRegistrationStatus(
@@ -361,3 +362,67 @@ def test_a_call_before_the_driver_is_set_waits_for_it() -> None:
     finally:
         servers.stop(grace=1)
         shutil.rmtree(root, ignore_errors=True)
+
+
+HEALTH = {
+    "v1": (kapi.health_v1, kapi.health_v1_grpc),
+    "v1alpha1": (kapi.health_v1alpha1, kapi.health_v1alpha1_grpc),
+}
+
+
+def test_health_v1_and_v1alpha1_stream_the_same_reports_from_one_feed(served: Served) -> None:
+    """What a 1.37 kubelet watches (v1) and what 1.34 to 1.36 watch (v1alpha1), open at
+    once: the same devices, each with its message and how long the report holds."""
+    why = "xid-79 (NVIDIA XID 79: GPU has fallen off the bus), since 2023-11-14T22:13:20Z"
+    state: dict[str, Any] = {"gpu-0": "Healthy", "gpu-1": ("Unhealthy", why)}
+    served.servers.health.attach("node-a", lambda: dict(state))
+
+    def reports(msg: Any) -> list[tuple[str, str, int, int, str]]:
+        return [
+            (
+                d.device.pool_name,
+                d.device.device_name,
+                d.health,
+                d.health_check_timeout_seconds,
+                d.message,
+            )
+            for d in msg.devices
+        ]
+
+    with grpc.insecure_channel(served.dra) as ch:
+        streams = {
+            version: stubs.DRAResourceHealthStub(ch).NodeWatchResources(
+                msgs.NodeWatchResourcesRequest(), timeout=10
+            )
+            for version, (msgs, stubs) in HEALTH.items()
+        }
+        first = {version: reports(next(s)) for version, s in streams.items()}
+        # 3 resends of 10 s: a plugin that stops sending turns Unknown within 30 s.
+        assert (
+            first["v1"]
+            == first["v1alpha1"]
+            == [
+                ("node-a", "gpu-0", 1, 30, ""),
+                ("node-a", "gpu-1", 2, 30, why),
+            ]
+        )
+        wait_until("both streams open", lambda: served.servers.health.streams == 2)
+        state["gpu-1"] = ("Unknown", "the last probe could not tell: NVMLError_Unknown")
+        served.servers.health.changed()
+        second = {version: reports(next(s)) for version, s in streams.items()}
+        assert second["v1"] == second["v1alpha1"]
+        assert second["v1"][1][2:] == (0, 30, "the last probe could not tell: NVMLError_Unknown")
+        for s in streams.values():
+            s.cancel()
+    wait_until("the streams ended", lambda: served.servers.health.streams == 0)
+
+
+def test_a_long_health_message_is_cut_as_the_kubelet_cuts_it(served: Served) -> None:
+    long = "é" * 1000  # 2000 bytes: the kubelet keeps 1024 bytes
+    served.servers.health.attach("node-a", lambda: {"gpu-0": ("Unhealthy", long)})
+    msg = served.servers.health.message(kapi.health_v1)
+    (d,) = msg.devices
+    assert len(d.message.encode()) <= 1024 and d.message.endswith("...")
+    assert d.message == "é" * 510 + "..."  # whole characters: 1020 bytes, then "..."
+    alpha = served.servers.health.message(kapi.health_v1alpha1)
+    assert alpha.devices[0].message == d.message

@@ -123,9 +123,7 @@ func (m *draContainerManager) dynamicResources(pod *v1.Pod, container *v1.Contai
 				for _, id := range dev.CDIDeviceIDs {
 					ids = append(ids, &podresourcesapi.CDIDevice{Name: id})
 				}
-				resources = append(resources, &podresourcesapi.ClaimResource{
-					CdiDevices: ids, DriverName: driver, PoolName: dev.PoolName, DeviceName: dev.DeviceName,
-				})
+				resources = append(resources, claimResource(driver, dev, ids))
 			}
 		}
 		out = append(out, &podresourcesapi.DynamicResource{

@@ -12,7 +12,8 @@ import (
 )
 
 // The kubelet's CRI client as cri-client 0.36 makes it: a context for its logger, and
-// no streaming (exec, attach and port-forward go nowhere on a hollow node).
+// unary list calls (useStreaming), as the kubelet's own default (the CRIListStreaming
+// gate, off) has them.
 func newRuntimeClient(ctx context.Context, endpoint string, timeout time.Duration) (internalapi.RuntimeService, error) {
 	return remote.NewRemoteRuntimeService(ctx, endpoint, timeout, noopoteltrace.NewTracerProvider(), false)
 }

@@ -126,9 +126,20 @@ class DeviceHealth(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     HEALTH_FIELD_NUMBER: _builtins.int
     LAST_UPDATED_TIME_FIELD_NUMBER: _builtins.int
+    HEALTH_CHECK_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
     health: Global___HealthStatus.ValueType
     last_updated_time: _builtins.int
     """When the health was last determined, in Unix seconds."""
+    health_check_timeout_seconds: _builtins.int
+    """How long, in seconds, the kubelet may trust this report: a device not
+    reported again within it becomes Unknown. Zero or negative: the
+    kubelet's default (30 s). Read by kubelets from 1.35.
+    """
+    message: _builtins.str
+    """Why the device has this health, for people; empty when there is nothing
+    to say. The kubelet cuts it to 1024 bytes. Read by kubelets from 1.36.
+    """
     @_builtins.property
     def device(self) -> Global___DeviceIdentifier: ...
     def __init__(
@@ -137,10 +148,12 @@ class DeviceHealth(_message.Message):
         device: Global___DeviceIdentifier | None = ...,
         health: Global___HealthStatus.ValueType = ...,
         last_updated_time: _builtins.int = ...,
+        health_check_timeout_seconds: _builtins.int = ...,
+        message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "health", b"health", "last_updated_time", b"last_updated_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "health", b"health", "health_check_timeout_seconds", b"health_check_timeout_seconds", "last_updated_time", b"last_updated_time", "message", b"message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
