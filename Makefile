@@ -13,9 +13,23 @@ PYTEST_ARGS ?=
 # CPUs 60% busy). TEST_WORKERS=0 runs them in this process, one by one.
 TEST_WORKERS ?= 3
 XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope)
+# The Kubernetes line (dradriver/k8s/lines.py; tools/controlplane builds each from its Go
+# modules): K8S=1.35 make demo, make cluster-up, make e2e. Unset, the card's line, 1.34.
+K8S ?= 1.34
+export K8S
+LINES := 1.34 1.35 1.36 1.37
+# `make test` runs the whole suite on the card's line and on the newest, and the
+# end-to-end tests that exercise the DRA API and the kubelet (pytest -m lines) on the
+# lines between.
+WHOLE_SUITE_LINES := 1.34 1.37
+DRA_TEST_LINES := 1.35 1.36
+# kind runs the newest line (deploy/kind/cluster.yaml sets no feature gate: 1.36 made
+# what the driver builds on beta and on by default).
+KIND_K8S ?= $(lastword $(LINES))
+kind-demo kind-down kind-test: K8S = $(KIND_K8S)
 
-.PHONY: all venv bytecode controlplane hollow-node cdi-tool helm kueue proto schema lint format typecheck unit \
-        test e2e cluster-up cluster-down demo bench clean kind-demo kind-down kind-test
+.PHONY: all venv bytecode controlplane hollow-node lines cdi-tool helm kueue proto schema lint format \
+        typecheck unit test e2e cluster-up cluster-down demo bench clean kind-demo kind-down kind-test
 
 all: test
 
@@ -46,6 +60,11 @@ controlplane:
 # The kubelet's own code as a node (`dradriver dev kubelet`), from the same Go modules.
 hollow-node:
 	@bash tools/controlplane/build.sh node >/dev/null
+
+# The control plane and the hollow node of every line `make test` runs.
+lines:
+	@for line in $(LINES); do K8S=$$line bash tools/controlplane/build.sh >/dev/null && \
+	  K8S=$$line bash tools/controlplane/build.sh node >/dev/null || exit 1; done
 
 cdi-tool:
 	@bash tools/cdi/build.sh >/dev/null
@@ -79,8 +98,15 @@ typecheck: venv
 unit: venv
 	$(PY) -m pytest tests/unit $(XDIST) $(PYTEST_ARGS)
 
-test: venv bytecode controlplane hollow-node cdi-tool helm kueue lint typecheck
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+# The unit tests once (they talk to no Kubernetes); the end-to-end tests on each line.
+test: venv bytecode lines cdi-tool helm kueue lint typecheck
+	@set -e; for line in $(WHOLE_SUITE_LINES); do \
+	  what=$$([ $$line = $(firstword $(WHOLE_SUITE_LINES)) ] && echo "tests" || echo "tests/e2e"); \
+	  echo "== Kubernetes $$line: $$what"; \
+	  K8S=$$line $(PY) -m pytest $$what $(XDIST) $(PYTEST_ARGS); done; \
+	for line in $(DRA_TEST_LINES); do \
+	  echo "== Kubernetes $$line: tests/e2e -m lines"; \
+	  K8S=$$line $(PY) -m pytest tests/e2e -m lines $(XDIST) $(PYTEST_ARGS); done
 
 e2e: venv bytecode controlplane hollow-node cdi-tool helm kueue
 	$(PY) -m pytest tests/e2e $(XDIST) $(PYTEST_ARGS)

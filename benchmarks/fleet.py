@@ -2,7 +2,8 @@
 
 For each MIG mode (none: whole GPUs; dynamic: every MIG partition as a device, on the
 alpha cluster) and each fleet size N, on a fresh local control plane (the real
-etcd, kube-apiserver, kube-scheduler and kube-controller-manager v1.34) without kubelets:
+etcd, kube-apiserver, kube-scheduler and kube-controller-manager of the line $K8S names,
+1.34 when unset; the slices laid out for that line) without kubelets:
 
 1. N Node objects, Ready, as a kubelet would register them. The controller-manager runs
    without node-lifecycle-controller, which would mark nodes without heartbeats NotReady;
@@ -282,7 +283,9 @@ def build_fleet(
     for i in range(n):
         devices = TRAY.format(rack=i // TRAYS_PER_CLIQUE) if trays else DEVICES
         inv = open_nvml(devices, node=node_name(i), state_dir=None).discover().inventory
-        slices = build(inv, mode, profiles=profiles, consumable=consumable).slices
+        slices = build(
+            inv, mode, profiles=profiles, consumable=consumable, line=cluster.current_line()
+        ).slices
         if trays == "imex":
             # The fake's default driver predates IMEX channels; a tray runs 570.158.01+.
             channels, why = channel_slice(dataclasses.replace(inv, driver_version="570.158.1"))
@@ -458,7 +461,7 @@ def publish(kube: Kube, st: cluster.ClusterState, fleet: list[NodeSlices]) -> Pu
         for obj in render(DRIVER, n.name, n.slices):
             obj["metadata"]["ownerReferences"] = owner
             out.bytes += len(json.dumps(obj, separators=(",", ":")))
-            out.devices += len(obj["spec"]["devices"])
+            out.devices += len(obj["spec"].get("devices") or [])
             out.slices += 1
     api, etcd = st.pids["kube-apiserver"], st.pids["etcd"]
     time.sleep(2)  # let the node creation's own work settle out of the CPU figures

@@ -76,7 +76,12 @@ class Bench:
         )
 
     def tainted(self) -> set[str]:
-        return {d["name"] for s in self.slices() for d in s["spec"]["devices"] if d.get("taints")}
+        return {
+            d["name"]
+            for s in self.slices()
+            for d in s["spec"].get("devices") or []
+            if d.get("taints")
+        }
 
     def generations(self) -> dict[str, int]:
         return {s["metadata"]["name"]: int(s["metadata"]["generation"]) for s in self.slices()}
@@ -185,7 +190,7 @@ def main() -> int:
             )  # fmt: skip
             plugin.start()
             poll(plugin.ready)
-            poll(lambda: sum(len(s["spec"]["devices"]) for s in b.slices()) == 208)
+            poll(lambda: sum(len(s["spec"].get("devices") or []) for s in b.slices()) == 208)
             for r in range(args.rounds):
                 gpu = r if effect == "NoSchedule" else 7 - r
                 pod = f"{effect.lower()}-{gpu}"

@@ -10,17 +10,24 @@ from pathlib import Path
 
 
 def _cluster(args: argparse.Namespace) -> int:
+    from dradriver.k8s.lines import LineError, line
     from dradriver_dev import addons, cluster
 
     state_dir = Path(args.state_dir)
     if args.action == "up":
         before = None if args.replace else cluster.running(state_dir)
         try:
-            st = cluster.up(state_dir, alpha=args.alpha, replace=args.replace, webhook=args.webhook)
-        except cluster.ClusterError as exc:
+            k8s = line(args.kubernetes) if args.kubernetes else None
+            st = cluster.up(
+                state_dir, alpha=args.alpha, replace=args.replace, webhook=args.webhook, k8s=k8s
+            )
+        except (cluster.ClusterError, LineError) as exc:
             print(f"dev cluster: {exc}", file=sys.stderr)
             return 1
-        gates = "alpha DRA gates on" if st.alpha else "GA defaults"
+        turned_on = cluster.alpha_gates(line(st.k8s)) if st.alpha else ()
+        gates = f"Kubernetes {st.k8s}, " + (
+            f"gates {', '.join(turned_on)} on" if turned_on else "the line's default gates"
+        )
         if before is not None and before.server == st.server:
             print(
                 f"dev cluster: already running at {st.server} ({gates}); kept as it is "
@@ -94,9 +101,10 @@ def add_subcommands(dev: argparse.ArgumentParser) -> None:
         "cluster",
         help="start or stop the local Kubernetes control plane",
         description="Starts (up) or stops (down) etcd, kube-apiserver, kube-scheduler and "
-        "kube-controller-manager of Kubernetes 1.34 on loopback ports, built from their Go "
-        "modules on first use (needs Go). `up` also applies the driver's DeviceClasses "
-        "(deploy/deviceclasses.yaml) and, with --webhook, runs the admission webhook; "
+        "kube-controller-manager of a Kubernetes line (1.34 to 1.37) on loopback ports, "
+        "built from their Go modules on first use (needs Go). `up` also applies the "
+        "driver's DeviceClasses (deploy/deviceclasses.yaml) and, with --webhook, runs the "
+        "admission webhook; "
         "`down` stops every process `up` (or `KEEP=1 make demo`) started there.",
     )
     cl.add_argument(
@@ -118,7 +126,14 @@ def add_subcommands(dev: argparse.ArgumentParser) -> None:
     cl.add_argument(
         "--alpha",
         action="store_true",
-        help="turn on the alpha DRA feature gates and resource.k8s.io/v1alpha3",
+        help="turn on the gates of the driver's DRA features that the line has off by "
+        "default (all six on 1.34 and 1.35, none from 1.36) and resource.k8s.io/v1alpha3",
+    )
+    cl.add_argument(
+        "--kubernetes",
+        default=None,
+        metavar="LINE",
+        help="up: the Kubernetes line, 1.34 to 1.37 (default: $K8S, else 1.34)",
     )
     cl.add_argument(
         "--webhook",
@@ -133,9 +148,9 @@ def add_subcommands(dev: argparse.ArgumentParser) -> None:
 
     kl = dev_sub.add_parser(
         "kubelet",
-        help="run one hollow GPU node: the v1.34 kubelet's own code, a CRI that resolves CDI",
-        description="Runs the kubelet's own code (k8s.io/kubernetes, the control plane's "
-        "version) as a node without containers: kubemark's hollow kubelet with the real DRA "
+        help="run one hollow GPU node: the kubelet's own code, a CRI that resolves CDI",
+        description="Runs the kubelet's own code (k8s.io/kubernetes of the line --kubernetes "
+        "or $K8S names) as a node without containers: kubemark's hollow kubelet with the real DRA "
         "manager, and a CRI runtime that resolves each container's CDI devices against the "
         "node's CDI directories as containerd does, recording what each container got under "
         "<root>/cri/pods/. Built from tools/controlplane on first use (needs Go).",

@@ -24,21 +24,23 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dradriver.k8s.lines import OLDEST, Line, line
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "controlplane" / "build.sh"
+# The Kubernetes line the dev cluster, its hollow nodes and the tests run (`K8S=1.37 make
+# test`): built from tools/controlplane's module file for that line.
+LINE_ENV = "K8S"
 
-# The alpha DRA gates a later issue may need; always on all three components at once,
-# because a gate on the API server alone lets fields in that the scheduler ignores.
-ALPHA_GATES = (
-    # The kubelet's DRA health service; kube-apiserver drops the pods'
-    # allocatedResourcesStatus the kubelet writes from it unless it has the gate too.
-    "ResourceHealthStatus",
-    "DRAPartitionableDevices",
-    "DRADeviceTaints",
-    "DRAConsumableCapacity",
-    "DRAExtendedResource",
-    "DRADeviceBindingConditions",
-)
+# With `alpha`, every gate of a feature the driver has that is off by default on the
+# cluster's line (dradriver.k8s.lines: all six on 1.34 and 1.35, none from 1.36), on all
+# three components at once, because a gate on the API server alone lets fields in that
+# the scheduler ignores. ResourceHealthStatus is the kubelet's DRA health service;
+# kube-apiserver drops the pods' allocatedResourcesStatus the kubelet writes from it
+# unless it has the gate too.
+ALPHA_GATES = OLDEST.gates_to_turn_on()
+# Served with the gates, so that a glance at discovery tells an alpha cluster (and
+# `dradriver dev kubelet` gives its kubelet the gates); DeviceTaintRule lives there.
 ALPHA_RUNTIME_CONFIG = "resource.k8s.io/v1alpha3=true"
 SERVICE_CIDR = "10.96.0.0/24"
 # Processes `up` starts beside the control plane (addons.py) when asked. One that has
@@ -52,6 +54,19 @@ class ClusterError(RuntimeError):
     pass
 
 
+def current_line() -> Line:
+    """The line $K8S names (1.34 when unset)."""
+    try:
+        return line(os.environ.get(LINE_ENV) or OLDEST.name)
+    except ValueError as exc:
+        raise ClusterError(f"{LINE_ENV}={os.environ.get(LINE_ENV)}: {exc}") from exc
+
+
+def alpha_gates(ln: Line) -> tuple[str, ...]:
+    """The gates `alpha` turns on for the line."""
+    return ln.gates_to_turn_on()
+
+
 @dataclass
 class ClusterState:
     """What `up` started, saved as <state_dir>/cluster.json for `down` and for tests."""
@@ -62,6 +77,7 @@ class ClusterState:
     server: str
     alpha: bool
     ports: dict[str, int] = field(default_factory=dict)
+    k8s: str = OLDEST.name  # the Kubernetes line, "1.37"
     pids: dict[str, int] = field(default_factory=dict)
 
     def save(self) -> None:
@@ -75,13 +91,22 @@ class ClusterState:
             return None
 
 
-def build_binaries() -> Path:
-    """Builds (or finds cached) control-plane binaries; progress goes to stderr."""
+def build_binaries(ln: Line | None = None) -> Path:
+    """Builds (or finds cached) control-plane binaries of the line (default: $K8S);
+    progress goes to stderr."""
+    ln = ln or current_line()
     if not BUILD_SCRIPT.exists():
         raise ClusterError(f"{BUILD_SCRIPT} is missing: run from a dradriver checkout")
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, LINE_ENV: ln.name},
+    )
     if proc.returncode != 0:
-        raise ClusterError(f"building the control plane failed (exit {proc.returncode})")
+        raise ClusterError(
+            f"building the Kubernetes {ln.name} control plane failed (exit {proc.returncode})"
+        )
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
@@ -243,8 +268,10 @@ def up(
     replace: bool = False,
     replace_partial: bool = False,
     webhook: bool = False,
+    k8s: Line | None = None,
 ) -> ClusterState:
-    """Starts the control plane and returns once the API server is ready, the scheduler
+    """Starts the control plane of the Kubernetes line `k8s` (default: $K8S, else 1.34)
+    and returns once the API server is ready, the scheduler
     and controller-manager report healthy and the DeviceClasses are applied (with
     `webhook`, once the admission webhook refuses bad configs). A cluster already running
     there is kept (and returned, its DeviceClasses applied again, the webhook started if
@@ -253,14 +280,16 @@ def up(
     from dradriver_dev import addons
 
     state_dir = state_dir.resolve()
+    ln = k8s or current_line()
     existing = ClusterState.load(state_dir)
     if existing and not replace:
         alive = {n: _alive(p) for n, p in existing.pids.items() if n not in ADDON_PROCESSES}
         if all(alive.values()):
-            if existing.alpha != alpha:
+            if existing.alpha != alpha or existing.k8s != ln.name:
                 raise ClusterError(
-                    f"a cluster with alpha={existing.alpha} is already running in "
-                    f"{state_dir}; run `make cluster-down` first, or pass --replace"
+                    f"a Kubernetes {existing.k8s} cluster with alpha={existing.alpha} is "
+                    f"already running in {state_dir}; run `make cluster-down` first, or "
+                    "pass --replace"
                 )
             addons.install(existing, webhook=webhook, deadline=time.monotonic() + timeout)
             return existing
@@ -273,7 +302,7 @@ def up(
             )
     if existing:
         down(state_dir)
-    bin_dir = bin_dir or build_binaries()
+    bin_dir = bin_dir or build_binaries(ln)
     for b in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"):
         if not (bin_dir / b).exists():
             raise ClusterError(f"{bin_dir / b} missing: run tools/controlplane/build.sh")
@@ -295,6 +324,7 @@ def up(
         kubeconfig=str(kubeconfig),
         server=server,
         alpha=alpha,
+        k8s=ln.name,
         ports={
             "etcd": etcd_port,
             "apiserver": api_port,
@@ -302,7 +332,7 @@ def up(
             "controller-manager": cm_port,
         },
     )
-    gates = ",".join(f"{g}=true" for g in ALPHA_GATES) if alpha else ""
+    gates = ",".join(f"{g}=true" for g in alpha_gates(ln)) if alpha else ""
     deadline = time.monotonic() + timeout
     try:
         etcd_url = f"http://127.0.0.1:{etcd_port}"
@@ -346,7 +376,12 @@ def up(
             "--allow-privileged=true",
             "--profiling=false",
         ]
-        if alpha:
+        if ln.minor >= 37:
+            # 1.37 refuses a loopback advertise address to the endpoint reconciler (the
+            # `kubernetes` Service's endpoints: pkg/controlplane/instance.go, ValidateIP);
+            # nothing here reaches the API server through that Service.
+            api_args.append("--endpoint-reconciler-type=none")
+        if gates:
             api_args += [f"--feature-gates={gates}", f"--runtime-config={ALPHA_RUNTIME_CONFIG}"]
         st.pids["kube-apiserver"] = _start("kube-apiserver", api_args, logs)
         st.save()
@@ -368,7 +403,7 @@ def up(
             "--bind-address=127.0.0.1",
             "--profiling=false",
         ]
-        if alpha:
+        if gates:
             common.append(f"--feature-gates={gates}")
         st.pids["kube-scheduler"] = _start(
             "kube-scheduler",

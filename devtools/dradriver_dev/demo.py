@@ -1,6 +1,7 @@
 """`make demo`: the whole driver on one machine, no GPUs and no cluster needed.
 
-A local Kubernetes 1.34 control plane (alpha DRA gates on) with the DeviceClasses and
+A local Kubernetes control plane of the line $K8S names (1.34 when unset; every DRA
+feature the driver has on: the alpha gates on 1.34 and 1.35) with the DeviceClasses and
 the admission webhook, two hollow nodes (the kubelet's own code, with a runtime that
 resolves CDI) with fake GPUs, one kubelet plugin per node, a claim with a bad config
 refused at apply time, every example claim applied, and a summary of what each pod
@@ -264,7 +265,7 @@ def device_facts(kube: Kube, pool: str, device: str) -> dict[str, Any]:
     for s in kube.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={pool}")[
         "items"
     ]:
-        for d in s["spec"]["devices"]:
+        for d in s["spec"].get("devices") or []:
             if d["name"] == device:
                 return {k: next(iter(v.values())) for k, v in d["attributes"].items()}
     return {}
@@ -383,17 +384,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="leave everything running")
     args = p.parse_args(argv)
     start = time.monotonic()
-    say("building (or finding) the Kubernetes 1.34 control plane")
-    bins = cluster.build_binaries()
-    say("building (or finding) the hollow node: the v1.34 kubelet with a CDI-resolving runtime")
-    hollow.build()
+    ln = cluster.current_line()
+    say(f"building (or finding) the Kubernetes {ln.name} control plane ({ln.release})")
+    bins = cluster.build_binaries(ln)
+    say(
+        f"building (or finding) the hollow node: the {ln.name} kubelet with a CDI-resolving runtime"
+    )
+    hollow.build(ln)
     cluster.down(STATE)
+    gates = cluster.alpha_gates(ln)
     say(
         "starting etcd, kube-apiserver, kube-scheduler, kube-controller-manager "
-        "(alpha DRA gates on), the DeviceClasses and the admission webhook (dradriver "
-        "controller)"
+        + (f"(gates {', '.join(gates)} on)" if gates else f"({ln.name}'s default gates)")
+        + ", the DeviceClasses and the admission webhook (dradriver controller)"
     )
-    st = cluster.up(STATE, alpha=True, bin_dir=bins, replace_partial=True, webhook=True)
+    st = cluster.up(STATE, alpha=True, bin_dir=bins, replace_partial=True, webhook=True, k8s=ln)
     kube = Kube.from_kubeconfig(st.kubeconfig)
     logs = STATE / "logs"
     nodes: dict[str, NodeProcs] = {}
@@ -528,7 +533,7 @@ def show_sick_gpu(kube: Kube, node: NodeProcs) -> None:
     for s in kube.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={node.name}")[
         "items"
     ]:
-        for d in s["spec"]["devices"]:
+        for d in s["spec"].get("devices") or []:
             attrs = d.get("attributes", {})
             if "index" in attrs and "uuid" in attrs:
                 index[attrs["uuid"]["string"]] = int(attrs["index"]["int"])
@@ -554,7 +559,7 @@ def show_sick_gpu(kube: Kube, node: NodeProcs) -> None:
             for s in kube.list(
                 path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={node.name}"
             )["items"]
-            for d in s["spec"]["devices"]
+            for d in s["spec"].get("devices") or []
             if d.get("taints")
         }
 

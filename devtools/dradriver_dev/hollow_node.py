@@ -22,14 +22,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dradriver.k8s.lines import OLDEST, Line, line
 from dradriver_dev import cluster
 
 BUILD_SCRIPT = cluster.REPO_ROOT / "tools" / "controlplane" / "build.sh"
 BINARY = "hollow-node"
 
-# Gates the kubelet reads when the control plane runs the alpha DRA gates: the health
-# service (KEP-4680, ResourceHealthStatus, first in the list) and the alpha DRA features
-# whose kubelet half exists in 1.34.
+# Gates the kubelet gets when the control plane runs the alpha DRA gates: those of its
+# own line that are off by default (the health service, KEP-4680's ResourceHealthStatus,
+# and the DRA features whose kubelet half exists), none from 1.36.
 KUBELET_ALPHA_GATES = cluster.ALPHA_GATES
 
 # klog verbosity: 3 is where the DRA manager logs its slice wipes and plugin changes.
@@ -78,6 +79,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "ALPHA=1` does",
     )
     p.add_argument(
+        "--kubernetes",
+        default=None,
+        metavar="LINE",
+        help="the kubelet's Kubernetes line, 1.34 to 1.37 (default: $K8S, else 1.34); a "
+        "kubelet may be up to three minors older than the API server",
+    )
+    p.add_argument(
         "--feature-gates",
         default="",
         help="more kubelet feature gates, e.g. SomeGate=true (added after --alpha's)",
@@ -91,13 +99,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build() -> Path:
-    """Builds (or finds cached) the hollow node binary; progress goes to stderr."""
+def kubelet_line(args: argparse.Namespace) -> Line:
+    if args.kubernetes:
+        try:
+            return line(args.kubernetes)
+        except ValueError as exc:
+            raise HollowNodeError(f"--kubernetes {args.kubernetes}: {exc}") from exc
+    try:
+        return cluster.current_line()
+    except cluster.ClusterError as exc:
+        raise HollowNodeError(str(exc)) from exc
+
+
+def build(ln: Line | None = None) -> Path:
+    """Builds (or finds cached) the hollow node binary of the line (default: $K8S);
+    progress goes to stderr."""
+    ln = ln or cluster.current_line()
     if not BUILD_SCRIPT.exists():
         raise HollowNodeError(f"{BUILD_SCRIPT} is missing: run from a dradriver checkout")
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT), "node"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "node"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, cluster.LINE_ENV: ln.name},
+    )
     if proc.returncode != 0 or not proc.stdout.strip():
-        raise HollowNodeError(f"building the hollow node failed (exit {proc.returncode})")
+        raise HollowNodeError(f"building the {ln.name} hollow node failed (exit {proc.returncode})")
     return Path(proc.stdout.strip().splitlines()[-1]) / BINARY
 
 
@@ -117,10 +144,10 @@ def _alpha_served(kubeconfig: str) -> bool:
         kube.close()
 
 
-def argv(args: argparse.Namespace, binary: Path) -> list[str]:
-    """The hollow node's command line for these arguments."""
+def argv(args: argparse.Namespace, binary: Path, ln: Line = OLDEST) -> list[str]:
+    """The hollow node's command line for these arguments, for a kubelet of line `ln`."""
     alpha = args.alpha if args.alpha is not None else _alpha_served(args.kubeconfig)
-    gates = [f"{g}=true" for g in KUBELET_ALPHA_GATES] if alpha else []
+    gates = [f"{g}=true" for g in cluster.alpha_gates(ln)] if alpha else []
     gates += [g for g in args.feature_gates.split(",") if g]
     out = [
         str(binary),
@@ -141,11 +168,12 @@ def run(args: argparse.Namespace) -> int:
         print("dev kubelet: no kubeconfig: pass --kubeconfig or set $KUBECONFIG", file=sys.stderr)
         return 2
     try:
-        binary = build()
+        ln = kubelet_line(args)
+        binary = build(ln)
     except HollowNodeError as exc:
         print(f"dev kubelet: {exc}", file=sys.stderr)
         return 1
-    cmd = argv(args, binary)
+    cmd = argv(args, binary, ln)
     sys.stdout.flush()
     sys.stderr.flush()
     # The process becomes the kubelet: a test's SIGKILL kills the kubelet, not a wrapper.

@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_node_flags(p)
     p.add_argument(
+        "--kubernetes",
+        default="1.34",
+        metavar="LINE",
+        help="the Kubernetes line of the API server the slices are laid out for, 1.34 to "
+        "1.37: from 1.35 counter sets go in slices of their own and a slice holds at most "
+        "64 devices (the plugin asks its API server; default: %(default)s)",
+    )
+    p.add_argument(
         "-o",
         "--output",
         default="table",
@@ -37,11 +45,17 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from dradriver.inventory.node_devices import MigSwitching
+    from dradriver.k8s.lines import LineError, line
     from dradriver.nvml.explain import NvmlUnavailable
     from dradriver.nvml.library import DevicesSpecError, open_nvml
     from dradriver.slices.build import MigMode, build
     from dradriver.slices.publish import render
 
+    try:
+        k8s = line(args.kubernetes)
+    except LineError as exc:
+        print(f"dradriver devices: --kubernetes: {exc}", file=sys.stderr)
+        return 2
     try:
         nvml = open_nvml(
             args.devices,
@@ -67,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         switching=MigSwitching(args.mig_mode_switching),
         profiles=flags.mig_profiles(args.mig_profiles),
         consumable=consumable,
+        line=k8s,
     )
     book = health_now(nvml, found.inventory, Path(args.state_dir))
     from dradriver.health.model import device_health, unhealthy
@@ -83,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         "node": args.node_name,
         "driver": args.driver_name,
         "migMode": args.mig_mode,
+        "kubernetes": k8s.name,
         "inventory": camel_keys(found.inventory.to_json()),
         "health": {
             g.uuid: {
@@ -255,8 +271,9 @@ def table(
     devices = sum(len(s.devices) for s in result.slices)
     out += [
         "",
-        f"ResourceSlices ({args.mig_mode} MIG mode, driver {args.driver_name}): "
-        f"{_n(len(result.slices), 'slice')}, {_n(devices, 'device')}",
+        f"ResourceSlices ({args.mig_mode} MIG mode, driver {args.driver_name}, laid out for "
+        f"Kubernetes {args.kubernetes}): {_n(len(result.slices), 'slice')}, "
+        f"{_n(devices, 'device')}",
     ]
     for s in result.slices:
         kinds: dict[str, int] = {}
@@ -265,6 +282,10 @@ def table(
             kinds[t] = kinds.get(t, 0) + 1
         what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
         counters = sum(len(c["counters"]) for c in s.shared_counters)
+        if not s.devices:  # from 1.35: a slice of counter sets only
+            sets = _n(len(s.shared_counters), "counter set")
+            out.append(f"  {s.key}: {sets}, {_n(counters, 'shared counter')}")
+            continue
         extra = f", {_n(counters, 'shared counter')}" if counters else ""
         out.append(f"  {s.key}: {_n(len(s.devices), 'device')} ({what}){extra}")
     for uuid, reason in ((k.uuid, k.message) for k in result.skipped):

@@ -226,6 +226,14 @@ def _mig_mode(args: argparse.Namespace, published: list[Obj]) -> str | None:
     return None
 
 
+def _uses(args: argparse.Namespace) -> set[str]:
+    """The gates of features the node's plugin is configured for, besides dynamic MIG
+    (_mig_mode): shares by memory. The others (health taints, binding conditions) the
+    plugin publishes without, saying so: doctor warns of them."""
+    consumable = getattr(args, "consumable_capacity", None) or _env("consumable-capacity")
+    return {"DRAConsumableCapacity"} if consumable not in (None, "", "off") else set()
+
+
 def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
     from dradriver.commands.cluster_facts import (
         RES,
@@ -287,7 +295,10 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
             judge.device_classes(args.driver_name, items(kube, path_for(RES, "deviceclasses")))
         ):
             return 1
-        if not step(judge.feature_gates(_mig_mode(args, published), feature_gates(kube))):
+        uses = _uses(args)
+        gates = feature_gates(kube)
+        server = str(version.get("gitVersion", ""))
+        if not step(judge.feature_gates(server, uses, gates, _mig_mode(args, published))):
             return 1
     except FactsError as exc:
         step(Layer("api-server", State.FAIL, str(exc)))

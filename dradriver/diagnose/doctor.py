@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+from dradriver.k8s import lines
 
 Obj = Mapping[str, Any]
 PARTITIONS_GATE = "DRAPartitionableDevices"
@@ -357,19 +359,67 @@ def device_classes(driver: str, classes: Sequence[Obj]) -> Layer:
     return Layer("deviceclasses", State.OK, ", ".join(sorted(ours)))
 
 
-def feature_gates(mig_mode: str | None, gates: Mapping[str, bool]) -> Layer:
-    if not gates:
-        return Layer("feature-gates", State.SKIP, "the API server's /metrics is not readable")
-    if mig_mode == "dynamic" and gates.get(PARTITIONS_GATE) is False:
+def feature_gates(
+    version: str, uses: Collection[str], gates: Mapping[str, bool], mig_mode: str | None = None
+) -> Layer:
+    """The cluster's line and gates against the DRA features the driver has
+    (dradriver.k8s.lines): a feature this node uses that is off fails, one it could use
+    warns; both name the gate, the components it goes on and the line that has it on by
+    default. `uses`: the gates of what the node's plugin is configured for; `gates`: the
+    API server's, from its /metrics (empty when not readable: the line's defaults are
+    assumed then)."""
+    try:
+        ln = lines.line(version)
+    except lines.LineError as exc:
         return Layer(
             "feature-gates",
             State.FAIL,
-            f"dynamic MIG mode needs {PARTITIONS_GATE}, which is off on the API server.",
-            f"enable {PARTITIONS_GATE} on kube-apiserver, kube-scheduler and "
-            "kube-controller-manager, or run the plugin with --mig-mode static",
+            f"{exc}.",
+            f"upgrade the control plane to Kubernetes {lines.OLDEST.name} or later",
         )
-    on = [g for g in ("DynamicResourceAllocation", PARTITIONS_GATE) if gates.get(g)]
-    return Layer("feature-gates", State.OK, "on: " + (", ".join(on) or "none of interest"))
+    if mig_mode == "dynamic":
+        uses = {*uses, PARTITIONS_GATE}
+    said = "" if gates else " (its /metrics is not readable: the line's defaults assumed)"
+
+    def on(f: lines.Feature) -> bool:
+        return gates.get(f.gate, ln.on_by_default(f))
+
+    off = [f for f in lines.FEATURES if not on(f)]
+    if not off:
+        return Layer(
+            "feature-gates",
+            State.OK,
+            f"Kubernetes {ln.name}: every DRA feature the driver has is on{said}",
+        )
+
+    def why(f: lines.Feature) -> str:
+        default = "on by default" if ln.on_by_default(f) else "off by default"
+        return f"{f.gate} ({f.what}; {default} on {ln.name}, on from 1.{f.on_by_default_from})"
+
+    def fix(fs: Sequence[lines.Feature]) -> str:
+        by_where: dict[str, list[str]] = {}
+        for f in fs:
+            by_where.setdefault(f.components, []).append(f"{f.gate}=true")
+        gates_on = "; ".join(f"{','.join(g)} on {where}" for where, g in by_where.items())
+        newest = max(f.on_by_default_from for f in fs)
+        return f"--feature-gates {gates_on}, or a control plane of Kubernetes 1.{newest} or later"
+
+    needed = [f for f in off if f.gate in uses]
+    if needed:
+        return Layer(
+            "feature-gates",
+            State.FAIL,
+            f"Kubernetes {ln.name}{said}: this node needs what is off: "
+            + "; ".join(why(f) for f in needed),
+            fix(needed)
+            + (", or run the plugin with --mig-mode static" if PARTITIONS_GATE in uses else ""),
+        )
+    return Layer(
+        "feature-gates",
+        State.WARN,
+        f"Kubernetes {ln.name}{said}: off here: " + "; ".join(why(f) for f in off),
+        fix(off),
+    )
 
 
 def dev_summary(nodes: Sequence[tuple[str, Layer | None]]) -> str:

@@ -18,6 +18,7 @@ from dradriver.health.model import Health, HealthConfigError, Policy, parse_xids
 from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import DeviceKind, MigMode, MigSwitching
 from dradriver.k8s import ConfigError, Kube
+from dradriver.k8s.server_line import ServerLine
 from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
 from dradriver.kubeletplugin.devices.node_label import NodeLabel
 from dradriver.kubeletplugin.devices.view import DeviceView
@@ -148,6 +149,9 @@ def run_plugin(
             kubeconfig=args.kubeconfig or "(in-cluster, then ~/.kube/config)",
         )
         return 2
+    # Asked now, answered while NVML discovers: the first slices are laid out for it.
+    server = ServerLine(kube)
+    server.prefetch()
     store = CheckpointStore(state_dir / "checkpoint.json", current_boot_id())
     mode = MigMode(args.mig_mode)
     switching = MigSwitching(args.mig_mode_switching)
@@ -171,6 +175,7 @@ def run_plugin(
         health,
         consumable,
         imex_channels=args.imex_channels == "on",
+        line=server.line,
     )
     late.reason = lambda: view.last_error or "loading the checkpoint"
     names = NameBook(state_dir / "device-names.json")
@@ -202,7 +207,7 @@ def run_plugin(
     # Probing from now: /readyz's first answer is the API server's, not "not checked yet".
     api = ApiProbe(kube, SLICES, slices_query(args.node_name, args.driver_name))
     api.start()
-    publisher = SlicePublisher(kube, args.driver_name, args.node_name)
+    publisher = SlicePublisher(kube, args.driver_name, args.node_name, server_line=server)
     publisher.start_prefetch()
     loop = PublishLoop(publisher, discover, period=args.rediscover_period)
     watch = SliceWatch(kube, args.driver_name, args.node_name, lambda why: loop.trigger())
@@ -307,7 +312,7 @@ def run_plugin(
     # Each health change: one publish (the taints) and one message on every health stream.
     health.listeners += [loop.trigger, servers.health.changed]
     health.start(stop, lambda: view.devices().values())
-    servers.health.attach(args.node_name, health.health_by_device)
+    servers.health.attach(args.node_name, health.health_reports)
 
     status = StatusWriter(kube, args.driver_name) if args.claim_status == "on" else None
     mig = None

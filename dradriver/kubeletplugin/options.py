@@ -60,9 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--imex-binding-conditions",
         "auto",
         "hold a ComputeDomain pod's binding until this node's IMEX daemon is ready, with "
-        "device binding conditions (alpha gates DRADeviceBindingConditions and "
-        "DRAResourceClaimDeviceStatus on the API server and the scheduler): auto (where "
-        "the API server keeps them), on, or off (prepare waits instead)",
+        "device binding conditions (DRADeviceBindingConditions and "
+        "DRAResourceClaimDeviceStatus on the API server and the scheduler: alpha gates on "
+        "1.34 and 1.35, on by default from 1.36): auto (where the API server keeps them), "
+        "on, or off (prepare waits instead)",
         choices=["auto", "on", "off"],
     )
     flags.add(p, "--imex-port", "50000", "SERVER_PORT of the IMEX daemons (every node's)", type=int)

@@ -1,12 +1,18 @@
 """The pure function at the heart of publishing: the node's offer -> ResourceSlices.
 
 One pool per node, named after the node. Which devices exist in each MIG mode is decided
-by dradriver.inventory.node_devices (the device model prepare uses too); this module only
-renders them: attributes and capacities per device, and in dynamic mode each GPU's counter
-set (see counters.py) in the slice of its devices, because in 1.34 a device can only
-consume counter sets declared in its own slice; GPUs with counters share slices as far as
-the limits allow (`_merge`). Devices without counters are packed into as few slices as
-the 128-device limit allows.
+by dradriver.inventory.node_devices (the device model prepare uses too); this module
+renders them (attributes and capacities per device, each GPU's counter set in dynamic
+mode, see counters.py) and lays them out in slices as the API server's Kubernetes line
+requires (dradriver.k8s.lines):
+
+- 1.34: a device may consume only counter sets of its own slice, so each GPU's counter
+  set goes in the slice of its devices, and GPUs with counters share slices as far as the
+  limits allow (`_merge`); devices without counters fill slices of up to 128.
+- 1.35 and later refuse a slice with both devices and counter sets: the counter sets go in
+  slices of their own (8 a slice), the devices in slices of up to 64 (the limit where a
+  device consumes counters or has taints), in the order the allocator should try them
+  (`_apart`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dradriver.inventory.node_devices import (
     gpu_device_name,
     offer,
 )
+from dradriver.k8s.lines import OLDEST, Line
 from dradriver.slices import counters as ctr
 from dradriver.slices.consumable import OFF, Consumable, capacity
 
@@ -37,9 +44,13 @@ __all__ = ["BuildResult", "MigMode", "SliceContent", "build", "render"]
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_DEVICES = 128
+# 1.34's counter limits (k8s.io/api v0.34.4 resource/v1/types.go).
 MAX_SHARED_COUNTERS = 32
 MAX_DEVICE_COUNTERS = 1024
 MAX_COUNTERS_PER_DEVICE = 32
+# From 1.35 (v0.35.4): counters a set, counter sets a device consumes.
+MAX_COUNTERS_PER_SET = 32
+MAX_CONSUMPTIONS_PER_DEVICE = 2
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_VALUE_LENGTH = 64
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -50,7 +61,7 @@ ATTRIBUTE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 class SliceContent:
     """One ResourceSlice's spec without pool bookkeeping (the publisher adds that)."""
 
-    key: str  # stable identity across restarts: "gpu-9b3c2810" or "devices-0"
+    key: str  # stable identity across restarts: "gpus-9b3c2810", "devices-00", "counters-0"
     devices: tuple[dict[str, Any], ...]
     shared_counters: tuple[dict[str, Any], ...] = ()
 
@@ -264,6 +275,47 @@ def _pack(devices: Sequence[dict[str, Any]]) -> list[SliceContent]:
     ]
 
 
+def _apart(
+    counted: Sequence[SliceContent], loose: Sequence[dict[str, Any]], line: Line
+) -> list[SliceContent]:
+    """The layout from 1.35 on: counter sets in slices of their own, then the devices in
+    the order the allocator should try them, as 1.34's `_merge` orders one slice: whole
+    GPUs from the lowest index up, then each GPU's partitions, GPU by GPU from the
+    highest index down, then the devices without counters. A GPU's partitions stay in
+    one slice where they fit, since 1.35 tries slices in no set order; from 1.36 slices
+    are tried in name order, hence the zero-padded keys (the publisher keeps the key
+    last in the slice's name)."""
+    sets = [cs for c in counted for cs in c.shared_counters]
+    per = line.max_counter_sets or len(sets) or 1
+    out = [
+        SliceContent(
+            key=f"counters-{i // per}", devices=(), shared_counters=tuple(sets[i : i + per])
+        )
+        for i in range(0, len(sets), per)
+    ]
+    units: list[tuple[dict[str, Any], ...]] = [
+        (d,) for c in counted for d in c.devices if _is_gpu(d)
+    ]
+    units += [tuple(d for d in c.devices if not _is_gpu(d)) for c in reversed(counted)]
+    units += [(d,) for d in loose]
+    # Every slice of this layout may be tainted later (a sick GPU), so every one keeps to
+    # the limit for taints and counters.
+    limit = line.max_devices_counted_or_tainted
+    chunks: list[list[dict[str, Any]]] = [[]]
+    for unit in units:
+        if chunks[-1] and len(chunks[-1]) + len(unit) > limit:
+            chunks.append([])
+        for d in unit:
+            if len(chunks[-1]) == limit:
+                chunks.append([])
+            chunks[-1].append(d)
+    out += [
+        SliceContent(key=f"devices-{i:02d}", devices=tuple(chunk))
+        for i, chunk in enumerate(c for c in chunks if c)
+    ]
+    return out
+
+
 def build(
     inv: Inventory,
     mode: MigMode,
@@ -272,11 +324,13 @@ def build(
     held_mig: Iterable[tuple[str, int, int]] = (),
     profiles: frozenset[str] = frozenset(),
     consumable: Consumable = OFF,
+    line: Line = OLDEST,
 ) -> BuildResult:
-    """The node's slices. `owned_mig`: (parent UUID, profile ID, placement start) of MIG
-    devices this driver created for prepared claims; they stay published as partitions
-    in dynamic mode. A GPU whose devices would break a ResourceSlice rule is left out
-    (with the reason in `skipped`): one odd GPU never stops the others being published."""
+    """The node's slices, laid out for the API server's Kubernetes `line`. `owned_mig`:
+    (parent UUID, profile ID, placement start) of MIG devices this driver created for
+    prepared claims; they stay published as partitions in dynamic mode. A GPU whose
+    devices would break a ResourceSlice rule is left out (with the reason in `skipped`):
+    one odd GPU never stops the others being published."""
     node = offer(inv, mode, owned_mig, switching, held_mig, profiles)
     skipped = list(node.skipped)
     kept: list[GpuOffer] = []
@@ -308,11 +362,11 @@ def build(
         else:
             loose += content.devices
     result = BuildResult(
-        slices=_group(own) + _pack(loose),
+        slices=_apart(own, loose, line) if line.counters_apart else _group(own) + _pack(loose),
         skipped=skipped,
         offer=NodeOffer(tuple(kept), tuple(skipped)),
     )
-    check_limits(result.slices)
+    check_limits(result.slices, line)
     return result
 
 
@@ -320,16 +374,18 @@ class LimitError(ValueError):
     pass
 
 
-def check_limits(slices: Sequence[SliceContent]) -> None:
-    """The 1.34 ResourceSlice validation rules we can break; a bug here must fail loudly in
-    our tests, not as a 422 from the API server on a customer's node."""
+def check_limits(slices: Sequence[SliceContent], line: Line = OLDEST) -> None:
+    """The ResourceSlice validation rules of `line` we can break; a bug here must fail
+    loudly in our tests, not as a 422 from the API server on a customer's node."""
     names: set[str] = set()
     for s in slices:
         where = f"slice {s.key}"
-        if len(s.devices) > MAX_DEVICES:
+        if line.counters_apart:
+            _check_apart(s, line)
+        elif len(s.devices) > MAX_DEVICES:
             raise LimitError(f"{where}: {len(s.devices)} devices > {MAX_DEVICES}")
         shared = sum(len(cs["counters"]) for cs in s.shared_counters)
-        if shared > MAX_SHARED_COUNTERS:
+        if not line.counters_apart and shared > MAX_SHARED_COUNTERS:
             raise LimitError(f"{where}: {shared} shared counters > {MAX_SHARED_COUNTERS}")
         per_slice = 0
         for d in s.devices:
@@ -353,5 +409,27 @@ def check_limits(slices: Sequence[SliceContent]) -> None:
             if consumed > MAX_COUNTERS_PER_DEVICE:
                 raise LimitError(f"{where}: device {name}: consumes {consumed} counters > 32")
             per_slice += consumed
-        if per_slice > MAX_DEVICE_COUNTERS:
+        if not line.counters_apart and per_slice > MAX_DEVICE_COUNTERS:
             raise LimitError(f"{where}: devices consume {per_slice} counters > 1024")
+
+
+def _check_apart(s: SliceContent, line: Line) -> None:
+    """What 1.35 and later check beyond 1.34's per-device rules."""
+    where = f"slice {s.key}"
+    if s.devices and s.shared_counters:
+        raise LimitError(
+            f"{where}: devices and counter sets in one slice (from 1.35 one or the other)"
+        )
+    sets = line.max_counter_sets
+    if sets is not None and len(s.shared_counters) > sets:
+        raise LimitError(f"{where}: {len(s.shared_counters)} counter sets > {sets}")
+    for cs in s.shared_counters:
+        if len(cs["counters"]) > MAX_COUNTERS_PER_SET:
+            raise LimitError(f"{where}: counter set {cs['name']}: {len(cs['counters'])} > 32")
+    advanced = any(d.get("taints") or d.get("consumesCounters") for d in s.devices)
+    limit = line.max_devices_counted_or_tainted if advanced else line.max_devices
+    if len(s.devices) > limit:
+        raise LimitError(f"{where}: {len(s.devices)} devices > {limit}")
+    for d in s.devices:
+        if len(d.get("consumesCounters", ())) > MAX_CONSUMPTIONS_PER_DEVICE:
+            raise LimitError(f"{where}: device {d['name']}: consumes more than 2 counter sets")

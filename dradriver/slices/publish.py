@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.health.taints import TAINTS_DROPPED, tainted, taints_dropped
-from dradriver.k8s import Conflict, Kube, NotFound, path_for
+from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
+from dradriver.k8s.server_line import ServerLine
 from dradriver.logs import get_logger
 from dradriver.slices.build import SliceContent
 
@@ -49,10 +50,12 @@ class SyncStats:
 
 
 def slice_name(node: str, driver: str, key: str) -> str:
+    """The key stays last: from 1.36 the allocator tries a pool's slices in name order,
+    so the keys' order (build.py) is the order the node's slices are tried in."""
     name = f"{node}-{driver}-{key}"
     if len(name) <= 253:
         return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{node}-{driver}".encode()).hexdigest()[:16]
     return f"{node[:200]}-{digest}-{key}"[:253]
 
 
@@ -71,8 +74,11 @@ def slice_object(
         "driver": driver,
         "nodeName": node,
         "pool": {"name": node, "generation": gen, "resourceSliceCount": count},
-        "devices": list(c.devices),
     }
+    # From 1.35 a slice of counter sets must not name devices at all: an empty list is
+    # "set" to the API server's validation.
+    if c.devices or not c.shared_counters:
+        spec["devices"] = list(c.devices)
     if c.shared_counters:
         spec["sharedCounters"] = list(c.shared_counters)
     meta: dict[str, Any] = {
@@ -126,6 +132,8 @@ class SlicePublisher:
     # tell our own changes from someone else's).
     on_written: Callable[[dict[str, Any]], None] | None = None
     on_deleted: Callable[[str], None] | None = None
+    # Told when the API server refuses a slice as invalid: it may run another line now.
+    server_line: ServerLine | None = None
     _node_uid: str = field(default="", init=False)
     # The API server dropped our device taints (DRADeviceTaints off): said once.
     taints_dropped: bool = field(default=False, init=False)
@@ -196,7 +204,11 @@ class SlicePublisher:
         for attempt in range(attempts):
             try:
                 return self._sync_once(desired)
-            except Conflict as exc:
+            except KubeError as exc:
+                if exc.status == 422 and self.server_line is not None:
+                    self.server_line.forget()
+                if not isinstance(exc, Conflict):
+                    raise
                 # Another writer (a second plugin instance during a rolling update) got
                 # there first: look again and redo the plan.
                 log.info(

@@ -25,17 +25,46 @@ from .helpers import REPO, Cluster, HollowNode, new_namespace
 
 pytestmark = pytest.mark.e2e
 
+# What `make test` runs on every Kubernetes line, not only on 1.34 and the newest
+# (pytest -m lines): slices in every MIG mode, prepare through the real kubelet (whole
+# GPUs, dynamic and static MIG, shares, sharing), health taints, claim status and
+# binding conditions under the chart's own grants and a real pod-bound token, the
+# webhook, the extended-resource path, the control plane's gates and the skew case.
+LINES_MODULES = frozenset(
+    {
+        "test_cluster", "test_hollow_node", "test_slices", "test_publisher",
+        "test_kubelet_plugin", "test_static_mig", "test_dynamic_mig", "test_consumable",
+        "test_sharing", "test_health", "test_computedomain_binding", "test_webhook",
+        "test_extended_resource", "test_skew",
+    }
+)  # fmt: skip
+# Of the chart's tests, those that meet each line's API server and authorization.
+LINES_CHART_TESTS = ("accepted_by_the_api_server", "rbac", "may_write_only", "may_set_only")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        chart = module == "test_chart" and any(t in item.name for t in LINES_CHART_TESTS)
+        if module in LINES_MODULES or chart:
+            item.add_marker(pytest.mark.lines)
+
 
 def _start_cluster(alpha: bool) -> Iterator[Cluster]:
     external = None if alpha else os.environ.get("DRADRIVER_TEST_KUBECONFIG")
+    ln = devcluster.current_line()
     if external:
-        yield Cluster(kubeconfig=external, bin_dir=None, alpha=alpha, state_dir=None)
+        yield Cluster(kubeconfig=external, bin_dir=None, alpha=alpha, state_dir=None, line=ln)
         return
     state_dir = Path(tempfile.mkdtemp(prefix="dradriver-cluster-"))
-    st = devcluster.up(state_dir, alpha=alpha)
+    st = devcluster.up(state_dir, alpha=alpha, k8s=ln)
     try:
         yield Cluster(
-            kubeconfig=st.kubeconfig, bin_dir=Path(st.bin_dir), alpha=alpha, state_dir=state_dir
+            kubeconfig=st.kubeconfig,
+            bin_dir=Path(st.bin_dir),
+            alpha=alpha,
+            state_dir=state_dir,
+            line=ln,
         )
     finally:
         devcluster.down(state_dir)
@@ -43,7 +72,8 @@ def _start_cluster(alpha: bool) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    """The control plane with 1.34's default (GA and beta) DRA features."""
+    """The control plane of the line $K8S names (1.34 when unset), with the line's default
+    gates: from 1.36 every DRA feature the driver has."""
     yield from _start_cluster(alpha=False)
 
 
@@ -56,11 +86,13 @@ def kube(cluster: Cluster) -> Iterator[Kube]:
 
 @pytest.fixture(scope="session")
 def alpha_cluster() -> Iterator[Cluster]:
-    """A second control plane with the alpha DRA gates (DRAPartitionableDevices, ...);
+    """A second control plane with every DRA feature the driver has turned on: the alpha
+    gates (DRAPartitionableDevices, ...) on 1.34 and 1.35, the line's defaults from 1.36;
     DRADRIVER_TEST_ALPHA_KUBECONFIG points at a running one instead."""
     external = os.environ.get("DRADRIVER_TEST_ALPHA_KUBECONFIG")
     if external:
-        yield Cluster(kubeconfig=external, bin_dir=None, alpha=True, state_dir=None)
+        ln = devcluster.current_line()
+        yield Cluster(kubeconfig=external, bin_dir=None, alpha=True, state_dir=None, line=ln)
         return
     yield from _start_cluster(alpha=True)
 

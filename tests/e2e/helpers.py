@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import yaml
 
 from dradriver.k8s import Conflict, Kube, NotFound, path_for
+from dradriver.k8s.lines import FEATURES, OLDEST, Line
 from tests.support import gpu_names
 
 T = TypeVar("T")
@@ -32,6 +33,14 @@ class Cluster:
     bin_dir: Path | None
     alpha: bool
     state_dir: Path | None
+    # The Kubernetes line the control plane runs ($K8S; tests/README.md, "Lines").
+    line: Line = OLDEST
+
+    def has(self, gate: str) -> bool:
+        """Whether the driver's feature behind `gate` is on here: turned on (alpha) or on
+        by default on this line."""
+        feature = next(f for f in FEATURES if f.gate == gate)
+        return self.alpha or self.line.on_by_default(feature)
 
 
 def wait_for(fn: Callable[[], T], what: str, timeout: float = 30.0, interval: float = 0.1) -> T:
@@ -101,8 +110,9 @@ STARTUP_WIPE = '"Deleted ResourceSlices" logger="DRA registration handler.startu
 
 
 class HollowNode(DradriverProcess):
-    """`dradriver dev kubelet`: the v1.34 kubelet's own code as a node, in its own process,
-    as a developer runs it (see devtools/dradriver_dev/hollow_node.py for what its root holds)."""
+    """`dradriver dev kubelet`: the kubelet's own code ($K8S's line, or --kubernetes in
+    extra_args) as a node, in its own process, as a developer runs it (see
+    devtools/dradriver_dev/hollow_node.py for what its root holds)."""
 
     def __init__(
         self, kubeconfig: str, node: str, root: Path, *, extra_args: list[str] | None = None
@@ -487,6 +497,48 @@ class NodeUnderTest:
                 },
             },
         )
+
+    def template_and_pod(
+        self, name: str, selector: str, device_class: str = "mig.dradriver.io", request: str = "mig"
+    ) -> None:
+        """claim_and_pod with the claim made from a ResourceClaimTemplate (named like the
+        pod): the resourceclaim controller makes it and names it in the pod's status."""
+        exactly = {
+            "deviceClassName": device_class,
+            "selectors": [{"cel": {"expression": selector}}],
+        }
+        self.kube.create(
+            path_for(RES, "resourceclaimtemplates", self.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}}
+                },
+            },
+        )
+        self.kube.create(
+            path_for("v1", "pods", self.ns),
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": self.kubelet.node},
+                    "resourceClaims": [{"name": request, "resourceClaimTemplateName": name}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": request}]},
+                        }
+                    ],
+                },
+            },
+        )
+
+    def claim_of(self, pod: str) -> str:
+        """The name of the claim a pod's template made (its status names it)."""
+        got = get_or_none(self.kube, path_for("v1", "pods", self.ns, pod)) or {}
+        (status,) = got.get("status", {}).get("resourceClaimStatuses") or [{}]
+        return str(status["resourceClaimName"])
 
     def running(self, pod: str, timeout: float = 60) -> dict[str, Any]:
         path = path_for("v1", "pods", self.ns, pod)

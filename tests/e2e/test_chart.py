@@ -24,6 +24,7 @@ import yaml
 
 from dradriver import cli
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
+from dradriver.k8s.lines import NEWEST
 
 from .helpers import (
     REPO,
@@ -46,6 +47,9 @@ from .helpers import (
 CHART = REPO / "deploy" / "helm" / "dradriver"
 RELEASE = "dradriver"
 KUBE_VERSION = "v1.34.4"
+# What kind runs (deploy/kind/cluster.yaml): the newest line, whose defaults the kind
+# values rely on.
+KIND_KUBE_VERSION = NEWEST.release
 DRIVER = "gpu.dradriver.io"
 PAUSE = "registry.k8s.io/pause:3.10"
 POLICY_SAYS = "may only create, update and delete ResourceSlices whose spec.nodeName is the node"
@@ -204,15 +208,24 @@ def test_chart_lints_and_renders_consistent_names(helm: Path) -> None:
     kind_values: dict[str, Any] = yaml.safe_load(
         (REPO / "deploy" / "kind" / "values.yaml").read_text()
     )
-    run_helm(helm, "lint", "--strict", str(CHART), values=kind_values)
+    run_helm(
+        helm,
+        "lint",
+        "--strict",
+        str(CHART),
+        "--kube-version",
+        KIND_KUBE_VERSION,
+        values=kind_values,
+    )
     for release, ns, values in (
         ("dradriver", "gpu-system", {}),
         ("gpus", "kube-system", {}),
         ("dradriver", "x", {"fullnameOverride": "acme"}),
-        ("dradriver", "x", kind_values),
         ("dradriver", "x", {"computeDomains": {"enabled": False}}),
     ):
         check_references(render(helm, values, ns, release), ns)
+    kind = render(helm, kind_values, "x", "dradriver", kube_version=KIND_KUBE_VERSION)
+    check_references(kind, "x")
     docs = render(helm)
     # The CRD ships in crds/, which Helm installs before the templates.
     crds = run_helm(helm, "template", RELEASE, str(CHART), "--include-crds", values={})
@@ -267,6 +280,18 @@ def test_chart_refuses_settings_the_api_server_would_silently_drop(helm: Path) -
     assert cls["spec"]["extendedResourceName"] == "nvidia.com/gpu"
     # Without --kube-version helm assumes the Kubernetes it was built against (>= 1.34).
     run_helm(helm, "template", RELEASE, str(CHART))
+    # Unset, a gate is what the cluster's line has by default: on from 1.36, where the
+    # same values need no featureGates at all; set false, it is refused there too.
+    for line in ("v1.35.4", "v1.36.3", "v1.37.2"):
+        for values in ({"migMode": "dynamic"}, {"extendedResourceClass": {"enabled": True}}):
+            if line == "v1.35.4":
+                with pytest.raises(HelmError, match=r"off by default on Kubernetes 1\.34"):
+                    render(helm, values, kube_version=line)
+            else:
+                assert render(helm, values, kube_version=line)
+    with pytest.raises(HelmError, match="DRAPartitionableDevices"):
+        off = {"DRAPartitionableDevices": False}
+        render(helm, {"migMode": "dynamic", "featureGates": off}, kube_version="v1.37.2")
 
 
 @dataclass
@@ -363,6 +388,13 @@ def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> No
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceclaims/status"],
             "verbs": ["patch"],
+        },
+        # From 1.36: status.devices of its own node's claims (associated-node), for its
+        # own driver only (resourceNames).
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims/driver"],
+            "verbs": ["associated-node:patch"],
         },
         # The node Event when a GPU turns unhealthy or recovers.
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
@@ -863,10 +895,31 @@ def _entry(driver: str, pool: str) -> dict[str, Any]:
     return {"driver": driver, "pool": pool, "device": "gpu-0", "conditions": []}
 
 
-def test_plugin_may_write_only_its_own_claims_device_status(kube: Kube, release: Release) -> None:
+# From 1.36 the API server itself checks who writes a claim's status
+# (DRAResourceClaimGranularStatusAuthorization) before the chart's policy sees the write:
+# status.devices against `resourceclaims/driver`, the allocation and reservedFor against
+# `resourceclaims/binding`. Its refusal is a 422 naming the subresource.
+DRIVER_AUTHZ_SAYS = 'requires resource="resourceclaims/driver"'
+BINDING_AUTHZ_SAYS = 'requires resource="resourceclaims/binding"'
+
+
+def refused_as(err: KubeError, cluster: Cluster, policy_says: str, authz_says: str) -> None:
+    """Refused by the API server's own authorization where the line has it, else by the
+    chart's policy."""
+    if cluster.line.claim_status_per_driver:
+        assert err.status == 422 and authz_says in err.message, err
+    else:
+        assert err.status == 403 and CLAIM_POLICY_SAYS in err.message, err
+        assert policy_says in err.message, err
+
+
+def test_plugin_may_write_only_its_own_claims_device_status(
+    cluster: Cluster, kube: Kube, release: Release
+) -> None:
     """With a real pod-bound token of the plugin's ServiceAccount on node A: its own
-    driver's status.devices entries on a claim allocated to A go through; another node's
-    claim, the allocation, reservedFor and another driver's entries are refused."""
+    driver's status.devices entries on a claim allocated to A go through (from 1.36 under
+    the chart's `resourceclaims/driver` grant); another node's claim, the allocation,
+    reservedFor and another driver's entries are refused."""
     tag = secrets.token_hex(3)
     node_a, node_b = f"cs-a-{tag}", f"cs-b-{tag}"
     ns = release.ns
@@ -896,16 +949,22 @@ def test_plugin_may_write_only_its_own_claims_device_status(kube: Kube, release:
             try:
                 status_write(theirs, [_entry(DRIVER, node_b)])()
             except KubeError as exc:
-                return exc if CLAIM_POLICY_SAYS in exc.message else None
+                said = (CLAIM_POLICY_SAYS, DRIVER_AUTHZ_SAYS)
+                return exc if any(x in exc.message for x in said) else None
             return None
 
         err = wait_for(refused_for_b, "the policy to refuse node B's claim", 30, interval=0.3)
-        assert err is not None and err.status == 403
-        assert f"claims allocated to the node its pod runs on ({node_a})" in err.message
+        assert err is not None
+        refused_as(
+            err,
+            cluster,
+            f"claims allocated to the node its pod runs on ({node_a})",
+            DRIVER_AUTHZ_SAYS,
+        )
         # Rewriting node B's reservedFor (the probe cleared it): refused.
         intruder = [{"resource": "pods", "name": "intruder", "uid": f"intruder-{tag}"}]
         err = refusal(status_write(theirs, [], reservedFor=intruder))
-        assert err.status == 403 and CLAIM_POLICY_SAYS in err.message
+        refused_as(err, cluster, CLAIM_POLICY_SAYS, BINDING_AUTHZ_SAYS)
         # Its own claim: its own driver's entry goes through...
         status_write(ours, [_entry(DRIVER, node_a)])()
         stored = kube.get(f"{claims}/{ours['metadata']['name']}")
@@ -917,9 +976,9 @@ def test_plugin_may_write_only_its_own_claims_device_status(kube: Kube, release:
         err = refusal(status_write(ours, [_entry(DRIVER, node_b)]))
         assert err.status in (403, 422)
         err = refusal(status_write(ours, [_entry(DRIVER, node_a), _entry(OTHER, node_a)]))
-        assert err.status == 403 and "entries of its own driver" in err.message
+        refused_as(err, cluster, "entries of its own driver", DRIVER_AUTHZ_SAYS)
         err = refusal(status_write(ours, [_entry(DRIVER, node_a)], reservedFor=intruder))
-        assert err.status == 403 and "allocation or reservedFor" in err.message
+        refused_as(err, cluster, "allocation or reservedFor", BINDING_AUTHZ_SAYS)
         # Removing its own entries (unprepare) goes through.
         status_write(ours, [])()
         assert not kube.get(f"{claims}/{ours['metadata']['name']}")["status"].get("devices")
@@ -1106,7 +1165,7 @@ def test_node_groups_give_each_group_its_own_daemonset(helm: Path) -> None:
     values["kubeletPlugin"] = {"nodeSelector": {"gpu": "yes"}}
     daemonsets = {
         d["metadata"]["name"]: d["spec"]["template"]["spec"]
-        for d in render(helm, values)
+        for d in render(helm, values, kube_version=KIND_KUBE_VERSION)
         if d["kind"] == "DaemonSet"
     }
     assert sorted(daemonsets) == [

@@ -1,7 +1,7 @@
-"""The local control plane is real Kubernetes 1.34: version, DRA API, authorization,
-ServiceAccount tokens bound to pods, and the alpha gates when asked for. `dradriver dev
-cluster up` also applies the DeviceClasses and, with --webhook, runs the admission webhook,
-which `down` stops."""
+"""The local control plane is real Kubernetes of the line $K8S names (1.34 by default):
+version, DRA API, authorization, ServiceAccount tokens bound to pods, and the alpha gates
+when asked for. `dradriver dev cluster up` also applies the DeviceClasses and, with
+--webhook, runs the admission webhook, which `down` stops."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dradriver.k8s import Kube, KubeError, path_for
+from dradriver.k8s.lines import Line
 from dradriver_dev import addons
 from dradriver_dev import cluster as devcluster
 
@@ -48,14 +49,15 @@ def kubectl(c: Cluster, *args: str) -> str:
     return out.stdout
 
 
-def test_client_and_server_report_v1_34(cluster: Cluster) -> None:
+def test_client_and_server_report_the_line(cluster: Cluster) -> None:
+    """The control plane and kubectl are the release of the line $K8S names."""
     if cluster.bin_dir is None:
         pytest.skip("external cluster: no locally built kubectl")
     v = json.loads(kubectl(cluster, "version", "-o", "json"))
-    assert v["clientVersion"]["gitVersion"].startswith("v1.34.")
-    assert v["serverVersion"]["gitVersion"].startswith("v1.34.")
-    assert v["serverVersion"]["gitVersion"] == v["clientVersion"]["gitVersion"]
-    assert (v["serverVersion"]["major"], v["serverVersion"]["minor"]) == ("1", "34")
+    assert v["clientVersion"]["gitVersion"] == cluster.line.release
+    assert v["serverVersion"]["gitVersion"] == cluster.line.release
+    minor = str(cluster.line.minor)
+    assert (v["serverVersion"]["major"], v["serverVersion"]["minor"]) == ("1", minor)
 
 
 def test_resource_v1_is_served_and_alpha_is_not(kube: Kube, cluster: Cluster) -> None:
@@ -162,73 +164,104 @@ def test_serviceaccount_token_bound_to_pod_carries_node_and_rbac_applies(
         kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
 
 
-def counter_slice(name: str, node: str, consumes: bool) -> dict[str, Any]:
-    """A slice with one shared counter set; its device consumes from it if `consumes`."""
+def counter_slices(name: str, node: str, consumes: bool, ln: Line) -> list[dict[str, Any]]:
+    """One shared counter set and a device that consumes from it if `consumes`: in one
+    slice on 1.34, in two from 1.35 (a slice holds devices or counter sets, not both)."""
     device: dict[str, Any] = {"name": "gpu-0-part" if consumes else "gpu-0"}
     if consumes:
         device["consumesCounters"] = [
             {"counterSet": "gpu-0", "counters": {"slices": {"value": "4"}}}
         ]
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "driver": "gpu.dradriver.io",
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "sharedCounters": [{"name": "gpu-0", "counters": {"slices": {"value": "8"}}}],
-            "devices": [device],
-        },
-    }
+    counters = [{"name": "gpu-0", "counters": {"slices": {"value": "8"}}}]
+    parts = [{"sharedCounters": counters}, {"devices": [device]}]
+    if not ln.counters_apart:
+        parts = [{"sharedCounters": counters, "devices": [device]}]
+    return [
+        {
+            "metadata": {"name": f"{name}-{i}"},
+            "spec": {
+                "driver": "gpu.dradriver.io",
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": len(parts)},
+                **part,
+            },
+        }
+        for i, part in enumerate(parts)
+    ]
+
+
+def create_counter_slices(
+    kube: Kube, name: str, node: str, consumes: bool, ln: Line
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The slices as stored: (with the counter set, with the device)."""
+    stored = [
+        kube.create(path_for("resource.k8s.io/v1", "resourceslices"), s)
+        for s in counter_slices(name, node, consumes, ln)
+    ]
+    return stored[:1], stored[-1:]
+
+
+def delete_counter_slices(kube: Kube, name: str, node: str) -> None:
+    for i in range(2):
+        path = path_for("resource.k8s.io/v1", "resourceslices", name=f"{name}-{i}")
+        kube.delete(path, missing_ok=True)
+    kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
 
 
 def test_alpha_gates_on_every_component(alpha_cluster: Cluster) -> None:
+    """The "alpha" cluster has every DRA feature the driver has: on 1.34 and 1.35 by the
+    gates turned on, on every component; from 1.36 by the line's defaults, no gate set."""
+    turned_on = devcluster.alpha_gates(alpha_cluster.line)
     kube = Kube.from_kubeconfig(alpha_cluster.kubeconfig)
     versions = {v["version"] for v in kube.get("/apis/resource.k8s.io")["versions"]}
-    assert "v1alpha3" in versions
-    kinds = {r["kind"] for r in kube.get("/apis/resource.k8s.io/v1alpha3")["resources"]}
-    assert "DeviceTaintRule" in kinds
-    # The gates are really on in the API server: a slice with shared counters and a
+    if turned_on:
+        assert "v1alpha3" in versions
+        kinds = {r["kind"] for r in kube.get("/apis/resource.k8s.io/v1alpha3")["resources"]}
+        assert "DeviceTaintRule" in kinds
+    else:
+        assert versions == {"v1"}
+    # The features are really on in the API server: a slice with shared counters and a
     # partition consuming them is kept, not silently stripped.
     name = "alpha-counters"
     kube.create(path_for("v1", "nodes"), {"metadata": {"name": "alpha-node"}})
     try:
-        created = kube.create(
-            path_for("resource.k8s.io/v1", "resourceslices"),
-            counter_slice(name, "alpha-node", consumes=True),
+        (counters,), (device,) = create_counter_slices(
+            kube, name, "alpha-node", True, alpha_cluster.line
         )
-        assert created["spec"]["sharedCounters"][0]["name"] == "gpu-0"
-        assert created["spec"]["devices"][0]["consumesCounters"][0]["counterSet"] == "gpu-0"
+        assert counters["spec"]["sharedCounters"][0]["name"] == "gpu-0"
+        assert device["spec"]["devices"][0]["consumesCounters"][0]["counterSet"] == "gpu-0"
     finally:
-        kube.delete(path_for("resource.k8s.io/v1", "resourceslices", name=name), missing_ok=True)
-        kube.delete(path_for("v1", "nodes", name="alpha-node"), missing_ok=True)
+        delete_counter_slices(kube, name, "alpha-node")
     if alpha_cluster.state_dir is None:
         return  # an external cluster: its processes are not ours to inspect
     st = devcluster.ClusterState.load(alpha_cluster.state_dir)
-    assert st is not None
+    assert st is not None and st.k8s == alpha_cluster.line.name
     for component in ("kube-apiserver", "kube-scheduler", "kube-controller-manager"):
         cmdline = Path(f"/proc/{st.pids[component]}/cmdline").read_bytes().split(b"\0")
-        gates = next(a for a in cmdline if a.startswith(b"--feature-gates="))
-        for g in devcluster.ALPHA_GATES:
+        gates = next((a for a in cmdline if a.startswith(b"--feature-gates=")), b"")
+        for g in turned_on:
             assert f"{g}=true".encode() in gates, (component, g)
+        if not turned_on:
+            assert gates == b"", (component, gates)  # nothing to turn on: the defaults
     kube.close()
 
 
-def test_default_cluster_strips_alpha_fields(kube: Kube) -> None:
-    """The other side of the gate: without DRAPartitionableDevices, counters are dropped."""
+def test_default_cluster_has_the_lines_default_gates(cluster: Cluster, kube: Kube) -> None:
+    """Without DRAPartitionableDevices (off by default up to 1.35) counters are dropped;
+    from 1.36 the default cluster keeps them, no gate turned on."""
     kube.create(path_for("v1", "nodes"), {"metadata": {"name": "ga-node"}})
     name = "ga-counters"
     try:
-        created = kube.create(
-            path_for("resource.k8s.io/v1", "resourceslices"),
-            counter_slice(name, "ga-node", consumes=False),
-        )
-        assert "sharedCounters" not in created["spec"]
+        (counters,), _ = create_counter_slices(kube, name, "ga-node", False, cluster.line)
+        if cluster.has("DRAPartitionableDevices"):
+            assert counters["spec"]["sharedCounters"][0]["name"] == "gpu-0"
+        else:
+            assert "sharedCounters" not in counters["spec"]
     except KubeError as exc:
         # Either dropping or refusing the field proves the gate is off.
-        assert exc.status in (400, 422), exc
+        assert not cluster.has("DRAPartitionableDevices") and exc.status in (400, 422), exc
     finally:
-        kube.delete(path_for("resource.k8s.io/v1", "resourceslices", name=name), missing_ok=True)
-        kube.delete(path_for("v1", "nodes", name="ga-node"), missing_ok=True)
+        delete_counter_slices(kube, name, "ga-node")
 
 
 def test_cluster_up_never_silently_replaces_a_running_cluster(

@@ -21,6 +21,7 @@ import yaml
 
 from dradriver.cli import main
 from dradriver.k8s import Kube, KubeError, path_for
+from dradriver.k8s.lines import Line
 
 from .helpers import (
     REPO,
@@ -69,10 +70,10 @@ def extended_class(helm: Any) -> dict[str, Any]:
 
 class GpuNode(NodeUnderTest):
     def __init__(
-        self, kube: Kube, ns: str, kubelet: HollowNode, plugin: PluginProc, helm: Any
+        self, kube: Kube, ns: str, kubelet: HollowNode, plugin: PluginProc, helm: Any, ln: Line
     ) -> None:
         super().__init__(kube, ns, kubelet, plugin)
-        self.helm = helm
+        self.helm, self.line = helm, ln
 
     def uuids(self) -> dict[str, str]:
         """Device name -> UUID of this node's published GPUs."""
@@ -80,7 +81,7 @@ class GpuNode(NodeUnderTest):
         for s in self.kube.list(
             path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={self.kubelet.node}"
         )["items"]:
-            for d in s["spec"]["devices"]:
+            for d in s["spec"].get("devices") or []:
                 out[d["name"]] = d["attributes"]["uuid"]["string"]
         return out
 
@@ -129,7 +130,7 @@ def gpu_node(
     kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
     plugin = PluginProc(alpha_cluster.kubeconfig, kubelet, "fake:4xH100-80GB")
     plugin.start()
-    node = GpuNode(k, ns, kubelet, plugin, helm)
+    node = GpuNode(k, ns, kubelet, plugin, helm, alpha_cluster.line)
     try:
         wait_for(plugin.ready, "the plugin", 30)
         yield node
@@ -337,7 +338,9 @@ def test_a_finished_pods_extended_claim_keeps_its_gpu_and_fleet_says_so(
     releases a finished pod's claims, but not the one the scheduler made for its
     `nvidia.com/gpu`, while the pod exists. Two pods run `true` and finish: the one with
     a claim template gives its GPU back, the one asking nvidia.com/gpu keeps it allocated;
-    `dradriver fleet` names that claim, its pod and the fix; deleting the pod frees it."""
+    `dradriver fleet` names that claim, its pod and the fix; deleting the pod frees it.
+    From 1.35 the controller releases that claim too (it reads the pod's
+    extendedResourceClaimStatus), and fleet has nothing to name."""
     n = gpu_node
     node = n.kubelet.node
     n.kube.create(
@@ -405,6 +408,15 @@ def test_a_finished_pods_extended_claim_keeps_its_gpu_and_fleet_says_so(
     ext = n.kube.get(path_for("v1", "pods", n.ns, "with-integer"))["status"][
         "extendedResourceClaimStatus"
     ]["resourceClaimName"]
+    fleet = ["fleet", "--kubeconfig", str(n.plugin.kubeconfig), "-n", n.ns]
+    if n.line.minor >= 35:
+        wait_for(lambda: ext not in allocated_claims(), "the extended claim released", 30)
+        wait_for(lambda: not n.checkpoint_claims(), "the plugin's checkpoint empty", 30)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert main([*fleet, "-o", "json"]) == 0
+        assert json.loads(out.getvalue())["heldByFinishedPods"] == []
+        return
     held = allocated_claims()
     assert ext in held, held
     assert [r["uid"] for r in held[ext]["status"]["reservedFor"]] == [
@@ -413,7 +425,6 @@ def test_a_finished_pods_extended_claim_keeps_its_gpu_and_fleet_says_so(
     # The node side is done with it: the kubelet unprepared it when the pod finished.
     wait_for(lambda: not n.checkpoint_claims(), "the plugin's checkpoint empty", 30)
 
-    fleet = ["fleet", "--kubeconfig", str(n.plugin.kubeconfig), "-n", n.ns]
     out = io.StringIO()
     with redirect_stdout(out):
         assert main([*fleet, "-o", "json"]) == 0

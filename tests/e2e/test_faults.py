@@ -176,14 +176,30 @@ def faulty(cluster: Cluster) -> Iterator[Faulty]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def healthy(line: str, cluster: Cluster) -> bool:
+    """A layer of a healthy node: ok (or skipped), or, on a line that has the driver's
+    features off by default and a cluster that did not turn them on, the feature
+    layer's warning naming them."""
+    state, layer = line.split()[:2]
+    lacking = bool(cluster.line.gates_to_turn_on()) and not cluster.alpha
+    return state in ("ok", "skip") or (lacking and (state, layer) == ("warn", "feature-gates:"))
+
+
 def test_a_healthy_node_is_ok_on_every_layer(faulty: Faulty) -> None:
     rc, lines = faulty.doctor()
     layers = [x.split()[1].rstrip(":") for x in lines]
     assert layers == [
         "nvml", "cdi", "api-server", "plugin", "slices", "node", "deviceclasses", "feature-gates"
     ], lines  # fmt: skip
-    assert rc == 0 and all(x.split()[0] in ("ok", "skip") for x in lines), lines
+    assert rc == 0 and all(healthy(x, faulty.cluster) for x in lines), lines
     assert lines[0] == "ok    nvml: driver 570.86.15, CUDA 12.8.0, 2 GPUs (fake devices)"
+    # The cluster's line and what it lacks of the driver's features, with the fix.
+    gates = lines[-1]
+    assert f"Kubernetes {faulty.cluster.line.name}" in gates, gates
+    if faulty.cluster.line.gates_to_turn_on():
+        assert "DRADeviceTaints (health taints" in gates and "Fix: --feature-gates" in gates
+    else:
+        assert gates.startswith("ok    feature-gates:") and "every DRA feature" in gates
 
 
 # --- the node's layers: doctor ---
@@ -437,6 +453,8 @@ def test_bad_config_without_webhook(faulty: Faulty) -> None:
 def test_dynamic_mig_with_the_gate_off(cluster: Cluster, faulty: Faulty) -> None:
     """The GA cluster has DRAPartitionableDevices off: a plugin in dynamic MIG mode
     refuses to publish partitions, and both tools name the gate."""
+    if cluster.has("DRAPartitionableDevices"):
+        pytest.skip(f"DRAPartitionableDevices is on by default on {cluster.line.name}")
     kubelet = HollowNode(cluster.kubeconfig, f"nogate-{secrets.token_hex(3)}", faulty.tmp / "ng")
     kubelet.start()
     plugin = PluginProc(cluster.kubeconfig, kubelet, "fake:1xH100-80GB", "dynamic")
@@ -652,7 +670,7 @@ def test_doctor_with_no_flags_checks_every_layer_of_every_dev_node(
             "nvml", "cdi", "api-server", "plugin", "slices", "node", "deviceclasses",
             "feature-gates",
         ], (node, layers)  # fmt: skip
-        assert all(x.split()[0] in ("ok", "skip") for x in layers), layers
+        assert all(healthy(x, faulty.cluster) for x in layers), layers
         # Found on the node itself, from the registry: NVML, the CDI directory, /readyz.
         assert layers[0].startswith("ok    nvml: driver 570.86.15"), layers
         assert layers[1].endswith(
@@ -671,7 +689,7 @@ def test_doctor_in_a_dev_cluster_names_the_node_whose_plugin_stopped(
         rc, lines = _bare_doctor(dev_cluster, monkeypatch)
         assert rc == 1
         nodes = _by_node(lines)
-        assert all(x.split()[0] in ("ok", "skip") for x in nodes[faulty.kubelet.node]), lines
+        assert all(healthy(x, faulty.cluster) for x in nodes[faulty.kubelet.node]), lines
         line = failing(nodes[second.kubelet.node])
         url = f"http://127.0.0.1:{second.port}/readyz"
         assert line.startswith(f"FAIL  plugin: the kubelet plugin does not answer at {url}")

@@ -64,12 +64,12 @@ class HealthNode(NodeUnderTest):
         return {
             d["name"]: d["taints"]
             for s in self.slices()
-            for d in s["spec"]["devices"]
+            for d in s["spec"].get("devices") or []
             if d.get("taints")
         }
 
     def devices(self) -> set[str]:
-        return {d["name"] for s in self.slices() for d in s["spec"]["devices"]}
+        return {d["name"] for s in self.slices() for d in s["spec"].get("devices") or []}
 
     def generations(self) -> dict[str, int]:
         """metadata.generation per slice: +1 for every write of its spec."""
@@ -100,7 +100,8 @@ def health_node(
     def start(spec: str, mode: str = "none", effect: str = "NoSchedule") -> HealthNode:
         """`spec`: a fake device spec, or a fleet YAML's text."""
         kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
-        assert "ResourceHealthStatus=true" in kubelet.log()
+        if "ResourceHealthStatus" in alpha_cluster.line.gates_to_turn_on():
+            assert "ResourceHealthStatus=true" in kubelet.log()
         if "\n" in spec:
             fleet = kubelet.root.parent / f"{kubelet.node}-fleet.yaml"
             fleet.write_text(spec)
@@ -172,7 +173,10 @@ def test_xid_79_taints_that_gpu_and_its_mig_devices_and_new_claims_avoid_it(
     after = n.generations()
     changed = {s: after[s] - before[s] for s in before if after[s] != before[s]}
     (holder,) = {
-        s["metadata"]["name"] for s in n.slices() for d in s["spec"]["devices"] if d["name"] in gpu1
+        s["metadata"]["name"]
+        for s in n.slices()
+        for d in s["spec"].get("devices") or []
+        if d["name"] in gpu1
     }
     assert changed == {holder: 1}, changed
     healthy = n.plugin.metric
@@ -205,14 +209,22 @@ def test_xid_79_taints_that_gpu_and_its_mig_devices_and_new_claims_avoid_it(
     assert part.startswith(n.real("gpu-1-mig-"))
 
 
-def test_the_pod_learns_it_through_the_kubelet(health_node: Start) -> None:
+def test_the_pod_learns_it_through_the_kubelet(alpha_cluster: Cluster, health_node: Start) -> None:
     n = health_node("2xH100-80GB")
-    # The v1.34 kubelet reports a claim's health only where the pod's resourceClaims
-    # entry has the ResourceClaim's own name (UpdateAllocatedResourcesStatus compares
-    # the container's claim name with ClaimInfo.ClaimName, pkg/kubelet/cm/dra/manager.go).
-    n.claim_and_pod("job", GPU, device_class="gpu.dradriver.io", request="job")
-    n.running("job")
-    (device,) = n.allocated("job")
+    # Which of a pod's claims the kubelet reports the health of (UpdateAllocatedResources-
+    # Status, pkg/kubelet/cm/dra/manager.go) depends on its line: 1.34 only one the pod
+    # names whose name is the container's claim name (it compares them with
+    # ClaimInfo.ClaimName); 1.35 only one made from a template (it looks the claim up in
+    # pod.status.resourceClaimStatuses); from 1.36 both.
+    if alpha_cluster.line.minor == 35:
+        n.template_and_pod("job", GPU, device_class="gpu.dradriver.io", request="job")
+        n.running("job")
+        claim = n.claim_of("job")
+    else:
+        n.claim_and_pod("job", GPU, device_class="gpu.dradriver.io", request="job")
+        n.running("job")
+        claim = "job"
+    (device,) = n.allocated(claim)
     index = str(n.gpu_names().index(device))  # its NVML index, for dev inject
     wait_for(lambda: n.resource_health("job") == ["Healthy"], "Healthy in the pod status", 30)
 
@@ -360,11 +372,13 @@ def test_a_claim_that_tolerates_the_taint_gets_the_unhealthy_gpu(health_node: St
 
 
 def test_without_the_gate_the_taints_are_dropped_and_publishing_goes_on(
-    kube: Kube, caplog: pytest.LogCaptureFixture
+    cluster: Cluster, kube: Kube, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The GA control plane (DRADeviceTaints off): the API server drops the field. The
     publisher says which gate to enable, once, keeps the devices published and does not
     rewrite the slice over and over."""
+    if cluster.has("DRADeviceTaints"):
+        pytest.skip(f"DRADeviceTaints is on by default on {cluster.line.name}")
     node = f"nogate-{secrets.token_hex(3)}"
     pub = SlicePublisher(kube, D, node)
     inv = open_nvml("fake:2xL4", node=node, state_dir=None).discover().inventory

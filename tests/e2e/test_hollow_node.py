@@ -13,15 +13,26 @@ from typing import Any
 import pytest
 
 from dradriver.k8s import Kube, KubeError, path_for
+from dradriver.k8s.lines import OLDEST, Line
 from tests.support.standin import StandinPlugin
 
-from .helpers import RES, HollowNode, device_class, get_or_none, publish_slice, wait_for
+from .helpers import (
+    RES,
+    Cluster,
+    HollowNode,
+    device_class,
+    get_or_none,
+    publish_slice,
+    wait_for,
+)
 
 DRIVER = "node.dradriver.io"
 PAUSE = "registry.k8s.io/pause:3.10"
 
 
 class Env:
+    line: Line = OLDEST
+
     def __init__(self, kube: Kube, ns: str, kubelet: HollowNode, cls: str) -> None:
         self.kube, self.ns, self.kubelet, self.cls = kube, ns, kubelet, cls
         self.plugin = self._standin()
@@ -117,6 +128,7 @@ class Env:
 
 @pytest.fixture
 def env(
+    cluster: Cluster,
     kube: Kube,
     namespace: str,
     hollow_node: Callable[..., HollowNode],
@@ -125,13 +137,14 @@ def env(
     kubelet = hollow_node()
     cls = device_class(kube, DRIVER, cleanup)
     e = Env(kube, namespace, kubelet, cls)
+    e.line = cluster.line
     yield e
     e.plugin.stop()
 
 
-def test_node_is_the_v1_34_kubelet_with_its_own_identity(env: Env) -> None:
+def test_node_is_the_lines_kubelet_with_its_own_identity(env: Env) -> None:
     node = env.kube.get(path_for("v1", "nodes", name=env.kubelet.node))
-    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.34.4"
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == env.line.release
     assert node["metadata"]["labels"]["kubernetes.io/hostname"] == env.kubelet.node
     # It acts as system:node:<name>, so the Node authorizer and NodeRestriction hold it
     # to its own node, as they hold a production kubelet.
@@ -341,12 +354,13 @@ def test_reboot_prepares_again_and_the_plugin_answers_the_same(
     second = wait_for(
         lambda: env.kubelet.container(uid, "main"), "the container to be created again", 30
     )
-    # v1.34.4 does not checkpoint that a claim is prepared, so it prepares again and
-    # appends the devices a second time (kubernetes/kubernetes#140471, fixed on master
-    # by #140274): the new container is given each CDI ID twice. Because the plugin
-    # answers a repeated prepare exactly as the first, both resolve to the same edits.
+    # The kubelet does not checkpoint that a claim is prepared, so it prepares again.
+    # Up to 1.36 it appends the devices a second time (kubernetes/kubernetes#140471,
+    # fixed by #140274 in 1.37, whose manager.go resets a driver's devices first): the
+    # new container is given each CDI ID twice. Because the plugin answers a repeated
+    # prepare exactly as the first, both resolve to the same edits.
     (cdi_id,) = first["cdiDevices"]
-    assert second["cdiDevices"] == [cdi_id, cdi_id]
+    assert second["cdiDevices"] == [cdi_id] * (1 if env.line.minor >= 37 else 2)
     assert sorted(second["env"]) == sorted(first["env"])  # service variables come unordered
     (info,) = env.kubelet.claim_infos()
     assert len(info["DriverState"][DRIVER]["Devices"]) == len(second["cdiDevices"])

@@ -46,7 +46,7 @@ class GpuNode(NodeUnderTest):
 
     def uuid_of(self, device: str) -> str:
         for s in self.slices():
-            for d in s["spec"]["devices"]:
+            for d in s["spec"].get("devices") or []:
                 if d["name"] == device:
                     return str(d["attributes"]["uuid"]["string"])
         raise AssertionError(f"{device} not published")
@@ -461,6 +461,21 @@ def test_device_is_never_prepared_for_two_claims(gpu_node: GpuNode) -> None:
             },
         },
     )
+    # Bound and reserved by hand too: from 1.37 the scheduler itself would keep the pod
+    # Pending, its device being another claim's.
+    p2 = n.kube.create(
+        path_for("v1", "pods", n.ns),
+        {
+            "metadata": {"name": "p2"},
+            "spec": {
+                "nodeName": n.kubelet.node,
+                "resourceClaims": [{"name": "gpus", "resourceClaimName": "second"}],
+                "containers": [
+                    {"name": "main", "image": PAUSE, "resources": {"claims": [{"name": "gpus"}]}}
+                ],
+            },
+        },
+    )
     c["status"] = {
         "allocation": {
             "devices": {
@@ -477,10 +492,10 @@ def test_device_is_never_prepared_for_two_claims(gpu_node: GpuNode) -> None:
                     }
                 ]
             },
-        }
+        },
+        "reservedFor": [{"resource": "pods", "name": "p2", "uid": p2["metadata"]["uid"]}],
     }
     n.kube.replace(path_for(RES, "resourceclaims", n.ns, "second", "status"), c)
-    n.pod("p2", claim="second")  # the scheduler reserves it as allocated; the kubelet asks
 
     def refused() -> list[dict[str, Any]]:
         evs = n.kube.list(path_for("v1", "events", n.ns), fieldSelector="involvedObject.name=p2")[

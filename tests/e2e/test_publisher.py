@@ -32,21 +32,27 @@ def test_fewest_writes_and_generation(
     alpha_cluster: Cluster, alpha_kube: Kube, hollow_node: Callable[..., HollowNode], tmp_path: Path
 ) -> None:
     k = alpha_kube
+    ln = alpha_cluster.line
     kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
     pub = SlicePublisher(k, DRIVER, kubelet.node)
-    spec = "8xH100-80GB"  # two slices: four GPUs and their counter sets in each
+    # 1.34: two slices, four GPUs and their counter sets in each; from 1.35: the eight
+    # counter sets in one slice, the 208 devices in four.
+    spec = "8xH100-80GB"
 
     def desired() -> list:  # type: ignore[type-arg]
         inv = open_nvml(f"fake:{spec}", node=kubelet.node, state_dir=tmp_path).discover().inventory
-        return build(inv, MigMode.DYNAMIC).slices
+        return build(inv, MigMode.DYNAMIC, line=ln).slices
+
+    def pools() -> list[dict]:  # type: ignore[type-arg]
+        return [s["spec"]["pool"] for s in slices(k, kubelet.node)]
 
     first = pub.sync(desired())
-    assert (first.created, first.updated, first.deleted, first.generation) == (2, 0, 0, 1)
+    made = 5 if ln.counters_apart else 2
+    assert (first.created, first.updated, first.deleted, first.generation) == (made, 0, 0, 1)
     again = pub.sync(desired())
     assert again.writes == 0  # nothing changed: no write at all
 
-    # An admin carves a MIG device on GPU 2: only the slice of GPUs 0-3 changes, in one
-    # atomic update, so the generation stays.
+    # An admin carves a MIG device on GPU 2.
     fake = load(spec, node=kubelet.node, state_dir=tmp_path)
     fake.pynvml.nvmlInit()
     carver = MigCarver(fake.pynvml)
@@ -54,30 +60,47 @@ def test_fewest_writes_and_generation(
     carver.set_mig_mode(gpu2, True)
     carver.create(gpu2, 9, 0, 4, 3)
     one = pub.sync(desired())
-    assert (one.created, one.updated, one.deleted, one.generation) == (0, 1, 0, 1)
     stored = {s["metadata"]["name"]: s for s in slices(k, kubelet.node)}
-    # The slice of GPUs 0-3 is named after GPU 0's UUID.
-    gpus_0 = f"-gpus-{uuid_digits(fake.machine.gpus[0].uuid)[:8]}"
-    gpu2_slice = next(s for n, s in stored.items() if n.endswith(gpus_0))
-    names = {d["name"] for d in gpu2_slice["spec"]["devices"]}
     gpus = fake_names(spec, kubelet.node)  # by NVML index
+    names = {d["name"] for s in stored.values() for d in s["spec"].get("devices") or []}
     assert gpus[2] not in names and real("gpu-2-mig-3g40gb-4", gpus) in names
     assert real("gpu-2-mig-1g10gb-1", gpus) not in names  # overlaps the admin's device
+    if not ln.counters_apart:
+        # Only the slice of GPUs 0-3 (named after GPU 0's UUID) changes, in one atomic
+        # update, so the generation stays.
+        assert (one.created, one.updated, one.deleted, one.generation) == (0, 1, 0, 1)
+        gpus_0 = f"-gpus-{uuid_digits(fake.machine.gpus[0].uuid)[:8]}"
+        gpu2_slice = next(s for n, s in stored.items() if n.endswith(gpus_0))
+        assert real("gpu-2-mig-3g40gb-4", gpus) in {
+            d["name"] for d in gpu2_slice["spec"]["devices"]
+        }
+    else:
+        # GPU 2's counter set (in the counters' slice), its whole device (in the first
+        # slice) and its partitions change: more than one slice, so the whole pool moves
+        # to a new generation and consumers never mix two views.
+        assert (one.created, one.deleted, one.updated, one.generation) == (0, 0, made, 2)
+        assert (
+            pools() == [{"name": kubelet.node, "generation": 2, "resourceSliceCount": made}] * made
+        )
 
-    # GPUs appear: a slice is added, the count changes, every slice moves to a new
+    # GPUs appear: slices are added, the count changes, every slice moves to a new
     # generation so consumers never mix the two views.
+    gen = one.generation + 1
     spec, tmp_path = "12xH100-80GB", tmp_path / "other-machine"
     more = pub.sync(desired())
-    assert (more.created, more.updated, more.generation) == (1, 2, 2)
-    pools = [s["spec"]["pool"] for s in slices(k, kubelet.node)]
-    assert pools == [{"name": kubelet.node, "generation": 2, "resourceSliceCount": 3}] * 3
-    # GPUs disappear: their slices go first, then the one left is rewritten in a single
-    # atomic update (its new count), so the generation can stay.
+    count = len(desired())
+    assert (more.created, more.updated, more.generation) == (count - made, made, gen)
+    assert (
+        pools() == [{"name": kubelet.node, "generation": gen, "resourceSliceCount": count}] * count
+    )
+    # GPUs disappear: their slices go first, then those left are rewritten (their new
+    # count); a single one left is rewritten in one atomic update, so the generation stays.
     spec, tmp_path = "4xH100-80GB", tmp_path / "third-machine"
+    left = len(desired())
     fewer = pub.sync(desired())
-    assert (fewer.deleted, fewer.updated, fewer.generation) == (2, 1, 2)
-    pools = [s["spec"]["pool"] for s in slices(k, kubelet.node)]
-    assert pools == [{"name": kubelet.node, "generation": 2, "resourceSliceCount": 1}]
+    gen = gen if left == 1 else gen + 1
+    assert (fewer.deleted, fewer.updated, fewer.generation) == (count - left, left, gen)
+    assert pools() == [{"name": kubelet.node, "generation": gen, "resourceSliceCount": left}] * left
 
 
 def test_nothing_is_published_before_discovery_succeeds(
@@ -153,6 +176,9 @@ def test_partitions_without_their_counters_are_never_visible(
 
     from dradriver.slices.publish import PublishError
 
+    if cluster.has("DRAPartitionableDevices"):
+        pytest.skip(f"DRAPartitionableDevices is on by default on {cluster.line.name}")
+
     node = f"gate-off-{int(time.time() * 1000) % 10**8}"
     listing = kube.list(path_for(RES, "resourceslices"))
     rv = listing["metadata"]["resourceVersion"]
@@ -173,7 +199,7 @@ def test_partitions_without_their_counters_are_never_visible(
     inv = open_nvml("fake:1xH100-80GB", node=node, state_dir=tmp_path).discover().inventory
     pub = SlicePublisher(kube, DRIVER, node)
     with pytest.raises(PublishError, match="DRAPartitionableDevices"):
-        pub.sync(build(inv, MigMode.DYNAMIC).slices)
+        pub.sync(build(inv, MigMode.DYNAMIC, line=cluster.line).slices)
     t.join(10)
     assert seen == [] and slices(kube, node) == []
 

@@ -12,6 +12,7 @@ import pytest
 
 from dradriver.inventory.naming import uuid_digits
 from dradriver.k8s import Kube, path_for
+from dradriver.k8s.lines import OLDEST, Line
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import MigMode, build
 from dradriver.slices.publish import SlicePublisher
@@ -43,25 +44,30 @@ class Fleet:
             path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={result['pool']}"
         )["items"]
         return next(
-            d for s in slices for d in s["spec"]["devices"] if d["name"] == result["device"]
+            d
+            for s in slices
+            for d in s["spec"].get("devices") or []
+            if d["name"] == result["device"]
         )
 
 
-def publish(kube: Kube, kubelet: HollowNode, spec: str, mode: MigMode) -> SlicePublisher:
+def publish(
+    kube: Kube, kubelet: HollowNode, spec: str, mode: MigMode, ln: Line = OLDEST
+) -> SlicePublisher:
     inv = open_nvml(f"fake:{spec}", node=kubelet.node, state_dir=None).discover().inventory
     pub = SlicePublisher(kube, DRIVER, kubelet.node)
-    stats = pub.sync(build(inv, mode).slices)
+    stats = pub.sync(build(inv, mode, line=ln).slices)
     assert stats.created >= 1 and stats.generation == 1
     return pub
 
 
 @pytest.fixture
-def fleet(kube: Kube, hollow_node: Callable[..., HollowNode]) -> Iterator[Fleet]:
+def fleet(cluster: Cluster, kube: Kube, hollow_node: Callable[..., HollowNode]) -> Iterator[Fleet]:
     ensure_device_classes(kube)
     h100, mixed = hollow_node(), hollow_node()
     pubs = {
-        "h100": publish(kube, h100, "8xH100-80GB", MigMode.NONE),
-        "mixed": publish(kube, mixed, "4xA100-80GB:nvlink=pairs+2xL4", MigMode.NONE),
+        "h100": publish(kube, h100, "8xH100-80GB", MigMode.NONE, cluster.line),
+        "mixed": publish(kube, mixed, "4xA100-80GB:nvlink=pairs+2xL4", MigMode.NONE, cluster.line),
     }
     yield Fleet(kube, {"h100": h100, "mixed": mixed}, pubs)
 
@@ -105,7 +111,9 @@ def attr(dev: dict[str, Any], name: str) -> Any:
     return next(iter(dev["attributes"][name].values()))
 
 
-def test_slices_are_accepted_with_pool_bookkeeping_and_owner(fleet: Fleet) -> None:
+def test_slices_are_accepted_with_pool_bookkeeping_and_owner(
+    cluster: Cluster, fleet: Fleet
+) -> None:
     for role, kubelet in fleet.nodes.items():
         slices = fleet.kube.list(
             path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={kubelet.node}"
@@ -124,6 +132,7 @@ def test_slices_are_accepted_with_pool_bookkeeping_and_owner(fleet: Fleet) -> No
                 .discover()
                 .inventory,
                 MigMode.NONE,
+                line=cluster.line,
             ).slices
         )
         .writes
@@ -218,10 +227,12 @@ def test_dynamic_mig_partitions_never_overlap(
     k = alpha_kube
     ensure_device_classes(k)
     kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
-    publish(k, kubelet, "1xH100-80GB", MigMode.DYNAMIC)
+    publish(k, kubelet, "1xH100-80GB", MigMode.DYNAMIC, alpha_cluster.line)
     stored = k.list(path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={kubelet.node}")[
         "items"
     ]
+    # From 1.35 the counter set is in a slice of its own ("counters-0", listed first).
+    stored = [s for s in stored if s["spec"].get("sharedCounters")]
     # The gate kept them: GPU 0's counter set, named after its UUID.
     (gpu,) = (
         open_nvml("fake:1xH100-80GB", node=kubelet.node, state_dir=None).discover().inventory.gpus
@@ -274,4 +285,6 @@ def _dev(k: Kube, result: dict[str, Any]) -> dict[str, Any]:
     slices = k.list(
         path_for(RES, "resourceslices"), fieldSelector=f"spec.nodeName={result['pool']}"
     )["items"]
-    return next(d for s in slices for d in s["spec"]["devices"] if d["name"] == result["device"])
+    return next(
+        d for s in slices for d in s["spec"].get("devices") or [] if d["name"] == result["device"]
+    )

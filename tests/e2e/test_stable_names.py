@@ -41,7 +41,7 @@ def _gpus(n: GpuNode) -> dict[str, dict[str, Any]]:
     return {
         d["attributes"]["uuid"]["string"]: d
         for s in n.slices()
-        for d in s["spec"]["devices"]
+        for d in s["spec"].get("devices") or []
         if d["attributes"]["type"]["string"] == "gpu"
     }
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from dradriver.k8s.lines import NEWEST
 from dradriver_dev.kind.demo import (
     GROUP_LABEL,
     HELM_NAMESPACE,
@@ -91,7 +92,7 @@ def slice_uuids(k: Kind) -> dict[tuple[str, str], str]:
     """(pool, device) -> the device's UUID attribute (MIG devices: their parent's)."""
     out = {}
     for s in k.kubectl.json("get", "resourceslices")["items"]:
-        for d in s["spec"]["devices"]:
+        for d in s["spec"].get("devices") or []:
             attrs = {a: next(iter(v.values())) for a, v in d.get("attributes", {}).items()}
             out[(s["spec"]["pool"]["name"], d["name"])] = str(attrs.get("uuid", ""))
     return out
@@ -142,6 +143,18 @@ def test_chart_comes_up_ready_on_every_node(k: Kind) -> None:
         assert ready(pod) and pod["spec"]["nodeName"] == node, pod["status"]
     pools = {s["spec"]["pool"]["name"] for s in k.kubectl.json("get", "resourceslices")["items"]}
     assert pools == set(groups.values())
+    # kind runs the newest line, with no feature gate set: what the driver needs is on by
+    # default there, and the dynamic MIG node's counter sets are published apart.
+    versions = {
+        n["status"]["nodeInfo"]["kubeletVersion"] for n in k.kubectl.json("get", "nodes")["items"]
+    }
+    assert versions == {NEWEST.release}
+    h100 = k.kubectl.json(
+        "get", "resourceslices", "--field-selector", f"spec.nodeName={groups['h100']}"
+    )
+    assert any(
+        s["spec"].get("sharedCounters") and not s["spec"].get("devices") for s in h100["items"]
+    )
     ctrl = k.kubectl.json(
         "-n", HELM_NAMESPACE, "get", "deployment", "-l", "app.kubernetes.io/component=controller"
     )["items"]
@@ -197,7 +210,7 @@ def test_claims_run_with_their_devices_inside_the_container(
             domains = {
                 next(iter(d["attributes"]["nvlinkDomain"].values()))
                 for s in k.kubectl.json("get", "resourceslices")["items"]
-                for d in s["spec"]["devices"]
+                for d in s["spec"].get("devices") or []
                 if any(
                     d["name"] == r["device"] and s["spec"]["pool"]["name"] == r["pool"]
                     for r in results

@@ -6,7 +6,8 @@
 #   build.sh kind     the kind CLI (go install), its directory on the last stdout line
 #   build.sh debian   a debootstrapped Debian bookworm as an image (no registry's)
 #   build.sh python   the image's Python base: that Debian with Debian's python3
-#   build.sh node     the kind node image: Kubernetes from tools/controlplane's go.mod,
+#   build.sh node     the kind node image: Kubernetes of the line K8S names (default:
+#                     the newest tools/controlplane builds) from its module file there,
 #                     containerd 2 (CDI), kind's own node files; `kind build node-image`
 #
 # Where a registry answers, none of this is needed: the kind demo uses the stock
@@ -22,6 +23,14 @@ kind_version=v0.33.0
 debian_recipe=2
 node_recipe=3
 mkdir -p "$cache"
+cp_dir="$repo/tools/controlplane"
+newest=$(cd "$cp_dir" && ls k8s-1.*.mod | sed -E 's/^k8s-(1\.[0-9]+)\.mod$/\1/' | sort -t. -k2n | tail -n1)
+line=${K8S:-$newest}
+case "$line" in
+  1.34) modfile=go.mod ;;
+  *) modfile=k8s-$line.mod ;;
+esac
+[ -f "$cp_dir/$modfile" ] || { echo "kind-build: no Kubernetes line K8S=$line in $cp_dir" >&2; exit 2; }
 
 say() { echo "kind-build: $*" >&2; }
 key_of() { (cat "$@"; go version; echo "$kind_version") | sha256sum | cut -c1-16; }
@@ -106,17 +115,17 @@ build_containerd() {
   echo "$dir"
 }
 
-# kubelet, kubeadm and kube-proxy from the control plane's own go.mod (one Kubernetes
-# version for the local control plane, the hollow node and kind), with the version
-# stamped as the control plane's build stamps it, and its cgo setting (the default): the
-# packages the hollow node compiled are reused from Go's cache. The node image is the
-# same Debian release as these machines, so the glibc they link to is there.
+# kubelet, kubeadm and kube-proxy from the line's module file in tools/controlplane (one
+# Kubernetes version for the local control plane, the hollow node and kind), with the
+# version stamped as the control plane's build stamps it, and its cgo setting (the
+# default): the packages the hollow node compiled are reused from Go's cache. The node
+# image is the same Debian release as these machines, so the glibc they link to is there.
 build_kube_bins() {
-  local cp="$repo/tools/controlplane" key dir version minor ldflags p
-  key=$(key_of "$cp/go.mod" "$cp/go.sum")
+  local cp="$cp_dir" key dir version minor ldflags p
+  key=$(key_of "$cp/$modfile" "$cp/${modfile%.mod}.sum")
   dir="$cache/bin/kube-$key"
   if [ ! -x "$dir/kube-proxy" ]; then
-    version=$(awk '$1=="k8s.io/kubernetes"{print $2} $1=="require" && $2=="k8s.io/kubernetes"{print $3}' "$cp/go.mod" | head -n1)
+    version=$(awk '$1=="k8s.io/kubernetes"{print $2} $1=="require" && $2=="k8s.io/kubernetes"{print $3}' "$cp/$modfile" | head -n1)
     minor=${version#v1.}; minor=${minor%%.*}
     ldflags="-s -w"
     for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -124,7 +133,7 @@ build_kube_bins() {
     done
     say "building kubelet, kubeadm and kube-proxy $version (shares the control plane's Go build cache)"
     mkdir -p "$dir"
-    (cd "$cp" && timed go build -ldflags "$ldflags" -o "$dir/" \
+    (cd "$cp" && timed go build -modfile="$modfile" -ldflags "$ldflags" -o "$dir/" \
       k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubeadm k8s.io/kubernetes/cmd/kube-proxy >&2) \
       || { rm -rf "$dir"; exit 1; }
     echo "$version" > "$dir/version"
@@ -168,7 +177,7 @@ build_node() {
   ctrd=$(build_containerd | tail -n1)
   kube=$(build_kube_bins | tail -n1)
   version=$(cat "$kube/version")
-  cp=$(bash "$repo/tools/controlplane/build.sh" | tail -n1)
+  cp=$(K8S=$line bash "$repo/tools/controlplane/build.sh" | tail -n1)
   pause=$(build_pause | tail -n1)
   key=$(echo "$debian $ctrd $kube $cp $pause recipe $node_recipe" | key_of "$here/node/base.Dockerfile" "$here/node/ctr-offline" -)
   image="dradriver-kind/node:$version-$key"

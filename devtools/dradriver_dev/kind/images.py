@@ -178,4 +178,4 @@ def image_size(image: str) -> str:
 
 if __name__ == "__main__":  # pragma: no cover - a manual aid
     ensure_engine()
-    print(choose(sys.argv[1] if len(sys.argv) > 1 else "kindest/node:v1.34.3"))
+    print(choose(sys.argv[1] if len(sys.argv) > 1 else "kindest/node:v1.37.2"))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from dradriver import logs
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
+from dradriver.k8s.lines import OLDEST, Line
 from dradriver.kubeletplugin.devices.health import NodeHealth
 from dradriver.nvml.library import Nvml
 from dradriver.slices.build import SliceContent, build
@@ -34,8 +35,11 @@ class DeviceView:
         health: NodeHealth | None = None,
         consumable: Consumable = OFF,
         imex_channels: bool = False,
+        line: Callable[[], Line] = lambda: OLDEST,
     ) -> None:
         self.consumable = consumable
+        # The API server's Kubernetes line, which the slices are laid out for.
+        self.line = line
         self.imex_channels = imex_channels
         # Whether the channel device names binding conditions: set once the API server
         # is known to keep them (binding/probe.py), then the next refresh publishes them.
@@ -76,6 +80,7 @@ class DeviceView:
             self.held(owned),
             self.offered_profiles,
             self.consumable,
+            self.line(),
         )
         slices = built.slices
         if self.health is not None:

@@ -7,6 +7,7 @@ import json
 from dradriver.diagnose import doctor as judge
 from dradriver.diagnose.doctor import State
 from dradriver.k8s import KubeError
+from dradriver.k8s.lines import FEATURES
 from dradriver.kubeletplugin.ops.api_probe import describe
 
 D = "gpu.dradriver.io"
@@ -185,10 +186,35 @@ def test_device_classes_and_gates() -> None:
     other = {"metadata": {"name": "x"}, "spec": {"selectors": [{"cel": {"expression": "1"}}]}}
     assert judge.device_classes(D, [ours, other]).line() == f"ok    deviceclasses: {D}"
     assert "deploy/deviceclasses.yaml" in judge.device_classes(D, [other]).line()
-    off = {"DRAPartitionableDevices": False, "DynamicResourceAllocation": True}
-    assert judge.feature_gates("dynamic", off).state is State.FAIL
-    assert judge.feature_gates("static", off).state is State.OK
-    assert judge.feature_gates("dynamic", {}).state is State.SKIP
+
+
+def test_feature_layer_names_what_the_line_or_its_gates_lack_and_the_fix() -> None:
+    all_on = {f.gate: True for f in FEATURES}
+    for version in ("v1.36.3", "v1.37.2"):  # on by default: nothing to turn on
+        layer = judge.feature_gates(version, set(), {}, "dynamic")
+        assert layer.state is State.OK and "every DRA feature" in layer.line(), layer.line()
+    assert judge.feature_gates("v1.34.4", set(), all_on, "dynamic").state is State.OK
+    # Off where dynamic MIG needs it: the gate, its components, and the line that has it.
+    off = {**all_on, "DRAPartitionableDevices": False}
+    layer = judge.feature_gates("v1.34.4", set(), off, "dynamic")
+    assert layer.state is State.FAIL
+    assert "DRAPartitionableDevices=true on kube-apiserver, kube-scheduler" in layer.fix
+    assert "Kubernetes 1.36 or later" in layer.fix and "--mig-mode static" in layer.fix
+    # Not needed by this node: a warning that names it and its fix.
+    layer = judge.feature_gates("v1.34.4", set(), off, "static")
+    assert layer.state is State.WARN and "DRAPartitionableDevices (dynamic MIG" in layer.text
+    # Gates not readable: the line's defaults, said so.
+    layer = judge.feature_gates("v1.35.4", {"DRAConsumableCapacity"}, {}, None)
+    assert layer.state is State.FAIL and "not readable" in layer.text
+    assert "DRAConsumableCapacity (shares of a GPU by memory" in layer.text
+    assert "ResourceHealthStatus" not in layer.fix  # only what this node needs
+    # A 1.36 cluster that turned a default off is judged by its gates.
+    layer = judge.feature_gates(
+        "v1.36.3", {"DRAConsumableCapacity"}, {"DRAConsumableCapacity": False}
+    )
+    assert layer.state is State.FAIL and "on by default on 1.36" in layer.text
+    layer = judge.feature_gates("v1.33.7", set(), all_on)
+    assert layer.state is State.FAIL and "upgrade the control plane" in layer.fix
 
 
 def test_imex_layer_names_missing_channels_and_a_wrong_label() -> None:

@@ -41,6 +41,7 @@ class FakeAPI:
         self.retry_after: str | None = "0"
         # Credentials answered 401: Authorization headers, and client certificate CNs.
         self.deny: set[str] = set()
+        self.git_version = "v1.34.4"  # what /version says
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -160,6 +161,8 @@ class FakeAPI:
                 "contentType": h.headers.get("Content-Type"),
                 "cn": cn,
                 "body": body.decode(),
+                # What an API server's /version says (and any other path, here).
+                "gitVersion": self.git_version,
             },
         )
 

@@ -79,8 +79,8 @@ Settings the API server would accept and then silently drop or ignore are refuse
 here, at render time, with the reason.
 */}}
 {{- define "dradriver.validate" -}}
-{{- if and .Values.extendedResourceClass.enabled (not .Values.featureGates.DRAExtendedResource) -}}
-{{- fail "extendedResourceClass needs the DRAExtendedResource feature gate (alpha in 1.34); without it the API server drops extendedResourceName from the DeviceClass. Enable the gate and set featureGates.DRAExtendedResource=true." -}}
+{{- if and .Values.extendedResourceClass.enabled (ne (include "dradriver.gateOn" (dict "root" . "gate" "DRAExtendedResource")) "true") -}}
+{{- fail "extendedResourceClass needs the DRAExtendedResource feature gate (alpha, off by default on Kubernetes 1.34 and 1.35; on from 1.36); without it the API server drops extendedResourceName from the DeviceClass. Enable the gate and set featureGates.DRAExtendedResource=true." -}}
 {{- end -}}
 {{- $names := list -}}
 {{- range $i, $group := .Values.nodeGroups -}}
@@ -101,6 +101,20 @@ here, at render time, with the reason.
 {{- end -}}
 
 {{/*
+"true" when the cluster has the gate on: as featureGates says, or where it says nothing,
+as the Kubernetes line's default (dradriver/k8s/lines.py: the gates this chart checks are
+off by default on 1.34 and 1.35 and on from 1.36). `root`, `gate`.
+*/}}
+{{- define "dradriver.gateOn" -}}
+{{- $set := index .root.Values.featureGates .gate -}}
+{{- if kindIs "bool" $set -}}
+{{- $set -}}
+{{- else -}}
+{{- semverCompare ">=1.36.0-0" .root.Capabilities.KubeVersion.Version -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 The settings of one DaemonSet (the top-level values, or a node group's over them).
 `where` names them in a message: "" at the top level, " (nodeGroups <name>)" in a group.
 */}}
@@ -113,8 +127,8 @@ The settings of one DaemonSet (the top-level values, or a node group's over them
 {{- if not (has $g.migMode (list "none" "static" "dynamic")) -}}
 {{- fail (printf "migMode%s must be none, static or dynamic, not %q" $where $g.migMode) -}}
 {{- end -}}
-{{- if and (eq $g.migMode "dynamic") (not .root.Values.featureGates.DRAPartitionableDevices) -}}
-{{- fail (printf "migMode dynamic%s needs the DRAPartitionableDevices feature gate (alpha in 1.34) on kube-apiserver, kube-scheduler and kube-controller-manager; without it the API server drops the MIG partitions' counters. Enable the gate and set featureGates.DRAPartitionableDevices=true, or use migMode none or static." $where) -}}
+{{- if and (eq $g.migMode "dynamic") (ne (include "dradriver.gateOn" (dict "root" .root "gate" "DRAPartitionableDevices")) "true") -}}
+{{- fail (printf "migMode dynamic%s needs the DRAPartitionableDevices feature gate (alpha, off by default on Kubernetes 1.34 and 1.35; on from 1.36) on kube-apiserver, kube-scheduler and kube-controller-manager; without it the API server drops the MIG partitions' counters. Enable the gate and set featureGates.DRAPartitionableDevices=true, or use migMode none or static." $where) -}}
 {{- end -}}
 {{- if and (eq $g.migMode "dynamic") (ne $g.consumableCapacity "off") -}}
 {{- fail (printf "consumableCapacity %s%s cannot be combined with migMode dynamic: a GPU is either shared by capacity or carved into MIG partitions. Set one of them per node group." $g.consumableCapacity $where) -}}

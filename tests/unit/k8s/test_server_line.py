@@ -1,0 +1,37 @@
+"""The plugin lays its slices out for the line its API server runs, and follows the
+control plane when it is upgraded under the running plugin (dradriver.k8s.server_line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dradriver.k8s import Kube
+from dradriver.k8s.lines import NEWEST
+from dradriver.k8s.server_line import ServerLine
+from tests.unit.k8s.conftest import configuration
+from tests.unit.k8s.fakeapi import FakeAPI
+
+
+def test_the_line_is_read_once_then_again_after_ttl_or_a_refusal(api: FakeAPI, kube: Kube) -> None:
+    now = [0.0]
+    server = ServerLine(kube, ttl=60, clock=lambda: now[0])
+    server.prefetch()
+    assert server.line().minor == 34 and server.version == "v1.34.4"
+    api.git_version = "v1.37.2"  # the control plane upgraded under the plugin
+    now[0] = 30
+    assert server.line().minor == 34  # not asked again within ttl
+    now[0] = 61
+    assert server.line().minor == 37
+    api.git_version = "v1.36.3-gke.1200"
+    server.forget()  # the API server refused a slice: ask now
+    assert server.line().minor == 36
+    assert [p for p in api.paths() if p.startswith("/version")] == ["/version"] * 3
+
+
+def test_an_api_server_that_does_not_answer_gets_the_newest_layout(tmp_path: Path) -> None:
+    gone = Kube(configuration("https://127.0.0.1:9", "t", ssl_ca_cert=None))
+    try:
+        server = ServerLine(gone)
+        assert server.line() is NEWEST
+    finally:
+        gone.close()
