@@ -78,6 +78,7 @@ class ClusterState:
     alpha: bool
     ports: dict[str, int] = field(default_factory=dict)
     k8s: str = OLDEST.name  # the Kubernetes line, "1.37"
+    controllers: str = "*"  # kube-controller-manager's --controllers
     pids: dict[str, int] = field(default_factory=dict)
 
     def save(self) -> None:
@@ -325,6 +326,7 @@ def up(
         server=server,
         alpha=alpha,
         k8s=ln.name,
+        controllers=controllers,
         ports={
             "etcd": etcd_port,
             "apiserver": api_port,
@@ -332,7 +334,6 @@ def up(
             "controller-manager": cm_port,
         },
     )
-    gates = ",".join(f"{g}=true" for g in alpha_gates(ln)) if alpha else ""
     deadline = time.monotonic() + timeout
     try:
         etcd_url = f"http://127.0.0.1:{etcd_port}"
@@ -355,100 +356,134 @@ def up(
         )
         st.save()
         _wait_http("etcd", f"{etcd_url}/health", st.pids["etcd"], logs, deadline)
-        api_args = [
-            str(bin_dir / "kube-apiserver"),
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={api_port}",
-            f"--cert-dir={pki}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            f"--token-auth-file={pki / 'tokens.csv'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--api-audiences=https://kubernetes.default.svc.cluster.local",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true",
-            "--profiling=false",
-        ]
-        if ln.minor >= 37:
-            # 1.37 refuses a loopback advertise address to the endpoint reconciler (the
-            # `kubernetes` Service's endpoints: pkg/controlplane/instance.go, ValidateIP);
-            # nothing here reaches the API server through that Service.
-            api_args.append("--endpoint-reconciler-type=none")
-        if gates:
-            api_args += [f"--feature-gates={gates}", f"--runtime-config={ALPHA_RUNTIME_CONFIG}"]
-        st.pids["kube-apiserver"] = _start("kube-apiserver", api_args, logs)
-        st.save()
-        ca_ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        _wait_http(
-            "kube-apiserver",
-            f"{server}/readyz",
-            st.pids["kube-apiserver"],
-            logs,
-            deadline,
-            ca_ctx,
-            token,
-        )
-        common = [
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            "--profiling=false",
-        ]
-        if gates:
-            common.append(f"--feature-gates={gates}")
-        st.pids["kube-scheduler"] = _start(
-            "kube-scheduler",
-            [str(bin_dir / "kube-scheduler"), *common, f"--secure-port={sched_port}"],
-            logs,
-        )
-        st.pids["kube-controller-manager"] = _start(
-            "kube-controller-manager",
-            [
-                str(bin_dir / "kube-controller-manager"),
-                *common,
-                f"--secure-port={cm_port}",
-                f"--service-account-private-key-file={pki / 'sa.key'}",
-                f"--root-ca-file={pki / 'ca.crt'}",
-                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
-                f"--cluster-signing-key-file={pki / 'ca.key'}",
-                "--use-service-account-credentials=false",
-                f"--controllers={controllers}",
-            ],
-            logs,
-        )
-        st.save()
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE  # they serve self-signed certs on loopback
-        _wait_http(
-            "kube-scheduler",
-            f"https://127.0.0.1:{sched_port}/healthz",
-            st.pids["kube-scheduler"],
-            logs,
-            deadline,
-            insecure,
-        )
-        _wait_http(
-            "kube-controller-manager",
-            f"https://127.0.0.1:{cm_port}/healthz",
-            st.pids["kube-controller-manager"],
-            logs,
-            deadline,
-            insecure,
-        )
+        _start_control_plane(st, ln, bin_dir, token, deadline)
         addons.install(st, webhook=webhook, deadline=deadline)
     except BaseException:
         down(state_dir, remove=False)
         raise
+    return st
+
+
+def _start_control_plane(
+    st: ClusterState, ln: Line, bin_dir: Path, token: str, deadline: float
+) -> None:
+    """kube-apiserver (once etcd answers), then kube-scheduler and kube-controller-manager
+    of line `ln`, each waited for until healthy; their pids go into `st`."""
+    state_dir = Path(st.state_dir)
+    logs, pki = state_dir / "logs", state_dir / "pki"
+    kubeconfig = st.kubeconfig
+    gates = ",".join(f"{g}=true" for g in alpha_gates(ln)) if st.alpha else ""
+    api_args = [
+        str(bin_dir / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{st.ports['etcd']}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={st.ports['apiserver']}",
+        f"--cert-dir={pki}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={pki / 'tokens.csv'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--api-audiences=https://kubernetes.default.svc.cluster.local",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        "--profiling=false",
+    ]
+    if ln.minor >= 37:
+        # 1.37 refuses a loopback advertise address to the endpoint reconciler (the
+        # `kubernetes` Service's endpoints: pkg/controlplane/instance.go, ValidateIP);
+        # nothing here reaches the API server through that Service.
+        api_args.append("--endpoint-reconciler-type=none")
+    if gates:
+        api_args += [f"--feature-gates={gates}", f"--runtime-config={ALPHA_RUNTIME_CONFIG}"]
+    st.pids["kube-apiserver"] = _start("kube-apiserver", api_args, logs)
+    st.save()
+    ca_ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    _wait_http(
+        "kube-apiserver",
+        f"{st.server}/readyz",
+        st.pids["kube-apiserver"],
+        logs,
+        deadline,
+        ca_ctx,
+        token,
+    )
+    common = [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        "--profiling=false",
+    ]
+    if gates:
+        common.append(f"--feature-gates={gates}")
+    sched_port, cm_port = st.ports["scheduler"], st.ports["controller-manager"]
+    st.pids["kube-scheduler"] = _start(
+        "kube-scheduler",
+        [str(bin_dir / "kube-scheduler"), *common, f"--secure-port={sched_port}"],
+        logs,
+    )
+    st.pids["kube-controller-manager"] = _start(
+        "kube-controller-manager",
+        [
+            str(bin_dir / "kube-controller-manager"),
+            *common,
+            f"--secure-port={cm_port}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=false",
+            f"--controllers={st.controllers}",
+        ],
+        logs,
+    )
+    st.save()
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE  # they serve self-signed certs on loopback
+    for name, port in (("kube-scheduler", sched_port), ("kube-controller-manager", cm_port)):
+        _wait_http(
+            name, f"https://127.0.0.1:{port}/healthz", st.pids[name], logs, deadline, insecure
+        )
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM to the process group, SIGKILL after 10 s."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    if _alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def upgrade(state_dir: Path, to: Line, *, timeout: float = 120.0) -> ClusterState:
+    """The control plane of a running cluster replaced by line `to`'s, as an upgrade
+    goes: etcd and its data, the ports, certificates and tokens stay; kube-apiserver,
+    then kube-scheduler and kube-controller-manager are stopped and started anew (with
+    `alpha`, the new line's gates). Nodes and plugins keep running through it."""
+    st = ClusterState.load(state_dir.resolve())
+    if st is None or running(state_dir) is None:
+        raise ClusterError(f"no cluster runs in {state_dir} to upgrade")
+    bin_dir = build_binaries(to)
+    for name in ("kube-controller-manager", "kube-scheduler", "kube-apiserver"):
+        _stop(st.pids.pop(name))
+    st.bin_dir, st.k8s = str(bin_dir), to.name
+    kubectl = Path(st.state_dir) / "kubectl"
+    kubectl.unlink(missing_ok=True)
+    kubectl.symlink_to(bin_dir / "kubectl")
+    token = (Path(st.state_dir) / "pki" / "tokens.csv").read_text().split(",", 1)[0]
+    _start_control_plane(st, to, bin_dir, token, time.monotonic() + timeout)
     return st
 
 

@@ -1,10 +1,11 @@
 """Which Kubernetes line the API server runs (its /version), for the slices' layout.
 
 The control plane is upgraded under running plugins (it goes first, and a kubelet may be
-three minors behind), so the answer is read again after `ttl` seconds and at once after
-the API server refused a slice (`forget`); until the first answer the newest line is
-assumed: its layout is what 1.35 and later accept, and a 1.34 server refuses only the
-dynamic-MIG slices of it, which the next round then lays out again for 1.34.
+three minors behind), so the answer is read again after `ttl` seconds, and at once after
+`forget` (the API server refused a slice, or a watch on it broke, as it does when the
+server restarts) or a failed ask; until the first answer the newest line is assumed: its
+layout is what 1.35 and later accept, and a 1.34 server refuses only the dynamic-MIG
+slices of it, which the next round then lays out again for 1.34.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ServerLine:
         self._at = float("-inf")
         self._first = threading.Event()
         self._started = False
+        self._failing = False  # the last ask failed (said once, until one succeeds)
         self._lock = threading.Lock()
         self.version = ""  # the API server's gitVersion, as it said it
 
@@ -46,13 +48,16 @@ class ServerLine:
             version = str(got.get("gitVersion", ""))
             found = line(version)
         except (KubeError, LineError) as exc:
-            log.warning(
-                "cannot tell the API server's Kubernetes line; slices are laid out for "
-                f"{(self._line or NEWEST).name} until it answers",
-                error=getattr(exc, "message", str(exc)),
-            )
+            # Asked again at the next line(): a server that does not answer now (one
+            # being upgraded, say) is the one whose line matters next.
             with self._lock:
-                self._at = self._clock()  # not again before ttl
+                said, self._failing = self._failing, True
+            if not said:
+                log.warning(
+                    "cannot tell the API server's Kubernetes line; slices are laid out for "
+                    f"{(self._line or NEWEST).name} until it answers",
+                    error=getattr(exc, "message", str(exc)),
+                )
             self._first.set()
             return
         with self._lock:
@@ -64,6 +69,7 @@ class ServerLine:
                     version=version,
                 )
             self._line, self._at, self.version = found, self._clock(), version
+            self._failing = False
         self._first.set()
 
     def line(self) -> Line:

@@ -210,7 +210,14 @@ def run_plugin(
     publisher = SlicePublisher(kube, args.driver_name, args.node_name, server_line=server)
     publisher.start_prefetch()
     loop = PublishLoop(publisher, discover, period=args.rediscover_period)
-    watch = SliceWatch(kube, args.driver_name, args.node_name, lambda why: loop.trigger())
+
+    def server_changed() -> None:
+        server.forget()  # an upgraded control plane may want another layout
+        loop.trigger()
+
+    watch = SliceWatch(
+        kube, args.driver_name, args.node_name, lambda why: loop.trigger(), server_changed
+    )
     publisher.on_written, publisher.on_deleted = watch.wrote, watch.deleted
 
     def slices_ready() -> tuple[bool, str]:

@@ -30,6 +30,9 @@ class SliceWatch:
     driver: str
     node: str
     on_change: Callable[[str], None]
+    # Told when a watch broke (not merely expired): the API server may have restarted,
+    # as it does when the control plane is upgraded to another line.
+    on_broken: Callable[[], None] | None = None
     watch_timeout: int = 60
     backoff_max: float = 30.0
     # resourceVersions our own writes produced, and names of slices we deleted: their
@@ -84,6 +87,8 @@ class SliceWatch:
         if wait is None:
             log.info("slice watch expired; re-listing", node=self.node)
             return
+        if self.on_broken is not None:
+            self.on_broken()
         log.warning(
             "slice watch failed; " + ("re-listing" if rv is None else "resuming"),
             node=self.node,

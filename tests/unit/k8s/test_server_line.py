@@ -35,3 +35,18 @@ def test_an_api_server_that_does_not_answer_gets_the_newest_layout(tmp_path: Pat
         assert server.line() is NEWEST
     finally:
         gone.close()
+
+
+def test_a_server_that_did_not_answer_is_asked_again_at_once(api: FakeAPI, kube: Kube) -> None:
+    """An upgrade restarts the API server: the ask that fails then is not the answer for
+    the next minute; the first one the new server answers is."""
+    now = [0.0]
+    server = ServerLine(kube, ttl=60, clock=lambda: now[0])
+    assert server.line().minor == 34
+    api.deny.add("Bearer secret")  # refused, as a server mid-restart would
+    server.forget()
+    assert server.line().minor == 34  # the last known line meanwhile
+    api.deny.clear()
+    api.git_version = "v1.37.2"
+    now[0] = 1  # well within ttl
+    assert server.line().minor == 37
