@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dradriver.inventory.node_devices import MigMode, partitions
+from dradriver.k8s.lines import LINES, Line
 from dradriver.slices import counters as ctr
 from dradriver.slices.build import SliceContent, build
 from tests.support.gpu_names import indexed, names_of
@@ -197,3 +198,28 @@ def test_the_order_keeps_the_low_end_for_4g_and_the_last_slice_for_who_can_use_i
     assert first("1g20gb") == "gpu-0-mig-1g20gb-6"
     assert first("1g10gb") == "gpu-0-mig-1g10gb-0"  # cannot reach it: from the bottom
     assert first("2g20gb") == "gpu-0-mig-2g20gb-0"
+
+
+def test_each_lines_layout_fills_a_node_as_far_as_its_allocator_walks_it() -> None:
+    """From 1.35 a node's slices hold devices or counter sets (4 device slices of 8
+    H100s); 1.35's allocator walks them in the informer's order, 1.36's in name order
+    (the keys'). Measured (500 streams): 1.34's two slices 90.4% of the memory slices held
+    at the first refusal, 1.35's four walked at random 82.9%, 1.36's walked in order 94.4%:
+    whole GPUs first, then partitions filling one GPU before the next, node-wide."""
+    inv = inventory("8xH100-80GB")
+    room = 500 * 8 * 8
+
+    def fill(ln: Line, in_order: bool) -> float:
+        slices = [s for s in build(inv, MigMode.DYNAMIC, line=ln).slices if s.devices]
+        caps = capacities(build(inv, MigMode.DYNAMIC, line=ln).slices)
+        layout = [walked(s) for s in sorted(slices, key=lambda s: s.key)]
+        if in_order:  # one walk in name order: nothing left to shuffle
+            layout = [[w for s in layout for w in s]]
+        return sum(filled(layout, caps, seed) for seed in range(500)) / room
+
+    joint, random_walk, name_order = (
+        fill(LINES[0], False),
+        fill(LINES[1], False),
+        fill(LINES[2], True),
+    )
+    assert name_order >= joint > 0.85 and random_walk > 0.8, (joint, random_walk, name_order)
