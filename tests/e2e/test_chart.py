@@ -32,11 +32,13 @@ from .helpers import (
     Cluster,
     HelmError,
     HollowNode,
+    NodeUnderTest,
     PluginProc,
     apply_object,
     free_port,
     get_or_none,
     load_yaml,
+    new_namespace,
     request_token,
     resource_path,
     run_helm,
@@ -600,6 +602,82 @@ def test_plugin_works_with_only_the_chart_rbac(
         assert {what: status_of(fn) for what, fn in refused.items()} == dict.fromkeys(refused, 403)
     finally:
         as_plugin.close()
+
+
+@pytest.fixture(scope="module")
+def alpha_release(helm: Path, alpha_kube: Kube) -> Iterator[Release]:
+    """The chart's RBAC and policies on the control plane with every DRA feature on."""
+    ns = f"dradriver-{secrets.token_hex(3)}"
+    alpha_kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
+    docs = render(helm, TEST_VALUES, ns)
+    try:
+        for doc in docs:
+            apply_object(alpha_kube, doc)
+        yield Release(ns, docs)
+    finally:
+        for doc in reversed(docs):
+            if doc["kind"] != "DeviceClass" and "namespace" not in doc["metadata"]:
+                with contextlib.suppress(KubeError):
+                    alpha_kube.delete(resource_path(alpha_kube, doc), missing_ok=True)
+        alpha_kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+def test_mig_and_shares_work_with_only_the_chart_rbac(
+    alpha_cluster: Cluster,
+    alpha_kube: Kube,
+    alpha_release: Release,
+    hollow_node: Callable[..., HollowNode],
+) -> None:
+    """A dynamic MIG partition and a share by memory, each prepared by a plugin that acts
+    as the chart's ServiceAccount with a pod-bound token: slices, prepare and the claim's
+    status.devices (from 1.36 under the chart's `resourceclaims/driver` grant, the share's
+    entry with its shareID) with nothing but the chart's RBAC and policies."""
+    k, rel = alpha_kube, alpha_release
+    ns = new_namespace(k, f"rbac-{secrets.token_hex(3)}")
+    started: list[PluginProc] = []
+    try:
+        nodes = {}
+        for role, mode, args in (
+            ("mig", "dynamic", []),
+            ("share", "none", ["--consumable-capacity", "memory"]),
+        ):
+            kubelet = hollow_node(kubeconfig=alpha_cluster.kubeconfig, api=k)
+            pod = sa_pod(k, rel.ns, f"plugin-{kubelet.node}", rel.plugin_sa, kubelet.node)
+            token = request_token(k, rel.ns, rel.plugin_sa, pod)
+            kcfg = token_kubeconfig(
+                alpha_cluster.kubeconfig, token, kubelet.root.parent / f"{kubelet.node}.kubeconfig"
+            )
+            plugin = PluginProc(kcfg, kubelet, "fake:1xH100-80GB", mode, extra_args=args)
+            started.append(plugin)
+            plugin.start()
+            wait_for(plugin.ready, f"the {role} plugin ready as its ServiceAccount", 30)
+            nodes[role] = NodeUnderTest(k, ns, kubelet, plugin)
+        nodes["mig"].claim_and_pod(
+            "part", 'device.attributes["gpu.dradriver.io"].profile == "1g.10gb"'
+        )
+        shares = nodes["share"].apply("gpu-share-by-memory")
+        for n, pod in [(nodes["mig"], "part"), *((nodes["share"], p) for p in shares)]:
+            n.running(pod)
+        claims = k.list(path_for(RES, "resourceclaims", ns))["items"]
+        assert len(claims) == 1 + len(shares)
+
+        def written() -> list[dict[str, Any]] | None:
+            got = [
+                d
+                for c in k.list(path_for(RES, "resourceclaims", ns))["items"]
+                for d in (c.get("status") or {}).get("devices") or []
+            ]
+            return got if len(got) == len(claims) else None
+
+        entries = wait_for(written, "every claim's status.devices", 30)
+        assert {e["pool"] for e in entries} == {n.kubelet.node for n in nodes.values()}
+        assert sum(1 for e in entries if e.get("shareID")) == len(shares)
+        for n in nodes.values():
+            assert "forbidden" not in n.plugin.log().lower(), n.plugin.log()[-3000:]
+    finally:
+        for plugin in started:
+            plugin.stop()
+        k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
 
 
 def slice_body(name: str, node: str) -> dict[str, Any]:
