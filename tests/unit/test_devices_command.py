@@ -203,3 +203,26 @@ def test_counts_read_as_english(capsys: pytest.CaptureFixture[str]) -> None:
     assert "): 1 slice, 1 device" in out and "devices-0: 1 device (1 gpu)" in out
     assert main(["devices", "--devices", "fake:2xL4"]) == 0
     assert "): 1 slice, 2 devices" in capsys.readouterr().out
+
+
+def test_kubernetes_names_the_line_the_slices_are_laid_out_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["devices", "--devices", "fake:8xH100-80GB", "--mig-mode", "dynamic"]
+    assert main([*base, "-o", "json"]) == 0
+    joint = json.loads(capsys.readouterr().out)
+    assert main([*base, "--kubernetes", "1.37", "-o", "json"]) == 0
+    apart = json.loads(capsys.readouterr().out)
+    assert (joint["kubernetes"], apart["kubernetes"]) == ("1.34", "1.37")
+    # 1.34: two slices of devices with their counter sets; 1.37: the counter sets apart.
+    assert all(s["spec"].get("sharedCounters") for s in joint["resourceSlices"])
+    (counters, *devices) = apart["resourceSlices"]
+    assert "devices" not in counters["spec"] and len(counters["spec"]["sharedCounters"]) == 8
+    assert all("sharedCounters" not in s["spec"] for s in devices)
+    assert sum(len(s["spec"]["devices"]) for s in devices) == 208
+    assert main([*base, "--kubernetes", "1.37"]) == 0
+    out = capsys.readouterr().out
+    assert "laid out for Kubernetes 1.37): 5 slices, 208 devices" in out
+    assert "  counters-0: 8 counter sets, 64 shared counters" in out
+    assert main([*base, "--kubernetes", "1.30"]) == 2
+    assert "older than this driver supports" in capsys.readouterr().err
