@@ -480,18 +480,22 @@ class NodeUnderTest:
                 },
             },
         )
+        self._pod_with(name, {"name": request, "resourceClaimName": name})
+
+    def _pod_with(self, name: str, claim: dict[str, str]) -> None:
+        """A pod on this node (named `name`) whose container uses the pod claim `claim`."""
         self.kube.create(
             path_for("v1", "pods", self.ns),
             {
                 "metadata": {"name": name},
                 "spec": {
                     "nodeSelector": {"kubernetes.io/hostname": self.kubelet.node},
-                    "resourceClaims": [{"name": request, "resourceClaimName": name}],
+                    "resourceClaims": [claim],
                     "containers": [
                         {
                             "name": "main",
                             "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"claims": [{"name": request}]},
+                            "resources": {"claims": [{"name": claim["name"]}]},
                         }
                     ],
                 },
@@ -516,23 +520,7 @@ class NodeUnderTest:
                 },
             },
         )
-        self.kube.create(
-            path_for("v1", "pods", self.ns),
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": self.kubelet.node},
-                    "resourceClaims": [{"name": request, "resourceClaimTemplateName": name}],
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"claims": [{"name": request}]},
-                        }
-                    ],
-                },
-            },
-        )
+        self._pod_with(name, {"name": request, "resourceClaimTemplateName": name})
 
     def claim_of(self, pod: str) -> str:
         """The name of the claim a pod's template made (its status names it)."""
