@@ -28,7 +28,7 @@ DRA_TEST_LINES := 1.35 1.36
 KIND_K8S ?= $(lastword $(LINES))
 kind-demo kind-down kind-test: K8S = $(KIND_K8S)
 
-.PHONY: all venv bytecode controlplane hollow-node lines cdi-tool helm kueue proto schema lint format \
+.PHONY: all venv bytecode controlplane hollow-node lines cdi-tool nvcdi helm kueue proto schema lint format \
         typecheck unit test e2e cluster-up cluster-down demo bench clean kind-demo kind-down kind-test
 
 all: test
@@ -69,6 +69,11 @@ lines:
 cdi-tool:
 	@bash tools/cdi/build.sh >/dev/null
 
+# dradriver-nvcdi (the driver's files a container needs, as NVIDIA's container toolkit
+# computes them; the image carries it) and nvidia-cdi-hook, from tools/nvcdi (cgo).
+nvcdi:
+	@bash tools/nvcdi/build.sh >/dev/null
+
 # The helm CLI the chart's tests and `make demo` render the chart with; cached the same way.
 helm:
 	@bash tools/helm/build.sh >/dev/null
@@ -99,7 +104,7 @@ unit: venv
 	$(PY) -m pytest tests/unit $(XDIST) $(PYTEST_ARGS)
 
 # The unit tests once (they talk to no Kubernetes); the end-to-end tests on each line.
-test: venv bytecode lines cdi-tool helm kueue lint typecheck
+test: venv bytecode lines cdi-tool nvcdi helm kueue lint typecheck
 	@set -e; for line in $(WHOLE_SUITE_LINES); do \
 	  what=$$([ $$line = $(firstword $(WHOLE_SUITE_LINES)) ] && echo "tests" || echo "tests/e2e"); \
 	  echo "== Kubernetes $$line: $$what"; \
@@ -108,7 +113,7 @@ test: venv bytecode lines cdi-tool helm kueue lint typecheck
 	  echo "== Kubernetes $$line: tests/e2e -m lines"; \
 	  K8S=$$line $(PY) -m pytest tests/e2e -m lines $(XDIST) $(PYTEST_ARGS); done
 
-e2e: venv bytecode controlplane hollow-node cdi-tool helm kueue
+e2e: venv bytecode controlplane hollow-node cdi-tool nvcdi helm kueue
 	$(PY) -m pytest tests/e2e $(XDIST) $(PYTEST_ARGS)
 
 cluster-up: venv controlplane

@@ -34,6 +34,9 @@ from dradriver.kubeletplugin.state.files import atomic_write
 from dradriver.nvml.host import DeviceNode
 
 CLAIM_CLASS: Final = "claim"
+# The node's driver spec (driver_spec): one device whose spec carries the driver's files.
+DRIVER_CLASS: Final = "driver"
+DRIVER_DEVICE: Final = "files"
 # Ascending; what cdi_version_for can return.
 CDI_VERSIONS: Final = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "1.1.0")
 
@@ -176,6 +179,41 @@ def claim_spec(
     return spec
 
 
+def driver_device_id(driver: str) -> str:
+    """gpu.dradriver.io/driver=files: the ID every GPU device of a claim also names, so a
+    container gets the driver's files once however many claims and devices it uses."""
+    return f"{driver}/{DRIVER_CLASS}={DRIVER_DEVICE}"
+
+
+def driver_spec(driver: str, version: str, edits: Mapping[str, Any]) -> dict[str, Any]:
+    """The node's driver spec: `edits` (what NVIDIA's container toolkit says a container
+    needs of driver `version`: libraries, commands, firmware, hooks) as the spec's own
+    edits, which the CDI library applies once per container whichever of the spec's
+    devices it is given, and once only when several claims name it. The toolkit's
+    NVIDIA_VISIBLE_DEVICES=void is left out: each claim's devices say which GPUs."""
+    _check_driver(driver)
+    if not version or any(c in version for c in ", \t\n="):
+        raise ValueError(f"CDI: driver version {version!r} is not one")
+    top = {k: v for k, v in edits.items() if v}
+    env = [e for e in top.pop("env", []) if not str(e).startswith("NVIDIA_VISIBLE_DEVICES=")]
+    if env:
+        top["env"] = env
+    spec: dict[str, Any] = {
+        "cdiVersion": CDI_VERSIONS[0],
+        "kind": f"{driver}/{DRIVER_CLASS}",
+        "devices": [
+            {
+                "name": DRIVER_DEVICE,
+                # A device needs edits of its own; this one says which driver it is.
+                "containerEdits": {"env": [f"DRADRIVER_DRIVER_VERSION={version}"]},
+            }
+        ],
+        "containerEdits": top,
+    }
+    spec["cdiVersion"] = cdi_version_for(spec)
+    return spec
+
+
 def _node(n: DeviceNode | str) -> dict[str, Any]:
     node = DeviceNode(n) if isinstance(n, str) else n
     out: dict[str, Any] = {"path": node.path}
@@ -306,6 +344,29 @@ class CdiWriter:
                 exc.errno,
                 f"CDI layer: cannot write the spec of claim {claim_uid} to {path}: {reason}",
             ) from exc
+
+    @property
+    def driver_spec_path(self) -> Path:
+        return self.cdi_dir / f"{self.driver}-{DRIVER_CLASS}.json"
+
+    def write_driver(self, spec: Mapping[str, Any]) -> None:
+        """Atomically writes the node's driver spec (driver_spec)."""
+        data = (json.dumps(spec, separators=(",", ":")) + "\n").encode()
+        path = self.driver_spec_path
+        try:
+            self.cdi_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(str(path), data, mode=0o644, durable=False)
+        except OSError as exc:
+            raise CdiWriteError(
+                exc.errno, f"CDI layer: cannot write the driver spec {path}: {exc.strerror or exc}"
+            ) from exc
+
+    def remove_driver(self) -> bool:
+        try:
+            self.driver_spec_path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def exists(self, claim_uid: str) -> bool:
         return os.path.isfile(self._file(claim_uid))

@@ -1,0 +1,105 @@
+"""The driver's files a container needs (its libraries, commands, GSP firmware and the
+hooks that link them and update the container's ld cache), as NVIDIA's container toolkit
+computes them: tools/nvcdi's dradriver-nvcdi runs the toolkit's nvcdi package over the
+driver root and prints the CDI container edits. Nothing here knows a library's name.
+
+The answer depends only on the driver root and the driver's version, so it is asked once
+per version; a driver upgraded under a running plugin (a new version from NVML's
+discovery) is asked again, and the node's driver spec rewritten with it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dradriver.errors import CdiError
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.driver_files")
+
+HELPER = "dradriver-nvcdi"
+# nvcdi walks a few directories of one driver root: seconds only on a very slow disk.
+TIMEOUT = 60.0
+
+
+class DriverFilesError(CdiError):
+    """NVIDIA's toolkit could not say what a container needs of the driver."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="driver_files")
+
+
+@dataclass
+class DriverFiles:
+    """`driver_root` as the plugin sees it (the chart mounts it at /driver-root),
+    `host_driver_root` as the host and its runtime see it, `hook_path` the host's
+    nvidia-cdi-hook (the runtime runs it from the spec)."""
+
+    driver_root: Path
+    host_driver_root: Path
+    hook_path: str
+    helper: str = HELPER
+    _cache: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def edits(self, version: str) -> dict[str, Any]:
+        """The CDI containerEdits for the driver `version` (as NVML reports it)."""
+        with self._lock:
+            known = self._cache.get(version)
+        if known is not None:
+            return known
+        got = self._ask(version)
+        with self._lock:
+            self._cache = {version: got}  # the old version's files are gone with it
+        log.info(
+            "driver files found",
+            driver_version=version,
+            driver_root=str(self.host_driver_root),
+            mounts=len(got.get("mounts") or []),
+            hooks=len(got.get("hooks") or []),
+        )
+        return got
+
+    def _ask(self, version: str) -> dict[str, Any]:
+        exe = shutil.which(self.helper) or self.helper
+        argv = [
+            exe,
+            f"--driver-root={self.driver_root}",
+            f"--host-driver-root={self.host_driver_root}",
+            f"--hook-path={self.hook_path}",
+            f"--driver-version={version}",
+        ]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+        except FileNotFoundError as exc:
+            raise DriverFilesError(
+                f"CDI layer: {self.helper} (NVIDIA's container toolkit, tools/nvcdi) is not "
+                "installed: the image carries it; from a checkout, build it with "
+                "`bash tools/nvcdi/build.sh` and put its directory on PATH, or run with "
+                "--driver-files runtime"
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise DriverFilesError(
+                f"CDI layer: {self.helper} did not answer in {TIMEOUT:.0f} s reading the "
+                f"driver root {self.driver_root}"
+            ) from exc
+        if done.returncode != 0:
+            said = done.stderr.strip().splitlines()[-1:] or ["no message"]
+            raise DriverFilesError(
+                f"CDI layer: NVIDIA's container toolkit found no driver {version} under "
+                f"{self.driver_root} ({said[0]}): check --driver-root (Helm driverRoot, "
+                "/run/nvidia/driver for the GPU Operator's containerised driver)"
+            )
+        try:
+            edits = json.loads(done.stdout)
+        except ValueError as exc:
+            raise DriverFilesError(f"CDI layer: {self.helper} printed no JSON: {exc}") from exc
+        if not isinstance(edits, dict):
+            raise DriverFilesError(f"CDI layer: {self.helper} printed {type(edits).__name__}")
+        return edits
