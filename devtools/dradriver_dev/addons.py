@@ -18,7 +18,7 @@ import yaml
 
 from dradriver import DEFAULT_DRIVER_NAME
 from dradriver.k8s import Kube, KubeError, path_for
-from dradriver_dev import cluster
+from dradriver_dev import cluster, ports
 
 DEVICE_CLASSES = cluster.REPO_ROOT / "deploy" / "deviceclasses.yaml"
 CRDS = cluster.REPO_ROOT / "deploy" / "helm" / "dradriver" / "crds"
@@ -178,7 +178,7 @@ def start_webhook(kube: Kube, st: cluster.ClusterState, deadline: float) -> None
     """Starts `dradriver controller` against the cluster and returns once the API server
     refuses a bad claim through it."""
     logs = Path(st.state_dir) / "logs"
-    port, healthz_port = cluster._free_ports(2)
+    port, healthz_port = ports.free_ports(2)
     config = path_for(ADM, "validatingwebhookconfigurations", name=WEBHOOK_CONFIG)
     kube.apply(config, webhook_configuration(port), field_manager=FIELD_MANAGER)
     st.pids[WEBHOOK_PROCESS] = cluster._start(

@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -25,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dradriver.k8s.lines import OLDEST, Line, line
+from dradriver_dev.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "controlplane" / "build.sh"
@@ -109,20 +109,6 @@ def build_binaries(ln: Line | None = None) -> Path:
             f"building the Kubernetes {ln.name} control plane failed (exit {proc.returncode})"
         )
     return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def _free_ports(n: int) -> list[int]:
-    # Hold all sockets open until every port is chosen so no two picks collide.
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _openssl(*args: str) -> None:
@@ -313,7 +299,7 @@ def up(
     _make_pki(pki)
     token = secrets.token_hex(16)
     (pki / "tokens.csv").write_text(f"{token},admin,admin-uid,system:masters\n")
-    etcd_port, peer_port, api_port, sched_port, cm_port = _free_ports(5)
+    etcd_port, peer_port, api_port, sched_port, cm_port = free_ports(5)
     server = f"https://127.0.0.1:{api_port}"
     kubeconfig = state_dir / "kubeconfig"
     (state_dir / "kubectl").unlink(missing_ok=True)
@@ -423,35 +409,63 @@ def _start_control_plane(
     ]
     if gates:
         common.append(f"--feature-gates={gates}")
-    sched_port, cm_port = st.ports["scheduler"], st.ports["controller-manager"]
-    st.pids["kube-scheduler"] = _start(
-        "kube-scheduler",
-        [str(bin_dir / "kube-scheduler"), *common, f"--secure-port={sched_port}"],
-        logs,
+    sched_args = [str(bin_dir / "kube-scheduler"), *common]
+    cm_args = [
+        str(bin_dir / "kube-controller-manager"),
+        *common,
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+        f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--use-service-account-credentials=false",
+        f"--controllers={st.controllers}",
+    ]
+    _start_serving(
+        st,
+        {
+            "kube-scheduler": ("scheduler", sched_args),
+            "kube-controller-manager": ("controller-manager", cm_args),
+        },
+        deadline,
     )
-    st.pids["kube-controller-manager"] = _start(
-        "kube-controller-manager",
-        [
-            str(bin_dir / "kube-controller-manager"),
-            *common,
-            f"--secure-port={cm_port}",
-            f"--service-account-private-key-file={pki / 'sa.key'}",
-            f"--root-ca-file={pki / 'ca.crt'}",
-            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
-            f"--cluster-signing-key-file={pki / 'ca.key'}",
-            "--use-service-account-credentials=false",
-            f"--controllers={st.controllers}",
-        ],
-        logs,
-    )
-    st.save()
+
+
+def _start_serving(
+    st: ClusterState, components: dict[str, tuple[str, list[str]]], deadline: float
+) -> None:
+    """Start components, each on its secure port (name -> port key, argv), together, and
+    wait until each is healthy. A port was chosen when the cluster was made, maybe long
+    before (an upgrade restarts a component on the same one), so another process may hold
+    it now: then that component gets a new one, twice at most."""
+    logs = Path(st.state_dir) / "logs"
     insecure = ssl.create_default_context()
     insecure.check_hostname = False
     insecure.verify_mode = ssl.CERT_NONE  # they serve self-signed certs on loopback
-    for name, port in (("kube-scheduler", sched_port), ("kube-controller-manager", cm_port)):
-        _wait_http(
-            name, f"https://127.0.0.1:{port}/healthz", st.pids[name], logs, deadline, insecure
-        )
+    log_from: dict[str, int] = {}
+
+    def start(name: str) -> None:
+        key, argv = components[name]
+        log = logs / f"{name}.log"
+        log_from[name] = log.stat().st_size if log.exists() else 0
+        st.pids[name] = _start(name, [*argv, f"--secure-port={st.ports[key]}"], logs)
+        st.save()
+
+    for name in components:
+        start(name)
+    for name, (key, _) in components.items():
+        for attempt in range(3):
+            url = f"https://127.0.0.1:{st.ports[key]}/healthz"
+            try:
+                _wait_http(name, url, st.pids[name], logs, deadline, insecure)
+                break
+            except ClusterError:
+                with open(logs / f"{name}.log", "rb") as f:
+                    f.seek(log_from[name])
+                    taken = b"address already in use" in f.read()
+                if not taken or attempt == 2:
+                    raise
+                (st.ports[key],) = free_ports(1)
+                start(name)
 
 
 def _stop(pid: int) -> None:

@@ -32,7 +32,7 @@ import yaml
 
 from dradriver.commands import dev_nodes
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
-from dradriver_dev import addons, cluster
+from dradriver_dev import addons, cluster, ports
 from dradriver_dev import demo_domains as domains
 from dradriver_dev import hollow_node as hollow
 
@@ -76,7 +76,7 @@ PLACEMENT = {
 def imex_ports() -> tuple[int, int]:
     """The trays' IMEX daemons' SERVER_PORT and IMEX_CMD_PORT: one pair for all, as real
     nodes share one; chosen once per demo."""
-    server, cmd = cluster._free_ports(2)
+    server, cmd = ports.free_ports(2)
     return server, cmd
 
 
@@ -141,7 +141,7 @@ def start_node(
     wait(f"node {name} Ready", lambda: _node_ready(kube, name, kubelet))
     # Chosen here rather than 0 ("any"), so the address the demo prints is known without
     # reading the plugin's log; the plugin exits if another process took it meanwhile.
-    (healthz_port,) = cluster._free_ports(1)
+    (healthz_port,) = ports.free_ports(1)
     plugin = subprocess.Popen(
         [
             *common,

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from dradriver.k8s import Conflict, Kube, path_for
-from dradriver_dev import addons, cluster
+from dradriver_dev import addons, cluster, ports
 
 BUILD_SCRIPT = cluster.REPO_ROOT / "tools" / "kueue" / "build.sh"
 NAMESPACE = "kueue-system"
@@ -177,7 +177,7 @@ def start(
         install(kube, built, deadline)
     finally:
         kube.close()
-    webhook, metrics, health = cluster._free_ports(3)
+    webhook, metrics, health = ports.free_ports(3)
     cfg = configuration(
         mappings,
         work / "certs",

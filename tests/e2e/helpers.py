@@ -20,6 +20,7 @@ import yaml
 
 from dradriver.k8s import Conflict, Kube, NotFound, path_for
 from dradriver.k8s.lines import FEATURES, OLDEST, Line
+from dradriver_dev.ports import free_port
 from tests.support import gpu_names
 
 T = TypeVar("T")
@@ -261,14 +262,6 @@ def ensure_device_classes(kube: Kube) -> None:
     for doc in load_yaml(REPO / "deploy" / "deviceclasses.yaml"):
         with contextlib.suppress(Conflict):
             kube.create(path_for(doc["apiVersion"], "deviceclasses"), doc)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PluginProc(DradriverProcess):
