@@ -29,7 +29,7 @@ KIND_K8S ?= $(lastword $(LINES))
 kind-demo kind-down kind-test: K8S = $(KIND_K8S)
 
 .PHONY: all venv bytecode controlplane hollow-node lines cdi-tool nvcdi helm kueue proto schema lint format \
-        typecheck unit test e2e cluster-up cluster-down demo bench clean kind-demo kind-down kind-test
+        typecheck unit test e2e cluster-up cluster-down demo bench clean kind-demo kind-down kind-test gpu-check
 
 all: test
 
@@ -122,7 +122,7 @@ cluster-up: venv controlplane
 cluster-down: venv
 	@$(PY) -m dradriver.cli dev cluster down --state-dir $(STATE)
 
-demo: venv bytecode controlplane hollow-node helm
+demo: venv bytecode controlplane hollow-node nvcdi helm
 	@$(PY) -m dradriver_dev.demo $(if $(filter 1 true yes,$(KEEP)),--keep)
 
 # dradriver as a user installs it: the image, the chart, real containerd in a kind cluster
@@ -140,7 +140,13 @@ kind-down: venv
 kind-test: venv controlplane helm
 	DRADRIVER_KIND_TESTS=1 $(PY) -m pytest tests/kind $(PYTEST_ARGS)
 
-bench: venv bytecode controlplane hollow-node
+# dradriver against a real GPU, read-only (tools/gpu-check/run.sh): discovery beside the
+# fake of the same product, the driver spec beside nvidia-ctk's, nvidia-smi through it.
+# Needs no virtualenv where build/gpu-check/ is bundled (the GPU host lent to a task).
+gpu-check:
+	@bash tools/gpu-check/run.sh
+
+bench: venv bytecode controlplane hollow-node nvcdi
 	$(PY) benchmarks/prepare.py
 	$(PY) benchmarks/gpu_locks.py
 

@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from dradriver.k8s import Conflict, Kube, NotFound, path_for  # noqa: E402
 from dradriver_dev import cluster  # noqa: E402
+from dradriver_dev.driver_files import plugin_env  # noqa: E402
 
 RES = "resource.k8s.io/v1"
 NODES = {"bench-a": "fake:8xH100-80GB", "bench-b": "fake:4xA100-80GB:nvlink=pairs+2xL4"}
@@ -174,6 +175,7 @@ def main() -> int:
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env=plugin_env(),  # the driver's files in CDI, as the plugin's default
             )
         for name in NODES:
             wait(

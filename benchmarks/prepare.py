@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO))
 from dradriver.api import kubelet as kapi  # noqa: E402
 from dradriver.k8s import Kube, NotFound, path_for  # noqa: E402
 from dradriver_dev import cluster  # noqa: E402
+from dradriver_dev.driver_files import plugin_env  # noqa: E402
 
 RES = "resource.k8s.io/v1"
 DRIVER = "gpu.dradriver.io"
@@ -387,6 +388,7 @@ class Plugin:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=plugin_env(),  # the driver's files in CDI, as the plugin's default
         )
 
     def _watch_slices(self, kube: Kube, since: str) -> None:

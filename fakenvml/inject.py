@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 POLL_SECONDS = 0.1
-ACTIONS = ("xid", "lost", "recover")
+ACTIONS = ("xid", "lost", "recover", "driver")
 
 
 class InjectError(RuntimeError):
@@ -40,6 +40,7 @@ class Request:
     action: str  # "xid", "lost" or "recover"
     xid: int | None = None
     gpu_instance: int | None = None  # XIDs NVML ties to a GPU instance
+    driver_version: str | None = None  # action "driver": the version NVML reports from now
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +49,7 @@ class Request:
             "action": self.action,
             "xid": self.xid,
             "gpuInstance": self.gpu_instance,
+            "driverVersion": self.driver_version,
         }
 
     @classmethod
@@ -58,6 +60,11 @@ class Request:
         if action not in ACTIONS:
             raise InjectError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
         gpu, xid, gi = doc.get("gpu"), doc.get("xid"), doc.get("gpuInstance")
+        version = doc.get("driverVersion")
+        if action == "driver":
+            if not isinstance(version, str) or not version:
+                raise InjectError("action driver needs a driverVersion")
+            return cls(0, action, driver_version=version)
         if not isinstance(gpu, int) or (action == "xid" and not isinstance(xid, int)):
             raise InjectError("a request needs an integer gpu (and xid for action xid)")
         return cls(gpu, action, xid, gi if isinstance(gi, int) else None)
@@ -77,6 +84,10 @@ def nodes_in(state_dir: Path) -> list[str]:
 
 def apply(machine: FakeMachine, req: Request) -> str:
     """Applies one request; what happened, in words."""
+    if req.action == "driver":
+        assert req.driver_version is not None
+        old = machine.upgrade_driver(req.driver_version)
+        return f"driver {old} replaced by {req.driver_version} (NVML reports it from now)"
     if not 0 <= req.gpu < len(machine.gpus):
         raise InjectError(f"no GPU {req.gpu}: this node has GPUs 0..{len(machine.gpus) - 1}")
     uuid = machine.gpus[req.gpu].uuid

@@ -362,11 +362,29 @@ class FakeMachine:
     def _save(self) -> None:
         if self.state_path is None:
             return
-        persist.save(self.state_path, {"node": self.node, "gpus": [_dump(g) for g in self.gpus]})
+        persist.save(
+            self.state_path,
+            {
+                "node": self.node,
+                "driverVersion": self.driver_version,
+                "gpus": [_dump(g) for g in self.gpus],
+            },
+        )
+
+    def upgrade_driver(self, version: str) -> str:
+        """Another driver installed and loaded, as after an upgrade (its files are the
+        test's to lay out: fakenvml.driver_root); returns the version it replaced. Kept
+        across restarts of the process, as an installed driver is."""
+        with self.lock:
+            old, self.driver_version = self.driver_version, version
+            self._save()
+        return old
 
     def _restore(self, doc: dict[str, Any]) -> None:
         saved = doc.get("gpus")
         where = f"fake NVML state {self.state_path}"
+        if isinstance(doc.get("driverVersion"), str) and doc["driverVersion"]:
+            self.driver_version = doc["driverVersion"]  # an upgrade since the spec was written
         by_uuid = {
             s.get("uuid"): s
             for s in (saved if isinstance(saved, list) else [])

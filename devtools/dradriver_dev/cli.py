@@ -81,7 +81,12 @@ def _inject(args: argparse.Namespace) -> int:
             )
             return 2
         (node,) = nodes
-    if args.xid is not None:
+    if args.driver_version is not None:
+        req = inject.Request(0, "driver", driver_version=args.driver_version)
+    elif args.gpu is None:
+        print("dev inject: --gpu INDEX is needed for a GPU's fault", file=sys.stderr)
+        return 2
+    elif args.xid is not None:
         req = inject.Request(args.gpu, "xid", args.xid, args.gpu_instance)
     else:
         req = inject.Request(args.gpu, "lost" if args.lost else "recover")
@@ -160,7 +165,8 @@ def add_subcommands(dev: argparse.ArgumentParser) -> None:
 
     inj = dev_sub.add_parser(
         "inject",
-        help="inject a GPU fault into a running plugin's fake GPUs (XID, lost GPU, reset)",
+        help="inject a GPU fault into a running plugin's fake GPUs (XID, lost GPU, reset), "
+        "or upgrade its driver",
         description="Acts on the fake GPUs of the kubelet plugin that runs with "
         "--devices fake:... and this --state-dir, while it runs: the plugin sees the "
         "fault through NVML as it would see the real one (XID 79 and --lost: the GPU "
@@ -168,12 +174,18 @@ def add_subcommands(dev: argparse.ArgumentParser) -> None:
         "remapping pending), and --recover resets the GPU. Waits for the plugin's answer.",
     )
     inj.add_argument("--state-dir", required=True, help="the plugin's --state-dir")
-    inj.add_argument("--gpu", required=True, type=int, metavar="INDEX", help="the GPU's index")
+    inj.add_argument("--gpu", type=int, metavar="INDEX", help="the GPU's index (for a fault)")
     what = inj.add_mutually_exclusive_group(required=True)
     what.add_argument("--xid", type=int, metavar="N", help="raise XID N on the GPU")
     what.add_argument("--lost", action="store_true", help="the GPU falls off the bus")
     what.add_argument(
         "--recover", action="store_true", help="reset the GPU: back on the bus, faults cleared"
+    )
+    what.add_argument(
+        "--driver-version",
+        metavar="X.Y.Z",
+        help="the node's driver upgraded: NVML reports this version from now (lay its "
+        "files out with `python -m fakenvml.driver_root`)",
     )
     inj.add_argument(
         "--gpu-instance",

@@ -32,7 +32,7 @@ import yaml
 
 from dradriver.commands import dev_nodes
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
-from dradriver_dev import addons, cluster, ports
+from dradriver_dev import addons, cluster, driver_files, ports
 from dradriver_dev import demo_domains as domains
 from dradriver_dev import hollow_node as hollow
 
@@ -116,7 +116,8 @@ def start_node(
     state = STATE / "nodes" / f"{name}-state"
     for d in (root, state):
         d.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The driver's files in CDI, from a fake driver root of the fake GPUs' version.
+    env = driver_files.plugin_env({**os.environ, "PYTHONUNBUFFERED": "1"})
     common = [sys.executable, "-m", "dradriver.cli"]
     kubelet = subprocess.Popen(
         [

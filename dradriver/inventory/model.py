@@ -113,6 +113,8 @@ class Inventory:
     driver_version: str  # strict semver
     cuda_driver_version: str  # strict semver
     gpus: tuple[Gpu, ...] = field(default_factory=tuple)
+    # As NVML says it ("580.95.05"): the driver's files are named with it (libcuda.so.580.95.05).
+    driver_release: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -39,12 +39,9 @@ from dradriver.slices.watch import SliceWatch
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
-    from dradriver.kubeletplugin.hardware.imex import ImexSteps
     from dradriver.kubeletplugin.ops.server import OpsServer
     from dradriver.kubeletplugin.prepare.preparer import Preparer
-    from dradriver.nvml.host import GpuHost
     from dradriver.slices.build import SliceContent
 
 log = logs.get_logger("kubeletplugin")
@@ -73,41 +70,6 @@ class _Registration:
     refused: str = ""  # the kubelet's reason, when it refused us
     since: float = field(default_factory=time.monotonic)  # waiting since
     warned: bool = False
-
-
-def _imex_steps(
-    args: argparse.Namespace,
-    kube: Kube,
-    host: GpuHost,
-    state_dir: Path,
-    clique: Callable[[], str | None],
-) -> ImexSteps | None:
-    """ComputeDomains' channels and IMEX daemons, where channels are published."""
-    if args.imex_channels != "on":
-        return None
-    from dradriver.api import computedomain as cd
-    from dradriver.errors import ImexError
-    from dradriver.k8s import KubeError, NotFound, path_for
-    from dradriver.kubeletplugin.hardware.imex import ImexSteps
-
-    def domain_of(namespace: str, name: str) -> dict[str, Any]:
-        try:
-            return kube.get(path_for(cd.API_VERSION, cd.PLURAL, namespace, name), timeout=10)
-        except NotFound as exc:
-            raise ImexError(
-                f"ComputeDomain {namespace}/{name} not found: it was deleted (delete the "
-                "job's pods too), or the claim was not made from its template",
-                reason="imex_no_domain",
-            ) from exc
-        except KubeError as exc:
-            raise ImexError(
-                f"reading ComputeDomain {namespace}/{name}: {exc.message}; the kubelet retries",
-                reason="imex_api",
-            ) from exc
-
-    return ImexSteps(
-        host, args.node_name, state_dir, domain_of, clique, args.imex_port, args.imex_cmd_port
-    )
 
 
 def run_plugin(
@@ -182,8 +144,12 @@ def run_plugin(
 
     node_label = NodeLabel(kube, args.node_name)
 
+    discovered: list[Callable[[], None]] = []  # what follows each discovery
+
     def discover() -> list[SliceContent]:
         slices = view.refresh()
+        for then in discovered:
+            then()
         names.learn({d.gpu.uuid: d.gpu for d in view.devices().values()}.values())
         if view.clique is not None or node_label.labelled:
             node_label.sync(view.clique)
@@ -306,7 +272,7 @@ def run_plugin(
     from dradriver.kubeletplugin.hardware.shares import mps_protocol
     from dradriver.kubeletplugin.hardware.sharing import SharingSteps
     from dradriver.kubeletplugin.ops.metrics import Metrics
-    from dradriver.kubeletplugin.prepare import cdi
+    from dradriver.kubeletplugin.prepare import cdi, wiring
     from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
     from dradriver.kubeletplugin.prepare.execute import Executor
     from dradriver.kubeletplugin.prepare.preparer import Preparer
@@ -333,9 +299,10 @@ def run_plugin(
         pod_memory.probe(
             next((d.uuid for d in view.devices().values() if d.kind is DeviceKind.GPU), None)
         )
+    writer = cdi.CdiWriter(Path(args.cdi_dir), args.driver_name)
     executor = Executor(
         driver=args.driver_name,
-        cdi_writer=cdi.CdiWriter(Path(args.cdi_dir), args.driver_name),
+        cdi_writer=writer,
         host=nvml.host,
         profiles=view.profiles,
         mig=mig,
@@ -343,8 +310,12 @@ def run_plugin(
             nvml.module, nvml.host, state_dir / "mps", lambda: mps_protocol(view.driver_version)
         ),
         pod_memory=pod_memory,
-        imex=_imex_steps(args, kube, nvml.host, state_dir, lambda: view.clique),
+        imex=wiring.imex_steps(args, kube, nvml.host, state_dir, lambda: view.clique),
+        driver_spec=wiring.driver_spec(args, writer, lambda: view.driver_release),
     )
+    if executor.driver_spec is not None:
+        executor.driver_spec.try_ensure()
+        discovered.append(executor.driver_spec.try_ensure)  # a new driver: a new spec
     driver = Preparer(
         driver=args.driver_name,
         node=args.node_name,
@@ -447,7 +418,13 @@ def run_plugin(
         from dradriver.kubeletplugin.uninstall import tidy_if_uninstalled
 
         tidy_if_uninstalled(
-            kube, args.owner_daemonset, store, state_dir, servers.registry_dir, args.driver_name
+            kube,
+            args.owner_daemonset,
+            store,
+            state_dir,
+            servers.registry_dir,
+            args.driver_name,
+            executor.driver_spec.on_node() if executor.driver_spec else (),
         )
     ops.stop()
     log.info("stopped")

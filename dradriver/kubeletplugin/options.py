@@ -26,6 +26,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add(p, "--cdi-dir", "/var/run/cdi", "where per-claim CDI specs are written")
     flags.add(
         p,
+        "--driver-files",
+        "cdi",
+        "how a container gets the NVIDIA driver's libraries and commands: cdi (a node-wide "
+        "CDI spec of them, as NVIDIA's container toolkit computes them from --driver-root, "
+        "which each GPU device names: any runtime with CDI, no NVIDIA runtime needed) or "
+        "runtime (only device nodes and NVIDIA_VISIBLE_DEVICES, for NVIDIA's legacy "
+        "runtime to add the driver)",
+        choices=["cdi", "runtime"],
+    )
+    flags.add(
+        p,
+        "--driver-root",
+        "/",
+        "where the NVIDIA driver's files are, as this process sees them "
+        "(the chart mounts the host's at /driver-root)",
+    )
+    flags.add(
+        p,
+        "--host-driver-root",
+        "",
+        "the same as the host and its container runtime see it: / for a driver installed "
+        "on the host, /run/nvidia/driver for the GPU Operator's (default: --driver-root)",
+    )
+    flags.add(
+        p,
+        "--cdi-hook-path",
+        "",
+        "the host's nvidia-cdi-hook, which the runtime runs for the driver spec's hooks (ld "
+        "cache, symlinks), e.g. /usr/bin/nvidia-cdi-hook (NVIDIA's toolkit packages) or "
+        "/usr/local/nvidia/toolkit/nvidia-cdi-hook (the GPU Operator's); empty: the one "
+        "this driver carries, copied to <kubelet-dir>/plugins/<driver-name>/",
+    )
+    flags.add(
+        p,
         "--instance",
         os.environ.get("POD_UID") or os.urandom(4).hex(),
         "unique name of this instance in socket names (rolling updates run two)",

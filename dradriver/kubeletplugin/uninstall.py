@@ -10,6 +10,7 @@ still prepared) keeps everything, with the reason logged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from dradriver import logs
@@ -97,8 +98,11 @@ def tidy_if_uninstalled(
     state_dir: Path,
     registry_dir: Path,
     driver: str,
+    on_node: Sequence[Path] = (),
 ) -> bool:
-    """Called once the servers are stopped (our own socket is gone). True if tidied."""
+    """Called once the servers are stopped (our own socket is gone). True if tidied.
+    `on_node`: files the plugin wrote outside its state directory (the driver spec, the
+    hook it installed), removed with it."""
     if daemonset_gone(kube, owner) is not True:
         return False
     try:
@@ -118,6 +122,11 @@ def tidy_if_uninstalled(
         return False
     plan = plan_tidy(entries_of(state_dir))
     failed = apply_tidy(state_dir, plan)
+    for path in on_node:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            failed.append(str(path))
     log.info(
         "the driver is uninstalled: its state is removed",
         state_dir=str(state_dir),

@@ -294,7 +294,8 @@ def discover(
     nvml: ModuleType, pcie_root_of: Callable[[str], str | None] = sysfs_pcie_root
 ) -> Discovery:
     """Reads the node's GPUs. Call inside nvml_session()."""
-    driver = semver(str(nvml.nvmlSystemGetDriverVersion()))
+    release = str(nvml.nvmlSystemGetDriverVersion()).strip()
+    driver = semver(release)
     cuda = cuda_version(int(nvml.nvmlSystemGetCudaDriverVersion()))
     gpus: list[Gpu] = []
     problems: list[str] = []
@@ -316,7 +317,13 @@ def discover(
     names = stable_names(g.uuid for g in gpus)
     gpus = [replace(_with_domain(g, domains.get(g.uuid)), name=names[g.uuid]) for g in gpus]
     return Discovery(
-        Inventory(driver_version=driver, cuda_driver_version=cuda, gpus=tuple(gpus)), problems
+        Inventory(
+            driver_version=driver,
+            cuda_driver_version=cuda,
+            gpus=tuple(gpus),
+            driver_release=release,
+        ),
+        problems,
     )
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from dradriver.k8s import Conflict, Kube, NotFound, path_for
 from dradriver.k8s.lines import FEATURES, OLDEST, Line
+from dradriver_dev.driver_files import plugin_env
 from dradriver_dev.ports import free_port
 from tests.support import gpu_names
 
@@ -87,8 +88,11 @@ class DradriverProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=self._env(),
             )
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
@@ -317,6 +321,11 @@ class PluginProc(DradriverProcess):
                 *self.extra_args,
             ]
         )
+
+    def _env(self) -> dict[str, str]:
+        # The driver's files in CDI (the plugin's default): NVIDIA's toolkit and a fake
+        # driver root of the fake GPUs' version, unless a test sets DRADRIVER_DRIVER_ROOT.
+        return plugin_env(super()._env())
 
     def http(self, path: str) -> tuple[int, str]:
         import urllib.error

@@ -57,6 +57,7 @@ class DeviceView:
         self.last_error = "not discovered yet"
         self.skipped: list[Skipped] = []
         self.driver_version = ""  # the NVIDIA driver's, from the latest discovery
+        self.driver_release = ""  # the same as NVML says it (Inventory.driver_release)
 
     def refresh(self) -> list[SliceContent]:
         try:
@@ -68,7 +69,7 @@ class DeviceView:
             log.error("GPU problem", detail=problem)
         owned = self.owned()
         inv = found.inventory
-        self.driver_version = inv.driver_version
+        self.driver_version, self.driver_release = inv.driver_version, inv.driver_release
         if self.health is not None:
             # An unhealthy GPU NVML cannot describe any more stays published, tainted.
             inv = self.health.inventory(inv)

@@ -11,6 +11,7 @@ discovery) is asked again, and the node's driver spec rewritten with it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -24,6 +25,7 @@ from dradriver.logs import get_logger
 log = get_logger("kubeletplugin.driver_files")
 
 HELPER = "dradriver-nvcdi"
+HOOK = "nvidia-cdi-hook"
 # nvcdi walks a few directories of one driver root: seconds only on a very slow disk.
 TIMEOUT = 60.0
 
@@ -103,3 +105,30 @@ class DriverFiles:
         if not isinstance(edits, dict):
             raise DriverFilesError(f"CDI layer: {self.helper} printed {type(edits).__name__}")
         return edits
+
+
+def install_hook(directory: Path, source: str = HOOK) -> str:
+    """The nvidia-cdi-hook this driver carries (on PATH: the image's, built by tools/nvcdi
+    from the same toolkit), copied into `directory`, a host path the plugin sees at the same
+    path (under the kubelet's plugins/), so that a node without NVIDIA's toolkit still has
+    the hook the driver spec names. Returns its path; DriverFilesError when there is none."""
+    found = shutil.which(source)
+    if found is None:
+        raise DriverFilesError(
+            f"CDI layer: {source} is not installed here (the image carries it): set "
+            "--cdi-hook-path (Helm cdiHookPath) to the node's, e.g. /usr/bin/nvidia-cdi-hook"
+        )
+    target = directory / HOOK
+    data = Path(found).read_bytes()
+    try:
+        if not target.exists() or target.read_bytes() != data:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / f".{HOOK}.{os.getpid()}"
+            tmp.write_bytes(data)
+            tmp.chmod(0o755)
+            os.replace(tmp, target)  # a runtime running the old one keeps its copy
+    except OSError as exc:
+        raise DriverFilesError(
+            f"CDI layer: cannot install {HOOK} in {directory}: {exc.strerror or exc}"
+        ) from exc
+    return str(target)

@@ -26,6 +26,7 @@ from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
 from dradriver.kubeletplugin.hardware.shares import share_edits
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
 from dradriver.kubeletplugin.prepare import cdi
+from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
 from dradriver.kubeletplugin.state.journal import Journal
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
@@ -66,6 +67,9 @@ class Executor:
     pod_memory: PodMemory | None = None
     # ComputeDomains' IMEX channels and daemons; None: this node publishes no channels.
     imex: ImexSteps | None = None
+    # The node's driver spec that GPU devices name (--driver-files cdi); None: the node's
+    # runtime brings the driver (--driver-files runtime).
+    driver_spec: DriverSpec | None = None
 
     # -- prepare ---------------------------------------------------------------------------
     def check(self, rec: ClaimRecord) -> None:
@@ -128,7 +132,7 @@ class Executor:
                 assert self.imex is not None
                 self.imex.apply(rec, lambda: journal.record(rec))
                 crashpoint("imex-started")
-            self.cdi_writer.write(rec.uid, self.spec(rec))
+            self.write_spec(rec)
             crashpoint("cdi-written")
             rec.state = PREPARE_COMPLETED
             rec.updated_at = now()
@@ -136,6 +140,18 @@ class Executor:
         except Exception as exc:
             self.rollback(journal, rec)
             raise _layered(exc, rec.ref) from exc
+
+    def write_spec(self, rec: ClaimRecord) -> None:
+        """The claim's CDI spec, after the driver spec its devices name."""
+        self.ensure_driver_spec(rec)
+        self.cdi_writer.write(rec.uid, self.spec(rec))
+
+    def ensure_driver_spec(self, rec: ClaimRecord) -> None:
+        if self.driver_spec is None:
+            return
+        named = cdi.driver_device_id(self.driver)
+        if any(named in d.cdi_device_ids for d in rec.devices):
+            self.driver_spec.ensure()
 
     def spec(self, rec: ClaimRecord) -> dict[str, Any]:
         """The claim's CDI spec, from its record and the node's device nodes."""

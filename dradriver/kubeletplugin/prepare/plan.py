@@ -16,7 +16,7 @@ from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestE
 from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
 from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.prepare.cdi import qualified_name
+from dradriver.kubeletplugin.prepare.cdi import driver_device_id, qualified_name
 from dradriver.kubeletplugin.prepare.channels import (
     channel_device,
     check_one_domain,
@@ -270,6 +270,8 @@ def admin_device(
     pd: PlannedDevice,
     dev: NodeDevice,
     cp: Checkpoint,
+    *,
+    driver_files: bool = False,
 ) -> PreparedDevice:
     """A device given by adminAccess (KEP-5018: monitoring and diagnostics beside the
     claim that holds it): nothing is carved, switched or shared for it. A MIG partition
@@ -311,8 +313,16 @@ def admin_device(
         admin_access=True,
         share=share,
     )
-    out.cdi_device_ids = [qualified_name(driver, out.cdi_name, ref.uid)]
+    out.cdi_device_ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files)
     return out
+
+
+def _cdi_ids(driver: str, name: str, claim_uid: str, driver_files: bool) -> list[str]:
+    # The driver's ID first: the CDI library applies the spec-level edits of each spec
+    # once, whichever of its devices comes first, so the order changes nothing but reads
+    # as what a container gets: the driver, then the device.
+    own = qualified_name(driver, name, claim_uid)
+    return [driver_device_id(driver), own] if driver_files else [own]
 
 
 def plan(
@@ -327,11 +337,13 @@ def plan(
     consumable: Consumable = OFF,
     identities: Mapping[str, GpuIdentity] | None = None,
     channels: bool = False,
+    driver_files: bool = False,
 ) -> ClaimRecord:
     """The record of everything prepare does for `claim`, in state PrepareStarted: the
     devices with their request names, GPU minors, MIG ids or carve intents, and sharing
     setups, nothing applied yet. `identities`: the name book (which GPU each name was
-    published for); `channels`: the node publishes IMEX channels. Raises a typed
+    published for); `channels`: the node publishes IMEX channels; `driver_files`: a GPU
+    device also names the node's driver spec (--driver-files cdi). Raises a typed
     DriverError for a claim this node cannot prepare."""
     cd = claim_devices(claim, ref, driver, node)
     records: dict[tuple[str, str], PreparedDevice] = {}
@@ -351,7 +363,9 @@ def plan(
                 rec.request_names.append(pd.request_name)
             continue
         if pd.admin_access:
-            records[key] = admin_device(ref, driver, node, pd, dev, checkpoint)
+            records[key] = admin_device(
+                ref, driver, node, pd, dev, checkpoint, driver_files=driver_files
+            )
             continue
         try:
             cfg = None
@@ -393,7 +407,7 @@ def plan(
             sharing=sharing,
             share=share,
         )
-        out.cdi_device_ids = [qualified_name(driver, out.cdi_name, ref.uid)]
+        out.cdi_device_ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files)
     exclusive = [
         (devices[r.device], r.share is not None)
         for r in records.values()

@@ -52,9 +52,6 @@ from dradriver.slices.consumable import OFF, Consumable
 
 log = get_logger("kubeletplugin.prepare")
 
-# The kubelet gives a whole NodePrepareResources call 45 s; one claim read gets far less,
-# so a hung API server fails the claim with time to spare (and the kubelet retries).
-
 
 def _internal(ref: ClaimRef, exc: Exception) -> DriverError:
     """An exception no layer turned into a DriverError, as this claim's error: the other
@@ -241,6 +238,7 @@ class Preparer:
             consumable=self.consumable,
             identities=self.names() if self.names is not None else None,
             channels=self.executor.imex is not None,
+            driver_files=self.executor.driver_spec is not None,
         )
         if not self.executor.simple(rec):
             self.executor.check(rec)
@@ -322,17 +320,17 @@ class Preparer:
         rec = cp.claims.get(ref.uid)
         if rec is None or rec.state != PREPARE_COMPLETED:
             return None
-        writer = self.executor.cdi_writer
-        if not writer.exists(ref.uid):
-            # /var/run/cdi is wiped at reboot: a recorded result without its spec would
-            # leave the container unable to start.
-            try:
-                writer.write(ref.uid, self.executor.spec(rec))
-            except ValueError as exc:
-                raise CdiError(f"claim {ref}: {exc}", reason="cdi_spec") from exc
-            except CdiError as exc:
-                raise exc.retold(f"claim {ref}: {exc}") from exc
-            log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
+        try:
+            # /var/run/cdi is wiped at reboot: a recorded result without its spec (or the
+            # driver spec it names) would leave the container unable to start.
+            self.executor.ensure_driver_spec(rec)
+            if not self.executor.cdi_writer.exists(ref.uid):
+                self.executor.write_spec(rec)
+                log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
+        except ValueError as exc:
+            raise CdiError(f"claim {ref}: {exc}", reason="cdi_spec") from exc
+        except CdiError as exc:
+            raise exc.retold(f"claim {ref}: {exc}") from exc
         if self.executor.imex is not None:
             self.executor.imex.ensure(rec, lambda: None)  # its PID file finds it otherwise
         if (pm := self.executor.pod_memory) is not None:

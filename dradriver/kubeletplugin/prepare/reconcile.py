@@ -83,7 +83,7 @@ def reconcile(
             )
         try:
             # Always rewritten: a reboot wipes /var/run/cdi, and a partition carved
-            # again has a new MIG UUID.
+            # again has a new MIG UUID. The driver spec they name: after discovery.
             ex.cdi_writer.write(rec.uid, ex.spec(rec))
         except (ValueError, OSError, CdiError) as exc:
             log.error(

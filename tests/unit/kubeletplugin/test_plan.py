@@ -190,6 +190,21 @@ def test_plan_records_minor_carve_intent_and_request_names() -> None:
     )
 
 
+def test_with_driver_files_each_device_also_names_the_nodes_driver_spec() -> None:
+    devices = h100_devices()
+    gpu1, part3g = named("gpu-1"), named("gpu-0-mig-3g40gb-4")
+    c = claim([result(gpu1), result(part3g, "mig")])
+    kw: dict[str, Any] = dict(driver=DRIVER, node=POOL, devices=devices, now=5.0)
+    rec = plan(c, REF, checkpoint=Checkpoint(), driver_files=True, **kw)
+    for d in rec.devices:
+        assert d.cdi_device_ids == [
+            f"{DRIVER}/driver=files",
+            f"{DRIVER}/claim={d.cdi_name}-{REF.uid}",
+        ]
+    plain = plan(c, REF, checkpoint=Checkpoint(), **kw)
+    assert [d.cdi_device_ids[1:] for d in rec.devices] == [d.cdi_device_ids for d in plain.devices]
+
+
 def test_plan_records_the_sharing_setup_without_applying_it() -> None:
     devices = h100_devices(MigMode.NONE)
     rec = plan(

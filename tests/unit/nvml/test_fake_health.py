@@ -102,6 +102,15 @@ def test_inject_from_another_process_reaches_the_owner(tmp_path: Path) -> None:
     assert not fake.machine.gpus[0].lost
     r = cli("--gpu", "9", "--lost")
     assert r.returncode == 1 and "no GPU 9: this node has GPUs 0..1" in r.stderr
+    r = cli("--lost")
+    assert r.returncode == 2 and "--gpu INDEX" in r.stderr
+    # A driver upgrade: NVML reports the new version at once, and after a restart.
+    r = cli("--driver-version", "580.95.05")
+    assert r.returncode == 0 and "570.86.15 replaced by 580.95.05" in r.stdout, r.stderr
+    assert nvml.module.nvmlSystemGetDriverVersion() == "580.95.05"
+    assert load("2xH100-80GB", node="node-x", state_dir=tmp_path).machine.driver_version == (
+        "580.95.05"
+    )
     assert list(inject.requests_dir(tmp_path, "node-x").iterdir()) == []
 
 

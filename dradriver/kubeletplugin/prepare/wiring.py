@@ -1,0 +1,92 @@
+"""The steps of prepare that the plugin's flags turn on, built from them: IMEX channels and
+their daemons (--imex-channels on), and the driver's files through CDI (--driver-files
+cdi). Each is imported only when it is on."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dradriver.k8s import Kube
+from dradriver.kubeletplugin.prepare.cdi import CdiWriter
+from dradriver.logs import get_logger
+from dradriver.nvml.host import GpuHost
+
+# Where NVIDIA's container toolkit packages install the hook.
+DEFAULT_HOOK = "/usr/bin/nvidia-cdi-hook"
+
+log = get_logger("kubeletplugin.wiring")
+
+if TYPE_CHECKING:
+    from dradriver.kubeletplugin.hardware.imex import ImexSteps
+    from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
+
+
+def imex_steps(
+    args: argparse.Namespace,
+    kube: Kube,
+    host: GpuHost,
+    state_dir: Path,
+    clique: Callable[[], str | None],
+) -> ImexSteps | None:
+    """ComputeDomains' channels and IMEX daemons, where channels are published."""
+    if args.imex_channels != "on":
+        return None
+    from dradriver.api import computedomain as cd
+    from dradriver.errors import ImexError
+    from dradriver.k8s import KubeError, NotFound, path_for
+    from dradriver.kubeletplugin.hardware.imex import ImexSteps
+
+    def domain_of(namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return kube.get(path_for(cd.API_VERSION, cd.PLURAL, namespace, name), timeout=10)
+        except NotFound as exc:
+            raise ImexError(
+                f"ComputeDomain {namespace}/{name} not found: it was deleted (delete the "
+                "job's pods too), or the claim was not made from its template",
+                reason="imex_no_domain",
+            ) from exc
+        except KubeError as exc:
+            raise ImexError(
+                f"reading ComputeDomain {namespace}/{name}: {exc.message}; the kubelet retries",
+                reason="imex_api",
+            ) from exc
+
+    return ImexSteps(
+        host, args.node_name, state_dir, domain_of, clique, args.imex_port, args.imex_cmd_port
+    )
+
+
+def driver_spec(
+    args: argparse.Namespace, writer: CdiWriter, version: Callable[[], str]
+) -> DriverSpec | None:
+    """The node's driver spec, kept for the driver `version()` names; None where the
+    runtime brings the driver (--driver-files runtime), whose spec is then removed: a
+    claim prepared from now names none, and one prepared before keeps working."""
+    if args.driver_files != "cdi":
+        writer.remove_driver()
+        return None
+    from dradriver.kubeletplugin.hardware.driver_files import (
+        DriverFiles,
+        DriverFilesError,
+        install_hook,
+    )
+    from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
+
+    hook, installed = args.cdi_hook_path, None
+    if not hook:
+        try:
+            hook = install_hook(Path(args.kubelet_dir) / "plugins" / args.driver_name)
+            installed = Path(hook)
+        except DriverFilesError as exc:
+            log.error("no nvidia-cdi-hook for the driver spec", error=str(exc))
+            hook = DEFAULT_HOOK  # the toolkit's own place, where the node may have one
+    root = Path(args.driver_root)
+    files = DriverFiles(
+        driver_root=root,
+        host_driver_root=Path(args.host_driver_root) if args.host_driver_root else root,
+        hook_path=hook,
+    )
+    return DriverSpec(files, writer, version, installed_hook=installed)
