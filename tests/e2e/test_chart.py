@@ -260,7 +260,8 @@ def test_chart_lints_and_renders_consistent_names(helm: Path) -> None:
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
     }
-    fake = one(render(helm, {"devices": "fake:2xL4"}), "DaemonSet")["spec"]["template"]["spec"]
+    legacy = {"devices": "fake:2xL4", "driverFiles": "runtime"}
+    fake = one(render(helm, legacy), "DaemonSet")["spec"]["template"]["spec"]
     assert fake["containers"][0]["command"] == ["dradriver", "kubelet-plugin"]
     assert "driver-root" not in {v["name"] for v in fake["volumes"]}
 
@@ -1164,7 +1165,8 @@ def test_privilege_follows_the_devices(helm: Path) -> None:
         if v["name"] == "driver-root"
     ]
     assert root["hostPath"]["path"] == "/run/nvidia/driver/usr"
-    fake = one(render(helm, {"devices": "fake:2xH100-80GB"}), "DaemonSet")["spec"]["template"]
+    legacy = {"devices": "fake:2xH100-80GB", "driverFiles": "runtime"}
+    fake = one(render(helm, legacy), "DaemonSet")["spec"]["template"]
     (c,) = fake["spec"]["containers"]
     sc = c["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
@@ -1176,6 +1178,41 @@ def test_privilege_follows_the_devices(helm: Path) -> None:
         "/var/run/cdi",
         "/var/lib/dradriver",
     }
+
+
+def test_driver_files_follow_their_values(helm: Path) -> None:
+    """driverFiles cdi (the default): the plugin reads the driver root's usr/ and GSP
+    firmware, read-only, to list the driver's files, and names the root as the host sees
+    it; runtime: neither, with fake devices not even the driver root."""
+
+    def plugin(values: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], set[str]]:
+        spec = one(render(helm, values), "DaemonSet")["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+        mounts = {m["mountPath"]: paths[m["name"]] for m in c["volumeMounts"] if m["name"] in paths}
+        ro = {m["mountPath"] for m in c["volumeMounts"] if m.get("readOnly")}
+        return {e["name"]: e.get("value", "") for e in c["env"]}, mounts, ro
+
+    fake = {"devices": "fake:2xH100-80GB", "driverRoot": "/run/nvidia/driver"}
+    env, mounts, ro = plugin(fake)
+    assert env["DRADRIVER_DRIVER_FILES"] == "cdi"
+    assert (env["DRADRIVER_DRIVER_ROOT"], env["DRADRIVER_HOST_DRIVER_ROOT"]) == (
+        "/driver-root",
+        "/run/nvidia/driver",
+    )
+    assert env["DRADRIVER_CDI_HOOK_PATH"] == ""  # the image's hook, installed by the plugin
+    assert mounts["/driver-root/usr"] == "/run/nvidia/driver/usr"
+    assert mounts["/driver-root/lib/firmware/nvidia"] == "/run/nvidia/driver/lib/firmware/nvidia"
+    assert {"/driver-root/usr", "/driver-root/lib/firmware/nvidia"} <= ro
+    hook = "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+    assert plugin({"cdiHookPath": hook})[0]["DRADRIVER_CDI_HOOK_PATH"] == hook
+    env, mounts, _ = plugin({**fake, "driverFiles": "runtime"})
+    assert env["DRADRIVER_DRIVER_FILES"] == "runtime" and "DRADRIVER_DRIVER_ROOT" not in env
+    assert not any(m.startswith("/driver-root") for m in mounts)
+    env, mounts, _ = plugin({"driverFiles": "runtime"})  # NVML still needs the root's usr/
+    assert "/driver-root/usr" in mounts and "/driver-root/lib/firmware/nvidia" not in mounts
+    with pytest.raises(HelmError):
+        render(helm, {"driverFiles": "both"})
 
 
 def test_the_hosts_cgroups_are_mounted_only_where_shares_limit_pods(helm: Path) -> None:

@@ -225,6 +225,12 @@ def test_claims_run_with_their_devices_inside_the_container(
             assert mig.startswith("MIG-") and mig in mig_devices(k)
         node = pod["spec"]["nodeName"]
         assert any(claim["metadata"]["uid"] in f for f in cdi_specs(node)), cdi_specs(node)
+        # The driver's files (driverFiles cdi): containerd, with no NVIDIA runtime, mounted
+        # the node's driver (the fake's) and ran the toolkit's hooks, so the container's
+        # ld cache lists its libraries and its nvidia-smi is on PATH.
+        assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= set(seen["driver"]), seen
+        assert any(line.startswith("nvidia-smi ") for line in seen["driver"]), seen
+        assert f"{DRIVER}-driver.json" in cdi_specs(node)
 
 
 def test_helm_upgrade_rolls_the_plugin_side_by_side_without_losing_a_claim(

@@ -239,6 +239,26 @@ def offline_addons(kubectl: Kubectl) -> None:
     )
 
 
+# Where each node's fake NVIDIA driver is installed (deploy/kind/values.yaml's driverRoot).
+FAKE_DRIVER_ROOT = "/opt/fake-nvidia-driver"
+
+
+def install_fake_driver(kind_bin: str) -> None:
+    """The fake GPUs' driver on every node, as NVIDIA's installer lays it out
+    (fakenvml.driver_root): what NVIDIA's toolkit in the plugin finds and containers get."""
+    from dradriver_dev.driver_files import fake_driver_root
+
+    root = fake_driver_root()
+    for node in node_containers(kind_bin):
+        run(["docker", "exec", node, "mkdir", "-p", FAKE_DRIVER_ROOT], what="mkdir", quiet=True)
+        run(
+            ["docker", "cp", f"{root}/.", f"{node}:{FAKE_DRIVER_ROOT}"],
+            what=f"the fake driver onto {node}",
+            quiet=True,
+        )
+    say(f"fake NVIDIA driver ({root.name}) installed in {FAKE_DRIVER_ROOT} on every node")
+
+
 def load_image(kind_bin: str, image: str) -> None:
     run([kind_bin, "load", "docker-image", image, "--name", name()], what=f"kind load {image}")
 

@@ -45,7 +45,11 @@ PLACEMENT = {pod: node.removesuffix("-node") for pod, node in base_demo.PLACEMEN
 INSIDE = (
     'env | grep -E "^(NVIDIA|CUDA|DRADRIVER)_" | sort; '
     'echo "--dev"; ls /dev | grep -E "^nvidia" || true; '
-    'echo "--mounts"; grep -E "dradriver|mps|nvidia" /proc/mounts | cut -d" " -f2 || true'
+    'echo "--mounts"; grep -E "dradriver|mps|nvidia" /proc/mounts | cut -d" " -f2 || true; '
+    # The driver's files through CDI: what the ld cache lists, and nvidia-smi on PATH.
+    'echo "--driver"; '
+    'ldconfig -p 2>/dev/null | grep -oE "lib(cuda|nvidia-ml)\\.so\\.1 " | sort -u; '
+    "command -v nvidia-smi >/dev/null && nvidia-smi 2>&1 | head -1 || true"
 )
 
 
@@ -137,6 +141,7 @@ def up(tag: str = "dev", *, fresh: bool = False) -> Kind:
         if cluster.exists(kind):
             cluster.down(kind)
         cluster.create(kind, images, kubectl)
+    cluster.install_fake_driver(kind)
     k.image(tag)
     say(f"cluster and image ready in {time.monotonic() - t0:.0f}s")
     return k
@@ -206,14 +211,16 @@ def wait_running(
 def inside(
     kubectl: Kubectl, pod: str, container: str, namespace: str = NAMESPACE
 ) -> dict[str, list[str]]:
-    """What one container sees: {"env": [...], "dev": [...], "mounts": [...]}."""
+    """What one container sees: {"env": [...], "dev": [...], "mounts": [...],
+    "driver": [...]} (driver: the driver libraries its ld cache lists, then what its
+    nvidia-smi says)."""
     done = kubectl.run(
         "-n", namespace, "exec", pod, "-c", container, "--", "sh", "-c", INSIDE, timeout=60
     )
-    seen: dict[str, list[str]] = {"env": [], "dev": [], "mounts": []}
+    seen: dict[str, list[str]] = {"env": [], "dev": [], "mounts": [], "driver": []}
     part = "env"
     for line in done.stdout.splitlines():
-        if line in ("--dev", "--mounts"):
+        if line in ("--dev", "--mounts", "--driver"):
             part = line[2:]
         elif line.strip():
             seen[part].append(line.strip())
@@ -248,6 +255,10 @@ def summary(kubectl: Kubectl, docs: list[dict[str, Any]]) -> str:
             )
             if seen["mounts"]:
                 out.append("    mounts: " + " ".join(seen["mounts"]))
+            out.append(
+                "    driver (CDI): "
+                + ("; ".join(seen["driver"]) or "none (driverFiles runtime, or no driver root)")
+            )
     return "\n".join(out)
 
 

@@ -9,11 +9,14 @@ by what they are built from. DRADRIVER_KIND_IMAGES=stock|offline forces a path.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from dradriver_dev import driver_files
 
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "tools" / "kind"
@@ -126,10 +129,20 @@ def choose(stock_node: str) -> Images:
     return Images("offline", node, python)
 
 
+def stage_toolkit() -> None:
+    """NVIDIA's toolkit binaries the image carries (tools/nvcdi, built with the host's
+    Go and cgo against the same Debian release as the image) into the build context."""
+    staged = REPO / "build" / "image-bin"
+    staged.mkdir(parents=True, exist_ok=True)
+    for name in ("dradriver-nvcdi", "nvidia-cdi-hook"):
+        shutil.copy2(driver_files.tools_dir() / name, staged / name)
+
+
 def build_driver_image(python_base: str, tag: str, *, revision: str = "") -> str:
     """deploy/Dockerfile on the chosen Python base. `revision` changes the image (a label)
     without changing its code: what a `helm upgrade` to a new image needs."""
     image = f"{IMAGE_REPOSITORY}:{tag}"
+    stage_toolkit()
     argv = [
         "docker",
         "build",
