@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds dradriver-nvcdi (main.go: the driver's files a container needs, as NVIDIA's
-# container toolkit v1.20.2 computes them; the image carries it) and nvidia-cdi-hook from
-# the same module (the hooks its specs name, for the test beds' hosts), into a cache keyed
-# by this module's sources and the Go version. Both need cgo (NVIDIA's go-nvml does not
+# container toolkit v1.20.2 computes them; the image carries it), nvidia-cdi-hook from
+# the same module (the hooks its specs name; the image carries it too) and nvidia-ctk
+# (make gpu-check compares with its `cdi generate`), into a cache keyed
+# by this module's sources and the Go version. All need cgo (NVIDIA's go-nvml does not
 # build without it): they link the host's glibc, the same Debian release as the image's.
 # Progress goes to stderr; the last line of stdout is the directory holding the binaries.
 set -euo pipefail
@@ -29,9 +30,11 @@ start=$(date +%s)
 # leaves a half-written binary behind a .complete marker.
 tmp=$(mktemp -d "$out/.build.XXXXXX")
 (cd "$here" && CGO_ENABLED=1 go build -trimpath -ldflags "-s -w" -o "$tmp/" . \
-  github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook)
+  github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook \
+  github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk)
 mv -f "$tmp/nvcdi" "$out/dradriver-nvcdi"
 mv -f "$tmp/nvidia-cdi-hook" "$out/nvidia-cdi-hook"
+mv -f "$tmp/nvidia-ctk" "$out/nvidia-ctk"
 rmdir "$tmp"
 touch "$out/.complete"
 find "$cache/nvcdi" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
