@@ -75,6 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{CDI_DIR})",
     )
     p.add_argument(
+        "--driver-files",
+        choices=["cdi", "runtime"],
+        default=None,
+        help="how the plugin gives containers the driver's files, for the driver-spec check "
+        "(default: $DRADRIVER_DRIVER_FILES, else cdi)",
+    )
+    p.add_argument(
         "--mig-mode",
         choices=["none", "static", "dynamic"],
         default=None,
@@ -98,11 +105,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _nvml(args: argparse.Namespace) -> tuple[Layer, set[str] | None]:
+def _nvml(args: argparse.Namespace) -> tuple[Layer, set[str] | None, str]:
+    """The nvml layer, the GPUs' UUIDs and the driver's version as NVML says it."""
     from dradriver.diagnose import doctor as judge
 
     if not args.devices:
-        return judge.nvml(None, None, ""), None
+        return judge.nvml(None, None, ""), None, ""
     from dradriver.nvml.library import open_nvml
 
     try:
@@ -111,12 +119,27 @@ def _nvml(args: argparse.Namespace) -> tuple[Layer, set[str] | None]:
         backend = open_nvml(args.devices, node=args.node, state_dir=state)
         found = backend.discover()
     except Exception as exc:  # NVML raises its own error classes, one per return code
-        return judge.nvml(args.devices, None, f"{type(exc).__name__}: {exc}"), None
+        return judge.nvml(args.devices, None, f"{type(exc).__name__}: {exc}"), None, ""
     inv = found.inventory
     layer = judge.nvml(
         args.devices, (inv.driver_version, inv.cuda_driver_version, len(inv.gpus)), ""
     )
-    return layer, {g.uuid for g in inv.gpus}
+    return layer, {g.uuid for g in inv.gpus}, inv.driver_release
+
+
+def _driver_files(args: argparse.Namespace, release: str) -> Layer:
+    import json
+
+    from dradriver.diagnose import doctor as judge
+    from dradriver.diagnose.doctor import Layer, State
+
+    if not args.devices:
+        return Layer("driver-files", State.SKIP, "not on the node")
+    path = Path(args.cdi_dir) / f"{args.driver_name}-driver.json"
+    spec = None
+    with contextlib.suppress(OSError, ValueError):
+        spec = json.loads(path.read_text())
+    return judge.driver_files(args.driver_files, release, str(path), spec)
 
 
 def _cdi(args: argparse.Namespace) -> Layer:
@@ -251,9 +274,10 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
         emit(layer)
         return layer.state is not State.FAIL
 
-    nvml_layer, uuids = _nvml(args)
+    nvml_layer, uuids, release = _nvml(args)
     if not step(nvml_layer) or not step(_cdi(args)):
         return 1
+    step(_driver_files(args, release))  # a container without the driver still starts
     try:
         kube = connect(args.kubeconfig)
     except FactsError as exc:
@@ -319,6 +343,7 @@ def node_args(args: argparse.Namespace, dev: DevNode | None) -> argparse.Namespa
         n.state_dir = args.state_dir or dev.state_dir
         n.cdi_dir = args.cdi_dir or dev.cdi_dir
         n.mig_mode = args.mig_mode or dev.mig_mode
+        n.driver_files = args.driver_files or "cdi"  # what the demo runs
         n.dev_log = dev.plugin_log
         return n
     n.node = args.node or os.environ.get("NODE_NAME") or _env("node-name") or socket.gethostname()
@@ -327,6 +352,7 @@ def node_args(args: argparse.Namespace, dev: DevNode | None) -> argparse.Namespa
     n.state_dir = args.state_dir or _env("state-dir", STATE_DIR)
     n.cdi_dir = args.cdi_dir or _env("cdi-dir", CDI_DIR)
     n.mig_mode = args.mig_mode or _env("mig-mode")
+    n.driver_files = args.driver_files or _env("driver-files", "cdi")
     n.containerd_config = args.containerd_config or CONTAINERD_CONFIG
     n.dev_log = ""
     return n

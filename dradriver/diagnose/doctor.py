@@ -103,6 +103,45 @@ def cdi(
     return Layer("cdi", State.OK, f"{cdi_dir} writable; containerd has CDI on ({path})")
 
 
+def driver_files(mode: str, release: str, path: str, spec: Mapping[str, Any] | None) -> Layer:
+    """The node's driver spec (--driver-files cdi): there, and for the driver NVML
+    reports (`release`; "" when NVML did not answer). `spec`: its parsed JSON, if any."""
+    if mode == "runtime":
+        return Layer(
+            "driver-files",
+            State.OK,
+            "runtime: NVIDIA's container runtime (legacy mode) is to add the driver's files",
+        )
+    if spec is None:
+        return Layer(
+            "driver-files",
+            State.FAIL,
+            f"no driver spec at {path}: containers get device nodes and no driver.",
+            "the plugin writes it at start and at each rediscovery; its log says why not "
+            "(`driver spec not written`): usually driverRoot is not where the driver is",
+        )
+    devices = spec.get("devices") or [{}]
+    env = (devices[0].get("containerEdits") or {}).get("env") or []
+    written = next(
+        (e.split("=", 1)[1] for e in env if e.startswith("DRADRIVER_DRIVER_VERSION=")), ""
+    )
+    if release and written != release:
+        return Layer(
+            "driver-files",
+            State.FAIL,
+            f"{path} is for driver {written or '?'}, NVML reports {release}.",
+            "the plugin rewrites it at its next rediscovery: send it SIGHUP, or restart it",
+        )
+    edits = spec.get("containerEdits") or {}
+    hooks = sorted({h.get("path", "?") for h in edits.get("hooks") or []})
+    return Layer(
+        "driver-files",
+        State.OK,
+        f"{path}: driver {written}, {_n(len(edits.get('mounts') or []), 'file')}, hooks "
+        f"by {', '.join(hooks) or 'none'}",
+    )
+
+
 def containerd_cdi(text: str, cdi_dir: str) -> str:
     """Empty when containerd's config turns CDI on and reads our directory."""
     try:

@@ -207,7 +207,7 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
     wait_for(node.plugin.ready, "the restarted plugin", 30)
     for n in ("b", "c", "big"):
         assert node.running(n)["status"]["phase"] == "Running"
-    specs = sorted(p.name for p in node.kubelet.cdi_dir.glob("*.json"))
+    specs = sorted(p.name for p in node.kubelet.cdi_dir.glob("*-claim-*.json"))
     assert len(specs) == 3
     assert node.daemons() == [daemon] and mps_alive(daemon)
     assert (

@@ -189,7 +189,8 @@ def test_a_healthy_node_is_ok_on_every_layer(faulty: Faulty) -> None:
     rc, lines = faulty.doctor()
     layers = [x.split()[1].rstrip(":") for x in lines]
     assert layers == [
-        "nvml", "cdi", "api-server", "plugin", "slices", "node", "deviceclasses", "feature-gates"
+        "nvml", "cdi", "driver-files", "api-server", "plugin", "slices", "node", "deviceclasses",
+        "feature-gates",
     ], lines  # fmt: skip
     assert rc == 0 and all(healthy(x, faulty.cluster) for x in lines), lines
     assert lines[0] == "ok    nvml: driver 570.86.15, CUDA 12.8.0, 2 GPUs (fake devices)"
@@ -667,8 +668,8 @@ def test_doctor_with_no_flags_checks_every_layer_of_every_dev_node(
     for node, layers in nodes.items():
         named = [x.split()[1].rstrip(":") for x in layers]
         assert named == [
-            "nvml", "cdi", "api-server", "plugin", "slices", "node", "deviceclasses",
-            "feature-gates",
+            "nvml", "cdi", "driver-files", "api-server", "plugin", "slices", "node",
+            "deviceclasses", "feature-gates",
         ], (node, layers)  # fmt: skip
         assert all(healthy(x, faulty.cluster) for x in layers), layers
         # Found on the node itself, from the registry: NVML, the CDI directory, /readyz.

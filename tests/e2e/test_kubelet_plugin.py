@@ -102,7 +102,7 @@ class GpuNode(NodeUnderTest):
         )
 
     def cdi_specs(self) -> list[str]:
-        return sorted(p.name for p in self.kubelet.cdi_dir.glob("*.json"))
+        return sorted(p.name for p in self.kubelet.cdi_dir.glob("*-claim-*.json"))
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ class SharedNode(NodeUnderTest):
     def leftovers(self) -> dict[str, Any]:
         m = self.machine()
         return {
-            "cdi": sorted(p.name for p in self.kubelet.cdi_dir.glob("*.json")),
+            "cdi": sorted(p.name for p in self.kubelet.cdi_dir.glob("*-claim-*.json")),
             "daemons": [p for p in self.daemons() if mps_alive(p)],
             "compute modes": [g.compute_mode for g in m.gpus if g.compute_mode != 0],
             "MIG devices": [gi.profile.name for g in m.gpus for gi in g.gpu_instances.values()],

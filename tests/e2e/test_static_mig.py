@@ -58,4 +58,6 @@ def test_each_compute_instance_goes_to_its_own_claim(mig_node: NodeUnderTest) ->
     visible = {n.env(p)["NVIDIA_VISIBLE_DEVICES"] for p in running}
     assert len(visible) == 2 and all(v.startswith("MIG-") for v in visible)
     n.delete("a", "b")
-    wait_for(lambda: not list(n.kubelet.cdi_dir.glob("*.json")), "both claims unprepared", 15)
+    wait_for(
+        lambda: not list(n.kubelet.cdi_dir.glob("*-claim-*.json")), "both claims unprepared", 15
+    )

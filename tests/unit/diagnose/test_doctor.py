@@ -56,6 +56,28 @@ def test_cdi_layer_reads_containerds_setting() -> None:
     assert judge.containerd_cdi("version = [", "/x").startswith("not valid TOML")
 
 
+def test_driver_files_layer() -> None:
+    from dradriver.kubeletplugin.prepare.cdi import driver_spec
+
+    path = f"/var/run/cdi/{D}-driver.json"
+    lib = "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05"
+    edits = {
+        "mounts": [{"hostPath": lib, "containerPath": lib}],
+        "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook"}],
+    }
+    spec = driver_spec(D, "580.95.05", edits)
+    ok = judge.driver_files("cdi", "580.95.05", path, spec)
+    assert ok.line() == (
+        f"ok    driver-files: {path}: driver 580.95.05, 1 file, hooks by /usr/bin/nvidia-cdi-hook"
+    )
+    stale = judge.driver_files("cdi", "590.44.01", path, spec)
+    assert stale.state is State.FAIL and "NVML reports 590.44.01" in stale.line()
+    assert "SIGHUP" in stale.line()
+    missing = judge.driver_files("cdi", "580.95.05", path, None)
+    assert missing.state is State.FAIL and "driverRoot" in missing.line()
+    assert judge.driver_files("runtime", "580.95.05", path, None).state is State.OK
+
+
 def readyz(**checks: tuple[bool, str]) -> str:
     return json.dumps({k: {"ok": ok, "detail": d} for k, (ok, d) in checks.items()})
 
