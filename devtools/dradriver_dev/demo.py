@@ -117,7 +117,7 @@ def start_node(
     for d in (root, state):
         d.mkdir(parents=True, exist_ok=True)
     # The driver's files in CDI, from a fake driver root of the fake GPUs' version.
-    env = driver_files.plugin_env({**os.environ, "PYTHONUNBUFFERED": "1"})
+    env = driver_files.plugin_env({**os.environ, "PYTHONUNBUFFERED": "1"}, devices)
     common = [sys.executable, "-m", "dradriver.cli"]
     kubelet = subprocess.Popen(
         [

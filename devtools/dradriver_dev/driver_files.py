@@ -50,10 +50,19 @@ def fake_driver_root(version: str = DEFAULT_DRIVER_VERSION) -> Path:
     return root
 
 
-def plugin_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """`env` (default: this process's) with the toolkit's binaries on PATH and the fake
-    driver root as the plugin's --driver-root, unless it names one already."""
+def driver_version(devices: str) -> str:
+    """The driver version fake GPUs of `devices` report (a fleet file may set one)."""
+    from fakenvml.spec import parse
+
+    return parse(devices).driver_version or DEFAULT_DRIVER_VERSION
+
+
+def plugin_env(env: dict[str, str] | None = None, devices: str = "") -> dict[str, str]:
+    """`env` (default: this process's) with the toolkit's binaries on PATH and, as the
+    plugin's --driver-root unless it names one already, a fake driver root of the
+    version the fake GPUs of `devices` report."""
     out = dict(os.environ if env is None else env)
     out["PATH"] = f"{tools_dir()}{os.pathsep}{out.get('PATH', '')}"
-    out.setdefault("DRADRIVER_DRIVER_ROOT", str(fake_driver_root()))
+    version = driver_version(devices) if devices.startswith("fake:") else DEFAULT_DRIVER_VERSION
+    out.setdefault("DRADRIVER_DRIVER_ROOT", str(fake_driver_root(version)))
     return out

@@ -101,8 +101,8 @@ def tidy_if_uninstalled(
     on_node: Sequence[Path] = (),
 ) -> bool:
     """Called once the servers are stopped (our own socket is gone). True if tidied.
-    `on_node`: files the plugin wrote outside its state directory (the driver spec, the
-    hook it installed), removed with it."""
+    `on_node`: files (and emptied directories) the plugin wrote outside its state
+    directory (the driver spec, the hook it installed), removed with it."""
     if daemonset_gone(kube, owner) is not True:
         return False
     try:
@@ -124,7 +124,10 @@ def tidy_if_uninstalled(
     failed = apply_tidy(state_dir, plan)
     for path in on_node:
         try:
-            path.unlink(missing_ok=True)
+            if path.is_dir():
+                path.rmdir()  # only when empty: another instance's socket may be there
+            else:
+                path.unlink(missing_ok=True)
         except OSError:
             failed.append(str(path))
     log.info(

@@ -325,7 +325,7 @@ class PluginProc(DradriverProcess):
     def _env(self) -> dict[str, str]:
         # The driver's files in CDI (the plugin's default): NVIDIA's toolkit and a fake
         # driver root of the fake GPUs' version, unless a test sets DRADRIVER_DRIVER_ROOT.
-        return plugin_env(super()._env())
+        return plugin_env(super()._env(), self.devices)
 
     def http(self, path: str) -> tuple[int, str]:
         import urllib.error

@@ -575,7 +575,9 @@ def test_plugin_works_with_only_the_chart_rbac(
         )
         kube.delete(pod_path)
         wait_for(lambda: get_or_none(kube, pod_path) is None, "the pod to be gone", 30)
-        wait_for(lambda: not list(kubelet.cdi_dir.glob("*.json")), "the claim unprepared", 15)
+        wait_for(
+            lambda: not list(kubelet.cdi_dir.glob("*-claim-*.json")), "the claim unprepared", 15
+        )
         assert "forbidden" not in plugin.log().lower()
     finally:
         plugin.stop()

@@ -231,7 +231,7 @@ def test_a_device_plugin_chart_gets_our_gpus_unchanged(gpu_node: GpuNode) -> Non
 
     n.uninstall("eval")
     wait_for(lambda: not n.checkpoint_claims(), "the plugin's checkpoint empty", 30)
-    assert sorted(p.name for p in n.kubelet.cdi_dir.glob("*.json")) == []
+    assert sorted(p.name for p in n.kubelet.cdi_dir.glob("*-claim-*.json")) == []
     wait_for(
         lambda: (
             not [

@@ -138,6 +138,12 @@ def verdict(lines: list[str]) -> str:
     return line[3:]
 
 
+def layer(lines: list[str], name: str) -> str:
+    """doctor's line for the layer `name`."""
+    (line,) = [x for x in lines if x.split()[1:2] == [f"{name}:"]]
+    return line
+
+
 def failing(lines: list[str]) -> str:
     """doctor's first broken layer, in one line."""
     bad = [x for x in lines if x.startswith("FAIL")]
@@ -271,7 +277,9 @@ def test_socket_deleted(faulty: Faulty) -> None:
     sock.unlink()
     wait_for(sock.exists, "the DRA socket to come back", 10)
     rc, lines = faulty.doctor()
-    assert rc == 0 and "ok    plugin: running and registered with the kubelet" in lines[3]
+    assert rc == 0 and "ok    plugin: running and registered with the kubelet" in layer(
+        lines, "plugin"
+    )
 
 
 def test_slices_deleted(faulty: Faulty) -> None:
@@ -280,7 +288,9 @@ def test_slices_deleted(faulty: Faulty) -> None:
             faulty.kube.delete(path_for(RES, "resourceslices", name=s["metadata"]["name"]))
     # The plugin watches its slices and puts them back within seconds.
     wait_for(lambda: faulty.doctor()[0] == 0, "doctor ok again (slices republished)", 15)
-    assert faulty.doctor()[1][4].startswith("ok    slices: 1 slice, 2 devices published")
+    assert layer(faulty.doctor()[1], "slices").startswith(
+        "ok    slices: 1 slice, 2 devices published"
+    )
 
 
 def test_node_cordoned(faulty: Faulty) -> None:
@@ -509,7 +519,10 @@ def test_a_plugin_just_started_answers_ready_and_doctor_passes_at_once(faulty: F
     assert json.loads(body)["api"] == {"ok": True, "detail": faulty.kube.host}
     rc, lines = faulty.doctor()
     assert rc == 0, lines
-    assert lines[3] == "ok    plugin: running and registered with the kubelet (/readyz ok)"
+    assert (
+        layer(lines, "plugin")
+        == "ok    plugin: running and registered with the kubelet (/readyz ok)"
+    )
 
 
 def _refusing_kubeconfig(faulty: Faulty, what: str) -> str:

@@ -69,4 +69,4 @@ def test_an_older_kubelet_prepares_and_releases_claims(
     assert len(n.checkpoint_claims()) == 2
     n.delete(whole, "part")
     wait_for(lambda: not n.checkpoint_claims(), "both claims unprepared", 30)
-    assert not list(n.kubelet.cdi_dir.glob("*.json")), "a CDI spec was left behind"
+    assert not list(n.kubelet.cdi_dir.glob("*-claim-*.json")), "a CDI spec was left behind"

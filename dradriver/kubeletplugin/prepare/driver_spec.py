@@ -62,8 +62,11 @@ class DriverSpec:
             self._written = version
 
     def on_node(self) -> list[Path]:
-        """What this puts on the node outside the state directory: removed at uninstall."""
-        return [self.writer.driver_spec_path, *filter(None, [self.installed_hook])]
+        """What this puts on the node outside the state directory, removed at uninstall
+        in this order: the spec, the hook it installed and then the hook's directory (the
+        driver's own under the kubelet's plugins/, which the plugin's sockets left)."""
+        hook = self.installed_hook
+        return [self.writer.driver_spec_path, *([hook, hook.parent] if hook else [])]
 
     def try_ensure(self) -> None:
         """ensure(), logged instead of raised: after a discovery, where nothing waits on
