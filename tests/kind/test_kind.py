@@ -286,7 +286,8 @@ def test_deleting_the_pods_removes_cdi_specs_and_mig_devices(
     for node in nodes_by_group(k).values():
         k.kubectl.wait_for(
             f"{node}'s CDI specs removed",
-            lambda node=node: not [f for f in cdi_specs(node) if "dradriver" in f],
+            # Claims' specs; the node's driver spec stays while the driver is installed.
+            lambda node=node: not [f for f in cdi_specs(node) if f"{DRIVER}-claim-" in f],
             timeout=90,
         )
     assert mig_devices(k) == []
