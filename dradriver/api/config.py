@@ -4,7 +4,7 @@ A claim (or a DeviceClass) carries these objects in `config[].opaque.parameters`
 Decoding is strict: unknown fields are errors, every message names the field path and
 the allowed values, and nothing is shared unless a config says so.
 
-    apiVersion: gpu.dradriver.io/v1alpha1
+    apiVersion: gpu.dradriver.io/v1alpha1   # or NVIDIA's resource.nvidia.com/v1beta1
     kind: GpuConfig            # whole GPUs; MigDeviceConfig for MIG devices
                                # (ComputeDomainChannelConfig: written by the controller
                                # into a ComputeDomain's claim template, never by hand)
@@ -34,6 +34,7 @@ from dradriver.errors import ConfigError
 
 __all__ = [
     "API_VERSION",
+    "NVIDIA_API_VERSION",
     "ComputeDomainChannelConfig",
     "ConfigError",
     "DeviceConfig",
@@ -43,6 +44,18 @@ __all__ = [
 ]
 
 API_VERSION = "gpu.dradriver.io/v1alpha1"
+# NVIDIA's DRA driver's config API: its GpuConfig and MigDeviceConfig have the shape of
+# ours, so manifests written for it are read as they are (README, "Coming from NVIDIA's
+# DRA driver"); its other kinds are refused by name.
+NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
+NVIDIA_UNSUPPORTED = {
+    "VfioDeviceConfig": "GPU passthrough to virtual machines (VFIO) is not something "
+    "dradriver prepares",
+    "ComputeDomainChannelConfig": "dradriver's ComputeDomains write their own channel "
+    "config into the domain's claim template (README, Multi-node NVLink)",
+    "ComputeDomainDaemonConfig": "dradriver runs a ComputeDomain's IMEX daemon itself; "
+    "there is no daemon device to configure",
+}
 QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 
 # Kubernetes quantities stop at 2^63 - 1; so do ours (no float on the way: "9" * 400
@@ -132,13 +145,13 @@ class Sharing(_Strict):
 
 
 class GpuConfig(_Strict):
-    apiVersion: Literal["gpu.dradriver.io/v1alpha1"]
+    apiVersion: Literal["gpu.dradriver.io/v1alpha1", "resource.nvidia.com/v1beta1"]
     kind: Literal["GpuConfig"]
     sharing: Sharing | None = None
 
 
 class MigDeviceConfig(_Strict):
-    apiVersion: Literal["gpu.dradriver.io/v1alpha1"]
+    apiVersion: Literal["gpu.dradriver.io/v1alpha1", "resource.nvidia.com/v1beta1"]
     kind: Literal["MigDeviceConfig"]
     sharing: Sharing | None = None
 
@@ -276,6 +289,26 @@ def _literals(annotation: Any) -> list[Any]:
     return [x for a in typing.get_args(annotation) for x in _literals(a)]
 
 
+def _from_nvidia(params: dict[str, Any], where: str) -> dict[str, Any]:
+    """NVIDIA's GpuConfig or MigDeviceConfig as ours: the same but for mpsConfig's
+    multiUser, whose default (false) is what dradriver does and whose true it does not."""
+    sharing = params.get("sharing")
+    if not isinstance(sharing, dict):
+        return params
+    mps = sharing.get("mpsConfig")
+    if not isinstance(mps, dict) or "multiUser" not in mps:
+        return params
+    if mps["multiUser"] is not False:
+        raise ConfigError(
+            f"{where}.sharing.mpsConfig.multiUser: MPS for several users is not supported: "
+            "dradriver runs one MPS daemon per shared device, as the containers' user; "
+            "leave multiUser out (or false)",
+            reason="config",
+        )
+    rest = {k: v for k, v in mps.items() if k != "multiUser"}
+    return {**params, "sharing": {**sharing, "mpsConfig": rest}}
+
+
 def decode(params: Any, where: str = "parameters") -> DeviceConfig:
     """Decodes one opaque config, or raises ConfigError naming the field and what fits."""
     if not isinstance(params, dict):
@@ -284,8 +317,20 @@ def decode(params: Any, where: str = "parameters") -> DeviceConfig:
     if deep is not None:
         raise ConfigError(f"{where}.{nesting_message(deep)}", reason="config")
     kind, version = params.get("kind"), params.get("apiVersion")
-    if version != API_VERSION:
-        raise ConfigError(f"{where}.apiVersion: {version!r} is not supported; use {API_VERSION}")
+    if version == NVIDIA_API_VERSION and kind in NVIDIA_UNSUPPORTED:
+        raise ConfigError(
+            f"{where}.kind: {kind} of {NVIDIA_API_VERSION} (NVIDIA's DRA driver) is not "
+            f"supported: {NVIDIA_UNSUPPORTED[str(kind)]}; GpuConfig and MigDeviceConfig are",
+            reason="config",
+        )
+    if version == NVIDIA_API_VERSION:
+        params = _from_nvidia(params, where)
+    if version not in (API_VERSION, NVIDIA_API_VERSION):
+        nvidias = isinstance(version, str) and version.startswith("resource.nvidia.com/")
+        also = f" (or {NVIDIA_API_VERSION} for GpuConfig and MigDeviceConfig)" if nvidias else ""
+        raise ConfigError(
+            f"{where}.apiVersion: {version!r} is not supported; use {API_VERSION}{also}"
+        )
     model = KINDS.get(str(kind))
     if model is None:
         close = nearest(str(kind), USER_KINDS) if isinstance(kind, str) else None

@@ -13,6 +13,10 @@ The code itself lives in :mod:`dradriver.api.gen` and is generated from
   ``health_v1alpha1_grpc``: the optional device health stream
   (``NodeWatchResources``); both versions carry the same messages (v1 is what
   1.37 kubelets prefer, v1alpha1 what 1.34 to 1.36 call).
+- ``podresources_v1`` / ``podresources_v1_grpc``: the kubelet's PodResources API
+  (``List``), which it serves and others call: what each running container holds,
+  claims' devices with their driver, pool and name included (what NVIDIA's dcgm-exporter
+  reads to attribute a GPU's metrics to a pod).
 
 The plugin serves these with grpcio's asyncio server (kubeletplugin/grpc_edge/), through
 the generated ``add_*Servicer_to_server`` functions; the tests and benchmarks call the
@@ -25,7 +29,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Final
 
 # Loaded on first use: the plugin's startup needs the registration and DRA modules
-# before anything else, and no process needs all ten.
+# before anything else, and no process needs all twelve.
 _MODULES = {
     "dra_v1": "dra.v1.api_pb2",
     "dra_v1_grpc": "dra.v1.api_pb2_grpc",
@@ -35,6 +39,8 @@ _MODULES = {
     "health_v1_grpc": "drahealth.v1.api_pb2_grpc",
     "health_v1alpha1": "drahealth.v1alpha1.api_pb2",
     "health_v1alpha1_grpc": "drahealth.v1alpha1.api_pb2_grpc",
+    "podresources_v1": "podresources.v1.api_pb2",
+    "podresources_v1_grpc": "podresources.v1.api_pb2_grpc",
     "registration": "pluginregistration.v1.api_pb2",
     "registration_grpc": "pluginregistration.v1.api_pb2_grpc",
 }
@@ -53,6 +59,10 @@ if TYPE_CHECKING:
     from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2 as registration
     from dradriver.api.gen.kubelet.pluginregistration.v1 import (
         api_pb2_grpc as registration_grpc,
+    )
+    from dradriver.api.gen.kubelet.podresources.v1 import api_pb2 as podresources_v1
+    from dradriver.api.gen.kubelet.podresources.v1 import (
+        api_pb2_grpc as podresources_v1_grpc,
     )
 
 
@@ -91,6 +101,8 @@ __all__ = [
     "health_v1_grpc",
     "health_v1alpha1",
     "health_v1alpha1_grpc",
+    "podresources_v1",
+    "podresources_v1_grpc",
     "registration",
     "registration_grpc",
 ]

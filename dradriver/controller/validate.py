@@ -154,8 +154,50 @@ def shared_problems(
     ]
 
 
+# NVIDIA's DRA driver's name, which dradriver takes under the chart's nvidiaCompatible.
+NVIDIA_DRIVER = "gpu.nvidia.com"
+# NVIDIA's DeviceClasses for what dradriver does not do: a claim naming one would wait
+# unallocated forever, so as NVIDIA's driver dradriver refuses it at apply time.
+NVIDIA_CLASSES_NOT_SERVED = {
+    "vfio.gpu.nvidia.com": "GPU passthrough to virtual machines (VFIO) is not something "
+    "dradriver prepares",
+    "compute-domain-default-channel.nvidia.com": "dradriver's ComputeDomains "
+    "(gpu.dradriver.io/v1alpha1) make their own claim templates",
+    "compute-domain-channel.nvidia.com": "dradriver's ComputeDomains (gpu.dradriver.io/"
+    "v1alpha1) make their own claim templates",
+    "compute-domain-daemon.nvidia.com": "dradriver runs a ComputeDomain's IMEX daemon "
+    "itself; there is no daemon device",
+    "imex.nvidia.com": "dradriver's ComputeDomains (gpu.dradriver.io/v1alpha1) make their "
+    "own claim templates",
+}
+
+
+def class_problems(devices: Mapping[str, Any], where: str) -> list[Problem]:
+    """Requests (and firstAvailable subrequests) naming a class of NVIDIA's that
+    dradriver, installed as NVIDIA's driver, does not serve."""
+    problems = []
+    for i, r in enumerate(_list(devices.get("requests"))):
+        r = _dict(r)
+        choices = [(f"{where}.requests[{i}].exactly", _dict(r.get("exactly")))]
+        choices += [
+            (f"{where}.requests[{i}].firstAvailable[{j}]", _dict(s))
+            for j, s in enumerate(_list(r.get("firstAvailable")))
+        ]
+        for at, req in choices:
+            name = req.get("deviceClassName")
+            why = NVIDIA_CLASSES_NOT_SERVED.get(name) if isinstance(name, str) else None
+            if why:
+                field = f"{at}.deviceClassName"
+                said = f"{name} is a class of NVIDIA's DRA driver that dradriver does not serve"
+                problems.append(Problem(field, f"{field}: {said}: {why}"))
+    return problems
+
+
 def object_problems(kind: str, obj: Mapping[str, Any], driver: str) -> list[Problem]:
     """Problems with a ResourceClaim or ResourceClaimTemplate; [] for any other kind."""
     if kind not in DEVICES_PATH:
         return []
-    return devices_problems(devices_of(kind, obj), driver, ".".join(DEVICES_PATH[kind]))
+    where = ".".join(DEVICES_PATH[kind])
+    devices = devices_of(kind, obj)
+    unserved = class_problems(devices, where) if driver == NVIDIA_DRIVER else []
+    return unserved + devices_problems(devices, driver, where)

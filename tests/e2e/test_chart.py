@@ -1487,3 +1487,47 @@ def test_quota_classes_select_exactly_their_product_or_profile(helm: Path) -> No
     }
     with pytest.raises(HelmError, match="quotaClasses"):
         render(helm, {"quotaClasses": {"migProfiles": [{"profile": "big"}]}})
+
+
+def test_nvidia_compatible_installs_under_nvidias_names(helm: Path) -> None:
+    """nvidiaCompatible: the driver gpu.nvidia.com everywhere the chart names the driver
+    (the plugin and the webhook's flags, the webhook's match, the claim-status grant), and
+    NVIDIA's classes gpu.nvidia.com and mig.nvidia.com selecting its attribute domain."""
+    docs = render(helm, {"nvidiaCompatible": True})
+    (c,) = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in c["env"]}["DRADRIVER_DRIVER_NAME"] == (
+        "gpu.nvidia.com"
+    )
+    ctrl = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--driver-name=gpu.nvidia.com" in ctrl["command"]
+    (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["name"] == "resourceclaims.gpu.nvidia.com"
+    assert any(
+        'c.opaque.driver == "gpu.nvidia.com"' in m["expression"] for m in hook["matchConditions"]
+    )
+    classes = {
+        d["metadata"]["name"]: " ".join(d["spec"]["selectors"][0]["cel"]["expression"].split())
+        for d in docs
+        if d["kind"] == "DeviceClass"
+    }
+    for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig")):
+        assert classes[name] == (
+            f'device.driver == "gpu.nvidia.com" && '
+            f'device.attributes["gpu.nvidia.com"].type == "{kind}"'
+        )
+    assert "gpu.dradriver.io" not in classes
+    grants = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
+    assert any(r.get("resourceNames") == ["gpu.nvidia.com"] for r in grants)
+    with pytest.raises(HelmError, match=r"nvidiaCompatible installs the driver as gpu\.nvidia"):
+        render(helm, {"nvidiaCompatible": True, "driverName": "gpu.example.com"})
+
+
+def test_the_webhooks_list_of_nvidia_classes_is_the_codes() -> None:
+    """The chart's CEL list (which claims the webhook sees under nvidiaCompatible) and the
+    webhook's own (which it refuses) are one list."""
+    from dradriver.controller.validate import NVIDIA_CLASSES_NOT_SERVED
+
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    block = helpers.split('define "dradriver.nvidiaClassesNotServed"')[1].split("{{- end")[0]
+    listed = yaml.safe_load(block.strip().removeprefix("-}}").strip())
+    assert sorted(listed) == sorted(NVIDIA_CLASSES_NOT_SERVED)

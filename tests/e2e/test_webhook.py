@@ -28,7 +28,9 @@ import yaml
 
 from dradriver.k8s import Kube, KubeError, path_for
 
-from .helpers import REPO, Cluster, free_port, wait_for
+from .helpers import REPO, Cluster, free_port, run_helm, wait_for
+
+CHART = REPO / "deploy" / "helm" / "dradriver"
 
 pytestmark = pytest.mark.e2e
 RES = "resource.k8s.io/v1"
@@ -98,8 +100,10 @@ class Controller:
             return 0, {}
 
 
-def webhook_config(name: str, port: int, namespace: str) -> dict[str, Any]:
-    return {
+def webhook_config(
+    name: str, port: int, namespace: str, match_conditions: list[Any] | None = None
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
         "apiVersion": ADM,
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name},
@@ -132,6 +136,9 @@ def webhook_config(name: str, port: int, namespace: str) -> dict[str, Any]:
             }
         ],
     }
+    if match_conditions is not None:
+        config["webhooks"][0]["matchConditions"] = match_conditions
+    return config
 
 
 def create_dry_run(kube: Kube, ns: str, obj: dict[str, Any]) -> None:
@@ -158,7 +165,13 @@ def controller(
 
 @contextlib.contextmanager
 def running_controller(
-    cluster: Cluster, kube: Kube, namespace: str, short_tmp: Path
+    cluster: Cluster,
+    kube: Kube,
+    namespace: str,
+    short_tmp: Path,
+    *,
+    driver: str | None = None,
+    match_conditions: list[Any] | None = None,
 ) -> Iterator[Controller]:
     """`dradriver controller` and its webhook configuration for `namespace` only, ready
     (its CA patched in); both gone afterwards. Also used by the fault catalogue."""
@@ -186,6 +199,7 @@ def running_controller(
                 namespace,
                 "--log-level",
                 "debug",
+                *(["--driver-name", driver] if driver else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -202,7 +216,8 @@ def running_controller(
 
         wait_for(waiting, "the controller unready, waiting for its configuration", 30)
         kube.create(
-            path_for(ADM, "validatingwebhookconfigurations"), webhook_config(name, port, namespace)
+            path_for(ADM, "validatingwebhookconfigurations"),
+            webhook_config(name, port, namespace, match_conditions),
         )
         wait_for(lambda: ctl.readyz()[0] == 200, "the controller ready (caBundle patched)", 30)
         yield ctl
@@ -263,6 +278,19 @@ def test_bad_configs_refused_naming_the_field_good_ones_admitted(
         'ResourceClaimTemplate "bad-template": '
         "spec.spec.devices.config[0].opaque.parameters.sharng: unknown field; did you mean "
         "sharing? (allowed here: apiVersion, kind, sharing)"
+    )
+
+    # NVIDIA's config API (manifests written for its driver): its GpuConfig is admitted,
+    # a kind dradriver does not do is refused by name, at apply time.
+    nvidia = "resource.nvidia.com/v1beta1"
+    mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
+    nv_good = {"apiVersion": nvidia, "kind": "GpuConfig", "sharing": mps}
+    kube.create(claims, claim("nvidia", nv_good, refs=["gpu/h100"]))
+    with pytest.raises(KubeError) as err:
+        kube.create(claims, claim("vfio", {"apiVersion": nvidia, "kind": "VfioDeviceConfig"}))
+    assert err.value.status == 422 and (
+        "kind: VfioDeviceConfig of resource.nvidia.com/v1beta1 (NVIDIA's DRA driver) is not "
+        "supported: GPU passthrough" in err.value.message
     )
 
     # Another driver's parameters are its own business.
@@ -356,3 +384,45 @@ def test_a_share_with_its_own_sharing_config_is_refused_on_the_alpha_cluster(
     finally:
         with contextlib.suppress(KubeError):
             alpha_kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+def test_as_nvidias_driver_a_class_it_does_not_serve_is_refused_at_apply(
+    cluster: Cluster, kube: Kube, namespace: str, short_tmp: Path, helm: Path
+) -> None:
+    """nvidiaCompatible: the webhook, with the chart's match conditions (which the API
+    server compiles here), also sees claims naming NVIDIA's classes dradriver does not
+    serve, and refuses them by name; a plain GPU claim of NVIDIA's class goes through."""
+    rendered = run_helm(helm, "template", "x", str(CHART), values={"nvidiaCompatible": True})
+    (hook,) = next(
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "ValidatingWebhookConfiguration"
+    )["webhooks"]
+    with running_controller(
+        cluster, kube, namespace, short_tmp, driver="gpu.nvidia.com",
+        match_conditions=hook["matchConditions"],
+    ):  # fmt: skip
+        claims = path_for(RES, "resourceclaims", namespace)
+
+        def vfio() -> dict[str, Any]:
+            request = {"name": "vm", "exactly": {"deviceClassName": "vfio.gpu.nvidia.com"}}
+            return {"metadata": {"name": "vm"}, "spec": {"devices": {"requests": [request]}}}
+
+        def refused() -> KubeError | None:
+            try:
+                kube.request("POST", claims, body=vfio(), query={"dryRun": "All"})
+            except KubeError as exc:
+                return exc
+            return None
+
+        err = wait_for(refused, "the webhook to refuse the VFIO claim", 30, interval=0.3)
+        assert (
+            err.status == 422
+            and (
+                "spec.devices.requests[0].exactly.deviceClassName: vfio.gpu.nvidia.com is a class "
+                "of NVIDIA's DRA driver that dradriver does not serve: GPU passthrough"
+            )
+            in err.message
+        )
+        gpu = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+        kube.create(claims, {"metadata": {"name": "gpu"}, "spec": {"devices": {"requests": [gpu]}}})

@@ -285,3 +285,43 @@ def test_a_prepare_time_error_names_the_request_then_the_field() -> None:
         "config for request 'gpu': parameters.sharing.mpsConfig.defaultActiveThreadPercent: "
         f"unknown field; did you mean defaultActiveThreadPercentage? (allowed here: {MPS_FIELDS})"
     )
+
+
+def test_nvidias_config_api_is_read_as_ours_and_its_other_kinds_are_refused_by_name() -> None:
+    """Manifests written for NVIDIA's DRA driver (resource.nvidia.com/v1beta1) keep working:
+    its GpuConfig and MigDeviceConfig have our shape; what dradriver does not do is named."""
+    nvidia = "resource.nvidia.com/v1beta1"
+    mps = {
+        "apiVersion": nvidia,
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 50,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+            },
+        },
+    }
+    got = decode(mps)
+    assert isinstance(got, GpuConfig) and got.sharing is not None
+    assert got.sharing.mpsConfig is not None
+    assert got.sharing.mpsConfig.defaultActiveThreadPercentage == 50
+    ts = {"apiVersion": nvidia, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing",
+          "timeSlicingConfig": {"interval": "Long"}}}  # fmt: skip
+    assert decode(ts).sharing is not None
+    assert decode({"apiVersion": nvidia, "kind": "MigDeviceConfig"}).kind == "MigDeviceConfig"
+    # multiUser false is what NVIDIA's driver does by default; true is refused with why.
+    mps["sharing"]["mpsConfig"]["multiUser"] = False  # type: ignore[index]
+    decode(mps)
+    mps["sharing"]["mpsConfig"]["multiUser"] = True  # type: ignore[index]
+    with pytest.raises(ConfigError, match=r"mpsConfig\.multiUser: MPS for several users"):
+        decode(mps)
+    for kind, why in (
+        ("VfioDeviceConfig", "passthrough"),
+        ("ComputeDomainChannelConfig", "ComputeDomains write their own channel config"),
+        ("ComputeDomainDaemonConfig", "IMEX daemon itself"),
+    ):
+        with pytest.raises(ConfigError, match=f"{kind} of {nvidia}.*not supported: .*{why}"):
+            decode({"apiVersion": nvidia, "kind": kind, "domainID": "x"})
+    with pytest.raises(ConfigError, match=r"resource\.nvidia\.com/v1beta1 for GpuConfig"):
+        decode({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"})

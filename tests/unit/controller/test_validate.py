@@ -249,3 +249,37 @@ def test_an_unknown_field_at_admission_names_the_allowed_fields_and_the_nearest(
         "(allowed here: defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
         "defaultPerDevicePinnedMemoryLimit)"
     ]
+
+
+def test_as_nvidias_driver_its_classes_it_does_not_serve_are_refused() -> None:
+    """Installed as gpu.nvidia.com (nvidiaCompatible), a request or subrequest naming an
+    NVIDIA class dradriver does not serve is a problem with its path; NVIDIA's GPU and MIG
+    classes are dradriver's then, and under its own name nothing of NVIDIA's is looked at."""
+    claim = {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+                    {
+                        "name": "any",
+                        "firstAvailable": [
+                            {"name": "mig", "deviceClassName": "mig.nvidia.com"},
+                            {"name": "vm", "deviceClassName": "vfio.gpu.nvidia.com"},
+                        ],
+                    },
+                    {
+                        "name": "cd",
+                        "exactly": {"deviceClassName": "compute-domain-daemon.nvidia.com"},
+                    },
+                ]
+            }
+        }
+    }
+    problems = object_problems("ResourceClaim", claim, "gpu.nvidia.com")
+    assert [p.field for p in problems] == [
+        "spec.devices.requests[1].firstAvailable[1].deviceClassName",
+        "spec.devices.requests[2].exactly.deviceClassName",
+    ]
+    assert "vfio.gpu.nvidia.com is a class of NVIDIA's DRA driver" in problems[0].message
+    assert "IMEX daemon itself" in problems[1].message
+    assert object_problems("ResourceClaim", claim, "gpu.dradriver.io") == []

@@ -59,6 +59,31 @@ release or a fullnameOverride can never leave a reference pointing at nothing.
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
+{{/*
+The driver's name and its GPU and MIG DeviceClasses' names: NVIDIA's (gpu.nvidia.com,
+mig.nvidia.com) with nvidiaCompatible, so that manifests written for NVIDIA's DRA driver
+(its classes, its config's driver, the attribute domain in its CEL) run unchanged.
+*/}}
+{{- define "dradriver.driverName" -}}
+{{- ternary "gpu.nvidia.com" .Values.driverName (.Values.nvidiaCompatible | default false) -}}
+{{- end -}}
+
+{{- define "dradriver.class.gpu" -}}
+{{- ternary "gpu.nvidia.com" .Values.deviceClasses.gpu (.Values.nvidiaCompatible | default false) -}}
+{{- end -}}
+
+{{- define "dradriver.class.mig" -}}
+{{- ternary "mig.nvidia.com" .Values.deviceClasses.mig (.Values.nvidiaCompatible | default false) -}}
+{{- end -}}
+
+{{/*
+NVIDIA's classes for what dradriver does not do (a CEL list): with nvidiaCompatible the
+webhook refuses claims naming one (dradriver/controller/validate.py names the same).
+*/}}
+{{- define "dradriver.nvidiaClassesNotServed" -}}
+["vfio.gpu.nvidia.com", "compute-domain-default-channel.nvidia.com", "compute-domain-channel.nvidia.com", "compute-domain-daemon.nvidia.com", "imex.nvidia.com"]
+{{- end -}}
+
 {{- define "dradriver.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name: {{ .Chart.Name }}
@@ -79,6 +104,9 @@ Settings the API server would accept and then silently drop or ignore are refuse
 here, at render time, with the reason.
 */}}
 {{- define "dradriver.validate" -}}
+{{- if and .Values.nvidiaCompatible (not (has .Values.driverName (list "gpu.dradriver.io" "gpu.nvidia.com"))) -}}
+{{- fail (printf "nvidiaCompatible installs the driver as gpu.nvidia.com, NVIDIA's name; driverName %q says otherwise: leave driverName unset, or nvidiaCompatible false" .Values.driverName) -}}
+{{- end -}}
 {{- if and .Values.extendedResourceClass.enabled (ne (include "dradriver.gateOn" (dict "root" . "gate" "DRAExtendedResource")) "true") -}}
 {{- fail "extendedResourceClass needs the DRAExtendedResource feature gate (alpha, off by default on Kubernetes 1.34 and 1.35; on from 1.36); without it the API server drops extendedResourceName from the DeviceClass. Enable the gate and set featureGates.DRAExtendedResource=true." -}}
 {{- end -}}
