@@ -314,10 +314,24 @@ def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
                 (nodes[node].root / "cri" / "pods" / pod["metadata"]["uid"]).glob("*.json")
             )
             for rec in recs:
-                env = json.loads(rec.read_text())["env"]
-                shown = [e for e in env if e.split("=")[0] in SHOWN_ENV]
+                got = json.loads(rec.read_text())
+                shown = [e for e in got["env"] if e.split("=")[0] in SHOWN_ENV]
                 out.append(f"  container {rec.stem} env: " + "; ".join(shown))
+                out.append(f"  container {rec.stem} driver: {driver_files_of(got)}")
     return "\n".join(out)
+
+
+def driver_files_of(container: dict[str, Any]) -> str:
+    """The driver's files the runtime gave a container (the node's driver spec, from
+    NVIDIA's toolkit): the libraries and commands by name, and the hooks it ran."""
+    paths = [m["containerPath"] for m in container.get("mounts") or []]
+    libs = sorted({Path(p).name for p in paths if "/lib" in p and ".so" in p})
+    cmds = sorted({Path(p).name for p in paths if "/bin/" in p})
+    hooks = sorted({h["args"][1] for h in container.get("hooks") or [] if len(h["args"]) > 1})
+    if not libs:
+        return "none (a container without GPUs)"
+    named = ", ".join(n for n in libs if n.startswith(("libcuda.", "libnvidia-ml.")))
+    return f"{len(libs)} libraries ({named}, ...), {', '.join(cmds)}; hooks {', '.join(hooks)}"
 
 
 def mig_layout(nodes: dict[str, NodeProcs]) -> str:
