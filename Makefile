@@ -70,7 +70,7 @@ cdi-tool:
 	@bash tools/cdi/build.sh >/dev/null
 
 # dradriver-nvcdi (the driver's files a container needs, as NVIDIA's container toolkit
-# computes them; the image carries it) and nvidia-cdi-hook, from tools/nvcdi (cgo).
+# computes them; the image carries it), nvidia-cdi-hook and nvidia-ctk, from tools/nvcdi.
 nvcdi:
 	@bash tools/nvcdi/build.sh >/dev/null
 

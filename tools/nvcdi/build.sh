@@ -18,13 +18,13 @@ key=$( (cd "$here" && cat go.mod go.sum main.go tools.go build.sh; go version) |
 out="$cache/nvcdi/$key"
 
 if [ -f "$out/.complete" ]; then
-  echo "nvcdi: dradriver-nvcdi and nvidia-cdi-hook cached in $out" >&2
+  echo "nvcdi: dradriver-nvcdi, nvidia-cdi-hook and nvidia-ctk cached in $out" >&2
   echo "$out"
   exit 0
 fi
 
 mkdir -p "$out"
-echo "nvcdi: building dradriver-nvcdi and nvidia-cdi-hook into $out" >&2
+echo "nvcdi: building dradriver-nvcdi, nvidia-cdi-hook and nvidia-ctk into $out" >&2
 start=$(date +%s)
 # Built into a temporary directory and moved, so a concurrent or interrupted build never
 # leaves a half-written binary behind a .complete marker.
