@@ -45,14 +45,14 @@ __all__ = [
 
 API_VERSION = "gpu.dradriver.io/v1alpha1"
 # NVIDIA's DRA driver's config API: its GpuConfig and MigDeviceConfig have the shape of
-# ours, so manifests written for it are read as they are (README, "Coming from NVIDIA's
+# ours, so manifests written for it are read as they are (docs/user-guide.md, "Coming from NVIDIA's
 # DRA driver"); its other kinds are refused by name.
 NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
 NVIDIA_UNSUPPORTED = {
     "VfioDeviceConfig": "GPU passthrough to virtual machines (VFIO) is not something "
     "dradriver prepares",
     "ComputeDomainChannelConfig": "dradriver's ComputeDomains write their own channel "
-    "config into the domain's claim template (README, Multi-node NVLink)",
+    "config into the domain's claim template (docs/user-guide.md, Multi-node NVLink)",
     "ComputeDomainDaemonConfig": "dradriver runs a ComputeDomain's IMEX daemon itself; "
     "there is no daemon device to configure",
 }

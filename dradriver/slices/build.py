@@ -84,8 +84,8 @@ def _s(v: str) -> dict[str, Any]:
 
 
 def _gpu_attributes(inv: Inventory, gpu: Gpu) -> dict[str, dict[str, Any]]:
-    """Everything a claim may select a whole GPU by (README, "Selecting GPUs by
-    attribute")."""
+    """Everything a claim may select a whole GPU by (docs/user-guide.md,
+    "Selecting GPUs by attribute")."""
     a: dict[str, dict[str, Any]] = {
         "type": _s("gpu"),
         "uuid": _s(gpu.uuid),

@@ -3,7 +3,7 @@
 # this project's CI machines) Debian's docker.io started here with the settings such a VM
 # needs. Prints nothing on stdout; says on stderr which engine it uses.
 #
-# The settings, each found by trying on these machines (see README, "kind"):
+# The settings, each found by trying on these machines (see docs/kind.md):
 #   cgroupfs driver      the hosts run cgroup v1 without systemd managing it
 #   nofile 20000:20000   the host's hard RLIMIT_NOFILE; docker's default asks for more
 #   --iptables=false     no NAT is needed: kind nodes talk over the bridge, and builds

@@ -3,7 +3,7 @@ slice with one, read back. A server without the alpha gates drops the fields on 
 (they are gated, not refused), and a channel device published without them falls back
 to prepare's waiting; with them, the scheduler must have the gates too (a scheduler
 without them never allocates such a device), which the API cannot tell: --imex-binding-
-conditions off is the way out of that split, and the README says so.
+conditions off is the way out of that split, and docs/user-guide.md says so.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ namespace per share with its pinned-memory limit and active-thread percentage; a
 container gets only its namespace's pipe directory mounted, so it cannot reach another
 share's namespace, and its own environment can only lower what the namespace allows.
 Older drivers (MPS v2: one server per user ID, so no per-share server) get the limits in
-the client's environment only, which a container can unset; the README says which.
+the client's environment only, which a container can unset; docs/user-guide.md says which.
 
 Every step is recorded first (the ledger before the daemon and its members, the record's
 share after), so a crash anywhere leaves nothing the next unprepare cannot find.

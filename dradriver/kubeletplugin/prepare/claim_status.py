@@ -170,7 +170,7 @@ def _entry(driver: str, d: PreparedDevice, now: str) -> dict[str, Any]:
             limits["compute"] = d.share.compute_limit
         if limits:
             entry["data"]["limits"] = limits
-            # What holds the share to them (README, "How the limits are enforced").
+            # What holds the share to them (docs/user-guide.md, "How the limits are enforced").
             held = []
             if d.share.pipe_dir:
                 held.append("mps-namespace" if d.share.server_side else "mps-client-env")

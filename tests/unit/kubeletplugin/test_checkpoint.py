@@ -389,7 +389,7 @@ def test_an_older_release_rewriting_the_checkpoint_is_read(path: Path) -> None:
 
 
 def test_a_checkpoint_moved_aside_by_hand_is_not_brought_back(path: Path) -> None:
-    """Moving checkpoint.json aside starts from an empty state (the README says so): the
+    """Moving checkpoint.json aside starts from an empty state (docs/reference.md says so): the
     copies do not resurrect it, and the next saves outnumber them."""
     saved_twice(path)
     path.rename(path.with_name("aside.json"))

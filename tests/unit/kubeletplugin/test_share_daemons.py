@@ -237,7 +237,7 @@ def test_without_mps_v3_the_limits_are_the_clients_own_variables(tmp_path: Path)
         uuid = env["NVIDIA_VISIBLE_DEVICES"]
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=20480M"
         assert node.client(a).limits() == (20 * GI, 40)
-        # The weakness the README states: a container that unsets them has no limit.
+        # The weakness docs/user-guide.md states: a container that unsets them has no limit.
         bare = Client(Path(env["CUDA_MPS_PIPE_DIRECTORY"]), {})
         assert bare.limits() == (None, None)
         node.unprepare(a)
