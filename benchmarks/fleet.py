@@ -62,8 +62,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dradriver.commands.flags import mig_profiles  # noqa: E402
-from dradriver.diagnose.quantity import parse  # noqa: E402
+from dradriver.api.quantity import parse  # noqa: E402
+from dradriver.flags import mig_profiles  # noqa: E402
 from dradriver.k8s import Kube, KubeError, NotFound, path_for  # noqa: E402
 from dradriver.nvml.library import open_nvml  # noqa: E402
 from dradriver.slices.build import MigMode, SliceContent, build  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dradriver.commands import flags
+from dradriver import flags
 
 # Loaded when the command runs: building the CLI's parser (every `dradriver` start, the
 # kubelet plugin's included) must not import NVML, the slice builder or YAML.
@@ -69,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"dradriver devices: {exc}", file=sys.stderr)
         return 1
     from dradriver.slices.consumable import ConsumableModeError
+    from dradriver.slices.consumable import from_flags as consumable_from_flags
 
     try:
-        consumable = flags.consumable(args.consumable_capacity, args.mig_mode)
+        consumable = consumable_from_flags(args.consumable_capacity, args.mig_mode)
     except ConsumableModeError as exc:
         print(f"dradriver devices: {exc}", file=sys.stderr)
         return 2
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     )
     book = health_now(nvml, found.inventory, Path(args.state_dir))
     from dradriver.health.model import device_health, unhealthy
-    from dradriver.health.taints import TaintEffect, with_taints
+    from dradriver.slices.taints import TaintEffect, with_taints
 
     # As the plugin would publish them: unhealthy devices tainted (its default effect).
     faults = unhealthy(device_health(book, result.offer.devices().values()))
@@ -305,8 +306,8 @@ def _shares(result: BuildResult, state_dir: Path, mode: str) -> list[str]:
     this node's plugin prepared hold of it (its checkpoint in --state-dir, read only)."""
     from fractions import Fraction
 
+    from dradriver.api.quantity import human, parse
     from dradriver.diagnose.capacity import capacities
-    from dradriver.diagnose.quantity import human, parse
     from dradriver.kubeletplugin.state.checkpoint.codec import parse_checkpoint
     from dradriver.kubeletplugin.state.records import CheckpointCorrupt
 

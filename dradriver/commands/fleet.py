@@ -79,7 +79,7 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def render(r: FleetReport) -> str:
-    from dradriver.diagnose.quantity import human
+    from dradriver.api.quantity import human
 
     sharing = any(c.shared for c in r.totals.values()) or any(v.largest_share for v in r.nodes)
     head: tuple[str, ...] = (

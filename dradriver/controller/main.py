@@ -13,8 +13,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dradriver import DEFAULT_DRIVER_NAME, logs
-from dradriver.commands import flags
+from dradriver import DEFAULT_DRIVER_NAME, flags, logs
 
 if TYPE_CHECKING:
     from dradriver.controller.computedomain.leader import Election

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from dradriver.diagnose import quantity
+from dradriver.api import quantity
 
 
 @dataclass(frozen=True)

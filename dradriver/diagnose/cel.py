@@ -16,7 +16,8 @@ from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from dradriver.diagnose import quantity, semver
+from dradriver.api import quantity
+from dradriver.diagnose import semver
 
 _PACKAGE = "dradriver.cel"
 _STRING = descriptor_pb2.FieldDescriptorProto.TYPE_STRING

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dradriver.api.quantity import parse
 from dradriver.diagnose.explain import Finding
-from dradriver.diagnose.quantity import parse
 
 Obj = Mapping[str, Any]
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from dradriver.api.quantity import human
 from dradriver.diagnose import extended
 from dradriver.diagnose.capacity import fit, requested
 from dradriver.diagnose.cel import CompileError, Selector
-from dradriver.diagnose.quantity import human
 from dradriver.diagnose.world import Published, World, blocked_by_counters, remaining_counters
 
 Obj = Mapping[str, Any]

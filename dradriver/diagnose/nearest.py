@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from dradriver.api import quantity
 from dradriver.api.suggest import nearest
-from dradriver.diagnose import quantity, semver
+from dradriver.diagnose import semver
 from dradriver.diagnose.cel import CompileError, Selector
 from dradriver.diagnose.world import Published
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-from dradriver.diagnose import quantity
+from dradriver.api import quantity
 from dradriver.diagnose.capacity import Capacity, Fit, consumption
 from dradriver.diagnose.world import Published, World
 

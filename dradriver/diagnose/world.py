@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from dradriver.diagnose import quantity
+from dradriver.api import quantity
 from dradriver.diagnose.capacity import Capacity, capacities
 from dradriver.diagnose.cel import Device, device_from_api
 

@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dradriver import logs
-from dradriver.commands import flags
+from dradriver import flags, logs
 from dradriver.health.model import Health, HealthConfigError, Policy, parse_xids
-from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import DeviceKind, MigMode, MigSwitching
 from dradriver.k8s import ConfigError, Kube
 from dradriver.k8s.server_line import ServerLine
@@ -34,7 +32,9 @@ from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instanc
 from dradriver.kubeletplugin.state.name_book import NameBook, prepared_names
 from dradriver.nvml.library import DevicesSpecError, open_nvml
 from dradriver.slices.consumable import ConsumableMode, ConsumableModeError
+from dradriver.slices.consumable import from_flags as consumable_from_flags
 from dradriver.slices.publish import PublishLoop, SlicePublisher
+from dradriver.slices.taints import TaintEffect
 from dradriver.slices.watch import SliceWatch
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def run_plugin(
     """Everything after the sockets (startup.py): discovery, the checkpoint, publishing,
     the operator endpoints; the sockets start answering once the driver is set."""
     try:  # a combination that cannot work is refused before anything else
-        consumable = flags.consumable(args.consumable_capacity, args.mig_mode)
+        consumable = consumable_from_flags(args.consumable_capacity, args.mig_mode)
     except ConsumableModeError as exc:
         log.error("bad --consumable-capacity", error=str(exc))
         return 2

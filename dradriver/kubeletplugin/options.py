@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from dradriver.commands import flags
+from dradriver import flags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

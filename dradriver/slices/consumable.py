@@ -155,3 +155,10 @@ def capacity(c: Consumable, memory_bytes: int, multiprocessors: int | None) -> d
         shares["validRange"]["max"] = str(c.shares)
         cap["shares"] = {"value": str(c.shares), "requestPolicy": shares}
     return cap
+
+
+def from_flags(value: str, mig_mode: str) -> Consumable:
+    """--consumable-capacity, checked against --mig-mode; ConsumableModeError names both."""
+    c = parse_mode(value)
+    check_mig_mode(c, MigMode(mig_mode))
+    return c

@@ -17,11 +17,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from dradriver.health.taints import TAINTS_DROPPED, tainted, taints_dropped
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
 from dradriver.k8s.server_line import ServerLine
 from dradriver.logs import get_logger
 from dradriver.slices.build import SliceContent
+from dradriver.slices.taints import TAINTS_DROPPED, tainted, taints_dropped
 
 log = get_logger("slices.publish")
 RES = "resource.k8s.io/v1"

@@ -17,11 +17,11 @@ import pytest
 
 from dradriver.cli import main
 from dradriver.health.model import Fault
-from dradriver.health.taints import TaintEffect, with_taints
 from dradriver.k8s import Kube, path_for
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import MigMode, build
 from dradriver.slices.publish import SlicePublisher
+from dradriver.slices.taints import TaintEffect, with_taints
 from fakenvml import load
 from tests.support.gpu_names import names_of
 

@@ -68,7 +68,7 @@ def test_the_walk_reaches_the_dev_tools_and_finds_what_lacks_help() -> None:
     paths = {c.path for c in commands(build_parser())}
     assert {"dradriver devices", "dradriver dev cluster", "dradriver dev kubelet"} <= paths
 
-    from dradriver.commands import flags
+    from dradriver import flags
 
     root = argparse.ArgumentParser(prog="x")
     sub = root.add_subparsers()

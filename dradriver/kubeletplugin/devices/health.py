@@ -32,12 +32,12 @@ from dradriver.health.monitor import (
     HealthMonitor,
 )
 from dradriver.health.store import FILE_NAME, HealthStore
-from dradriver.health.taints import TaintEffect, rfc3339, taint_key, with_taints
 from dradriver.inventory.model import Gpu, Inventory
 from dradriver.inventory.node_devices import NodeDevice, gpu_device_name
 from dradriver.k8s import Kube, KubeError, path_for
 from dradriver.logs import get_logger
 from dradriver.slices.build import SliceContent
+from dradriver.slices.taints import TaintEffect, rfc3339, taint_key, with_taints
 
 log = get_logger("kubeletplugin.health")
 EVENT_SOURCE = "dradriver-kubelet-plugin"

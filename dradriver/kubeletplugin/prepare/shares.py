@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-from dradriver.diagnose.quantity import QuantityError, parse
+from dradriver.api.quantity import QuantityError, parse
 from dradriver.errors import ClaimStateError, DeviceError
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.claimref import ClaimRef

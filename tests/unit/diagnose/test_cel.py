@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from dradriver.diagnose import quantity, semver
+from dradriver.api import quantity
+from dradriver.diagnose import semver
 from dradriver.diagnose.cel import CompileError, Selector, device_from_api
 from dradriver.diagnose.nearest import MissingName, missing_name
 from dradriver.diagnose.world import Published

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dradriver.api.quantity import parse
 from dradriver.diagnose.capacity import Capacity, Policy, capacities, consumption, fit, violates
-from dradriver.diagnose.quantity import parse
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import build
 from dradriver.slices.consumable import parse_mode

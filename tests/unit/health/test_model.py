@@ -22,10 +22,10 @@ from dradriver.health.model import (
     parse_xids,
     unhealthy,
 )
-from dradriver.health.taints import TaintEffect, taints_dropped, with_taints
 from dradriver.inventory.node_devices import MigMode
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import build
+from dradriver.slices.taints import TaintEffect, taints_dropped, with_taints
 from tests.support.gpu_names import names_of
 
 from ..slices.conftest import inventory

@@ -14,12 +14,12 @@ import pytest
 
 from dradriver.health.model import Health, Policy, Transition
 from dradriver.health.monitor import HealthMonitor, probe_gpu
-from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.nvml.library import Nvml, open_nvml
 from dradriver.slices.build import build
+from dradriver.slices.taints import TaintEffect
 from tests.support.gpu_names import names_of, real
 
 DRIVER = "gpu.dradriver.io"

@@ -18,7 +18,6 @@ from dradriver.health.model import (
     Probe,
     XidEvent,
 )
-from dradriver.health.taints import TaintEffect
 from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.devices.health import (
     HealthOptions,
@@ -30,6 +29,7 @@ from dradriver.kubeletplugin.devices.health import (
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import build
+from dradriver.slices.taints import TaintEffect
 
 NOW = 1_700_000_000  # 2023-11-14T22:13:20Z
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.diagnose.quantity import parse
+from dradriver.api.quantity import parse
 from dradriver.inventory.node_devices import MigMode
 from dradriver.nvml.discover import discover
 from dradriver.slices.build import build

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from dradriver.health.model import Fault
-from dradriver.health.taints import TaintEffect, with_taints
 from dradriver.inventory.node_devices import MigMode
 from dradriver.k8s.lines import LINES, NEWEST, OLDEST, Line, LineError, line, parse_version
 from dradriver.slices.build import LimitError, SliceContent, build, check_limits
 from dradriver.slices.publish import render, slice_name
+from dradriver.slices.taints import TaintEffect, with_taints
 from tests.support.gpu_names import indexed, names_of
 
 from .conftest import inventory

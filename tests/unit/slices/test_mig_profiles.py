@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dradriver.commands.flags import mig_profiles
+from dradriver.flags import mig_profiles
 from dradriver.slices.build import MigMode, build
 from dradriver.slices.publish import render
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dradriver import DEFAULT_DRIVER_NAME
-
-if TYPE_CHECKING:
-    from dradriver.slices.consumable import Consumable
 
 
 def env_name(flag: str) -> str:
@@ -89,13 +86,3 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
 def mig_profiles(value: str) -> frozenset[str]:
     """--mig-profiles as a set of names (empty: all)."""
     return frozenset(p.strip() for p in value.split(",") if p.strip())
-
-
-def consumable(value: str, mig_mode: str) -> Consumable:
-    """--consumable-capacity, checked against --mig-mode; ConsumableModeError names both."""
-    from dradriver.inventory.node_devices import MigMode
-    from dradriver.slices.consumable import check_mig_mode, parse_mode
-
-    c = parse_mode(value)
-    check_mig_mode(c, MigMode(mig_mode))
-    return c
