@@ -133,7 +133,7 @@ def _alpha_served(kubeconfig: str) -> bool:
 
     try:
         kube = Kube.from_kubeconfig(kubeconfig)
-    except (OSError, ValueError):  # dradriver.k8s.config.ConfigError is a ValueError
+    except (OSError, ValueError):  # dradriver.k8s.config.KubeconfigError is a ValueError
         return False
     try:
         kube.get("/apis/resource.k8s.io/v1alpha3")

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from dradriver.k8s import ConfigError, Kube, KubeError, path_for
+from dradriver.k8s import Kube, KubeconfigError, KubeError, path_for
 
 Obj = Mapping[str, Any]
 RES = "resource.k8s.io/v1"
@@ -22,7 +22,7 @@ class FactsError(Exception):
 def connect(kubeconfig: str | None) -> Kube:
     try:
         return Kube.from_kubeconfig(kubeconfig or os.environ.get("KUBECONFIG"))
-    except ConfigError as exc:  # whatever the library's loaders refused, one line
+    except KubeconfigError as exc:  # whatever the library's loaders refused, one line
         raise FactsError(
             f"kubeconfig: cannot load {kubeconfig or '~/.kube/config (or in-cluster)'}: "
             f"{str(exc).rstrip(' .')}. Fix: pass --kubeconfig or set KUBECONFIG"

@@ -130,7 +130,7 @@ def _compute_domains(kube: Kube, args: argparse.Namespace, stop: threading.Event
 def run(args: argparse.Namespace) -> int:
     from dradriver.controller import server, tls
     from dradriver.controller.cabundle import CaBundleSyncer
-    from dradriver.k8s import ConfigError, Kube
+    from dradriver.k8s import Kube, KubeconfigError
 
     logs.setup(args.log_level)
     try:
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if serving.ca_pem is not None or args.compute_domains == "on":
         try:
             kube = Kube.from_kubeconfig(args.kubeconfig)
-        except ConfigError as exc:  # whatever the library's loaders refused, one line
+        except KubeconfigError as exc:  # whatever the library's loaders refused, one line
             log.error("cannot load the kubeconfig", error=str(exc), kubeconfig=args.kubeconfig)
             serving.close()
             return 2

@@ -11,7 +11,27 @@ imports `kubernetes` or urllib3, and its modules import nothing of dradriver but
 dradriver.api.depth and dradriver.logs.
 """
 
-from dradriver.k8s.client import Conflict, Kube, KubeError, NotFound, path_for
-from dradriver.k8s.errors import ConfigError
+from dradriver.k8s.client import Kube, path_for
+from dradriver.k8s.errors import (
+    Conflict,
+    Forbidden,
+    Gone,
+    KubeconfigError,
+    KubeError,
+    NotFound,
+    TooManyRequests,
+    Unauthorized,
+)
 
-__all__ = ["ConfigError", "Conflict", "Kube", "KubeError", "NotFound", "path_for"]
+__all__ = [
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "Kube",
+    "KubeError",
+    "KubeconfigError",
+    "NotFound",
+    "TooManyRequests",
+    "Unauthorized",
+    "path_for",
+]

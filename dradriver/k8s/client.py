@@ -96,7 +96,7 @@ class Kube:
     @classmethod
     def from_kubeconfig(cls, path: str | None = None) -> Kube:
         """Loads `path`, or the in-cluster config when `path` is None and we run in a pod,
-        or the default kubeconfig otherwise. Raises ConfigError (one line)."""
+        or the default kubeconfig otherwise. Raises KubeconfigError (one line)."""
         from dradriver.k8s import config
 
         return cls(config.load(path))

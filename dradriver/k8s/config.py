@@ -12,7 +12,7 @@ What the loaders lack is added here, thinly:
   or not, so that re-read is turned off and ours does it;
 - a kubeconfig's proxy-url is used for every request, as client-go does; NO_PROXY from the
   environment applies to the environment's proxy only;
-- every failure of a loader is one ConfigError naming the file.
+- every failure of a loader is one KubeconfigError naming the file.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.k8s import impersonation
-from dradriver.k8s.errors import ConfigError, one_line
+from dradriver.k8s.errors import KubeconfigError, one_line
 from dradriver.k8s.exec_auth import ExecAuth
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -49,10 +49,10 @@ def load(path: str | None) -> Loaded:
     default = os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
     try:
         return load_kubeconfig(default)
-    except ConfigError as exc:
+    except KubeconfigError as exc:
         if _existing(default):
             raise
-        raise ConfigError(f"not running in a pod ({why_not}) and {exc}") from exc
+        raise KubeconfigError(f"not running in a pod ({why_not}) and {exc}") from exc
 
 
 def load_incluster(environ: dict[str, str] | None = None) -> tuple[Loaded | None, str]:
@@ -84,15 +84,15 @@ def load_kubeconfig(paths: str) -> Loaded:
         merger = kube_config.KubeConfigMerger(paths)
     except Exception as exc:  # yaml's errors, an empty file, not a mapping
         problem = _problem(exc, "not a kubeconfig")
-        raise ConfigError(f"kubeconfig {_failed_file(exc, paths)}: {problem}") from exc
+        raise KubeconfigError(f"kubeconfig {_failed_file(exc, paths)}: {problem}") from exc
     if merger.config is None:
-        raise ConfigError(f"no kubeconfig at {paths}: no such file")
+        raise KubeconfigError(f"no kubeconfig at {paths}: no such file")
     try:
         return _load(merger, paths)
-    except ConfigError:
+    except KubeconfigError:
         raise
     except Exception as exc:  # ConfigException, a file it names, a malformed entry
-        raise ConfigError(f"kubeconfig {paths}: {_problem(exc, 'a malformed entry')}") from exc
+        raise KubeconfigError(f"kubeconfig {paths}: {_problem(exc, 'a malformed entry')}") from exc
 
 
 def _load(merger: Any, paths: str) -> Loaded:
@@ -102,16 +102,18 @@ def _load(merger: Any, paths: str) -> Loaded:
     merged = merger.config
     current = _current_context(merger)
     if current is None:
-        raise ConfigError(f"kubeconfig {paths}: no current-context set")
+        raise KubeconfigError(f"kubeconfig {paths}: no current-context set")
     context = merged["contexts"].get_with_name(current)["context"]
     cluster = merged["clusters"].get_with_name(context["cluster"])["cluster"]
     # The loader's checks stop short of these: without a server it keeps the
     # Configuration's default (http://localhost), and it takes any scheme.
     server = str(cluster.safe_get("server") or "")
     if not server:
-        raise ConfigError(f"kubeconfig {paths}: the cluster {context['cluster']!r} has no server")
+        raise KubeconfigError(
+            f"kubeconfig {paths}: the cluster {context['cluster']!r} has no server"
+        )
     if not server.startswith(("https://", "http://")):
-        raise ConfigError(f"kubeconfig {paths}: server {server!r} is not an http(s) URL")
+        raise KubeconfigError(f"kubeconfig {paths}: server {server!r} is not an http(s) URL")
     user_name = context.safe_get("user")
     user = None
     if user_name and merged.safe_get("users"):

@@ -1,5 +1,6 @@
-"""The API's failures as typed errors: callers branch on NotFound and Conflict, and on
-status 0 for a server that never answered; a config that cannot be used is a ConfigError."""
+"""The API's failures as typed errors, one class per status a caller branches on (401,
+403, 404, 409, 410, 429), status 0 for a server that never answered; a kubeconfig that
+cannot be used is a KubeconfigError."""
 
 from __future__ import annotations
 
@@ -16,15 +17,41 @@ class KubeError(Exception):
         self.message = message
 
 
+class Unauthorized(KubeError):
+    """401: the credentials were refused (an expired token, a revoked certificate)."""
+
+
+class Forbidden(KubeError):
+    """403: authenticated, and not allowed (RBAC, an admission policy, the Node authorizer)."""
+
+
 class NotFound(KubeError):
-    pass
+    """404."""
 
 
 class Conflict(KubeError):
-    pass
+    """409: the object changed since it was read, or exists already."""
 
 
-class ConfigError(ValueError):
+class Gone(KubeError):
+    """410: a watch's resourceVersion is too old; list again."""
+
+
+class TooManyRequests(KubeError):
+    """429: the API server's priority and fairness turned the request away for now."""
+
+
+_BY_STATUS: dict[int, type[KubeError]] = {
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    429: TooManyRequests,
+}
+
+
+class KubeconfigError(ValueError):
     """The config cannot be used; str() is one line naming the file and the problem.
 
     A ValueError so callers that caught the official library's errors as ValueError still
@@ -53,8 +80,4 @@ def error_from_response(status: int, reason: str, body: bytes) -> KubeError:
             reason = str(decoded.get("reason", reason))
         except (ValueError, AttributeError):
             message = text[:500]
-    if status == 404:
-        return NotFound(status, reason, message)
-    if status == 409:
-        return Conflict(status, reason, message)
-    return KubeError(status, reason, message)
+    return _BY_STATUS.get(status, KubeError)(status, reason, message)

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.k8s.errors import ConfigError, CredentialError, one_line
+from dradriver.k8s.errors import CredentialError, KubeconfigError, one_line
 from dradriver.logs import get_logger
 
 log = get_logger("k8s.exec")
@@ -79,7 +79,7 @@ class ExecAuth:
     ) -> None:
         """`exec_node`: the library's ConfigNode of the user's `exec`; `cluster`: the
         context's cluster entry, whose relative CA path starts at `cluster_dir`; `where`
-        names the kubeconfig and the user in errors. Raises ConfigError."""
+        names the kubeconfig and the user in errors. Raises KubeconfigError."""
         from kubernetes.config.exec_provider import ExecProvider
         from kubernetes.config.kube_config import ConfigNode
 
@@ -88,9 +88,9 @@ class ExecAuth:
         mode = str(exec_node.safe_get("interactiveMode") or "IfAvailable")
         if mode not in INTERACTIVE_MODES:
             modes = ", ".join(INTERACTIVE_MODES)
-            raise ConfigError(f"{where}: exec interactiveMode {mode!r} is not one of {modes}")
+            raise KubeconfigError(f"{where}: exec interactiveMode {mode!r} is not one of {modes}")
         if mode == "Always" and not has_terminal():
-            raise ConfigError(
+            raise KubeconfigError(
                 f"{where}: the exec plugin {self.command} wants interactiveMode Always and "
                 "this process has no terminal to prompt on; set interactiveMode to "
                 "IfAvailable or Never in the kubeconfig, or give the user a credential "
@@ -103,7 +103,7 @@ class ExecAuth:
         try:
             self._provider = ExecProvider(exec_node, cwd, info)
         except Exception as exc:  # ConfigException: no command or apiVersion
-            raise ConfigError(f"{where}: {one_line(exc)}") from exc
+            raise KubeconfigError(f"{where}: {one_line(exc)}") from exc
         self._lock = threading.Lock()
         self._cred: ExecCredential | None = None
         self._pems: tuple[str, str] | None = None
@@ -196,7 +196,9 @@ def _cluster_info(cluster: Mapping[str, Any], cluster_dir: str, where: str) -> d
             with open(path, "rb") as f:
                 info["certificate-authority-data"] = base64.b64encode(f.read()).decode()
         except OSError as exc:
-            raise ConfigError(f"{where}: exec: cannot read the cluster CA {path}: {exc}") from exc
+            raise KubeconfigError(
+                f"{where}: exec: cannot read the cluster CA {path}: {exc}"
+            ) from exc
     for ext in cluster.get("extensions") or []:
         if isinstance(ext, Mapping) and ext.get("name") == _EXEC_EXTENSION:
             info["config"] = ext.get("extension")

@@ -12,7 +12,7 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-from dradriver.k8s.errors import ConfigError
+from dradriver.k8s.errors import KubeconfigError
 
 Headers = tuple[tuple[str, str], ...]  # names may repeat
 
@@ -29,9 +29,9 @@ def headers(user: Mapping[str, Any], where: str) -> Headers:
     groups = user.get("as-groups") or []
     extra = user.get("as-user-extra") or {}
     if not name and (uid or groups or extra):
-        raise ConfigError(f"{where}: as-uid, as-groups or as-user-extra without `as` (a user)")
+        raise KubeconfigError(f"{where}: as-uid, as-groups or as-user-extra without `as` (a user)")
     if not isinstance(groups, list) or not isinstance(extra, Mapping):
-        raise ConfigError(f"{where}: as-groups must be a list and as-user-extra a mapping")
+        raise KubeconfigError(f"{where}: as-groups must be a list and as-user-extra a mapping")
     out: list[tuple[str, str]] = []
     if name:
         out.append(("Impersonate-User", str(name)))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dradriver import flags, logs
 from dradriver.health.model import Health, HealthConfigError, Policy, parse_xids
 from dradriver.inventory.node_devices import DeviceKind, MigMode, MigSwitching
-from dradriver.k8s import ConfigError, Kube
+from dradriver.k8s import Kube, KubeconfigError
 from dradriver.k8s.server_line import ServerLine
 from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
 from dradriver.kubeletplugin.devices.node_label import NodeLabel
@@ -104,7 +104,7 @@ def run_plugin(
         return 2
     try:
         kube = Kube.from_kubeconfig(args.kubeconfig)
-    except ConfigError as exc:  # every failure of the library's loaders, in one line
+    except KubeconfigError as exc:  # every failure of the library's loaders, in one line
         log.error(
             "cannot load the kubeconfig: pass --kubeconfig, or run in a pod",
             error=str(exc),

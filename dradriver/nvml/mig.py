@@ -24,7 +24,7 @@ log = get_logger("nvml.mig")
 CI_PROFILE_FOR_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
 
 
-class MigError(errors.MigError):
+class MigNvmlError(errors.MigError):
     """An NVML failure while carving or destroying, with the step and the NVML error."""
 
     def __init__(self, step: str, err: Exception, *, in_use: bool = False) -> None:
@@ -58,14 +58,14 @@ class MigCarver:
         try:
             return self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
         except self.nvml.NVMLError as err:
-            raise MigError(f"looking up GPU {gpu_uuid}", err) from err
+            raise MigNvmlError(f"looking up GPU {gpu_uuid}", err) from err
 
     def mig_enabled(self, gpu_uuid: str) -> bool:
         h = self._h(gpu_uuid)
         try:
             current, _ = self.nvml.nvmlDeviceGetMigMode(h)
         except self.nvml.NVMLError as err:
-            raise MigError(f"reading the MIG mode of {gpu_uuid}", err) from err
+            raise MigNvmlError(f"reading the MIG mode of {gpu_uuid}", err) from err
         return bool(current == self.nvml.NVML_DEVICE_MIG_ENABLE)
 
     def set_mig_mode(self, gpu_uuid: str, enable: bool) -> None:
@@ -78,11 +78,11 @@ class MigCarver:
         except nvml.NVMLError as err:
             if isinstance(err, nvml.NVMLError_InUse):
                 step += f" (the GPU is in use by {self.holders(h)})"
-            raise MigError(step, err, in_use=isinstance(err, nvml.NVMLError_InUse)) from err
+            raise MigNvmlError(step, err, in_use=isinstance(err, nvml.NVMLError_InUse)) from err
         if self.mig_enabled(gpu_uuid) != enable:
             # Ampere: the change waits for a GPU reset. Publishing never offers partitions
             # of such GPUs, so getting here means the hardware changed under us.
-            raise MigError(step, RuntimeError("the new mode needs a GPU reset"))
+            raise MigNvmlError(step, RuntimeError("the new mode needs a GPU reset"))
 
     def holders(self, h: Any) -> str:
         """Who keeps a GPU busy, for the message when its MIG mode cannot change: CUDA
@@ -120,7 +120,7 @@ class MigCarver:
                 h, profile_id, ctypes.byref(placement)
             )
         except nvml.NVMLError as err:
-            raise MigError(f"creating the GPU instance ({where})", err) from err
+            raise MigNvmlError(f"creating the GPU instance ({where})", err) from err
         crashpoint("mig-gi-created")  # the GPU instance exists, known only by its placement
         try:
             gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
@@ -133,7 +133,7 @@ class MigCarver:
         except nvml.NVMLError as err:
             # A GPU instance without a compute instance is no usable device: never leave one.
             self._destroy_gi_quietly(gi, where)
-            raise MigError(f"creating the compute instance ({where})", err) from err
+            raise MigNvmlError(f"creating the compute instance ({where})", err) from err
         crashpoint("mig-ci-created")
         try:
             ci_id = int(nvml.nvmlComputeInstanceGetInfo(ci).id)
@@ -146,7 +146,7 @@ class MigCarver:
                     "rollback: destroying the compute instance failed", gpu=gpu_uuid, error=str(e2)
                 )
             self._destroy_gi_quietly(gi, where)
-            raise MigError(f"reading the new MIG device ({where})", err) from err
+            raise MigNvmlError(f"reading the new MIG device ({where})", err) from err
         return Created(gi_id, ci_id, uuid)
 
     def adopt(self, gpu_uuid: str, gi_id: int, profile_id: int) -> Created | None:
@@ -199,13 +199,13 @@ class MigCarver:
             log.warning("GPU off the bus: its MIG device goes with its reset", where=where)
             return
         except nvml.NVMLError as err:
-            raise MigError(f"looking up GPU {gpu_uuid}", err) from err
+            raise MigNvmlError(f"looking up GPU {gpu_uuid}", err) from err
         try:
             gi = nvml.nvmlDeviceGetGpuInstanceById(h, gpu_instance_id)
         except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
             return
         except nvml.NVMLError as err:
-            raise MigError(f"looking up {where}", err) from err
+            raise MigNvmlError(f"looking up {where}", err) from err
         cis = [compute_instance_id] if compute_instance_id is not None else []
         cis += [c for c in self._ci_ids(gi) if c not in cis]
         for ci_id in cis:
@@ -215,7 +215,7 @@ class MigCarver:
             except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
                 continue
             except nvml.NVMLError as err:
-                raise MigError(
+                raise MigNvmlError(
                     f"destroying compute instance {ci_id} of {where}",
                     err,
                     in_use=isinstance(err, nvml.NVMLError_InUse),
@@ -225,7 +225,7 @@ class MigCarver:
         except nvml.NVMLError_NotFound:
             return
         except nvml.NVMLError as err:
-            raise MigError(
+            raise MigNvmlError(
                 f"destroying {where}", err, in_use=isinstance(err, nvml.NVMLError_InUse)
             ) from err
 
@@ -253,7 +253,7 @@ class MigCarver:
         try:
             return self._instances(gpu_uuid, profile_ids)
         except self.nvml.NVMLError as err:
-            raise MigError(f"listing the MIG devices of {gpu_uuid}", err) from err
+            raise MigNvmlError(f"listing the MIG devices of {gpu_uuid}", err) from err
 
     def _instances(self, gpu_uuid: str, profile_ids: list[int]) -> list[Instance]:
         nvml = self.nvml

@@ -16,7 +16,7 @@ import yaml
 from dradriver.k8s import auth, config
 from dradriver.k8s.auth import Credentials
 from dradriver.k8s.config import Loaded
-from dradriver.k8s.errors import ConfigError, CredentialError
+from dradriver.k8s.errors import CredentialError, KubeconfigError
 from tests.unit.k8s.conftest import WriteKubeconfig
 
 
@@ -217,7 +217,7 @@ def test_a_context_without_a_user_is_anonymous(tmp_path: Path) -> None:
 )
 def test_errors_are_one_line(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "k").write_text(text)
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(KubeconfigError) as exc:
         config.load(str(tmp_path / "k"))
     assert message in str(exc.value)
     assert "\n" not in str(exc.value)
@@ -226,11 +226,11 @@ def test_errors_are_one_line(tmp_path: Path, text: str, message: str) -> None:
 
 
 def test_a_missing_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match="no such file"):
+    with pytest.raises(KubeconfigError, match="no such file"):
         config.load(str(tmp_path / "missing"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(KubeconfigError) as exc:
         config.load(None)
     assert str(exc.value) == (
         "not running in a pod (Service host/port is not set) and no kubeconfig at "

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dradriver.k8s import ConfigError, Kube, KubeError, config, exec_auth
+from dradriver.k8s import Kube, KubeconfigError, KubeError, config, exec_auth
 from dradriver.k8s.auth import Credentials
 from dradriver.k8s.errors import CredentialError
 from tests.unit.k8s.certs import Pair, TestCA
@@ -183,7 +183,7 @@ def test_a_failing_plugin_is_a_kube_error(api: FakeAPI, write_kubeconfig: WriteK
 
 def test_a_malformed_exec_section_is_a_config_error(write_kubeconfig: WriteKubeconfig) -> None:
     path = write_kubeconfig({"server": "https://h"}, {"exec": {"command": "x"}})
-    with pytest.raises(ConfigError, match="missing key 'apiVersion'") as exc:
+    with pytest.raises(KubeconfigError, match="missing key 'apiVersion'") as exc:
         config.load(str(path))
     assert f"kubeconfig {path}, user 'u'" in str(exc.value)
 
@@ -279,7 +279,7 @@ def test_interactive_mode_always_without_a_terminal_is_refused(
     plugin: Path, write_kubeconfig: WriteKubeconfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_kubeconfig({"server": "https://h"}, exec_user(plugin, interactiveMode="Always"))
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(KubeconfigError) as exc:
         config.load(str(path))
     message = str(exc.value)
     assert message.startswith(f"kubeconfig {path}, user 'u': the exec plugin {sys.executable}")
@@ -295,5 +295,5 @@ def test_an_unknown_interactive_mode_is_refused(
     plugin: Path, write_kubeconfig: WriteKubeconfig
 ) -> None:
     path = write_kubeconfig({"server": "https://h"}, exec_user(plugin, interactiveMode="Often"))
-    with pytest.raises(ConfigError, match="'Often' is not one of Never, IfAvailable, Always"):
+    with pytest.raises(KubeconfigError, match="'Often' is not one of Never, IfAvailable, Always"):
         config.load(str(path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dradriver.k8s import ConfigError, Kube, config
+from dradriver.k8s import Kube, KubeconfigError, config
 from dradriver.k8s.impersonation import escape_key
 from tests.unit.k8s.conftest import WriteKubeconfig
 from tests.unit.k8s.fakeapi import FakeAPI
@@ -46,7 +46,7 @@ def test_extra_keys_are_escaped_as_client_go_escapes_them() -> None:
 
 def test_groups_without_a_user_are_refused(write_kubeconfig: WriteKubeconfig) -> None:
     path = write_kubeconfig({"server": "https://h"}, {"token": "t", "as-groups": ["dev"]})
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(KubeconfigError) as exc:
         config.load(str(path))
     assert str(exc.value) == (
         f"kubeconfig {path}, user 'u': as-uid, as-groups or as-user-extra without `as` (a user)"
