@@ -660,7 +660,7 @@ def test_mig_and_shares_work_with_only_the_chart_rbac(
         )
         shares = nodes["share"].apply("gpu-share-by-memory")
         for n, pod in [(nodes["mig"], "part"), *((nodes["share"], p) for p in shares)]:
-            n.running(pod)
+            n.running(pod, timeout=120)  # as SharedGpuNode.running (test_consumable) waits
         claims = k.list(path_for(RES, "resourceclaims", ns))["items"]
         assert len(claims) == 1 + len(shares)
 

@@ -33,6 +33,12 @@ GI = 2**30
 
 
 class SharedGpuNode(NodeUnderTest):
+    def running(self, pod: str, timeout: float = 120) -> dict[str, Any]:
+        # Twice in clean-clone CI runs under full load (2026-12-05) the last share's pod
+        # took over 60 s (the kubelet retrying its prepare with backoff); alone they run
+        # in seconds. The plugin's log is printed at teardown for the next such case.
+        return super().running(pod, timeout)
+
     def daemons(self) -> list[int]:
         return [int(p.read_text()) for p in (self.plugin.state_dir / "mps").glob("*/pipe/control")]
 
@@ -133,6 +139,8 @@ def shared_gpu(
         pods = [p["metadata"]["name"] for p in k.list(path_for("v1", "pods", ns))["items"]]
         NodeUnderTest(k, ns, plugin.kubelet, plugin).delete(*pods)
         plugin.stop()
+        # Shown by pytest only when the test failed.
+        print(f"--- plugin of {plugin.kubelet.node}, last lines ---\n{plugin.log()[-6000:]}")
         k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
 
 
