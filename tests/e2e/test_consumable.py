@@ -277,9 +277,13 @@ def test_memory_mode_limits_each_pods_cgroup_on_the_gpu(
 
 def test_shares_mode_refuses_a_fifth_claim(shared_gpu: Callable[..., SharedGpuNode]) -> None:
     node = shared_gpu("shares=4")
+    pods = {}
     for n in ("s1", "s2", "s3", "s4"):
+        # One at a time: four made at once let the scheduler try the fourth while three
+        # allocations were in flight; finding no room, it parked the pod as unschedulable
+        # for up to five minutes (twice in CI: the plugin never saw its claim).
         node.share(n)
-    pods = {n: node.running(n) for n in ("s1", "s2", "s3", "s4")}
+        pods[n] = node.running(n)
     for n, pod in pods.items():
         r = node.result(n)
         assert r["device"] == node.real("gpu-0") and r["consumedCapacity"]["shares"] == "1"
