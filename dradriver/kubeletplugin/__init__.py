@@ -8,7 +8,7 @@ inwards:
 - prepare/: a claim from the API to its CDI devices and back: plan (pure), execute,
   reconcile at startup, claim status, CDI specs;
 - state/: what the node keeps on disk: the checkpoint, the MIG and sharing ledgers, the
-  journal of steps, group commit, the node and GPU locks; imports no other package here;
+  journal of steps, the node and GPU locks; imports no other package here;
 - hardware/: the MIG and sharing (time-slicing, MPS) steps the executor runs, over NVML
   (dradriver.nvml) and the ledgers in state/;
 - binding/: before a pod is bound, a ComputeDomain's IMEX daemon started while the

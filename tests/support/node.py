@@ -33,13 +33,8 @@ DRIVER, NODE = "gpu.dradriver.io", "node-a"
 
 
 def lose_checkpoint(state_dir: Path) -> None:
-    """The checkpoint damaged beyond repair: checkpoint.json torn, and its write-ahead
-    copies (which would otherwise bring the last state back) torn with it."""
-    from dradriver.kubeletplugin.state.checkpoint.store import wal_paths
-
-    main = state_dir / "checkpoint.json"
-    for p in (main, *wal_paths(main)):
-        p.write_text("{ torn")
+    """The checkpoint damaged beyond repair (a disk error, a hand edit)."""
+    (state_dir / "checkpoint.json").write_text("{ torn")
 
 
 def fake_preparer(

@@ -236,7 +236,7 @@ class Executor:
     # -- unprepare -------------------------------------------------------------------------
     def simple(self, rec: ClaimRecord) -> bool:
         """Nothing but a CDI spec and the record: no MIG device, MIG mode or sharing
-        setup, so its checkpoint save may be shared with others (a group commit)."""
+        setup, so it is done in one step under the node lock, with one save."""
         return (
             self.mig is None
             and rec.migrated_from is None  # its record may not say all: the ledgers do

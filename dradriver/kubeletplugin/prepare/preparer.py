@@ -2,9 +2,9 @@
 
 For each claim the kubelet names (each one independent: one bad claim fails alone):
 check the reference, answer from the checkpoint if it is prepared already, else read the
-claim, plan (plan.py, pure) and execute (execute.py). The checkpoint is changed under the
-node lock, which two plugin instances (a rolling update) share with the file on disk,
-through the group commit (group_commit.py).
+claim, plan (plan.py, pure) and execute (execute.py). The checkpoint is loaded, changed
+and saved under the node lock, which two plugin instances (a rolling update) share with
+the file on disk.
 
 A claim that changes no hardware (a CDI spec and a record) is done in one checkpoint
 step. One that does (a MIG device, MIG mode, sharing) takes three: its intent is
@@ -37,7 +37,6 @@ from dradriver.kubeletplugin.prepare.unprepared import UnpreparedMeanwhile
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.files import NodeLock
 from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
-from dradriver.kubeletplugin.state.group_commit import GroupCommit, OnSaveFailed
 from dradriver.kubeletplugin.state.journal import Committed, InLock
 from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import (
@@ -155,7 +154,6 @@ class Preparer:
         )
 
     def __post_init__(self) -> None:
-        self.commits = GroupCommit(self.lock, self._load, self.store.save)
         self.gpus = self.gpu_locks or GpuLocks(self.store.path.parent / "locks")
         # Claims whose hardware work a thread of this instance is doing right now.
         self._in_flight: set[str] = set()
@@ -177,7 +175,8 @@ class Preparer:
         # checkpoint has no record of the claim (a new claim: nearly every call); the
         # step after the GET looks again under the lock, the other instance's records too.
         def look() -> list[PreparedDevice] | None:
-            return self.commits.run(lambda cp: (self._already_prepared(cp, ref), None))
+            with self.lock:
+                return self._already_prepared(self._load(), ref)
 
         cached = self.store.cached
         looked = cached is None or bool(self.refusal) or ref.uid in cached.claims
@@ -192,7 +191,8 @@ class Preparer:
                 raise
             return done
         local = self.devices()  # one view of the node for this whole prepare
-        done, rec = self.commits.run(lambda cp: self._prepare_step(cp, ref, claim, local, began))
+        with self.lock:
+            done, rec = self._prepare_step(self._load(), ref, claim, local, began)
         if rec is None:
             return done
         if rec.state != PREPARE_COMPLETED:
@@ -216,14 +216,14 @@ class Preparer:
         claim: dict[str, Any],
         local: Mapping[str, NodeDevice],
         began: float,
-    ) -> tuple[tuple[list[PreparedDevice], ClaimRecord | None], OnSaveFailed | None]:
-        """Under the node lock: plan; apply a simple claim, leaving its save to the group
-        commit; record the intent of any other (its hardware work follows outside)."""
+    ) -> tuple[list[PreparedDevice], ClaimRecord | None]:
+        """Under the node lock: plan; apply a simple claim; record the intent of any
+        other (its hardware work follows outside)."""
         self._not_unprepared(ref, began)
         check_readable(cp, ref, "preparing")
         done = self._already_prepared(cp, ref)  # the other instance may have been faster
         if done is not None:
-            return (done, None), None
+            return done, None
         earlier = cp.claims.get(ref.uid)
         if earlier is not None:
             self._release_earlier(cp, ref, earlier)
@@ -245,27 +245,20 @@ class Preparer:
             self._in_flight.add(rec.uid)
             if not self.executor.needs_intent(rec):
                 # A whole GPU in dynamic MIG mode: its MIG ledger is its intent.
-                return (rec.devices, rec), None
+                return rec.devices, rec
             cp.claims[rec.uid] = rec.copy()  # the intent; the work is on `rec`
-            self._count(cp)
-
-            def forget(cp: Checkpoint, exc: Exception) -> BaseException:
-                cp.claims.pop(rec.uid, None)
+            try:
+                self.store.save(cp)
+            except OSError as exc:
                 self._in_flight.discard(rec.uid)
-                self._count(cp)
-                return CheckpointError(f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint")
-
-            return (rec.devices, rec), forget
-        journal = InLock(cp, self.store, durable=False)
-        self.executor.apply(journal, rec, time.time)
-        self._count(cp)
-
-        def undo(cp: Checkpoint, exc: Exception) -> BaseException:
-            self.executor.rollback(InLock(cp, self.store), rec)
+                raise CheckpointError(
+                    f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint"
+                ) from exc
             self._count(cp)
-            return CheckpointError(f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint")
-
-        return (rec.devices, rec), undo
+            return rec.devices, rec
+        self.executor.apply(InLock(cp, self.store), rec, time.time)  # rolled back if it fails
+        self._count(cp)
+        return rec.devices, rec
 
     def _not_unprepared(
         self, ref: ClaimRef, began: float, during: str = "waited for the API server"
@@ -306,9 +299,11 @@ class Preparer:
         the node lock only for each step's checkpoint update. An unprepare of the claim
         meanwhile (it waits for these locks) stops it from completing: rolled back."""
         journal = Committed(
-            self.commits,
-            lambda: self._not_unprepared(ref, began, "worked on its GPUs"),
-            self._count,
+            self.lock,
+            load=self._load,
+            store=self.store,
+            guard=lambda: self._not_unprepared(ref, began, "worked on its GPUs"),
+            changed=self._count,
         )
         try:
             with self.gpus.hold(record_gpus(rec)):
@@ -364,7 +359,8 @@ class Preparer:
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
         check_ref(ref)
-        got = self.commits.run(lambda cp: self._unprepare_step(cp, ref))
+        with self.lock:
+            got = self._unprepare_step(self._load(), ref)
         rec = self._unprepare_on_gpus(ref, got.gpus) if isinstance(got, _OnGpus) else got
         if rec is None:
             return
@@ -377,9 +373,7 @@ class Preparer:
         if self.status:
             self.status.unprepared(ref)
 
-    def _unprepare_step(
-        self, cp: Checkpoint, ref: ClaimRef
-    ) -> tuple[ClaimRecord | _OnGpus | None, OnSaveFailed | None]:
+    def _unprepare_step(self, cp: Checkpoint, ref: ClaimRef) -> ClaimRecord | _OnGpus | None:
         check_readable(cp, ref, "unpreparing")
         self.meanwhile.unprepared(ref.uid)
         rec = cp.claims.get(ref.uid)
@@ -389,24 +383,16 @@ class Preparer:
             # hardware under the GPUs' locks, like any other claim's.
             gpus = self.executor.forgotten_gpus(ref.uid)
             if gpus is not None:
-                return _OnGpus(frozenset(gpus)), None
+                return _OnGpus(frozenset(gpus))
             # The ledgers, just read, hold nothing for it: not read a second time.
             self.executor.remove_forgotten_spec(ref.uid, str(ref))
-            return None, None
+            return None
         if not self.executor.simple(rec):
-            return _OnGpus(frozenset(record_gpus(rec))), None
-        self.executor.release(InLock(cp, self.store, durable=False), rec)
+            return _OnGpus(frozenset(record_gpus(rec)))
+        # A failed save leaves it recorded on disk: the kubelet's retry releases it again.
+        self.executor.release(InLock(cp, self.store), rec)
         self._count(cp)
-
-        def undo(cp: Checkpoint, exc: Exception) -> BaseException:
-            # Still recorded on disk: the kubelet's retry releases it again.
-            cp.claims[rec.uid] = rec
-            self.metrics.prepared_claims.set(len(cp.claims))
-            return CheckpointError(
-                f"checkpoint layer: claim {ref}: {exc}; the kubelet retries", reason="checkpoint"
-            )
-
-        return rec, undo
+        return rec
 
     def _unprepare_on_gpus(self, ref: ClaimRef, gpus: frozenset[str]) -> ClaimRecord | None:
         """Under the claim's GPUs' locks: a prepare of it still at work finishes first
@@ -414,7 +400,8 @@ class Preparer:
         and released."""
         while True:
             with self.gpus.hold(gpus):
-                rec = self.commits.run(lambda cp: (self._copy_of(cp, ref.uid), None))
+                with self.lock:
+                    rec = self._copy_of(self._load(), ref.uid)
                 if rec is None:
                     # Its prepare rolled back, another call released it, or its record
                     # was lost: what the ledgers still hold for it is undone.
@@ -425,7 +412,10 @@ class Preparer:
                     gpus = gpus | more
                     continue
                 if record_gpus(rec) <= gpus:
-                    self.executor.release(Committed(self.commits, changed=self._count), rec)
+                    journal = Committed(
+                        self.lock, load=self._load, store=self.store, changed=self._count
+                    )
+                    self.executor.release(journal, rec)
                     return rec
                 gpus = gpus | record_gpus(rec)  # a later attempt, on other GPUs
 

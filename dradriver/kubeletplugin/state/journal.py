@@ -2,12 +2,11 @@
 durable in the checkpoint before the next one runs (prepare/execute.py).
 
 - `InLock`: the caller holds the node lock and the checkpoint: a record is written into
-  it and saved at once (or, not `durable`, left to the caller's group commit, for a
-  claim that changes no hardware).
+  it and saved at once.
 - `Committed`: the hardware work runs outside the node lock, under its GPUs' locks
-  (gpu_locks.py), on a record of its own; each step publishes a copy of that record
-  through the group commit, so it shares the save with whatever else is in flight and
-  the checkpoint never holds an object another thread is changing.
+  (gpu_locks.py), on a record of its own; each step takes the node lock, loads the
+  checkpoint, puts a copy of that record in and saves, so the checkpoint never holds an
+  object another thread is changing.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from dradriver.errors import CheckpointError
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
-from dradriver.kubeletplugin.state.group_commit import GroupCommit, OnSaveFailed
+from dradriver.kubeletplugin.state.files import NodeLock
 from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 
@@ -48,18 +46,16 @@ class Journal(Protocol):
 
 
 class InLock:
-    def __init__(self, cp: Checkpoint, store: CheckpointStore, durable: bool = True) -> None:
-        self.cp, self.store, self.durable = cp, store, durable
+    def __init__(self, cp: Checkpoint, store: CheckpointStore) -> None:
+        self.cp, self.store = cp, store
 
     def record(self, rec: ClaimRecord) -> None:
         self.cp.claims[rec.uid] = rec
-        if self.durable:
-            self.store.save(self.cp)
+        self.store.save(self.cp)
 
     def forget(self, rec: ClaimRecord) -> None:
         self.cp.claims.pop(rec.uid, None)
-        if self.durable:
-            self.store.save(self.cp)
+        self.store.save(self.cp)
 
     def held_whole(self, exclude: str) -> set[str]:
         return held_whole(self.cp, exclude)
@@ -69,41 +65,36 @@ class InLock:
 
 
 class Committed:
-    """`guard` runs under the node lock before a completed record is published: it raises
-    to stop a prepare the kubelet has meanwhile unprepared from completing (the steps
-    before are recorded unguarded, so a rollback can always record what it could not
-    undo). `changed` sees the checkpoint after each change (the prepared-claims metric)."""
+    """`load` is the checkpoint under the node lock (it raises when this release may not
+    touch it). `guard` runs under the node lock before a completed record is saved: it
+    raises to stop a prepare the kubelet has meanwhile unprepared from completing (the
+    steps before are recorded unguarded, so a rollback can always record what it could
+    not undo). `changed` sees the checkpoint after each save (the prepared-claims
+    metric)."""
 
     def __init__(
         self,
-        commits: GroupCommit,
+        lock: NodeLock,
+        *,
+        load: Callable[[], Checkpoint],
+        store: CheckpointStore,
         guard: Callable[[], None] = lambda: None,
         changed: Callable[[Checkpoint], None] = lambda cp: None,
     ) -> None:
-        self.commits, self.guard, self.changed = commits, guard, changed
+        self.lock, self.load, self.store = lock, load, store
+        self.guard, self.changed = guard, changed
 
     def _publish(self, uid: str, rec: ClaimRecord | None) -> None:
-        def step(cp: Checkpoint) -> tuple[None, OnSaveFailed]:
-            before = cp.claims.get(uid)
+        with self.lock:
+            cp = self.load()
             if rec is None:
                 cp.claims.pop(uid, None)
             else:
                 if rec.state == PREPARE_COMPLETED:
                     self.guard()
                 cp.claims[uid] = rec
+            self.store.save(cp)  # a failed save forgets `cp`: the next load reads the file
             self.changed(cp)
-
-            def undo(cp: Checkpoint, exc: Exception) -> BaseException:
-                if before is None:
-                    cp.claims.pop(uid, None)
-                else:
-                    cp.claims[uid] = before
-                self.changed(cp)
-                return CheckpointError(f"checkpoint layer: {exc}", reason="checkpoint")
-
-            return None, undo
-
-        self.commits.run(step)
 
     def record(self, rec: ClaimRecord) -> None:
         self._publish(rec.uid, rec.copy())
@@ -112,9 +103,10 @@ class Committed:
         self._publish(rec.uid, None)
 
     def held_whole(self, exclude: str) -> set[str]:
-        return self.commits.run(lambda cp: (held_whole(cp, exclude), None))
+        with self.lock:
+            return held_whole(self.load(), exclude)
 
     def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
-        return self.commits.run(
-            lambda cp: (pod_totals(r for r in cp.claims.values() if r.uid != exclude), None)
-        )
+        with self.lock:
+            cp = self.load()
+            return pod_totals(r for r in cp.claims.values() if r.uid != exclude)

@@ -142,7 +142,7 @@ def test_file_is_versioned_checksummed_and_private(path: Path) -> None:
     doc = json.loads(path.read_text())
     # The envelope every release reads, and this release's save counter beside it (not in
     # the payload: a release before it would warn about an unknown field on every load).
-    assert set(doc) == {"version", "checksum", "minReader", "payload", "seq"}
+    assert set(doc) == {"version", "checksum", "minReader", "payload"}
     assert set(doc["payload"]) == {"bootId", "claims"}
     assert doc["version"] == CURRENT_VERSION == 1
     assert doc["checksum"] == payload_checksum(doc["payload"])
@@ -181,25 +181,20 @@ def test_save_rejects_inconsistent_records_and_keeps_old_file(path: Path) -> Non
 # -- atomicity -------------------------------------------------------------------------------
 
 
-def saved_twice(path: Path) -> CheckpointStore:
-    """A store whose checkpoint and both write-ahead copies exist (UID_A's state)."""
+def saved(path: Path) -> CheckpointStore:
+    """A store whose checkpoint holds UID_A."""
     store = CheckpointStore(path, BOOT1)
     store.save(checkpoint(record(UID_A)))
-    store.save(store.load())
-    assert all(p.exists() for p in ckpt.store.wal_paths(path))
     return store
 
 
-def test_a_save_is_one_fdatasync_of_blocks_the_files_own(
-    path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The hot path's cost: no temp file, no rename, no fsync of the directory; the
-    files keep their inodes and sizes, and checkpoint.json reads as the newest state."""
-    store = saved_twice(path)
-    files = [path, *ckpt.store.wal_paths(path)]
-    before = {p: (p.stat().st_ino, p.stat().st_size) for p in files}
+def test_a_save_is_a_durable_atomic_replace(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temp file synced, renamed over the checkpoint, the directory synced: a crash
+    or a power loss leaves the old state or the new one."""
+    store = saved(path)
+    inode = path.stat().st_ino
     calls: list[str] = []
-    for name in ("fsync", "fdatasync", "replace", "rename", "open"):
+    for name in ("fsync", "fdatasync", "replace", "rename"):
         real = getattr(os, name)
 
         def spy(*a: Any, _real: Any = real, _name: str = name, **k: Any) -> Any:
@@ -211,76 +206,37 @@ def test_a_save_is_one_fdatasync_of_blocks_the_files_own(
     cp.claims[UID_B] = record(UID_B)
     store.save(cp)
     monkeypatch.undo()
-    assert calls == ["fdatasync"]
-    assert {p: (p.stat().st_ino, p.stat().st_size) for p in files} == before
+    assert calls == ["fsync", "replace", "fsync"]
+    assert path.stat().st_ino != inode
     assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
     assert leftovers(path.parent) == []
 
 
-def test_a_failed_write_ahead_leaves_the_old_state(
-    path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("fails", ["fsync", "write"])
+def test_a_failed_save_leaves_the_old_state(
+    path: Path, monkeypatch: pytest.MonkeyPatch, fails: str
 ) -> None:
-    store = saved_twice(path)
+    """A failing disk (EIO at the sync) or a full one (ENOSPC while writing): the error
+    is raised, and the file, this store and a new start all hold the last saved state."""
+    store = saved(path)
     before = path.read_bytes()
+    code = errno.EIO if fails == "fsync" else errno.ENOSPC
 
-    def fail(fd: int) -> None:
-        raise OSError(errno.EIO, "Input/output error")
+    def fail(*a: Any) -> None:
+        raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(os, "fdatasync", fail)
-    cp = store.load()
-    cp.claims[UID_B] = record(UID_B)
-    with pytest.raises(OSError, match="Input/output"):
-        store.save(cp)
-    monkeypatch.undo()
-    assert path.read_bytes() == before  # checkpoint.json is written only after the copy
-    assert list(store.load().claims) == [UID_A]
-    # A new start too: the copy the failed save wrote to is a copy of the old state again.
-    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_A]
-    assert leftovers(path.parent) == []
-
-
-def test_disk_full_while_the_files_grow_leaves_old_checkpoint(
-    path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = saved_twice(path)
-    before = path.read_bytes()
-    real = os.pwrite
-
-    def full(fd: int, data: Any, offset: int) -> int:
-        if offset >= os.fstat(fd).st_size:  # growing: no block left for it
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(fd, data, offset)
-
-    monkeypatch.setattr(os, "pwrite", full)
+    monkeypatch.setattr(os, fails, fail)
     big = checkpoint(*(record(f"{i:08d}-0000-4000-8000-000000000000") for i in range(40)))
     with pytest.raises(OSError) as info:
         store.save(big)
     monkeypatch.undo()
-    assert info.value.errno == errno.ENOSPC
+    assert info.value.errno == code
     assert path.read_bytes() == before
+    assert list(store.load().claims) == [UID_A]
     assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_A]
-    # Once there is room, it grows.
-    store.save(big)
+    assert leftovers(path.parent) == []
+    store.save(big)  # once the disk is back, it saves
     assert len(CheckpointStore(path, BOOT1).load().claims) == 40
-
-
-def test_a_copy_another_instance_grew_is_not_left_with_its_tail(path: Path) -> None:
-    """Two instances of this release (a rolling update) write the same write-ahead
-    copies: one that grew them must not leave the other's smaller state followed by the
-    rest of its own bytes, which no JSON reader takes."""
-    a = saved_twice(path)
-    b = CheckpointStore(path, BOOT1)
-    big = checkpoint(*(record(f"{i:08d}-0000-4000-8000-000000000000") for i in range(40)))
-    b.load()
-    b.save(big)  # grows both files past a block
-    b.save(big)
-    small = a.load()
-    small.claims = {UID_A: record(UID_A)}
-    a.save(small)
-    a.save(small)
-    for wal in wal_paths(path):
-        doc = json.loads(wal.read_bytes())  # whole: nothing of b's state after it
-        assert list(doc["payload"]["claims"]) == [UID_A]
 
 
 def _crash_in_save(path: Path, patch: str) -> subprocess.CompletedProcess[str]:
@@ -306,100 +262,114 @@ def _crash_in_save(path: Path, patch: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_crash_after_the_write_ahead_copy_is_durable(
-    path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Dies right after the copy's fdatasync, before checkpoint.json is written: the save
-    was durable, so the next start takes it from the copy and repairs checkpoint.json."""
-    saved_twice(path)
+@pytest.mark.parametrize(
+    "patch",
+    [
+        "os.fsync = lambda fd: os._exit(137)",
+        "os.replace = lambda a, b: os._exit(137)",
+        "real = os.write; os.write = lambda f, d: (real(f, bytes(d)[:50]), os._exit(137))",
+    ],
+    ids=["before the sync", "before the rename", "halfway through the write"],
+)
+def test_a_crash_in_a_save_leaves_the_state_before(path: Path, patch: str) -> None:
+    saved(path)
     before = path.read_bytes()
-    proc = _crash_in_save(path, "os.fdatasync = lambda fd: os._exit(137)")
+    proc = _crash_in_save(path, patch)
     assert proc.returncode == 137, proc.stderr
     assert path.read_bytes() == before
+    store = CheckpointStore(path, BOOT1)
+    assert list(store.load().claims) == [UID_A]
+    # The crash's temp file is removed at a later start, once it is surely nobody's.
+    (tmp,) = [path.parent / name for name in leftovers(path.parent)]
+    old = time.time() - 3600
+    os.utime(tmp, (old, old))
+    store.remove_stale_temps()
+    assert leftovers(path.parent) == []
+
+
+# -- the write-ahead copies of releases before this one ---------------------------------------
+
+
+def older_release_files(
+    path: Path, main: tuple[int, list[str]], *copies: tuple[int, list[str]]
+) -> None:
+    """The files a release that saved in place left: checkpoint.json and its copies, each
+    (save counter, claims), padded with spaces as it wrote them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def body(seq: int, uids: list[str]) -> bytes:
+        cp = checkpoint(*(record(u) for u in uids))
+        cp.seq = seq
+        return ckpt.encode_checkpoint(cp).ljust(4096)
+
+    path.write_bytes(body(*main))
+    for wal, (seq, uids) in zip(wal_paths(path), copies, strict=False):
+        wal.write_bytes(body(seq, uids))
+
+
+def test_an_older_release_copy_newer_than_its_checkpoint_is_taken_once(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """That release's save made its copy durable, then a crash or a power loss cut its
+    write of checkpoint.json short: the copy is the state, written as checkpoint.json, and
+    the copies are gone."""
+    older_release_files(path, (7, [UID_A]), (8, [UID_A, UID_B]), (7, [UID_A]))
     with caplog.at_level(logging.WARNING):
         cp = CheckpointStore(path, BOOT1).load()
     assert sorted(cp.claims) == sorted([UID_A, UID_B])
     assert any("write-ahead copy" in r.getMessage() for r in caplog.records)
-    assert UID_B in json.loads(path.read_text())["payload"]["claims"]  # repaired
+    assert not any(p.exists() for p in wal_paths(path))
+    assert sorted(json.loads(path.read_bytes())["payload"]["claims"]) == sorted([UID_A, UID_B])
 
 
-def test_crash_tearing_the_write_ahead_copy_keeps_the_state_before(path: Path) -> None:
-    """Dies halfway through writing the copy: that copy is torn, checkpoint.json and the
-    other copy hold the last complete save, which is what the next start reads."""
-    saved_twice(path)
-    before = path.read_bytes()
-    tear = "real = os.pwrite; os.pwrite = lambda f, d, o: (real(f, bytes(d)[:50], o), os._exit(9))"
-    proc = _crash_in_save(path, tear)
-    assert proc.returncode == 9, proc.stderr
-    assert path.read_bytes() == before
-    torn = []
-    for wal in ckpt.store.wal_paths(path):
-        try:
-            parse_checkpoint(wal.read_bytes())
-        except CheckpointCorrupt:
-            torn.append(wal)
-    assert len(torn) == 1
-    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_A]
+def test_an_older_release_checkpoint_that_is_torn_comes_from_its_copy(path: Path) -> None:
+    older_release_files(path, (7, [UID_A]), (8, [UID_A, UID_B]))
+    torn = path.read_bytes()[:80]
+    path.write_bytes(torn)
+    assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
+    (aside,) = path.parent.glob("checkpoint.json.corrupt-*")
+    assert aside.read_bytes() == torn
 
 
-def test_power_loss_that_kept_the_copy_but_not_the_checkpoint(path: Path) -> None:
-    """checkpoint.json is not synced on each save: after a power loss it may be behind
-    or torn, and the newest complete copy wins."""
-    store = saved_twice(path)
-    behind = path.read_bytes()
+def test_older_copies_that_are_not_newer_are_removed(path: Path) -> None:
+    older_release_files(path, (8, [UID_A]), (8, [UID_A]), (7, []))
+    store = CheckpointStore(path, BOOT1)
+    assert list(store.load().claims) == [UID_A]
+    assert not any(p.exists() for p in wal_paths(path))
     cp = store.load()
     cp.claims[UID_B] = record(UID_B)
     store.save(cp)
-    path.write_bytes(behind)  # what the disk had
-    assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
-    path.write_bytes(behind[:80])  # torn
-    assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
+    assert "seq" not in json.loads(path.read_bytes())  # none for an older release to trust
 
 
 def test_an_older_release_rewriting_the_checkpoint_is_read(path: Path) -> None:
-    """An older release (a rolling update, a rollback) replaces checkpoint.json the way it
-    always did, without this release's save counter: its state is the newest, for this
-    instance's next load and for a new start, whatever the copies' counters say."""
-    store = saved_twice(path)
+    """An older release (a rolling update, a rollback) writes checkpoint.json its own
+    way, in place and padded: this instance's next load and a new start read its state."""
+    store = saved(path)
     doc = json.loads(path.read_bytes())
     payload = doc["payload"]
     payload["claims"][UID_B] = dict(payload["claims"][UID_A], uid=UID_B)
-    old = envelope(payload)  # the envelope an older release writes: no "seq"
-    tmp = path.with_name(".checkpoint.json.older.tmp")
-    tmp.write_bytes(old)
-    os.replace(tmp, path)
+    with open(path, "r+b") as f:
+        f.write(envelope(payload, seq=12).ljust(4096))
     assert sorted(store.load().claims) == sorted([UID_A, UID_B])
     assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
-    # And this instance goes on writing in place to the file the older one left, synced
-    # this once (the copies must never look newer than the older release's write).
     cp = store.load()
     del cp.claims[UID_A]
-    synced: list[int] = []
-    real = os.fdatasync
-    os.fdatasync = lambda fd: (synced.append(fd), real(fd))[1]  # type: ignore[assignment]
-    try:
-        store.save(cp)
-        assert len(synced) == 2  # the copy and checkpoint.json
-        store.save(store.load())
-        assert len(synced) == 3  # then the copy alone again
-    finally:
-        os.fdatasync = real
-    assert list(json.loads(path.read_bytes())["payload"]["claims"]) == [UID_B]
+    store.save(cp)
     assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_B]
 
 
 def test_a_checkpoint_moved_aside_by_hand_is_not_brought_back(path: Path) -> None:
-    """Moving checkpoint.json aside starts from an empty state (docs/reference.md says so): the
-    copies do not resurrect it, and the next saves outnumber them."""
-    saved_twice(path)
+    """Moving checkpoint.json aside starts from an empty state (docs/reference.md says so): an
+    older release's copies do not resurrect it."""
+    older_release_files(path, (8, [UID_A]), (8, [UID_A]), (7, [UID_A]))
     path.rename(path.with_name("aside.json"))
     store = CheckpointStore(path, BOOT1)
     assert store.load().claims == {}
+    assert not any(p.exists() for p in wal_paths(path))
     cp = store.load()
     cp.claims[UID_B] = record(UID_B)
     store.save(cp)
-    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_B]
-    store.save(store.load())
     assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_B]
 
 
@@ -470,12 +440,6 @@ def test_bad_checksum_is_detected(path: Path) -> None:
     data = json.dumps(doc).encode()
     with pytest.raises(CheckpointCorrupt, match="checksum"):
         parse_checkpoint(data)
-    path.write_bytes(data)
-    # The write-ahead copy still holds the last state saved: it is taken.
-    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_A]
-    # Without a copy, nothing in the file is trusted.
-    for wal in ckpt.store.wal_paths(path):
-        wal.unlink(missing_ok=True)
     path.write_bytes(data)
     assert CheckpointStore(path, BOOT1).load().claims == {}
     assert len(list(path.parent.glob("checkpoint.json.corrupt-*"))) == 1
@@ -834,7 +798,7 @@ def test_a_failed_save_forgets_the_cached_checkpoint(
     def full(*a: Any, **k: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "pwrite", full)
+    monkeypatch.setattr(os, "write", full)
     cp.claims[UID_B] = record(UID_B)
     with pytest.raises(OSError):
         store.save(cp)

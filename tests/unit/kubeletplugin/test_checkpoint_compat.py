@@ -11,7 +11,6 @@ from typing import Any
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, encode_checkpoint
 from dradriver.kubeletplugin.state.checkpoint.codec import payload_checksum
-from dradriver.kubeletplugin.state.checkpoint.store import wal_paths
 from tests.support.gpu_names import fake_names, real
 from tests.support.node import DRIVER, NODE, allocated_claim, fake_preparer
 from tests.unit.kubeletplugin import previous_release
@@ -40,13 +39,11 @@ def prepared_node(tmp: Path) -> tuple[Any, dict[str, dict[str, Any]]]:
 
 def rewrite(path: Path, change: Any) -> None:
     """The file as a later release would write it: `change` edits the document, the
-    checksum is made again, the write-ahead copies are gone (another release's file)."""
+    checksum is made again."""
     doc = json.loads(path.read_text())
     change(doc)
     doc["checksum"] = payload_checksum(doc["payload"])
     path.write_text(json.dumps(doc))
-    for wal in wal_paths(path):
-        wal.unlink(missing_ok=True)
 
 
 def test_the_previous_release_reads_what_this_one_writes(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The publish thread reads the checkpoint without the node lock (issue Q10, item 6):
 through CheckpointStore.peek(), which reads afresh, never repairs or moves a file aside,
-and answers the last complete state while a save rewrites the file in place."""
+and answers the last complete state when an older release beside it rewrites the file in place."""
 
 from __future__ import annotations
 
@@ -84,11 +84,12 @@ def test_peek_answers_the_last_complete_view_of_a_torn_file(tmp_path: Path) -> N
     store.save(cp)
     assert set(store.peek().claims) == {"u1"}
     data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])  # a save caught half-way
+    path.write_bytes(data[: len(data) // 2])  # an older release's in-place save, half-way
     assert set(store.peek().claims) == {"u1"}
     assert not list(tmp_path.glob("*.corrupt-*")) and path.read_bytes() == data[: len(data) // 2]
-    # A peek that changed nothing: load (under the lock) still finds and repairs it.
-    assert set(store.load().claims) == {"u1"}
+    # A peek that changed nothing: load (under the lock) decides (a file still torn, no
+    # copy of that release beside it: damaged, moved aside).
+    assert store.load().claims == {} and len(list(tmp_path.glob("*.corrupt-*"))) == 1
 
 
 def test_peek_before_any_file_is_empty(tmp_path: Path) -> None:

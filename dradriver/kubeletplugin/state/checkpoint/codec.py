@@ -6,9 +6,10 @@ File layout (version 1)::
     {"version": 1, "checksum": "sha256:<hex>", "minReader": 1,
      "payload": {"bootId": ..., "claims": {...}}, "seq": 12}
 
-then spaces (store.py rewrites the file in place; JSON readers skip them). "seq" counts
-this release's saves (store.py): outside the payload, so a release before it neither
-warns about it nor keeps it, and a file without one was written by another release.
+"seq" counted the saves of the releases that wrote the file in place (store.py reads
+their write-ahead copies once); it lies outside the payload, so a release before it
+neither warned about it nor kept it. This release writes none. Older releases padded the
+file with spaces, which JSON readers skip.
 
 "version", "checksum" and "payload" are the envelope every release must keep, so that an
 older release can still verify and partly read a newer file. The checksum covers the

@@ -1,6 +1,6 @@
-"""Group commit: prepares and unprepares that arrive together share one checkpoint save,
-and none is answered before the save that holds it; a failed save fails (and undoes)
-exactly the claims it held."""
+"""Prepares and unprepares that arrive together: each is saved under the node lock and
+none is answered before the save that holds it; a failed save fails (and undoes) exactly
+its own claim."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ import pytest
 from dradriver.inventory.node_devices import MigMode
 from dradriver.k8s import KubeError
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
-from dradriver.kubeletplugin.state.group_commit import GroupCommit
-from dradriver.kubeletplugin.state.records import Checkpoint
 from tests.support.gpu_names import fake_names
 from tests.support.node import NODE, allocated_claim, fake_preparer
 
@@ -47,7 +45,6 @@ def slow_saves(preparer: Any, delay: float, log: list[set[str]]) -> None:
         log.append(set(cp.claims))
 
     preparer.store.save = save
-    preparer.commits.save = save
 
 
 def in_threads(fn: Any, refs: list[ClaimRef]) -> dict[str, Any]:
@@ -60,7 +57,7 @@ def in_threads(fn: Any, refs: list[ClaimRef]) -> dict[str, Any]:
     return out
 
 
-def test_concurrent_prepares_share_saves_and_answer_only_once_durable(tmp_path: Path) -> None:
+def test_concurrent_prepares_answer_only_once_durable(tmp_path: Path) -> None:
     preparer, refs = node(tmp_path, 16)
     saves: list[set[str]] = []
     slow_saves(preparer, 0.05, saves)
@@ -74,9 +71,7 @@ def test_concurrent_prepares_share_saves_and_answer_only_once_durable(tmp_path: 
 
     out = in_threads(prepare, refs)
     assert all(not p.error for p in out.values()), out
-    # Fewer saves than claims: the ones queued behind the lock were saved together...
-    assert len(saves) < len(refs) and preparer.commits.largest > 1
-    # ...and each claim was answered after a save that held it.
+    # Each claim was answered after a save that held it.
     for uid, durable in answered.items():
         assert uid in durable
     on_disk = json.loads((tmp_path / "checkpoint.json").read_text())["payload"]["claims"]
@@ -87,7 +82,7 @@ def test_concurrent_prepares_share_saves_and_answer_only_once_durable(tmp_path: 
     assert on_disk == {} and not list((tmp_path / "cdi").glob("*.json"))
 
 
-def test_a_failed_group_save_fails_and_undoes_each_claim_in_it(
+def test_a_failed_save_fails_and_undoes_each_claim_it_held(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     preparer, refs = node(tmp_path, 8)
@@ -101,7 +96,6 @@ def test_a_failed_group_save_fails_and_undoes_each_claim_in_it(
         real(cp)
 
     preparer.store.save = save
-    preparer.commits.save = save
     preparer.prepare([refs[0]])  # one claim prepared before the disk fills
     full.set()
     out = in_threads(preparer.prepare, refs[1:])
@@ -138,66 +132,25 @@ def test_a_new_claim_takes_the_node_lock_once_and_a_prepared_one_needs_no_api_se
 
     other, _ = fake_preparer(tmp_path, "3xH100-80GB", unreachable, mode=MigMode.NONE, nvml=nvml)
     other.executor.mig = None
-    runs = []
-    real_run = first.commits.run
+    held = []
 
-    def counting_run(step: Any) -> Any:
-        runs.append(step)
-        return real_run(step)
+    class Counting:
+        def __init__(self, lock: Any) -> None:
+            self.lock = lock
 
-    first.commits.run = counting_run  # type: ignore[method-assign]
+        def __enter__(self) -> None:
+            held.append(1)
+            self.lock.__enter__()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.__exit__(*exc)
+
+    first.lock = Counting(first.lock)
     done = first.prepare([refs[0]])[refs[0].uid]
-    assert done.error == "" and len(runs) == 1  # one locked step, under one node lock
+    assert done.error == "" and len(held) == 1  # one locked step, under one node lock
     # `other` loaded the checkpoint before that prepare: its view has no record of it.
     assert other.store.cached is not None and refs[0].uid not in other.store.cached.claims
     again = other.prepare([refs[0]])[refs[0].uid]
     assert again.error == "" and again.devices == done.devices
     failed = other.prepare([refs[1]])[refs[1].uid]
     assert "connection refused" in failed.error
-
-
-def test_no_caller_is_left_waiting_when_a_leader_cannot_take_the_lock() -> None:
-    """Leaders hand over to the next queued caller, also when taking the node lock
-    fails: every step runs once or its caller gets the error, and no thread hangs."""
-
-    class FlakyLock:
-        def __init__(self) -> None:
-            self.n = 0
-            self.held = threading.Lock()
-
-        def __enter__(self) -> None:
-            self.n += 1
-            if self.n % 3 == 0:
-                raise OSError(errno.EIO, "lock file unreadable")
-            self.held.acquire()
-            time.sleep(0.002)  # the others queue meanwhile
-
-        def __exit__(self, *exc: object) -> None:
-            self.held.release()
-
-    saved: list[int] = []
-    commits = GroupCommit(FlakyLock(), Checkpoint, lambda cp: saved.append(1))  # type: ignore[arg-type]
-    ran: list[int] = []
-    outcome: dict[int, str] = {}
-
-    def call(i: int) -> None:
-        def step(cp: Checkpoint) -> tuple[int, None]:
-            ran.append(i)
-            return i, None
-
-        try:
-            outcome[i] = f"ok {commits.run(step)}"
-        except OSError:
-            outcome[i] = "lock failed"
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(60)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not any(t.is_alive() for t in threads)
-    assert len(outcome) == 60
-    done = {i for i, o in outcome.items() if o.startswith("ok")}
-    assert sorted(ran) == sorted(done) and len(set(ran)) == len(ran)  # each step once
-    assert all(outcome[i] == f"ok {i}" for i in done)
-    assert "lock failed" in outcome.values() and done
