@@ -34,14 +34,20 @@ def fsync_dir(directory: Path) -> None:
 
 
 def atomic_write(
-    path: str | os.PathLike[str], data: bytes, mode: int = 0o600, durable: bool = True
+    path: str | os.PathLike[str],
+    data: bytes,
+    mode: int = 0o600,
+    durable: bool = True,
+    *,
+    sync_dir: bool = True,
 ) -> None:
     """Replaces `path` with `data` so that a reader (or, when `durable`, the file after a
     crash or power loss) sees either the old content or the new, never a mix. The temp
     file is a dot file ending in .tmp in the same directory (a rename cannot cross
     filesystems, and CDI scanners only read *.json and *.yaml); it is removed if anything
     fails. Not `durable`: no fsync, for files rebuilt from a durable record after a
-    crash (a power loss may leave them empty or gone)."""
+    crash (a power loss may leave them empty or gone). Not `sync_dir`: the rename is not
+    synced, so a power loss right after may bring the old content back (never a mix)."""
     # Named for this thread: no two writers alive share the name, so no random name
     # (mkstemp's cost a third of a CDI spec's write); one a dead process left is reused.
     parent, name = os.path.split(os.fspath(path))
@@ -63,7 +69,7 @@ def atomic_write(
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    if durable:
+    if durable and sync_dir:
         fsync_dir(Path(parent))
 
 
