@@ -345,26 +345,10 @@ class MigPreparer:
             log.info("MIG mode restored to off", gpu=gpu)
 
     def reconcile(
-        self,
-        completed: list[ClaimRecord],
-        undo: list[ClaimRecord],
-        all_profiles: dict[str, list[int]],
+        self, completed: list[ClaimRecord], all_profiles: dict[str, list[int]]
     ) -> list[Instance]:
-        """Startup: destroy what interrupted prepares created, carve again the partitions
-        of completed claims that vanished (a reboot clears MIG), report foreign instances."""
-        for rec in undo:
-            for d in rec.devices:
-                if d.carve is None:
-                    continue
-                try:
-                    self.uncarve(d, rec.uid)
-                except MigError as exc:
-                    log.error(
-                        "could not destroy an interrupted MIG device",
-                        device=d.device,
-                        claim_uid=rec.uid,
-                        error=str(exc),
-                    )
+        """Startup, after interrupted prepares are undone: carve again the partitions of
+        completed claims that vanished (a reboot clears MIG), report foreign instances."""
         owned: set[tuple[str, int]] = set()
         for rec in completed:
             for d in rec.devices:

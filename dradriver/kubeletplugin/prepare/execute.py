@@ -7,6 +7,7 @@ the work. A failed prepare is rolled back at once: nothing it created outlives t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from dradriver.kubeletplugin.hardware.shares import share_edits
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
 from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
+from dradriver.kubeletplugin.prepare.steps import Step, apply_all, layered, nothing, undo_all
 from dradriver.kubeletplugin.state.journal import Journal
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
@@ -38,20 +40,6 @@ from dradriver.logs import get_logger
 from dradriver.nvml.host import DeviceNode, GpuHost
 
 log = get_logger("kubeletplugin.execute")
-
-
-def _layered(exc: Exception, claim: str) -> DriverError:
-    """A step's failure as the per-claim error the kubelet shows, naming the layer."""
-    if isinstance(exc, DriverError):
-        prefix = {"MIG": "MIG layer: ", "sharing": "sharing layer: ", "IMEX": "IMEX layer: "}.get(
-            exc.layer, ""
-        )
-        return exc.retold(f"claim {claim}: {prefix}{exc}")
-    if isinstance(exc, OSError):
-        return CheckpointError(f"claim {claim}: checkpoint layer: {exc}", reason="checkpoint")
-    if isinstance(exc, ValueError):
-        return CdiError(f"claim {claim}: {exc}", reason="cdi_spec")
-    return DriverError(f"claim {claim}: {type(exc).__name__}: {exc}", reason="other")
 
 
 @dataclass
@@ -97,49 +85,120 @@ class Executor:
         DriverError) names the layer. `intent_recorded`: the caller has already made
         `rec` durable as it is (the intent), so the first hardware step may start."""
         self.check(rec)
-        carving = [d for d in rec.devices if d.carve is not None]
-        shared = [
-            d
-            for d in rec.devices
-            if d.sharing is not None or (d.share is not None and not d.admin_access)
-        ]
-        channels = [d for d in rec.devices if d.imex is not None]
+        plan = self.steps(rec, journal)
         try:
-            if carving or shared or channels:
+            if any(d.carve or d.imex or _shared(d) for d in rec.devices):
                 if not intent_recorded:
                     journal.record(rec)  # intent first: a crash from here on is recoverable
                 crashpoint("intent-recorded")
-            for d in carving:
-                assert self.mig is not None
-                self.mig.carve(d, rec.uid)
-                journal.record(rec)  # the created instance, before anything else
-                crashpoint("mig-recorded")
-            if self.mig is not None:
-                profiles = self.profiles()
-                for d in rec.devices:
-                    # MIG-capable GPUs only; adminAccess never switches anything.
-                    if d.kind == "gpu" and d.uuid in profiles and not d.admin_access:
-                        self.mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device, rec.uid)
-            if shared:
-                assert self.sharing is not None
-                self.sharing.apply(rec, lambda: journal.record(rec))
-                crashpoint("sharing-applied")
-                if self.pod_memory is not None and self.pod_memory.apply(
-                    rec, lambda: journal.pod_memory(rec.uid)
-                ):
-                    journal.record(rec)
-            if channels:
-                assert self.imex is not None
-                self.imex.apply(rec, lambda: journal.record(rec))
-                crashpoint("imex-started")
-            self.write_spec(rec)
-            crashpoint("cdi-written")
+            apply_all(plan)
             rec.state = PREPARE_COMPLETED
             rec.updated_at = now()
             journal.record(rec)
         except Exception as exc:
-            self.rollback(journal, rec)
-            raise _layered(exc, rec.ref) from exc
+            self.rollback(journal, rec, plan)
+            raise layered(exc, rec.ref) from exc
+
+    def steps(self, rec: ClaimRecord, journal: Journal) -> list[Step]:
+        """The claim's hardware work in the order it is applied (steps.py), each step
+        recording in `journal` what the next one needs durable first."""
+        out: list[Step] = []
+        mig = self.mig
+        if mig is not None and rec.migrated_from is not None:
+            # Migrated from a format without MIG records: the ledger knows what was
+            # carved for the claim (the sharing undo asks its own ledger too).
+            out.append(Step("MIG", "MIG devices the ledger holds", self._release_migrated(rec)))
+        for d in rec.devices:
+            if d.carve is not None and mig is not None:
+                out.append(
+                    Step(
+                        "MIG",
+                        f"MIG device {d.device}",
+                        undo=functools.partial(mig.uncarve, d, rec.uid),
+                        apply=functools.partial(self._carve, mig, d, rec, journal),
+                    )
+                )
+        if mig is not None:
+            out.append(Step("MIG", "whole GPUs out of MIG mode", nothing, self._whole(mig, rec)))
+        if (sharing := self.sharing) is not None:
+            shared = any(_shared(d) for d in rec.devices)
+            out.append(
+                Step(
+                    "sharing",
+                    "sharing setup",
+                    undo=functools.partial(sharing.undo, rec),
+                    apply=self._share(sharing, rec, journal) if shared else nothing,
+                )
+            )
+        if (imex := self.imex) is not None:
+            channels = any(d.imex is not None for d in rec.devices)
+            out.append(
+                Step(
+                    "IMEX",
+                    "IMEX daemons",
+                    undo=functools.partial(imex.undo, rec),
+                    apply=self._imex(imex, rec, journal) if channels else nothing,
+                )
+            )
+        out.append(
+            Step(
+                "CDI",
+                "removing the CDI spec",
+                undo=functools.partial(self.cdi_writer.remove, rec.uid),
+                apply=functools.partial(self._write_spec, rec),
+            )
+        )
+        return out
+
+    @staticmethod
+    def _carve(mig: MigPreparer, d: PreparedDevice, rec: ClaimRecord, journal: Journal) -> None:
+        mig.carve(d, rec.uid)
+        journal.record(rec)  # the created instance, before anything else
+        crashpoint("mig-recorded")
+
+    def _whole(self, mig: MigPreparer, rec: ClaimRecord) -> Callable[[], None]:
+        def apply() -> None:
+            profiles = self.profiles()
+            for d in rec.devices:
+                # MIG-capable GPUs only; adminAccess never switches anything.
+                if d.kind == "gpu" and d.uuid in profiles and not d.admin_access:
+                    mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device, rec.uid)
+
+        return apply
+
+    def _share(
+        self, sharing: SharingSteps, rec: ClaimRecord, journal: Journal
+    ) -> Callable[[], None]:
+        def apply() -> None:
+            sharing.apply(rec, lambda: journal.record(rec))
+            crashpoint("sharing-applied")
+            if self.pod_memory is not None and self.pod_memory.apply(
+                rec, lambda: journal.pod_memory(rec.uid)
+            ):
+                journal.record(rec)
+
+        return apply
+
+    @staticmethod
+    def _imex(imex: ImexSteps, rec: ClaimRecord, journal: Journal) -> Callable[[], None]:
+        def apply() -> None:
+            imex.apply(rec, lambda: journal.record(rec))
+            crashpoint("imex-started")
+
+        return apply
+
+    def _write_spec(self, rec: ClaimRecord) -> None:
+        self.write_spec(rec)
+        crashpoint("cdi-written")
+
+    def _release_migrated(self, rec: ClaimRecord) -> Callable[[], None]:
+        def undo() -> None:
+            assert self.mig is not None
+            gpus = self.mig.release_forgotten(rec.uid)
+            if gpus:
+                self.mig.restore_modes(gpus, self.profiles())
+
+        return undo
 
     def write_spec(self, rec: ClaimRecord) -> None:
         """The claim's CDI spec, after the driver spec its devices name."""
@@ -184,40 +243,14 @@ class Executor:
             control_nodes=self.host.control_device_nodes(),
         )
 
-    def rollback(self, journal: Journal, rec: ClaimRecord) -> None:
+    def rollback(self, journal: Journal, rec: ClaimRecord, plan: list[Step] | None = None) -> None:
         """Immediate rollback: everything created for this claim goes before the error
-        returns. A step that cannot be undone stays recorded for startup to retry, as
+        returns. What cannot be undone stays recorded for the retry or startup, as
         unfinished (the failure may have come after the record was marked completed)."""
         rec.state = PREPARE_STARTED
-        keep = False
-        if self.imex is not None:
-            self.imex.undo(rec)
-        if self.sharing is not None:
-            try:
-                self.sharing.undo(rec)
-            except SharingError as exc:
-                keep = True
-                log.error(
-                    "rollback could not undo the sharing setup", claim_uid=rec.uid, error=str(exc)
-                )
-        for d in rec.devices:
-            if d.carve is not None and self.mig is not None:
-                try:
-                    self.mig.uncarve(d, rec.uid)
-                except MigError as exc:
-                    keep = True
-                    log.error(
-                        "rollback could not destroy a MIG device",
-                        claim_uid=rec.uid,
-                        device=d.device,
-                        error=str(exc),
-                    )
+        failed = undo_all(plan or self.steps(rec, journal), claim=rec.ref, uid=rec.uid)
         try:
-            self.cdi_writer.remove(rec.uid)
-        except (OSError, ValueError) as exc:
-            log.error("rollback could not remove the CDI spec", claim_uid=rec.uid, error=str(exc))
-        try:
-            if keep:
+            if failed is not None:
                 journal.record(rec)
             else:
                 journal.forget(rec)
@@ -252,40 +285,9 @@ class Executor:
     def release(self, journal: Journal, rec: ClaimRecord) -> None:
         """Undoes a prepared (or half-prepared) claim and forgets it. A step that fails
         raises a DriverError and leaves the record, so the kubelet's retry finishes it."""
-        if self.imex is not None:
-            self.imex.undo(rec)
-        if self.sharing is not None:
-            try:
-                self.sharing.undo(rec)
-            except SharingError as exc:
-                raise exc.retold(
-                    f"sharing layer: claim {rec.ref}: {exc}; the kubelet retries"
-                ) from exc
-        for d in rec.devices:
-            if d.carve is not None and self.mig is not None:
-                try:
-                    self.mig.uncarve(d, rec.uid)
-                except MigError as exc:
-                    hint = " (a process still uses it)" if exc.in_use else ""
-                    raise exc.retold(
-                        f"MIG layer: claim {rec.ref}: device {d.device}: {exc}{hint}; "
-                        "the kubelet retries"
-                    ) from exc
-        if rec.migrated_from is not None and self.mig is not None:
-            # Migrated from a format without MIG records: the ledger knows what was
-            # carved for the claim (the sharing undo above asked its ledger too).
-            try:
-                gpus = self.mig.release_forgotten(rec.uid)
-            except MigError as exc:
-                raise exc.retold(f"MIG layer: claim {rec.ref}: {exc}; the kubelet retries") from exc
-            if gpus:
-                self.mig.restore_modes(gpus, self.profiles())
-        try:
-            self.cdi_writer.remove(rec.uid)
-        except OSError as exc:
-            raise CdiError(
-                f"CDI layer: removing the spec of claim {rec.ref} failed: {exc}", reason="cdi"
-            ) from exc
+        failed = undo_all(self.steps(rec, journal), claim=rec.ref, uid=rec.uid)
+        if failed is not None:
+            raise failed
         try:
             journal.forget(rec)
         except (OSError, DriverError) as exc:
@@ -319,24 +321,32 @@ class Executor:
         """Unprepare of a claim the checkpoint does not know: if it was lost (a corrupt
         checkpoint moved aside), the ledgers and the CDI directory still know what was
         done for the claim; undo that now. Nothing recorded: nothing to do."""
-        if self.imex is not None:
-            self.imex.undo_forgotten(uid)
-        if self.sharing is not None:
-            try:
-                self.sharing.undo_forgotten_claim(uid)
-            except SharingError as exc:
-                raise exc.retold(f"sharing layer: claim {ref}: {exc}; the kubelet retries") from exc
-        if self.mig is not None:
-            try:
-                gpus = self.mig.release_forgotten(uid)
-            except MigError as exc:
-                raise exc.retold(f"MIG layer: claim {ref}: {exc}; the kubelet retries") from exc
-            if gpus:
-                self.mig.restore_modes(gpus, self.profiles())
-            off = {g for g, c in self.mig.ledger.disabled_for().items() if c == uid}
-            if off:
-                self.mig.restore_disabled(off, set())
-        self.remove_forgotten_spec(uid, ref)
+        failed = undo_all(self.forgotten_steps(uid, ref), claim=ref, uid=uid)
+        if failed is not None:
+            raise failed
+
+    def forgotten_steps(self, uid: str, ref: str) -> list[Step]:
+        """What the ledgers hold for claim `uid`, whose record is gone, as steps to undo."""
+        out: list[Step] = []
+        if (mig := self.mig) is not None:
+
+            def mig_undo() -> None:
+                gpus = mig.release_forgotten(uid)
+                if gpus:
+                    mig.restore_modes(gpus, self.profiles())
+                off = {g for g, c in mig.ledger.disabled_for().items() if c == uid}
+                if off:
+                    mig.restore_disabled(off, set())
+
+            out.append(Step("MIG", "MIG devices and modes the ledger holds", mig_undo))
+        if (sharing := self.sharing) is not None:
+            undo = functools.partial(sharing.undo_forgotten_claim, uid)
+            out.append(Step("sharing", "sharing setup the ledger holds", undo))
+        if (imex := self.imex) is not None:
+            out.append(Step("IMEX", "IMEX daemons", functools.partial(imex.undo_forgotten, uid)))
+        spec = functools.partial(self.remove_forgotten_spec, uid, ref)
+        out.append(Step("CDI", "removing the CDI spec", spec))
+        return out
 
     def remove_forgotten_spec(self, uid: str, ref: str) -> None:
         """release_forgotten's last step, alone: for a claim forgotten_gpus found no
@@ -361,6 +371,11 @@ class Executor:
         whole = {d.uuid for d in rec.devices if d.kind == "gpu" and d.uuid}
         if whole:
             self.mig.restore_disabled(whole, journal.held_whole(rec.uid))
+
+
+def _shared(d: PreparedDevice) -> bool:
+    """Time-sliced, under MPS, or a share (an adminAccess share runs under nothing)."""
+    return d.sharing is not None or (d.share is not None and not d.admin_access)
 
 
 def imex_device(d: PreparedDevice, node: DeviceNode) -> cdi.CdiDevice:

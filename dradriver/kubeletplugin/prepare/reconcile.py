@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping
 from dradriver.errors import CdiError, MigError, SharingError
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.prepare.execute import Executor
+from dradriver.kubeletplugin.prepare.steps import undo_all
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, reconcile_boot
-from dradriver.kubeletplugin.state.journal import held_whole
+from dradriver.kubeletplugin.state.journal import InLock, held_whole
 from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint
 from dradriver.logs import get_logger
@@ -25,54 +26,41 @@ def reconcile(
     """Call under the node lock, before serving. Returns the checkpoint it saved."""
     boot = reconcile_boot(store.load())
     cp = boot.checkpoint
-    undo = boot.dropped + boot.interrupted
-    for rec in undo:
+    for rec in boot.dropped + boot.interrupted:
         log.warning(
             "undoing an interrupted prepare", claim=rec.ref, claim_uid=rec.uid, state=rec.state
         )
+        journal = InLock(cp, store)
+        if undo_all(ex.steps(rec, journal), claim=rec.ref, uid=rec.uid) is None:
+            cp.claims.pop(rec.uid, None)
+        else:
+            cp.claims[rec.uid] = rec  # kept, unfinished: the next prepare or start retries
+    completed = [r for r in cp.claims.values() if r.state == PREPARE_COMPLETED]
     if ex.mig is not None:
-        completed = [
-            r for r in cp.claims.values() if r.state == PREPARE_COMPLETED and r not in undo
-        ]
         try:
-            ex.mig.reconcile(completed, undo, ex.profiles())
+            ex.mig.reconcile(completed, ex.profiles())
         except MigError as exc:
             log.error("MIG reconciliation incomplete", error=str(exc))
-    for rec in undo:
-        if ex.imex is not None:
-            ex.imex.undo(rec)
-        if ex.sharing is not None:
-            try:
-                ex.sharing.undo(rec)
-            except SharingError as exc:
-                log.error(
-                    "could not undo an interrupted sharing setup", claim_uid=rec.uid, error=str(exc)
-                )
-        ex.cdi_writer.remove(rec.uid)
-        cp.claims.pop(rec.uid, None)
     if ex.sharing is not None:
         # What the ledger holds for claims the checkpoint lost: kept for their pods,
         # undone when the kubelet unprepares them.
         ex.sharing.report_forgotten(set(cp.claims) | set(cp.unreadable))
-        for rec in cp.claims.values():
+        for rec in completed:
             try:
                 ex.sharing.recheck(rec, lambda: store.save(cp))
             except SharingError as exc:
                 log.error("could not restart an MPS daemon", claim_uid=rec.uid, error=str(exc))
     if ex.pod_memory is not None:
         # Set again (the same values): a limit set before a crash may not have been saved.
-        for rec in cp.claims.values():
-            if rec.state == PREPARE_COMPLETED and ex.pod_memory.apply(
-                rec, functools.partial(_others, cp, rec.uid)
-            ):
+        for rec in completed:
+            if ex.pod_memory.apply(rec, functools.partial(_others, cp, rec.uid)):
                 store.save(cp)
     if ex.imex is not None:
         # A reboot ended the IMEX daemons of the claims still prepared: started again.
-        for rec in cp.claims.values():
-            if rec.state == PREPARE_COMPLETED:
-                ex.imex.ensure(rec, lambda: store.save(cp))
+        for rec in completed:
+            ex.imex.ensure(rec, lambda: store.save(cp))
     local = devices()
-    for rec in cp.claims.values():
+    for rec in completed:
         missing = [d.device for d in rec.devices if d.device not in local and d.imex is None]
         if missing:
             log.error(

@@ -1,0 +1,87 @@
+"""A claim's hardware work as steps of one shape, and the one runner that undoes them.
+
+Each change a prepare makes (a MIG partition carved, a GPU's MIG mode, time-slicing or
+MPS, a share's limits, an IMEX daemon, the CDI spec) is a Step: how to apply it and how
+to undo it. Every undo is idempotent and finds what it undoes through the record or the
+ledger the apply wrote first, so undoing a step that never ran, or ran halfway, is safe.
+That lets one runner serve every path that takes a claim back (a failed prepare, an
+unprepare, a claim the checkpoint lost, an interrupted prepare at startup), with one
+policy: every undo runs, newest first; one that fails is logged and the others still run
+(each undoes its own change); the first failure is the claim's error, naming its layer,
+and the caller keeps the claim recorded so that the kubelet's retry, or the next start,
+finishes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dradriver.errors import CdiError, CheckpointError, DriverError
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.steps")
+
+# How a layer's failure is prefixed in the claim's error (the CDI and checkpoint
+# layers' own errors say it already).
+LAYERS = {"MIG": "MIG layer: ", "sharing": "sharing layer: ", "IMEX": "IMEX layer: "}
+
+
+def nothing() -> None:
+    """A step with no apply, or nothing to undo."""
+
+
+@dataclass(frozen=True)
+class Step:
+    layer: str  # what an error names: "MIG", "sharing", "IMEX", "CDI"
+    what: str  # for the log: "destroy MIG device gpu-0-mig-1g10gb-0"
+    undo: Callable[[], object]
+    apply: Callable[[], object] = nothing
+
+
+def layered(exc: Exception, claim: str) -> DriverError:
+    """A step's failure as the per-claim error the kubelet shows, naming the layer."""
+    if isinstance(exc, DriverError):
+        return exc.retold(f"claim {claim}: {LAYERS.get(exc.layer, '')}{exc}")
+    if isinstance(exc, OSError):
+        return CheckpointError(f"claim {claim}: checkpoint layer: {exc}", reason="checkpoint")
+    if isinstance(exc, ValueError):
+        return CdiError(f"claim {claim}: {exc}", reason="cdi_spec")
+    return DriverError(f"claim {claim}: {type(exc).__name__}: {exc}", reason="other")
+
+
+def apply_all(steps: Sequence[Step]) -> None:
+    """Each step's apply, in order; the first failure is raised as it came."""
+    for step in steps:
+        step.apply()
+
+
+def undo_all(steps: Sequence[Step], *, claim: str, uid: str) -> DriverError | None:
+    """Every step's undo, the last applied first (see the module's policy). Returns the
+    first failure as the claim's error, or None when all is undone."""
+    first: DriverError | None = None
+    for step in reversed(steps):
+        try:
+            step.undo()
+        except (DriverError, OSError, ValueError) as exc:
+            err = _undo_failed(step, exc, claim)
+            log.error(
+                "could not undo a step",
+                claim=claim,
+                claim_uid=uid,
+                step=step.what,
+                layer=step.layer,
+                error=str(exc),
+            )
+            first = first or err
+    return first
+
+
+def _undo_failed(step: Step, exc: Exception, claim: str) -> DriverError:
+    if isinstance(exc, DriverError):
+        hint = " (a process still uses it)" if getattr(exc, "in_use", False) else ""
+        prefix = LAYERS.get(exc.layer, "")
+        return exc.retold(f"claim {claim}: {prefix}{step.what}: {exc}{hint}; the kubelet retries")
+    if step.layer == "CDI":
+        return CdiError(f"CDI layer: {step.what} of claim {claim} failed: {exc}", reason="cdi")
+    return layered(exc, claim)
