@@ -17,7 +17,8 @@ inwards:
 - devices/: the device view publishing and prepare share, and the node's GPU health;
 - ops/: /healthz, /readyz and /metrics.
 
-main.py wires them (startup.py first binds the sockets); options.py holds the flags;
+main.py wires them (startup.py first binds the sockets); options.py holds the flags and
+the typed options they are parsed into once;
 uninstall.py, at a graceful stop, asks the API whether the driver was uninstalled and then
 tidies the state directory (state/tidy.py plans what goes).
 """

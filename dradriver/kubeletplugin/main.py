@@ -1,79 +1,57 @@
 """`dradriver kubelet-plugin`: wiring of discovery, publishing, the gRPC servers and the
-operator endpoints. Each piece lives in its own module; this one only connects them."""
+operator endpoints, from the options parsed once (options.py). Each piece lives in its
+own module; this one only connects them, in the order a start needs them."""
 
 from __future__ import annotations
 
-import argparse
 import gc
 import signal
 import threading
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dradriver import flags, logs
-from dradriver.health.model import Health, HealthConfigError, Policy, parse_xids
-from dradriver.inventory.node_devices import DeviceKind, MigMode, MigSwitching
+from dradriver import logs
+from dradriver.inventory.node_devices import DeviceKind, MigMode
 from dradriver.k8s import Kube, KubeconfigError
 from dradriver.k8s.server_line import ServerLine
-from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
+from dradriver.kubeletplugin.devices.health import NodeEvents, NodeHealth
 from dradriver.kubeletplugin.devices.node_label import NodeLabel
 from dradriver.kubeletplugin.devices.view import DeviceView
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.ops.api_probe import SLICES, ApiProbe, slices_query
-from dradriver.kubeletplugin.options import add_arguments
+from dradriver.kubeletplugin.ops.readiness import CheckpointCheck, Registration, slices_check
+from dradriver.kubeletplugin.options import PluginOptions
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_boot_id
 from dradriver.kubeletplugin.state.checkpoint.store import checkpoint_owned
 from dradriver.kubeletplugin.state.files import FileLock, NodeLock
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
 from dradriver.kubeletplugin.state.name_book import NameBook, prepared_names
 from dradriver.nvml.library import DevicesSpecError, open_nvml
-from dradriver.slices.consumable import ConsumableMode, ConsumableModeError
-from dradriver.slices.consumable import from_flags as consumable_from_flags
+from dradriver.slices.consumable import ConsumableMode
 from dradriver.slices.publish import PublishLoop, SlicePublisher
-from dradriver.slices.taints import TaintEffect
 from dradriver.slices.watch import SliceWatch
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from dradriver.kubeletplugin.ops.metrics import Metrics
     from dradriver.kubeletplugin.ops.server import OpsServer
     from dradriver.kubeletplugin.prepare.preparer import Preparer
+    from dradriver.nvml.library import Nvml
     from dradriver.slices.build import SliceContent
 
 log = logs.get_logger("kubeletplugin")
 
-__all__ = ["add_arguments", "run_plugin"]
+__all__ = ["run_plugin"]
 
-
-# The kubelet scans its plugin registry within seconds; after this long without being
-# accepted, the likeliest cause is a socket in a directory the kubelet does not watch.
-REGISTRATION_PATIENCE = 45.0
 # How long the rest of startup waits for the first round of publishing (an API server
 # that hangs must not keep the operator endpoints down).
 FIRST_ROUND_PATIENCE = 2.0
 
 
-def not_registered_message(kubelet_dir: Path, waited: float) -> str:
-    return (
-        f"not registered with the kubelet after {waited:.0f} s: it probably does not watch "
-        f"{kubelet_dir / 'plugins_registry'}, where the registration socket is; set "
-        "--kubelet-dir (Helm kubeletDir) to the kubelet's --root-dir (default /var/lib/kubelet)"
-    )
-
-
-@dataclass
-class _Registration:
-    refused: str = ""  # the kubelet's reason, when it refused us
-    since: float = field(default_factory=time.monotonic)  # waiting since
-    warned: bool = False
-
-
 def run_plugin(
-    args: argparse.Namespace,
+    opts: PluginOptions,
     stop: threading.Event,
     servers: PluginServers,
     late: LateDriver,
@@ -81,69 +59,50 @@ def run_plugin(
 ) -> int:
     """Everything after the sockets (startup.py): discovery, the checkpoint, publishing,
     the operator endpoints; the sockets start answering once the driver is set."""
-    try:  # a combination that cannot work is refused before anything else
-        consumable = consumable_from_flags(args.consumable_capacity, args.mig_mode)
-    except ConsumableModeError as exc:
-        log.error("bad --consumable-capacity", error=str(exc))
-        return 2
-    state_dir = Path(args.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    opts.state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        nvml = open_nvml(args.devices, node=args.node_name, state_dir=state_dir, owner=True)
+        nvml = open_nvml(opts.devices, node=opts.node_name, state_dir=opts.state_dir, owner=True)
     except DevicesSpecError as exc:
         log.error("bad --devices", error=str(exc))
         return 2
     try:
-        health_options = HealthOptions(
-            Policy(parse_xids(args.health_skip_xids), args.health_recovery_probes),
-            TaintEffect(args.health_taint_effect),
-            args.health_probe_period,
-        )
-    except (HealthConfigError, ValueError) as exc:
-        log.error("bad health flags", error=str(exc))
-        return 2
-    try:
-        kube = Kube.from_kubeconfig(args.kubeconfig)
+        kube = Kube.from_kubeconfig(opts.kubeconfig)
     except KubeconfigError as exc:  # every failure of the library's loaders, in one line
         log.error(
             "cannot load the kubeconfig: pass --kubeconfig, or run in a pod",
             error=str(exc),
-            kubeconfig=args.kubeconfig or "(in-cluster, then ~/.kube/config)",
+            kubeconfig=opts.kubeconfig or "(in-cluster, then ~/.kube/config)",
         )
         return 2
     # Asked now, answered while NVML discovers: the first slices are laid out for it.
     server = ServerLine(kube)
     server.prefetch()
-    store = CheckpointStore(state_dir / "checkpoint.json", current_boot_id())
-    mode = MigMode(args.mig_mode)
-    switching = MigSwitching(args.mig_mode_switching)
+    store = CheckpointStore(opts.state_dir / "checkpoint.json", current_boot_id())
     # Published partitions must include the ones our claims hold (they exist as MIG
     # devices now, but they are ours, not foreign).
-    mig_ledger = MigModeLedger(state_dir / "mig-mode.json")
+    mig_ledger = MigModeLedger(opts.state_dir / "mig-mode.json")
     health = NodeHealth(
         nvml.module,
-        driver=args.driver_name,
-        state_dir=state_dir,
-        options=health_options,
-        events=NodeEvents(kube, args.node_name),
+        driver=opts.driver_name,
+        state_dir=opts.state_dir,
+        options=opts.health,
+        events=NodeEvents(kube, opts.node_name),
     )
     view = DeviceView(
         nvml,
-        mode,
+        opts.mig_mode,
         checkpoint_owned(store),  # the publish thread: never load() without the lock
-        switching,
+        opts.mig_mode_switching,
         lambda owned: held_instances(mig_ledger, owned),
-        flags.mig_profiles(args.mig_profiles),
+        opts.mig_profiles,
         health,
-        consumable,
-        imex_channels=args.imex_channels == "on",
+        opts.consumable,
+        imex_channels=opts.imex_channels,
         line=server.line,
     )
     late.reason = lambda: view.last_error or "loading the checkpoint"
-    names = NameBook(state_dir / "device-names.json")
-
-    node_label = NodeLabel(kube, args.node_name)
-
+    names = NameBook(opts.state_dir / "device-names.json")
+    node_label = NodeLabel(kube, opts.node_name)
     discovered: list[Callable[[], None]] = []  # what follows each discovery
 
     def discover() -> list[SliceContent]:
@@ -155,53 +114,23 @@ def run_plugin(
             node_label.sync(view.clique)
         return slices
 
-    registered = threading.Event()
-    # Why the kubelet has not accepted us: its refusal, or how long we have waited.
-    registration = _Registration()
-    kubelet_dir = Path(args.kubelet_dir)
-
-    def registration_ready() -> tuple[bool, str]:
-        if registered.is_set():
-            return True, "registered"
-        if registration.refused:
-            return False, f"the kubelet refused the registration: {registration.refused}"
-        waited = time.monotonic() - registration.since
-        if waited > REGISTRATION_PATIENCE:
-            return False, not_registered_message(kubelet_dir, waited)
-        return False, "waiting for the kubelet"
-
     # Probing from now: /readyz's first answer is the API server's, not "not checked yet".
-    api = ApiProbe(kube, SLICES, slices_query(args.node_name, args.driver_name))
+    api = ApiProbe(kube, SLICES, slices_query(opts.node_name, opts.driver_name))
     api.start()
-    publisher = SlicePublisher(kube, args.driver_name, args.node_name, server_line=server)
+    publisher = SlicePublisher(kube, opts.driver_name, opts.node_name, server_line=server)
     publisher.start_prefetch()
-    loop = PublishLoop(publisher, discover, period=args.rediscover_period)
+    loop = PublishLoop(publisher, discover, period=opts.rediscover_period)
 
     def server_changed() -> None:
         server.forget()  # an upgraded control plane may want another layout
         loop.trigger()
 
     watch = SliceWatch(
-        kube, args.driver_name, args.node_name, lambda why: loop.trigger(), server_changed
+        kube, opts.driver_name, opts.node_name, lambda why: loop.trigger(), server_changed
     )
     publisher.on_written, publisher.on_deleted = watch.wrote, watch.deleted
-
-    def slices_ready() -> tuple[bool, str]:
-        # What the API server holds, not what was last written.
-        if not loop.published.is_set():
-            return False, loop.last_error or "not published yet"
-        wanted = loop.last_stats.devices if loop.last_stats else 0
-        if watch.synced.is_set() and wanted and not watch.devices_held():
-            return False, "the API server holds none of this node's slices; republishing"
-        return True, loop.last_error or "published"
-
-    # Filled in once the checkpoint is loaded (the ops server starts before that).
-    preparers: list[Preparer] = []
-
-    def checkpoint_ready() -> tuple[bool, str]:
-        if not preparers:
-            return False, "not loaded yet"
-        return not preparers[0].refusal, preparers[0].refusal or "ok"
+    registration = Registration(opts.kubelet_dir)
+    checkpoint_check = CheckpointCheck()  # ready once the checkpoint is loaded (below)
 
     def start_ops() -> OpsServer:
         # http.server and what it imports: a twentieth of a second of CPU, not spent on
@@ -209,16 +138,16 @@ def run_plugin(
         from dradriver.kubeletplugin.ops.server import OpsServer
 
         ops = OpsServer(
-            args.healthz_address,
-            args.healthz_port,
+            opts.healthz_address,
+            opts.healthz_port,
             None,  # set once the prepare side exists (below)
             live={"process": lambda: (True, "serving")},
             ready={
                 "discovery": lambda: (view.discovered.is_set(), view.last_error or "ok"),
-                "registration": registration_ready,
+                "registration": registration.check,
                 "api": api.check,
-                "slices": slices_ready,
-                "checkpoint": checkpoint_ready,
+                "slices": slices_check(loop, watch),
+                "checkpoint": checkpoint_check,
             },
         )
         ops.start()
@@ -227,11 +156,11 @@ def run_plugin(
 
     log.info(
         "starting",
-        node=args.node_name,
-        driver=args.driver_name,
-        devices=args.devices,
-        mig_mode=args.mig_mode,
-        instance=args.instance,
+        node=opts.node_name,
+        driver=opts.driver_name,
+        devices=opts.devices,
+        mig_mode=opts.mig_mode.value,
+        instance=opts.instance,
     )
 
     # Nothing is published and nothing registers before the devices are known. NVML stays
@@ -269,14 +198,7 @@ def run_plugin(
     loop.attempted.wait(FIRST_ROUND_PATIENCE)
     if ops is None:
         ops = start_ops()
-    from dradriver.kubeletplugin.hardware.shares import mps_protocol
-    from dradriver.kubeletplugin.hardware.sharing import SharingSteps
-    from dradriver.kubeletplugin.ops.metrics import Metrics
-    from dradriver.kubeletplugin.prepare import cdi, wiring
-    from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
-    from dradriver.kubeletplugin.prepare.execute import Executor
-    from dradriver.kubeletplugin.prepare.preparer import Preparer
-    from dradriver.nvml.mig import MigCarver
+    from dradriver.kubeletplugin.ops.metrics import Metrics, NodeGauges
 
     metrics = Metrics()
     ops.metrics = metrics
@@ -285,51 +207,23 @@ def run_plugin(
     # Each health change: one publish (the taints) and one message on every health stream.
     health.listeners += [loop.trigger, servers.health.changed]
     health.start(stop, lambda: view.devices().values())
-    servers.health.attach(args.node_name, health.health_reports)
+    servers.health.attach(opts.node_name, health.health_reports)
 
-    status = StatusWriter(kube, args.driver_name) if args.claim_status == "on" else None
-    mig = None
-    if mode is MigMode.DYNAMIC:
-        mig = MigPreparer(MigCarver(nvml.module), mig_ledger, switching)
-    pod_memory = None
-    if consumable.mode is not ConsumableMode.OFF:
-        from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
-
-        pod_memory = PodMemory(nvml.module, Path(args.cgroup_root))
-        pod_memory.probe(
-            next((d.uuid for d in view.devices().values() if d.kind is DeviceKind.GPU), None)
-        )
-    writer = cdi.CdiWriter(Path(args.cdi_dir), args.driver_name)
-    executor = Executor(
-        driver=args.driver_name,
-        cdi_writer=writer,
-        host=nvml.host,
-        profiles=view.profiles,
-        mig=mig,
-        sharing=SharingSteps(
-            nvml.module, nvml.host, state_dir / "mps", lambda: mps_protocol(view.driver_version)
-        ),
-        pod_memory=pod_memory,
-        imex=wiring.imex_steps(args, kube, nvml.host, state_dir, lambda: view.clique),
-        driver_spec=wiring.driver_spec(args, writer, lambda: view.driver_release),
+    driver = _preparer(
+        opts,
+        kube=kube,
+        nvml=nvml,
+        view=view,
+        store=store,
+        mig_ledger=mig_ledger,
+        names=names,
+        metrics=metrics,
     )
+    executor, status = driver.executor, driver.status
     if executor.driver_spec is not None:
         executor.driver_spec.try_ensure()
         discovered.append(executor.driver_spec.try_ensure)  # a new driver: a new spec
-    driver = Preparer(
-        driver=args.driver_name,
-        node=args.node_name,
-        kube=kube,
-        store=store,
-        executor=executor,
-        lock=NodeLock(FileLock(state_dir / "plugin.lock")),
-        devices=view.devices,
-        metrics=metrics,
-        status=status,
-        consumable=consumable,
-        names=names.snapshot,
-    )
-    preparers.append(driver)
+    checkpoint_check.refusal = lambda: driver.refusal
     reconciled = driver.reconcile()
     if executor.imex is not None:
         from dradriver.kubeletplugin.binding import binder
@@ -340,10 +234,10 @@ def run_plugin(
 
         view.imex_binding = (
             binder.start(
-                args.imex_binding_conditions,
+                opts.imex_binding_conditions,
                 kube,
-                args.driver_name,
-                args.node_name,
+                opts.driver_name,
+                opts.node_name,
                 executor.imex,
                 driver.lock,
                 prepared,
@@ -362,17 +256,12 @@ def run_plugin(
         loop.trigger()
 
     def on_registered(ok: bool, error: str) -> None:
-        registration.refused = "" if ok else error
-        if not ok and not error:  # the socket was recreated: waiting again
-            registration.since = time.monotonic()
+        registration.changed(ok, error)
         metrics.registered.set(1 if ok else 0)
         if ok:
-            registered.set()
             # The kubelet wipes a node's slices when it (re)starts: the same devices
             # again, without the discovery the startup has just made.
             loop.republish()
-        else:
-            registered.clear()
 
     hooks.attach(on_registered)
     # What startup built (modules, the device model, a fake node's machine) lives as long
@@ -382,50 +271,92 @@ def run_plugin(
     gc.freeze()
     late.set(driver)
     log.info("ready for the kubelet's calls", claims=len(driver.store.load().claims))
-    device_series: set[tuple[str, str, str]] = set()
+    gauges = NodeGauges(metrics)
     while not stop.wait(1.0):
-        waited = time.monotonic() - registration.since
-        if not registered.is_set() and waited > REGISTRATION_PATIENCE:
-            if not registration.warned:
-                log.warning(not_registered_message(kubelet_dir, waited))
-                registration.warned = True
-        else:
-            registration.warned = False
-        if watch.synced.is_set():
-            metrics.published_devices.set(watch.devices_held())
-        reasons: dict[str, int] = {}
-        for skip in view.skipped:
-            reasons[skip.reason] = reasons.get(skip.reason, 0) + 1
-        metrics.gpus_left_out.clear()
-        for reason, n in reasons.items():
-            metrics.gpus_left_out.labels(reason).set(n)
+        registration.warn_once_waiting()
         devices = view.devices()
-        shown: set[tuple[str, str, str]] = set()
-        for name, h in health.states(devices.values()).items():
-            why = h.fault.reason if h.fault else ("unknown" if h.health is Health.UNKNOWN else "")
-            labels = (name, devices[name].gpu.uuid, why)
-            metrics.device_healthy.labels(*labels).set(1 if h.health is Health.HEALTHY else 0)
-            shown.add(labels)
-        # Series of devices gone or of a reason past: removed, never a scrape of none.
-        for labels in device_series - shown:
-            metrics.device_healthy.remove(*labels)
-        device_series = shown
+        states = health.states(devices.values())
+        gauges.refresh(watch=watch, skipped=view.skipped, devices=devices, health=states)
     log.info("stopping: no new calls, finishing in-flight ones")
     servers.stop()
     if status is not None:
         status.close()
-    if args.owner_daemonset:
+    if opts.owner_daemonset:
         from dradriver.kubeletplugin.uninstall import tidy_if_uninstalled
 
         tidy_if_uninstalled(
             kube,
-            args.owner_daemonset,
+            opts.owner_daemonset,
             store,
-            state_dir,
+            opts.state_dir,
             servers.registry_dir,
-            args.driver_name,
+            opts.driver_name,
             executor.driver_spec.on_node() if executor.driver_spec else (),
         )
     ops.stop()
     log.info("stopped")
     return 0
+
+
+def _preparer(
+    opts: PluginOptions,
+    *,
+    kube: Kube,
+    nvml: Nvml,
+    view: DeviceView,
+    store: CheckpointStore,
+    mig_ledger: MigModeLedger,
+    names: NameBook,
+    metrics: Metrics,
+) -> Preparer:
+    """The prepare side: the hardware steps the options turn on, the executor, the
+    preparer over the checkpoint and the node lock."""
+    from dradriver.kubeletplugin.hardware.shares import mps_protocol
+    from dradriver.kubeletplugin.hardware.sharing import SharingSteps
+    from dradriver.kubeletplugin.prepare import cdi, wiring
+    from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
+    from dradriver.kubeletplugin.prepare.execute import Executor
+    from dradriver.kubeletplugin.prepare.preparer import Preparer
+    from dradriver.nvml.mig import MigCarver
+
+    mig = None
+    if opts.mig_mode is MigMode.DYNAMIC:
+        mig = MigPreparer(MigCarver(nvml.module), mig_ledger, opts.mig_mode_switching)
+    pod_memory = None
+    if opts.consumable.mode is not ConsumableMode.OFF:
+        from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
+
+        pod_memory = PodMemory(nvml.module, opts.cgroup_root)
+        pod_memory.probe(
+            next((d.uuid for d in view.devices().values() if d.kind is DeviceKind.GPU), None)
+        )
+    writer = cdi.CdiWriter(opts.cdi_dir, opts.driver_name)
+    executor = Executor(
+        driver=opts.driver_name,
+        cdi_writer=writer,
+        host=nvml.host,
+        profiles=view.profiles,
+        mig=mig,
+        sharing=SharingSteps(
+            nvml.module,
+            nvml.host,
+            opts.state_dir / "mps",
+            lambda: mps_protocol(view.driver_version),
+        ),
+        pod_memory=pod_memory,
+        imex=wiring.imex_steps(opts, kube, nvml.host, lambda: view.clique),
+        driver_spec=wiring.driver_spec(opts, writer, lambda: view.driver_release),
+    )
+    return Preparer(
+        driver=opts.driver_name,
+        node=opts.node_name,
+        kube=kube,
+        store=store,
+        executor=executor,
+        lock=NodeLock(FileLock(opts.state_dir / "plugin.lock")),
+        devices=view.devices,
+        metrics=metrics,
+        status=StatusWriter(kube, opts.driver_name) if opts.claim_status else None,
+        consumable=opts.consumable,
+        names=names.snapshot,
+    )

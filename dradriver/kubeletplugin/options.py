@@ -1,12 +1,118 @@
-"""The kubelet plugin's flags, apart from its code: building the CLI parser must not
-import what the plugin runs (its registration socket is up before that is loaded)."""
+"""The kubelet plugin's flags, and the typed options they are parsed into once.
+
+add_arguments builds the CLI parser: it must not import what the plugin runs (its
+registration socket is up before that is loaded), so parse() imports the types it
+checks the flags against when it is called, after the sockets.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dradriver import flags
+
+if TYPE_CHECKING:
+    from dradriver.inventory.node_devices import MigMode, MigSwitching
+    from dradriver.kubeletplugin.devices.health import HealthOptions
+    from dradriver.slices.consumable import Consumable
+
+
+class OptionsError(ValueError):
+    """Flags that cannot work: `what` names the flag, `why` says why and the fix."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+        self.what, self.why = what, why
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    """What `dradriver kubelet-plugin` runs with, each flag parsed and checked once."""
+
+    node_name: str
+    driver_name: str
+    devices: str  # the backend: "nvml" or "fake:<spec>"
+    mig_mode: MigMode
+    mig_mode_switching: MigSwitching
+    mig_profiles: frozenset[str]  # empty: every profile
+    consumable: Consumable
+    state_dir: Path
+    kubeconfig: str | None  # None: in-cluster, then ~/.kube/config
+    kubelet_dir: Path
+    cdi_dir: Path
+    driver_files: bool  # --driver-files cdi (else runtime: the runtime brings the driver)
+    driver_root: Path
+    host_driver_root: Path
+    cdi_hook_path: str  # empty: the one this driver carries
+    instance: str
+    owner_daemonset: str  # NAMESPACE/NAME, or empty
+    cgroup_root: Path
+    imex_channels: bool
+    imex_binding_conditions: str  # auto, on or off
+    imex_port: int
+    imex_cmd_port: int
+    healthz_address: str
+    healthz_port: int
+    rediscover_period: float
+    claim_status: bool
+    health: HealthOptions
+
+
+def parse(args: argparse.Namespace) -> PluginOptions:
+    """The options of `args` (as add_arguments made them); OptionsError names a flag
+    that cannot work, alone or with the others."""
+    from dradriver.health.model import HealthConfigError, Policy, parse_xids
+    from dradriver.inventory.node_devices import MigMode, MigSwitching
+    from dradriver.kubeletplugin.devices.health import HealthOptions
+    from dradriver.slices.consumable import ConsumableModeError, from_flags
+    from dradriver.slices.taints import TaintEffect
+
+    try:
+        consumable = from_flags(args.consumable_capacity, args.mig_mode)
+    except ConsumableModeError as exc:
+        raise OptionsError("bad --consumable-capacity", str(exc)) from exc
+    try:
+        health = HealthOptions(
+            Policy(parse_xids(args.health_skip_xids), args.health_recovery_probes),
+            TaintEffect(args.health_taint_effect),
+            args.health_probe_period,
+        )
+    except (HealthConfigError, ValueError) as exc:
+        raise OptionsError("bad health flags", str(exc)) from exc
+    driver_root = Path(args.driver_root)
+    return PluginOptions(
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        devices=args.devices,
+        mig_mode=MigMode(args.mig_mode),
+        mig_mode_switching=MigSwitching(args.mig_mode_switching),
+        mig_profiles=flags.mig_profiles(args.mig_profiles),
+        consumable=consumable,
+        state_dir=Path(args.state_dir),
+        kubeconfig=args.kubeconfig or None,
+        kubelet_dir=Path(args.kubelet_dir),
+        cdi_dir=Path(args.cdi_dir),
+        driver_files=args.driver_files == "cdi",
+        driver_root=driver_root,
+        host_driver_root=Path(args.host_driver_root) if args.host_driver_root else driver_root,
+        cdi_hook_path=args.cdi_hook_path,
+        instance=args.instance,
+        owner_daemonset=args.owner_daemonset,
+        cgroup_root=Path(args.cgroup_root),
+        imex_channels=args.imex_channels == "on",
+        imex_binding_conditions=args.imex_binding_conditions,
+        imex_port=args.imex_port,
+        imex_cmd_port=args.imex_cmd_port,
+        healthz_address=args.healthz_address,
+        healthz_port=args.healthz_port,
+        rediscover_period=args.rediscover_period,
+        claim_status=args.claim_status == "on",
+        health=health,
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

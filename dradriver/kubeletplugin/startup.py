@@ -55,7 +55,13 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         from dradriver.kubeletplugin.main import run_plugin
+        from dradriver.kubeletplugin.options import OptionsError, parse
 
-        return run_plugin(args, stop, servers, late, hooks)
+        try:  # a combination that cannot work is refused before anything else
+            opts = parse(args)
+        except OptionsError as exc:
+            log.error(exc.what, error=exc.why)
+            return 2
+        return run_plugin(opts, stop, servers, late, hooks)
     finally:
         servers.stop()

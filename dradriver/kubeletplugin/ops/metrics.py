@@ -1,10 +1,19 @@
-"""Prometheus metrics of one plugin instance (its own registry, so tests can run many)."""
+"""Prometheus metrics of one plugin instance (its own registry, so tests can run many),
+and the gauges refreshed from the node's state once a second."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+
+if TYPE_CHECKING:
+    from dradriver.health.model import DeviceHealth
+    from dradriver.inventory.node_devices import NodeDevice, Skipped
+    from dradriver.slices.watch import SliceWatch
 
 # Prepare is a few file writes and one API read: most calls land well under 100 ms.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 45.0)
@@ -58,3 +67,42 @@ class Metrics:
         self.registered = Gauge(
             "dradriver_registered", "1 while the kubelet has accepted the registration", registry=r
         )
+
+
+class NodeGauges:
+    """The gauges that follow the node's state: devices the API server holds, GPUs left
+    out, each device's health. A device gone, or a reason past, loses its series: never a
+    scrape of a stale one."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._series: set[tuple[str, str, str]] = set()
+
+    def refresh(
+        self,
+        *,
+        watch: SliceWatch,
+        skipped: list[Skipped],
+        devices: Mapping[str, NodeDevice],
+        health: Mapping[str, DeviceHealth],
+    ) -> None:
+        from dradriver.health.model import Health
+
+        m = self.metrics
+        if watch.synced.is_set():
+            m.published_devices.set(watch.devices_held())
+        reasons: dict[str, int] = {}
+        for skip in skipped:
+            reasons[skip.reason] = reasons.get(skip.reason, 0) + 1
+        m.gpus_left_out.clear()
+        for reason, n in reasons.items():
+            m.gpus_left_out.labels(reason).set(n)
+        shown: set[tuple[str, str, str]] = set()
+        for name, h in health.items():
+            why = h.fault.reason if h.fault else ("unknown" if h.health is Health.UNKNOWN else "")
+            labels = (name, devices[name].gpu.uuid, why)
+            m.device_healthy.labels(*labels).set(1 if h.health is Health.HEALTHY else 0)
+            shown.add(labels)
+        for labels in self._series - shown:
+            m.device_healthy.remove(*labels)
+        self._series = shown

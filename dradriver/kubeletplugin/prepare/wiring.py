@@ -4,7 +4,6 @@ cdi). Each is imported only when it is on."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,18 +20,15 @@ log = get_logger("kubeletplugin.wiring")
 
 if TYPE_CHECKING:
     from dradriver.kubeletplugin.hardware.imex import ImexSteps
+    from dradriver.kubeletplugin.options import PluginOptions
     from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
 
 
 def imex_steps(
-    args: argparse.Namespace,
-    kube: Kube,
-    host: GpuHost,
-    state_dir: Path,
-    clique: Callable[[], str | None],
+    opts: PluginOptions, kube: Kube, host: GpuHost, clique: Callable[[], str | None]
 ) -> ImexSteps | None:
     """ComputeDomains' channels and IMEX daemons, where channels are published."""
-    if args.imex_channels != "on":
+    if not opts.imex_channels:
         return None
     from dradriver.api import computedomain as cd
     from dradriver.errors import ImexError
@@ -55,17 +51,23 @@ def imex_steps(
             ) from exc
 
     return ImexSteps(
-        host, args.node_name, state_dir, domain_of, clique, args.imex_port, args.imex_cmd_port
+        host,
+        opts.node_name,
+        opts.state_dir,
+        domain_of,
+        clique,
+        opts.imex_port,
+        opts.imex_cmd_port,
     )
 
 
 def driver_spec(
-    args: argparse.Namespace, writer: CdiWriter, version: Callable[[], str]
+    opts: PluginOptions, writer: CdiWriter, version: Callable[[], str]
 ) -> DriverSpec | None:
     """The node's driver spec, kept for the driver `version()` names; None where the
     runtime brings the driver (--driver-files runtime), whose spec is then removed: a
     claim prepared from now names none, and one prepared before keeps working."""
-    if args.driver_files != "cdi":
+    if not opts.driver_files:
         writer.remove_driver()
         return None
     from dradriver.kubeletplugin.hardware.driver_files import (
@@ -75,18 +77,15 @@ def driver_spec(
     )
     from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
 
-    hook, installed = args.cdi_hook_path, None
+    hook, installed = opts.cdi_hook_path, None
     if not hook:
         try:
-            hook = install_hook(Path(args.kubelet_dir) / "plugins" / args.driver_name)
+            hook = install_hook(opts.kubelet_dir / "plugins" / opts.driver_name)
             installed = Path(hook)
         except DriverFilesError as exc:
             log.error("no nvidia-cdi-hook for the driver spec", error=str(exc))
             hook = DEFAULT_HOOK  # the toolkit's own place, where the node may have one
-    root = Path(args.driver_root)
     files = DriverFiles(
-        driver_root=root,
-        host_driver_root=Path(args.host_driver_root) if args.host_driver_root else root,
-        hook_path=hook,
+        driver_root=opts.driver_root, host_driver_root=opts.host_driver_root, hook_path=hook
     )
     return DriverSpec(files, writer, version, installed_hook=installed)
