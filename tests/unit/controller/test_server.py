@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from dradriver.controller import server, tls
-
-from .test_admission import BAD, GOOD, claim_obj, review
+from tests.support.admission import BAD, GOOD, claim_obj, review
 
 DRIVER = "gpu.dradriver.io"
 

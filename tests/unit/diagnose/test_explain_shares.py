@@ -12,9 +12,8 @@ from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import build
 from dradriver.slices.consumable import parse_mode
 from dradriver.slices.publish import render
+from tests.support.explain import D, line, node, run
 from tests.support.gpu_names import fake_names
-
-from .test_explain import D, line, node, run
 
 GI = 2**30
 # The H100's name on node-a in every spec here (the spec's first GPU).

@@ -16,8 +16,7 @@ from dradriver.diagnose.fleet import (
 )
 from dradriver.diagnose.world import build_world
 from dradriver.inventory.node_devices import MigMode
-
-from .test_explain import CLASSES, D, node, slices
+from tests.support.explain import CLASSES, D, node, slices
 
 NVLINKED = [{"requests": ["gpus"], "matchAttribute": f"{D}/nvlinkDomain"}]
 

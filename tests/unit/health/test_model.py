@@ -27,8 +27,7 @@ from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import build
 from dradriver.slices.taints import TaintEffect, taints_dropped, with_taints
 from tests.support.gpu_names import names_of
-
-from ..slices.conftest import inventory
+from tests.support.inventory import inventory
 
 G0, G1 = "GPU-0", "GPU-1"
 

@@ -1,16 +1,16 @@
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes.client import Configuration
 
 from dradriver.k8s import Kube
-from tests.unit.k8s.certs import TestCA
-from tests.unit.k8s.fakeapi import FakeAPI
+from tests.support.k8s.certs import TestCA
+from tests.support.k8s.fakeapi import FakeAPI
+from tests.support.k8s.kubeconfig import WriteKubeconfig, configuration
 
 
 @pytest.fixture
@@ -41,9 +41,6 @@ def mtls_api(tmp_path: Path, client_ca: TestCA) -> Iterator[FakeAPI]:
     srv.close()
 
 
-WriteKubeconfig = Callable[..., Path]
-
-
 @pytest.fixture
 def write_kubeconfig(tmp_path: Path) -> WriteKubeconfig:
     """A one-context kubeconfig; `cluster` and `user` are the entries' bodies."""
@@ -64,11 +61,3 @@ def write_kubeconfig(tmp_path: Path) -> WriteKubeconfig:
         return path
 
     return write
-
-
-def configuration(server: str, token: str | None = None, **settings: Any) -> Configuration:
-    """A Configuration as the library's loaders fill one."""
-    cfg = Configuration(host=server, **settings)
-    if token is not None:
-        cfg.api_key = {"BearerToken": f"Bearer {token}"}
-    return cfg

@@ -17,7 +17,7 @@ from dradriver.k8s import auth, config
 from dradriver.k8s.auth import Credentials
 from dradriver.k8s.config import Loaded
 from dradriver.k8s.errors import CredentialError, KubeconfigError
-from tests.unit.k8s.conftest import WriteKubeconfig
+from tests.support.k8s.kubeconfig import WriteKubeconfig
 
 
 def b64(data: bytes) -> str:

@@ -7,8 +7,8 @@ import pytest
 
 from dradriver.k8s import Kube, KubeconfigError, config
 from dradriver.k8s.impersonation import escape_key
-from tests.unit.k8s.conftest import WriteKubeconfig
-from tests.unit.k8s.fakeapi import FakeAPI
+from tests.support.k8s.fakeapi import FakeAPI
+from tests.support.k8s.kubeconfig import WriteKubeconfig
 
 
 def test_the_api_server_sees_who_we_impersonate(

@@ -8,8 +8,8 @@ from pathlib import Path
 from dradriver.k8s import Kube
 from dradriver.k8s.lines import NEWEST
 from dradriver.k8s.server_line import ServerLine
-from tests.unit.k8s.conftest import configuration
-from tests.unit.k8s.fakeapi import FakeAPI
+from tests.support.k8s.fakeapi import FakeAPI
+from tests.support.k8s.kubeconfig import configuration
 
 
 def test_the_line_is_read_once_then_again_after_ttl_or_a_refusal(api: FakeAPI, kube: Kube) -> None:

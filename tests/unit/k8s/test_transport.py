@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, client
-from tests.unit.k8s.certs import TestCA
-from tests.unit.k8s.conftest import WriteKubeconfig, configuration
-from tests.unit.k8s.fakeapi import FakeAPI
-from tests.unit.k8s.proxy import ConnectProxy
+from tests.support.k8s.certs import TestCA
+from tests.support.k8s.fakeapi import FakeAPI
+from tests.support.k8s.kubeconfig import WriteKubeconfig, configuration
+from tests.support.k8s.proxy import ConnectProxy
 
 
 def test_requests_reuse_a_kept_alive_connection(api: FakeAPI, kube: Kube) -> None:

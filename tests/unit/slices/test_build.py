@@ -14,8 +14,7 @@ from dradriver.nvml.library import open_nvml
 from dradriver.slices.build import LimitError, MigMode, SliceContent, build, check_limits
 from fakenvml.products import PRODUCTS
 from tests.support.gpu_names import fake_names, indexed, names_of, real
-
-from .conftest import inventory
+from tests.support.inventory import inventory
 
 A = "gpu.dradriver.io"
 

@@ -9,8 +9,7 @@ import pytest
 
 from dradriver.slices import counters as ctr
 from fakenvml import mig_rules, products
-
-from .conftest import inventory
+from tests.support.inventory import inventory
 
 # Every MIG product of the fake (A30's 4-slice and RTX PRO's 12-unit grids included).
 MIG_PRODUCTS = [k for k, p in products.PRODUCTS.items() if p.mig_capable]

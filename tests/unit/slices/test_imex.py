@@ -10,8 +10,7 @@ from dradriver.api import computedomain as cd
 from dradriver.controller.computedomain.placement import node_cliques
 from dradriver.slices.build import check_limits
 from dradriver.slices.imex import channel_slice, node_clique
-
-from .conftest import inventory
+from tests.support.inventory import inventory
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 

@@ -1,0 +1,405 @@
+"""Typed records of what this node prepared: per claim, per device, with the MIG
+partition carved for it, the existing MIG device it names, the sharing set up for it and
+its GPU's minor number. The planner (prepare/plan.py) makes them, the executor (prepare/execute.py)
+fills them in step by step, the checkpoint keeps them (checkpoint/).
+
+Each record converts to and from its JSON form explicitly. The JSON layout is the one
+checkpoint version 1 has always had (typed parts under a device's "extra"), so a file
+written here is read fully by every release since version 1; keys a release does not
+know are carried through unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+# The decoding helpers are re-exported: the checkpoint's codec reads with them too.
+from tests.support.previous_release.decode import CheckpointCorrupt as CheckpointCorrupt
+from tests.support.previous_release.decode import get as get
+from tests.support.previous_release.decode import obj as _object
+from tests.support.previous_release.decode import optional as optional
+from tests.support.previous_release.decode import str_list as str_list
+from tests.support.previous_release.decode import unknown as unknown
+from tests.support.previous_release.share import Share as Share
+
+PREPARE_STARTED: Final = "PrepareStarted"
+PREPARE_COMPLETED: Final = "PrepareCompleted"
+STATES: Final = (PREPARE_STARTED, PREPARE_COMPLETED)
+CURRENT_VERSION: Final = 1
+
+
+@dataclass(frozen=True)
+class Unread:
+    """JSON a newer release wrote where this one knows no key: written back as it was
+    read, never looked into (nothing of this release may put anything here)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+# -- the parts of a prepared device -------------------------------------------------------------
+
+
+@dataclass
+class Carve:
+    """The MIG partition a device is carved as: the intent (GPU, profile, placement) is
+    recorded before carving, the created instance ids right after."""
+
+    gpu_uuid: str
+    profile_id: int
+    profile: str
+    placement_start: int
+    placement_size: int
+    compute_slices: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def created(self) -> bool:
+        return self.gpu_instance_id is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpuUUID": self.gpu_uuid,
+            "profileId": self.profile_id,
+            "profile": self.profile,
+            "placementStart": self.placement_start,
+            "placementSize": self.placement_size,
+            "computeSlices": self.compute_slices,
+            "gpuInstanceId": self.gpu_instance_id,
+            "computeInstanceId": self.compute_instance_id,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Carve:
+        c = _object(value, where)
+        return cls(
+            gpu_uuid=get(c, "gpuUUID", str, where),
+            profile_id=get(c, "profileId", int, where),
+            profile=optional(c, "profile", str, "", where),
+            placement_start=get(c, "placementStart", int, where),
+            placement_size=get(c, "placementSize", int, where),
+            compute_slices=get(c, "computeSlices", int, where),
+            gpu_instance_id=optional(c, "gpuInstanceId", int, None, where),
+            compute_instance_id=optional(c, "computeInstanceId", int, None, where),
+        )
+
+
+@dataclass(frozen=True)
+class MigIds:
+    """The GPU and compute instance of an existing MIG device (static mode)."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpuInstanceId": self.gpu_instance_id,
+            "computeInstanceId": self.compute_instance_id,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> MigIds:
+        m = _object(value, where)
+        return cls(get(m, "gpuInstanceId", int, where), get(m, "computeInstanceId", int, where))
+
+
+@dataclass
+class TimeSlicing:
+    interval: str  # Default, Short, Medium, Long
+    applied: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"strategy": "TimeSlicing", "interval": self.interval, "applied": self.applied}
+
+
+@dataclass(frozen=True)
+class MpsLimits:
+    active_thread_percentage: int | None = None
+    pinned_memory_limit: str | None = None  # a Kubernetes quantity, for every device
+    per_device_pinned: tuple[tuple[str, str], ...] = ()  # (UUID or index, quantity)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.active_thread_percentage is not None:
+            out["activeThreadPercentage"] = self.active_thread_percentage
+        if self.pinned_memory_limit is not None:
+            out["pinnedMemoryLimit"] = self.pinned_memory_limit
+        if self.per_device_pinned:
+            out["perDevicePinnedMemoryLimit"] = dict(self.per_device_pinned)
+        return out
+
+    @property
+    def group(self) -> str:
+        """Devices of one claim with the same limits share one daemon."""
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> MpsLimits:
+        m = _object(value, where)
+        per = optional(m, "perDevicePinnedMemoryLimit", dict, {}, where)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in per.items()):
+            raise CheckpointCorrupt(f"{where}.perDevicePinnedMemoryLimit: expected strings")
+        return cls(
+            optional(m, "activeThreadPercentage", int, None, where),
+            optional(m, "pinnedMemoryLimit", str, None, where),
+            tuple(sorted(per.items())),
+        )
+
+
+@dataclass
+class Mps:
+    """An MPS control daemon shared by the claim's devices of one limits group. Every
+    change is recorded before it is made, so the undo knows what to restore."""
+
+    limits: MpsLimits
+    applied: bool = False
+    pipe_dir: str | None = None
+    log_dir: str | None = None
+    shm_dir: str | None = None  # the daemon's and its clients' /dev/shm
+    pid: int | None = None
+    compute_mode_before: int | None = None
+    compute_mode_set: bool = False
+
+    @property
+    def group(self) -> str:
+        return self.limits.group
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "strategy": "MPS",
+            "group": self.group,
+            "limits": self.limits.to_json(),
+            "applied": self.applied,
+        }
+        for key, value in (
+            ("pipeDir", self.pipe_dir),
+            ("logDir", self.log_dir),
+            ("shmDir", self.shm_dir),
+            ("pid", self.pid),
+            ("computeModeBefore", self.compute_mode_before),
+        ):
+            if value is not None:
+                out[key] = value
+        if self.compute_mode_set:
+            out["computeModeSet"] = True
+        return out
+
+
+Sharing = TimeSlicing | Mps
+
+
+def sharing_from_json(value: Any, where: str) -> Sharing:
+    s = _object(value, where)
+    strategy = get(s, "strategy", str, where)
+    if strategy == "TimeSlicing":
+        return TimeSlicing(
+            get(s, "interval", str, where), optional(s, "applied", bool, False, where)
+        )
+    if strategy == "MPS":
+        return Mps(
+            limits=MpsLimits.from_json(optional(s, "limits", dict, {}, where), f"{where}.limits"),
+            applied=optional(s, "applied", bool, False, where),
+            pipe_dir=optional(s, "pipeDir", str, None, where),
+            log_dir=optional(s, "logDir", str, None, where),
+            shm_dir=optional(s, "shmDir", str, None, where),
+            pid=optional(s, "pid", int, None, where),
+            compute_mode_before=optional(s, "computeModeBefore", int, None, where),
+            compute_mode_set=optional(s, "computeModeSet", bool, False, where),
+        )
+    raise CheckpointCorrupt(f"{where}.strategy: unknown sharing strategy {strategy!r}")
+
+
+# -- devices, claims, the checkpoint ----------------------------------------------------------
+
+_DEVICE_KEYS = ("requestNames", "pool", "device", "cdiDeviceIds", "uuid", "kind", "extra")
+_EXTRA_KEYS = ("minor", "carve", "mig", "sharing", "adminAccess", "share")
+_CLAIM_KEYS = ("uid", "namespace", "name", "state", "devices", "updatedAt", "extra")
+
+
+@dataclass
+class PreparedDevice:
+    """One device of a prepared claim, as answered to the kubelet, plus what unprepare and
+    a rewrite of the CDI spec need to know about it."""
+
+    request_names: list[str]
+    pool: str
+    device: str
+    cdi_device_ids: list[str]
+    uuid: str | None = None  # a partition's MIG UUID is known once carved
+    kind: str = "gpu"  # "gpu" | "mig"
+    minor: int | None = None  # of the (parent) GPU: /dev/nvidia<minor>
+    carve: Carve | None = None  # a partition carved at prepare
+    mig: MigIds | None = None  # an existing MIG device
+    sharing: Sharing | None = None
+    # Given by adminAccess (monitoring, diagnostics): beside whatever claim holds the
+    # device, with nothing carved, switched or shared for it.
+    admin_access: bool = False
+    # One share of a device that allows multiple allocations; None: the whole device.
+    share: Share | None = None
+    # Keys of "extra" and of the device written by a newer release; written back
+    # unchanged so a downgrade followed by an upgrade does not lose them.
+    extra_unknown: dict[str, Any] = field(default_factory=dict, repr=False)
+    unknown: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What tells a claim's devices apart: the device, and its share."""
+        return self.device, self.share.share_id if self.share is not None else ""
+
+    @property
+    def cdi_name(self) -> str:
+        """The device's name in the claim's CDI spec: each share is a CDI device."""
+        return self.device if self.share is None else f"{self.device}-{self.share.cdi_name}"
+
+    def mig_ids(self) -> tuple[int, int] | None:
+        """(GPU instance, compute instance) of the MIG device, once it exists."""
+        if self.carve is not None and self.carve.gpu_instance_id is not None:
+            assert self.carve.compute_instance_id is not None
+            return self.carve.gpu_instance_id, self.carve.compute_instance_id
+        if self.mig is not None:
+            return self.mig.gpu_instance_id, self.mig.compute_instance_id
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        extra: dict[str, Any] = dict(self.extra_unknown)
+        if self.minor is not None:
+            extra["minor"] = self.minor
+        if self.carve is not None:
+            extra["carve"] = self.carve.to_json()
+        if self.mig is not None:
+            extra["mig"] = self.mig.to_json()
+        if self.sharing is not None:
+            extra["sharing"] = self.sharing.to_json()
+        if self.admin_access:
+            extra["adminAccess"] = True
+        if self.share is not None:
+            extra["share"] = self.share.to_json()
+        return {
+            **self.unknown,
+            "requestNames": list(self.request_names),
+            "pool": self.pool,
+            "device": self.device,
+            "cdiDeviceIds": list(self.cdi_device_ids),
+            "uuid": self.uuid,
+            "kind": self.kind,
+            "extra": extra,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> PreparedDevice:
+        obj = _object(value, where)
+        extra = dict(optional(obj, "extra", dict, {}, where))
+        ew = f"{where}.extra"
+        return cls(
+            request_names=str_list(obj, "requestNames", where),
+            pool=get(obj, "pool", str, where),
+            device=get(obj, "device", str, where),
+            cdi_device_ids=str_list(obj, "cdiDeviceIds", where),
+            uuid=optional(obj, "uuid", str, None, where),
+            kind=optional(obj, "kind", str, "gpu", where),
+            minor=optional(extra, "minor", int, None, ew),
+            carve=Carve.from_json(extra["carve"], f"{ew}.carve") if extra.get("carve") else None,
+            mig=MigIds.from_json(extra["mig"], f"{ew}.mig") if extra.get("mig") else None,
+            sharing=sharing_from_json(extra["sharing"], f"{ew}.sharing")
+            if extra.get("sharing")
+            else None,
+            admin_access=optional(extra, "adminAccess", bool, False, ew),
+            share=Share.from_json(extra["share"], f"{ew}.share") if extra.get("share") else None,
+            extra_unknown=unknown(extra, _EXTRA_KEYS),
+            unknown=unknown(obj, _DEVICE_KEYS),
+        )
+
+
+@dataclass
+class ClaimRecord:
+    uid: str
+    namespace: str
+    name: str
+    state: str  # PREPARE_STARTED or PREPARE_COMPLETED
+    devices: list[PreparedDevice] = field(default_factory=list)
+    updated_at: float = 0.0  # epoch seconds; 0.0 when migrated from a format without it
+    # The claim's "extra" (this release defines no key in it) and its other keys, as a
+    # newer release wrote them.
+    extra_unknown: Unread = field(default_factory=Unread, repr=False)
+    unknown: Unread = field(default_factory=Unread, repr=False)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def copy(self) -> ClaimRecord:
+        """A separate record with the same content: what a save and a load would give
+        (half what copy.deepcopy costs)."""
+        return ClaimRecord.from_json(self.uid, self.to_json(), False, [])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.unknown.fields,
+            "uid": self.uid,
+            "namespace": self.namespace,
+            "name": self.name,
+            "state": self.state,
+            "devices": [d.to_json() for d in self.devices],
+            "updatedAt": self.updated_at,
+            "extra": self.extra_unknown.fields,
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: Any, newer: bool, notes: list[str]) -> ClaimRecord:
+        where = f"claims[{key!r}]"
+        obj = _object(value, where)
+        uid = get(obj, "uid", str, where)
+        if uid != key:
+            raise CheckpointCorrupt(f"{where}: stored under another UID than its own ({uid!r})")
+        state = get(obj, "state", str, where)
+        if state not in STATES:
+            if not newer:
+                raise CheckpointCorrupt(f"{where}.state: unknown state {state!r}")
+            # A state from a newer release says nothing this release can rely on: like an
+            # unfinished prepare, the caller has to undo or redo it.
+            notes.append(
+                f"claim {uid}: unknown state {state!r} from a newer release, "
+                f"treated as {PREPARE_STARTED}"
+            )
+            state = PREPARE_STARTED
+        devices = get(obj, "devices", list, where)
+        return cls(
+            uid=uid,
+            namespace=get(obj, "namespace", str, where),
+            name=get(obj, "name", str, where),
+            state=state,
+            devices=[
+                PreparedDevice.from_json(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)
+            ],
+            updated_at=float(get(obj, "updatedAt", (int, float), where)),
+            extra_unknown=Unread(dict(optional(obj, "extra", dict, {}, where))),
+            unknown=Unread(unknown(obj, _CLAIM_KEYS)),
+        )
+
+
+@dataclass
+class Checkpoint:
+    # The format the data was read in (CURRENT_VERSION for a new or saved checkpoint):
+    # lets the caller see that a migration happened.
+    version: int = CURRENT_VERSION
+    boot_id: str = ""  # the boot during which the file was last written
+    claims: dict[str, ClaimRecord] = field(default_factory=dict)
+    unknown: dict[str, Any] = field(default_factory=dict, repr=False)
+    # Which of this release's saves wrote it (store.py); None: another release did, or
+    # nothing yet. Not part of what it records.
+    seq: int | None = field(default=None, compare=False, repr=False)
+    # The boot ID of the system that loaded this checkpoint; set by CheckpointStore.load,
+    # never stored. It lets reconcile_boot(cp) stay a pure function of its argument.
+    running_boot_id: str | None = field(default=None, compare=False, repr=False)
+
+
+def owned_partitions(cp: Checkpoint) -> set[tuple[str, int, int]]:
+    """(GPU UUID, profile ID, placement) of every partition our claims hold or intend."""
+    return {
+        (d.carve.gpu_uuid, d.carve.profile_id, d.carve.placement_start)
+        for rec in cp.claims.values()
+        for d in rec.devices
+        if d.carve is not None
+    }

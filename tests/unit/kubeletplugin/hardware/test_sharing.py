@@ -1,0 +1,263 @@
+"""Sharing applied at prepare and undone at unprepare, over the fake NVML library and the
+stand-in MPS daemon: exactly applied, exactly undone, nothing left after a failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.errors import DriverError
+from dradriver.kubeletplugin.prepare.plan import ClaimRef
+from dradriver.kubeletplugin.state.records import Mps
+from dradriver.nvml.host import mps_alive
+from fakenvml.host import stop_fake_daemons
+from tests.support.node import DRIVER, lose_checkpoint
+from tests.support.sharing_node import Node
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path)
+    yield n
+    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
+
+
+def test_no_config_means_exclusive_and_untouched(node: Node) -> None:
+    node.prepare(node.claim("c", "gpu-0", None))
+    assert node.sharing.recorded() == {} and node.daemons() == []
+    assert node.mode(0) == node.fake.pynvml.NVML_COMPUTEMODE_DEFAULT
+
+
+def test_time_slicing_is_applied_and_undone(node: Node) -> None:
+    ref = node.claim(
+        "c", "gpu-1", {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    )
+    node.prepare(ref)
+    uuid = node.fake.machine.gpus[1].uuid
+    assert node.sharing.recorded() == {uuid: {"timeslice": 3}}
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert node.sharing.recorded() == {uuid: {"timeslice": 0}}
+
+
+def test_mps_daemon_compute_mode_and_limits(node: Node) -> None:
+    nv = node.fake.pynvml
+    ref = node.claim(
+        "c",
+        "gpu-0",
+        {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 25,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+            },
+        },
+    )
+    (d,) = node.prepare(ref)
+    (pid,) = node.daemons()
+    assert mps_alive(pid)
+    assert node.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    env = node.spec_env(ref)
+    assert isinstance(d.sharing, Mps)
+    pipe = d.sharing.pipe_dir
+    # Server and clients exchange memory in /dev/shm: the clients get the daemon's.
+    shm = d.sharing.shm_dir
+    assert shm is not None and (Path(shm) / "cuda.shm.mps-server").read_text().strip() == str(pid)
+    spec = json.loads((node.tmp / "cdi" / f"{DRIVER}-claim-{ref.uid}.json").read_text())
+    mounts = spec["devices"][0]["containerEdits"]["mounts"]
+    assert {"hostPath": shm, "containerPath": "/dev/shm", "options": ["rw", "bind"]} in mounts
+    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
+    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}=10240M" in env
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert not mps_alive(pid) and node.daemons() == []
+    assert node.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
+    assert not Path(pipe).exists()
+
+
+def test_a_failed_prepare_leaves_no_daemon_and_no_compute_mode(node: Node) -> None:
+    nv = node.fake.pynvml
+    ref = node.claim("c", "gpu-1", {"strategy": "MPS"})
+    node.fake.faults.fail_nth("nvmlDeviceSetComputeMode", 1, nv.NVML_ERROR_NO_PERMISSION)
+    with pytest.raises(DriverError, match="compute mode"):
+        node.prepare(ref)
+    assert node.daemons() == [] and node.mode(1) == nv.NVML_COMPUTEMODE_DEFAULT
+    assert node.driver.store.load().claims == {}
+
+    def full(*a: Any, **k: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    original = node.driver.executor.cdi_writer.write
+    node.driver.executor.cdi_writer.write = full  # type: ignore[method-assign]
+    with pytest.raises(DriverError, match="No space left"):
+        node.prepare(ref)  # the daemon was running by then: it must be gone again
+    node.driver.executor.cdi_writer.write = original  # type: ignore[method-assign]
+    assert node.daemons() == [] and node.mode(1) == nv.NVML_COMPUTEMODE_DEFAULT
+
+
+def test_daemon_survives_a_plugin_restart_and_comes_back_after_a_reboot(node: Node) -> None:
+    ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
+    node.prepare(ref)
+    (pid,) = node.daemons()
+    restarted = Node(node.tmp)
+    restarted.claims = node.claims
+    restarted.driver.reconcile()
+    assert restarted.daemons() == [pid] and mps_alive(pid)  # same daemon, untouched
+    os.kill(pid, 15)  # as a reboot would end it
+    while mps_alive(pid):
+        time.sleep(0.01)
+    restarted.driver.reconcile()
+    (again,) = restarted.daemons()
+    assert again != pid and mps_alive(again)
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
+    assert restarted.daemons() == []
+
+
+def test_configs_that_do_not_fit(node: Node) -> None:
+    with pytest.raises(DriverError, match="GpuConfig does not fit a mig device"):
+        node.prepare(node.claim("a", "gpu-0-mig-1g10gb-0", {"strategy": "MPS"}))
+    with pytest.raises(DriverError, match="time-slice interval applies to whole GPUs"):
+        node.prepare(
+            node.claim(
+                "b",
+                "gpu-0-mig-1g10gb-0",
+                {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+                kind="MigDeviceConfig",
+            )
+        )
+    assert node.fake.machine.gpus[0].gpu_instances == {}  # nothing carved for them
+
+
+def test_mps_on_a_mig_device(node: Node) -> None:
+    ref = node.claim("c", "gpu-1-mig-3g40gb-4", {"strategy": "MPS"}, kind="MigDeviceConfig")
+    (d,) = node.prepare(ref)
+    assert d.uuid.startswith("MIG-") and len(node.daemons()) == 1
+    assert node.mode(1) == node.fake.pynvml.NVML_COMPUTEMODE_DEFAULT  # the GPU is shared out
+    assert node.driver.unprepare([ref]) == {ref.uid: ""}
+    assert node.daemons() == [] and node.fake.machine.gpus[1].gpu_instances == {}
+
+
+def test_one_bad_claim_fails_alone(node: Node) -> None:
+    """Any exception in one claim (here: a read that raises what no layer expects, and
+    parameters nested thousands deep) is that claim's error; the good MPS claim of the
+    same call is prepared and reported prepared."""
+    good = node.claim("good", "gpu-0", {"strategy": "MPS"})
+    boom = node.claim("boom", "gpu-1", None)
+    deep = node.claim("deep", "gpu-1", {"strategy": "MPS", "mpsConfig": {}})
+    nested: dict[str, Any] = {}
+    cur = nested
+    for _ in range(3000):
+        cur["a"] = {}
+        cur = cur["a"]
+    params = node.claims["deep"]["status"]["allocation"]["devices"]["config"][0]["opaque"]
+    params["parameters"]["sharing"]["mpsConfig"]["x"] = nested
+    read = node.driver.read_claim
+    assert read is not None
+
+    def flaky(ref: ClaimRef) -> dict[str, Any]:
+        if ref.name == "boom":
+            raise KeyError("something nobody foresaw")
+        return read(ref)
+
+    node.driver.read_claim = flaky
+    out = node.driver.prepare([boom, good, deep])
+    assert out[good.uid].error == "" and out[good.uid].devices
+    assert "internal error (KeyError" in out[boom.uid].error
+    assert "nested more than 64 levels deep" in out[deep.uid].error
+    assert len(out[deep.uid].error) < 600
+    assert set(node.driver.store.load().claims) == {good.uid}
+    node.driver.read_claim = read
+    node.driver.unprepare([good])
+
+
+def test_a_restart_with_the_daemon_gone_keeps_the_mode_from_before(node: Node) -> None:
+    """The admin's compute mode (PROHIBITED here) comes back at unprepare, even when the
+    daemon died and a restart set the claim up again: the ledger's "before" is written
+    once, never overwritten by the driver's own EXCLUSIVE_PROCESS."""
+    nv = node.fake.pynvml
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    nv.nvmlDeviceSetComputeMode(h, nv.NVML_COMPUTEMODE_PROHIBITED)
+    ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
+    node.prepare(ref)
+    (pid,) = node.daemons()
+    assert node.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    os.kill(pid, 15)
+    while mps_alive(pid):
+        time.sleep(0.01)
+    restarted = Node(node.tmp)
+    restarted.claims = node.claims
+    restarted.driver.reconcile()
+    (again,) = restarted.daemons()
+    assert again != pid
+    restarted.driver.reconcile()  # a second restart: the running daemon is kept
+    assert restarted.daemons() == [again]
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
+    assert restarted.mode(0) == nv.NVML_COMPUTEMODE_PROHIBITED
+    assert restarted.daemons() == []
+
+
+def test_a_lost_checkpoint_loses_no_sharing_change(node: Node) -> None:
+    """The checkpoint moved aside as corrupt: the claims' pods may still run, so startup
+    keeps their daemon, compute mode, interval and CDI specs; the ledger still knows them,
+    and the kubelet's unprepare of each claim undoes them all."""
+    nv = node.fake.pynvml
+    mps_ref = node.claim("m", "gpu-0", {"strategy": "MPS"})
+    ts_ref = node.claim(
+        "t", "gpu-1", {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}
+    )
+    node.prepare(mps_ref)
+    node.prepare(ts_ref)
+    (pid,) = node.daemons()
+    lose_checkpoint(node.tmp)
+    restarted = Node(node.tmp)
+    restarted.driver.reconcile()
+    uuid1 = node.fake.machine.gpus[1].uuid
+    assert mps_alive(pid) and restarted.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert restarted.sharing.recorded()[uuid1] == {"timeslice": 3}
+    assert len(list((node.tmp / "cdi").glob("*.json"))) == 2  # live pods' specs stay
+    assert restarted.driver.unprepare([mps_ref, ts_ref]) == {mps_ref.uid: "", ts_ref.uid: ""}
+    assert not mps_alive(pid) and restarted.daemons() == []
+    assert restarted.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
+    assert restarted.sharing.recorded()[uuid1] == {"timeslice": 0}
+    assert not list((node.tmp / "cdi").glob("*.json"))
+    ledger = json.loads((node.tmp / "sharing-ledger.json").read_text())
+    assert ledger["computeMode"] == {} and ledger["mpsDaemons"] == {}
+    assert ledger["timeSlice"] == {}
+
+
+def test_a_daemon_started_but_not_recorded_is_still_stopped(node: Node) -> None:
+    """A daemon whose PID never reached the ledger (written before the start, with PID
+    0) is found through its pipe directory when its claim is unprepared."""
+    ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
+    node.prepare(ref)
+    (pid,) = node.daemons()
+    ledger_path = node.tmp / "sharing-ledger.json"
+    doc = json.loads(ledger_path.read_text())
+    for d in doc["mpsDaemons"].values():
+        d["pid"] = 0  # as written before the start
+    ledger_path.write_text(json.dumps(doc))
+    (node.tmp / "checkpoint.json").unlink()
+    restarted = Node(node.tmp)
+    restarted.driver.reconcile()
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
+    assert not mps_alive(pid)
+
+
+def test_a_lost_checkpoint_of_a_plain_claim_still_has_its_spec_removed(node: Node) -> None:
+    """No ledger knows a claim without sharing: its unprepare, after the checkpoint was
+    lost, finds nothing to undo on the GPUs and removes only the CDI spec the runtime
+    would otherwise keep offering."""
+    ref = node.claim("plain", "gpu-0", None)
+    node.prepare(ref)
+    lose_checkpoint(node.tmp)
+    restarted = Node(node.tmp)
+    restarted.driver.reconcile()
+    assert len(list((node.tmp / "cdi").glob("*.json"))) == 1  # its pod may still run
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
+    assert not list((node.tmp / "cdi").glob("*.json"))
+    assert restarted.driver.unprepare([ref]) == {ref.uid: ""}  # the kubelet repeats
