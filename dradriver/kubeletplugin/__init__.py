@@ -11,11 +11,11 @@ inwards:
   journal of steps, the node and GPU locks; imports no other package here;
 - hardware/: the MIG and sharing (time-slicing, MPS) steps the executor runs, over NVML
   (dradriver.nvml) and the ledgers in state/;
-- binding/: before a pod is bound, a ComputeDomain's IMEX daemon started while the
+- imex_binding/: before a pod is bound, a ComputeDomain's IMEX daemon started while the
   scheduler waits on the channel device's binding conditions, and what the node says
   of it in the claim's status; over prepare's plan and hardware/imex.py;
-- devices/: the device view publishing and prepare share, and the node's GPU health;
-- ops/: /healthz, /readyz and /metrics.
+- device_view/: the device view publishing and prepare share, and the node's GPU health;
+- endpoints/: the HTTP endpoints /healthz, /readyz and /metrics.
 
 main.py wires them (startup.py first binds the sockets); options.py holds the flags and
 the typed options they are parsed into once;

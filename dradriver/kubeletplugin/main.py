@@ -13,14 +13,14 @@ from dradriver import logs
 from dradriver.inventory.node_devices import DeviceKind, MigMode
 from dradriver.k8s import Kube, KubeconfigError
 from dradriver.k8s.server_line import ServerLine
-from dradriver.kubeletplugin.devices.health import NodeEvents, NodeHealth
-from dradriver.kubeletplugin.devices.node_label import NodeLabel
-from dradriver.kubeletplugin.devices.view import DeviceView
+from dradriver.kubeletplugin.device_view.health import NodeEvents, NodeHealth
+from dradriver.kubeletplugin.device_view.node_label import NodeLabel
+from dradriver.kubeletplugin.device_view.view import DeviceView
+from dradriver.kubeletplugin.endpoints.api_probe import SLICES, ApiProbe, slices_query
+from dradriver.kubeletplugin.endpoints.readiness import CheckpointCheck, Registration, slices_check
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
-from dradriver.kubeletplugin.ops.api_probe import SLICES, ApiProbe, slices_query
-from dradriver.kubeletplugin.ops.readiness import CheckpointCheck, Registration, slices_check
 from dradriver.kubeletplugin.options import PluginOptions
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_boot_id
 from dradriver.kubeletplugin.state.checkpoint.store import checkpoint_owned
@@ -35,8 +35,8 @@ from dradriver.slices.watch import SliceWatch
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from dradriver.kubeletplugin.ops.metrics import Metrics
-    from dradriver.kubeletplugin.ops.server import OpsServer
+    from dradriver.kubeletplugin.endpoints.metrics import Metrics
+    from dradriver.kubeletplugin.endpoints.server import OpsServer
     from dradriver.kubeletplugin.prepare.preparer import Preparer
     from dradriver.nvml.library import Nvml
     from dradriver.slices.build import SliceContent
@@ -135,7 +135,7 @@ def run_plugin(
     def start_ops() -> OpsServer:
         # http.server and what it imports: a twentieth of a second of CPU, not spent on
         # the way to the first slice when discovery succeeds at once.
-        from dradriver.kubeletplugin.ops.server import OpsServer
+        from dradriver.kubeletplugin.endpoints.server import OpsServer
 
         ops = OpsServer(
             opts.healthz_address,
@@ -198,7 +198,7 @@ def run_plugin(
     loop.attempted.wait(FIRST_ROUND_PATIENCE)
     if ops is None:
         ops = start_ops()
-    from dradriver.kubeletplugin.ops.metrics import Metrics, NodeGauges
+    from dradriver.kubeletplugin.endpoints.metrics import Metrics, NodeGauges
 
     metrics = Metrics()
     ops.metrics = metrics
@@ -226,7 +226,7 @@ def run_plugin(
     checkpoint_check.refusal = lambda: driver.refusal
     reconciled = driver.reconcile()
     if executor.imex is not None:
-        from dradriver.kubeletplugin.binding import binder
+        from dradriver.kubeletplugin.imex_binding import binder
 
         def prepared() -> set[str]:
             cp = store.load()

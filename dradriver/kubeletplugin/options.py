@@ -17,7 +17,7 @@ from dradriver import flags
 
 if TYPE_CHECKING:
     from dradriver.inventory.node_devices import MigMode, MigSwitching
-    from dradriver.kubeletplugin.devices.health import HealthOptions
+    from dradriver.kubeletplugin.device_view.health import HealthOptions
     from dradriver.slices.consumable import Consumable
 
 
@@ -67,7 +67,7 @@ def parse(args: argparse.Namespace) -> PluginOptions:
     that cannot work, alone or with the others."""
     from dradriver.health.model import HealthConfigError, Policy, parse_xids
     from dradriver.inventory.node_devices import MigMode, MigSwitching
-    from dradriver.kubeletplugin.devices.health import HealthOptions
+    from dradriver.kubeletplugin.device_view.health import HealthOptions
     from dradriver.slices.consumable import ConsumableModeError, from_flags
     from dradriver.slices.taints import TaintEffect
 

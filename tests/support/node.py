@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice
+from dradriver.kubeletplugin.endpoints.metrics import Metrics
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps
-from dradriver.kubeletplugin.ops.metrics import Metrics
 from dradriver.kubeletplugin.prepare.cdi import CdiWriter
 from dradriver.kubeletplugin.prepare.execute import Executor
 from dradriver.kubeletplugin.prepare.plan import ClaimRef

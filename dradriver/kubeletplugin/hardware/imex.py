@@ -34,7 +34,7 @@ DEFAULT_PORT = 50000  # the IMEX guide's SERVER_PORT default
 DEFAULT_CMD_PORT = 50005
 READY_TIMEOUT = 10.0
 # The reason of the one ImexError that is a wait, not a failure: the domain's other
-# nodes have not joined yet (binding/ reports it as a False condition, not a failure).
+# nodes have not joined yet (imex_binding/ reports it as a False condition, not a failure).
 WAITING = "imex_waiting"
 # What happens next, said at the end of a message: at prepare, and before binding.
 KUBELET_RETRIES = "the kubelet retries"
@@ -104,7 +104,7 @@ class ImexSteps:
                 self._launch(rec.uid, rec.ref, d.imex, record, KUBELET_RETRIES)
 
     def prebind(self, uid: str, ref: str, im: ImexDaemon) -> None:
-        """Before the pod is bound (binding conditions, kubeletplugin/binding/): the same
+        """Before the pod is bound (binding conditions, kubeletplugin/imex_binding/): the same
         checks and daemon as at prepare, which then adopts it. The files beside the
         config are its only record (no checkpoint entry before prepare): the binder's
         sweep stops a daemon whose claim is neither prepared nor allocated here."""

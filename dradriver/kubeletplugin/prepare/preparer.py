@@ -26,7 +26,7 @@ from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.k8s import Kube
 from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.ops.metrics import Metrics
+from dradriver.kubeletplugin.endpoints.metrics import Metrics
 from dradriver.kubeletplugin.prepare.claim_read import read_claim
 from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
 from dradriver.kubeletplugin.prepare.execute import Executor

@@ -8,7 +8,7 @@ from dradriver.diagnose import doctor as judge
 from dradriver.diagnose.doctor import State
 from dradriver.k8s import KubeError
 from dradriver.k8s.lines import FEATURES
-from dradriver.kubeletplugin.ops.api_probe import describe
+from dradriver.kubeletplugin.endpoints.api_probe import describe
 
 D = "gpu.dradriver.io"
 

@@ -15,7 +15,7 @@ import pytest
 from dradriver.health.model import Health, Policy, Transition
 from dradriver.health.monitor import HealthMonitor, probe_gpu
 from dradriver.inventory.node_devices import MigMode
-from dradriver.kubeletplugin.devices.health import HealthOptions, NodeEvents, NodeHealth
+from dradriver.kubeletplugin.device_view.health import HealthOptions, NodeEvents, NodeHealth
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.nvml.library import Nvml, open_nvml
 from dradriver.slices.build import build

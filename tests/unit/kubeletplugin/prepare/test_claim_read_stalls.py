@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client as kclient
 
 from dradriver.k8s import Kube
-from dradriver.kubeletplugin.ops.api_probe import ApiProbe
+from dradriver.kubeletplugin.endpoints.api_probe import ApiProbe
 from dradriver.kubeletplugin.prepare import claim_read
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from tests.support.gpu_names import fake_names, real

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dradriver import logs
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
 from dradriver.k8s.lines import OLDEST, Line
-from dradriver.kubeletplugin.devices.health import NodeHealth
+from dradriver.kubeletplugin.device_view.health import NodeHealth
 from dradriver.nvml.library import Nvml
 from dradriver.slices.build import SliceContent, build
 from dradriver.slices.consumable import OFF, Consumable
@@ -42,7 +42,7 @@ class DeviceView:
         self.line = line
         self.imex_channels = imex_channels
         # Whether the channel device names binding conditions: set once the API server
-        # is known to keep them (binding/probe.py), then the next refresh publishes them.
+        # is known to keep them (imex_binding/probe.py), then the next refresh publishes them.
         self.imex_binding = False
         self.clique: str | None = None  # the node's fabric clique, from the latest discovery
         self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching

@@ -19,7 +19,7 @@ from dradriver.health.model import (
     XidEvent,
 )
 from dradriver.inventory.node_devices import MigMode
-from dradriver.kubeletplugin.devices.health import (
+from dradriver.kubeletplugin.device_view.health import (
     HealthOptions,
     NodeEvents,
     NodeHealth,

@@ -12,7 +12,7 @@ from dradriver.api import computedomain as cd
 from dradriver.k8s import Kube, KubeError, path_for
 from dradriver.logs import get_logger
 
-log = get_logger("kubeletplugin.binding")
+log = get_logger("kubeletplugin.imex_binding")
 
 
 def api_keeps_binding_conditions(kube: Kube, driver: str, node: str) -> bool:

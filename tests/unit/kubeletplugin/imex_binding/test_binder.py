@@ -1,4 +1,4 @@
-"""The binder's decisions (kubeletplugin/binding/plan.py), over claims as the API server
+"""The binder's decisions (kubeletplugin/imex_binding/plan.py), over claims as the API server
 holds them: which wait for the node's IMEX daemon before their pod is bound, which keep
 their daemons, and the status entry written for them."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from dradriver.api import computedomain as cd
-from dradriver.kubeletplugin.binding import plan
-from dradriver.kubeletplugin.binding.binder import _camel
+from dradriver.kubeletplugin.imex_binding import plan
+from dradriver.kubeletplugin.imex_binding.binder import _camel
 
 DRIVER, NODE = "gpu.dradriver.io", "tray-1"
 

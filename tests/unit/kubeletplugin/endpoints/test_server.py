@@ -10,9 +10,9 @@ import urllib.request
 from typing import cast
 
 from dradriver.k8s import Kube, KubeError
-from dradriver.kubeletplugin.ops.api_probe import SLICES, ApiProbe, describe, slices_query
-from dradriver.kubeletplugin.ops.metrics import Metrics
-from dradriver.kubeletplugin.ops.server import OpsServer
+from dradriver.kubeletplugin.endpoints.api_probe import SLICES, ApiProbe, describe, slices_query
+from dradriver.kubeletplugin.endpoints.metrics import Metrics
+from dradriver.kubeletplugin.endpoints.server import OpsServer
 
 
 def get(port: int, path: str) -> tuple[int, str]:

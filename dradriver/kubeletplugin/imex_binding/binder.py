@@ -23,13 +23,13 @@ from dradriver.api import computedomain as cd
 from dradriver.errors import ClaimStateError, DriverError, ImexError
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver.k8s.mirror import Mirror
-from dradriver.kubeletplugin.binding import plan
 from dradriver.kubeletplugin.hardware.imex import WAITING, ImexSteps
+from dradriver.kubeletplugin.imex_binding import plan
 from dradriver.kubeletplugin.prepare.channels import channel_device, is_channel
 from dradriver.kubeletplugin.prepare.plan import claim_devices
 from dradriver.logs import get_logger
 
-log = get_logger("kubeletplugin.binding")
+log = get_logger("kubeletplugin.imex_binding")
 
 CLAIMS = path_for("resource.k8s.io/v1", "resourceclaims")
 # How often a claim waiting for its domain's other nodes looks at the domain again.
@@ -213,7 +213,7 @@ def start(
 ) -> Binder | None:
     """--imex-binding-conditions: the binder running, or None where the channel device
     is published without binding conditions (prepare waits for the domain instead)."""
-    from dradriver.kubeletplugin.binding.probe import api_keeps_binding_conditions
+    from dradriver.kubeletplugin.imex_binding.probe import api_keeps_binding_conditions
 
     if mode == "off":
         return None

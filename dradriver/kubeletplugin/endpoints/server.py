@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from dradriver.httpreply import reply
 
 if TYPE_CHECKING:
-    from dradriver.kubeletplugin.ops.metrics import Metrics
+    from dradriver.kubeletplugin.endpoints.metrics import Metrics
 
 Check = Callable[[], tuple[bool, str]]
 
@@ -65,7 +65,9 @@ class OpsServer:
 
         self.httpd = ThreadingHTTPServer((address, port), Handler)
         self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="ops", daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="endpoints", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()
