@@ -506,7 +506,7 @@ def burst(
 
     def sa() -> bool:
         try:
-            kube.get(path_for("v1", "serviceaccounts", ns, "default"))
+            kube.get(path_for("v1", "serviceaccounts", ns, name="default"))
             return True
         except NotFound:
             return False
@@ -607,7 +607,7 @@ def clean(kube: Kube, ns: str) -> None:
         if c["metadata"].get("finalizers"):
             with contextlib.suppress(NotFound):
                 kube.patch(
-                    path_for(RES, "resourceclaims", ns, c["metadata"]["name"]),
+                    path_for(RES, "resourceclaims", ns, name=c["metadata"]["name"]),
                     {"metadata": {"finalizers": None}},
                 )
 

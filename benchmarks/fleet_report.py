@@ -64,11 +64,11 @@ def best(f: Any, rounds: int = 5) -> float:
 
 def measure(n: int, pending: int, classes: dict[str, Any]) -> None:
     s, c, nodes, pods = lists(n, pending)
-    floor = best(lambda: build_world(s, CLASSES, c, nodes))
+    floor = best(lambda: build_world(s, CLASSES, c, nodes=nodes))
 
     def report() -> Any:
         reqs, _ = pending_requests(pods, c, classes)
-        return fleet(build_world(s, CLASSES, c, nodes), reqs)
+        return fleet(build_world(s, CLASSES, c, nodes=nodes), reqs)
 
     took = best(report)
     r = report()

@@ -62,11 +62,11 @@ def main() -> int:
         gpu0 = next(d.gpu.uuid for d in driver.devices().values() if d.gpu.index == 0)
         real, held = carver.create, threading.Event()
 
-        def create(gpu: str, *rest: Any) -> Any:
+        def create(gpu: str, *rest: Any, **named: Any) -> Any:
             if gpu == gpu0:
                 held.set()
                 time.sleep(args.carve)
-            return real(gpu, *rest)
+            return real(gpu, *rest, **named)
 
         carver.create = create
         cycles(driver, claims, 20, "warm")

@@ -88,7 +88,7 @@ class Bench:
 
     def pod(self, name: str) -> dict[str, Any] | None:
         try:
-            return self.kube.get(path_for("v1", "pods", NS, name))
+            return self.kube.get(path_for("v1", "pods", NS, name=name))
         except NotFound:
             return None
 
@@ -133,7 +133,7 @@ class Bench:
         poll(lambda: self.health(name) == ["Healthy"])
 
     def floor(self, n: int = 50) -> list[float]:
-        path = path_for("v1", "configmaps", NS, "floor")
+        path = path_for("v1", "configmaps", NS, name="floor")
         self.kube.create(path_for("v1", "configmaps", NS), {"metadata": {"name": "floor"}})
         out = []
         for i in range(n):
@@ -179,7 +179,7 @@ def main() -> int:
         kubelet.start()
         kubelet.wait_node_ready(kube)
         kube.create(path_for("v1", "namespaces"), {"metadata": {"name": NS}})
-        poll(lambda: get_or_none(kube, path_for("v1", "serviceaccounts", NS, "default")))
+        poll(lambda: get_or_none(kube, path_for("v1", "serviceaccounts", NS, name="default")))
         b = Bench(kube, kubelet.node)
         base = b.floor()
         for effect in ("NoSchedule", "NoExecute"):

@@ -120,12 +120,12 @@ def run_pods(kube: Kube, ns: str, node: str, total: int) -> None:
                 },
             )
         for name in names:
-            p = path_for("v1", "pods", ns, name)
+            p = path_for("v1", "pods", ns, name=name)
             wait(f"pod {name} running", lambda p=p: kube.get(p)["status"].get("phase") == "Running")
         for name in names:
-            kube.delete(path_for("v1", "pods", ns, name))
+            kube.delete(path_for("v1", "pods", ns, name=name))
         for name in names:
-            p = path_for("v1", "pods", ns, name)
+            p = path_for("v1", "pods", ns, name=name)
             wait(f"pod {name} gone", lambda p=p: _gone(kube, p))
 
 
@@ -196,7 +196,7 @@ def main() -> int:
         kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
         wait(
             "the namespace's ServiceAccount",
-            lambda: kube.get(path_for("v1", "serviceaccounts", ns, "default")),
+            lambda: kube.get(path_for("v1", "serviceaccounts", ns, name="default")),
         )
         c1 = {k: cpu_s(p) for k, p in pids.items()}
         t1 = time.monotonic()

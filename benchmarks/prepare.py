@@ -142,7 +142,7 @@ def make_claims(kube: Kube, ns: str, n: int) -> list[tuple[str, str]]:
                 {"resource": "pods", "name": f"p{i}", "uid": f"00000000-0000-0000-0000-{i:012d}"}
             ],
         }
-        kube.replace(path_for(RES, "resourceclaims", ns, f"c{i}", "status"), c)
+        kube.replace(path_for(RES, "resourceclaims", ns, name=f"c{i}", subresource="status"), c)
         out.append((f"c{i}", c["metadata"]["uid"]))
     return out
 
@@ -215,7 +215,7 @@ class Floor:
         self.channel = grpc.insecure_channel(f"unix://{sock}")
         self.stub = kapi.dra_v1_grpc.DRAPluginStub(self.channel)
         self.raw, self.lib, self.state = raw, lib, state
-        self.path = path_for(RES, "resourceclaims", ns, name)
+        self.path = path_for(RES, "resourceclaims", ns, name=name)
         self.samples: list[float] = []
         # Not part of the floor: its GET alone, and the same GET as the plugin makes it
         # (dradriver.k8s on urllib3, the JSON decoded), timed right after each sample.

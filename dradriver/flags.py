@@ -16,7 +16,7 @@ def env_name(flag: str) -> str:
 
 
 def add(
-    p: argparse.ArgumentParser, flag: str, default: Any = None, help: str = "", **kw: Any
+    p: argparse.ArgumentParser, flag: str, default: Any = None, *, help: str = "", **kw: Any
 ) -> None:
     env = env_name(flag)
     value = os.environ.get(env, default)
@@ -29,21 +29,21 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
         p,
         "--node-name",
         os.environ.get("NODE_NAME") or socket.gethostname(),
-        "the Kubernetes node this runs on; names the pool and the slices",
+        help="the Kubernetes node this runs on; names the pool and the slices",
     )
-    add(p, "--driver-name", DEFAULT_DRIVER_NAME, "DRA driver name, also the attribute domain")
+    add(p, "--driver-name", DEFAULT_DRIVER_NAME, help="DRA driver name, also the attribute domain")
     add(
         p,
         "--devices",
         "nvml",
-        "device backend: `nvml` for this node's GPUs, or `fake:<spec>` such as "
+        help="device backend: `nvml` for this node's GPUs, or `fake:<spec>` such as "
         "fake:8xH100-80GB, fake:4xA100-80GB:nvlink=pairs+2xL4 or fake:@fleet.yaml",
     )
     add(
         p,
         "--mig-mode",
         "none",
-        "MIG devices to publish: none (whole GPUs), static "
+        help="MIG devices to publish: none (whole GPUs), static "
         "(existing MIG devices) or dynamic (every profile x placement, carved on demand; "
         "needs the DRAPartitionableDevices gate)",
         choices=["none", "static", "dynamic"],
@@ -52,7 +52,7 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
         p,
         "--mig-mode-switching",
         "on-demand",
-        "dynamic MIG mode: whether the driver may switch a GPU's MIG mode (on for a "
+        help="dynamic MIG mode: whether the driver may switch a GPU's MIG mode (on for a "
         "partition, off for a whole GPU, switched back after): on-demand, or never where "
         "the admin sets MIG mode (e.g. DCGM holds the GPUs)",
         choices=["on-demand", "never"],
@@ -61,7 +61,7 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
         p,
         "--mig-profiles",
         "",
-        "dynamic MIG mode: offer partitions of these GPU-instance profiles only, "
+        help="dynamic MIG mode: offer partitions of these GPU-instance profiles only, "
         "comma-separated as NVML names them (e.g. 1g.10gb,3g.40gb); empty: every profile. "
         "Fewer profiles publish fewer devices, which the API server and scheduler hold",
     )
@@ -69,7 +69,7 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
         p,
         "--consumable-capacity",
         "off",
-        "let several claims share a device, each consuming part of it (the "
+        help="let several claims share a device, each consuming part of it (the "
         "DRAConsumableCapacity gate): off (one claim per device), memory (a claim takes "
         "the memory and multiprocessors it asks for; all the memory when it asks for "
         "nothing), shares=N (N shares, one per claim by default), unlimited (any number "
@@ -79,7 +79,7 @@ def add_node_flags(p: argparse.ArgumentParser) -> None:
         p,
         "--state-dir",
         "/var/lib/dradriver",
-        "where the plugin keeps its checkpoint (and the fake backend its MIG state)",
+        help="where the plugin keeps its checkpoint (and the fake backend its MIG state)",
     )
 
 

@@ -57,21 +57,21 @@ class Logger:
     def __init__(self, name: str) -> None:
         self._log = logging.getLogger(name)
 
-    def _emit(self, level: int, msg: str, exc: bool, fields: dict[str, Any]) -> None:
+    def _emit(self, level: int, msg: str, exc: bool, *, fields: dict[str, Any]) -> None:
         if self._log.isEnabledFor(level):
             self._log.log(level, msg, extra={"fields": fields}, exc_info=exc)
 
     def debug(self, msg: str, **fields: Any) -> None:
-        self._emit(logging.DEBUG, msg, False, fields)
+        self._emit(logging.DEBUG, msg, False, fields=fields)
 
     def info(self, msg: str, **fields: Any) -> None:
-        self._emit(logging.INFO, msg, False, fields)
+        self._emit(logging.INFO, msg, False, fields=fields)
 
     def warning(self, msg: str, **fields: Any) -> None:
-        self._emit(logging.WARNING, msg, False, fields)
+        self._emit(logging.WARNING, msg, False, fields=fields)
 
     def error(self, msg: str, exc: bool = False, **fields: Any) -> None:
-        self._emit(logging.ERROR, msg, exc, fields)
+        self._emit(logging.ERROR, msg, exc, fields=fields)
 
 
 def get_logger(name: str) -> Logger:

@@ -80,7 +80,7 @@ class FakeHost:
         cmd = [sys.executable, "-m", "fakenvml.mpsd", "--pipe-dir", str(pipe_dir)]
         cmd += ["--log-dir", str(log_dir), "--devices", ",".join(uuids)]
         cmd += ["--shm-dir", str(shm_dir), "--protocol", str(protocol)]
-        return spawn_mps(cmd, uuids, pipe_dir, log_dir, self)
+        return spawn_mps(cmd, uuids, pipe_dir, log_dir=log_dir, host=self)
 
     def mps_command(self, pipe_dir: Path, command: str) -> str:
         from dradriver.errors import SharingError

@@ -275,7 +275,7 @@ def device_facts(kube: Kube, pool: str, device: str) -> dict[str, Any]:
 def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
     out = []
     for name in pods:
-        pod = kube.get(path_for("v1", "pods", NAMESPACE, name))
+        pod = kube.get(path_for("v1", "pods", NAMESPACE, name=name))
         st = pod.get("status", {})
         node = pod["spec"].get("nodeName", "-")
         phase = st.get("phase", "?")
@@ -294,7 +294,7 @@ def summary(kube: Kube, pods: list[str], nodes: dict[str, NodeProcs]) -> str:
             claim_name = rc.get("resourceClaimName") or generated.get(rc["name"])
             if not claim_name:
                 continue
-            claim = kube.get(path_for(RES, "resourceclaims", NAMESPACE, claim_name))
+            claim = kube.get(path_for(RES, "resourceclaims", NAMESPACE, name=claim_name))
             alloc = (claim.get("status") or {}).get("allocation")
             if not alloc:
                 out.append(f"  claim {claim_name}: not allocated")
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         kube.create(path_for("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
         wait(
             "the demo namespace's ServiceAccount",
-            lambda: _exists(kube, path_for("v1", "serviceaccounts", NAMESPACE, "default")),
+            lambda: _exists(kube, path_for("v1", "serviceaccounts", NAMESPACE, name="default")),
         )
         show_refusal()
         pods = apply_examples(kube)
@@ -448,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
             wait(
                 "the pods",
                 lambda: all(
-                    kube.get(path_for("v1", "pods", NAMESPACE, n)).get("status", {}).get("phase")
+                    kube.get(path_for("v1", "pods", NAMESPACE, name=n))
+                    .get("status", {})
+                    .get("phase")
                     == "Running"
                     for n in pods
                 ),
@@ -604,7 +606,7 @@ def show_integer_pod(kube: Kube) -> None:
     kube.create(path_for("v1", "pods", NAMESPACE), pod)
 
     def running() -> dict[str, Any] | None:
-        got = kube.get(path_for("v1", "pods", NAMESPACE, name))
+        got = kube.get(path_for("v1", "pods", NAMESPACE, name=name))
         return got if got.get("status", {}).get("phase") == "Running" else None
 
     try:
@@ -618,7 +620,7 @@ def show_integer_pod(kube: Kube) -> None:
             f"  {name} runs on {got['spec'].get('nodeName')}, but names no claim of the scheduler's"
         )
         return
-    c = kube.get(path_for(RES, "resourceclaims", NAMESPACE, claim))
+    c = kube.get(path_for(RES, "resourceclaims", NAMESPACE, name=claim))
     classes = {
         r["name"]: r.get("exactly", {}).get("deviceClassName")
         for r in c["spec"]["devices"]["requests"]

@@ -37,10 +37,11 @@ def kubelet_args(node: str) -> list[str]:
 def _ready(kube: Kube, ns: str, pods: list[str]) -> bool:
     try:
         phases = [
-            kube.get(path_for("v1", "pods", ns, p)).get("status", {}).get("phase") for p in pods
+            kube.get(path_for("v1", "pods", ns, name=p)).get("status", {}).get("phase")
+            for p in pods
         ]
         conds = (
-            kube.get(path_for(cd.API_VERSION, cd.PLURAL, ns, "train")).get("status") or {}
+            kube.get(path_for(cd.API_VERSION, cd.PLURAL, ns, name="train")).get("status") or {}
         ).get("conditions") or []
     except KubeError:
         return False
@@ -61,7 +62,7 @@ def show(kube: Kube, ns: str, roots: dict[str, Path], states: dict[str, Path], s
     end = time.monotonic() + 90
     while not _ready(kube, ns, pods) and time.monotonic() < end:
         time.sleep(0.5)
-    domain = kube.get(path_for(cd.API_VERSION, cd.PLURAL, ns, "train"))
+    domain = kube.get(path_for(cd.API_VERSION, cd.PLURAL, ns, name="train"))
     st = domain.get("status") or {}
     (ready,) = [c for c in st.get("conditions", []) if c["type"] == "Ready"] or [{}]
     print(
@@ -72,7 +73,7 @@ def show(kube: Kube, ns: str, roots: dict[str, Path], states: dict[str, Path], s
         where = f"address {n.get('address')} ready={n.get('ready')} claim {n.get('claim')}"
         print(f"  node {n['name']} {where}")
     for p in pods:
-        pod = kube.get(path_for("v1", "pods", ns, p))
+        pod = kube.get(path_for("v1", "pods", ns, name=p))
         node = pod["spec"].get("nodeName", "-")
         line = f"  pod {p} on {node}: {pod['status'].get('phase')}"
         rec = (

@@ -212,7 +212,7 @@ def _mount_certs(kube: Kube, cert_dir: Path) -> bool:
     certificate its rotator wrote into the Secret, as files. True once they are there."""
     if (cert_dir / "tls.crt").exists():
         return True
-    data = kube.get(path_for("v1", "secrets", NAMESPACE, SECRET)).get("data") or {}
+    data = kube.get(path_for("v1", "secrets", NAMESPACE, name=SECRET)).get("data") or {}
     if not data.get("tls.crt") or not data.get("tls.key"):
         return False
     cert_dir.mkdir(parents=True, exist_ok=True)

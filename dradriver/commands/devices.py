@@ -90,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
 
     # As the plugin would publish them: unhealthy devices tainted (its default effect).
     faults = unhealthy(device_health(book, result.offer.devices().values()))
-    tainted = with_taints(result.slices, faults, args.driver_name, TaintEffect.NO_SCHEDULE)
+    tainted = with_taints(result.slices, faults, args.driver_name, effect=TaintEffect.NO_SCHEDULE)
     slices = render(args.driver_name, args.node_name, tainted)
     if args.output == "table":
-        print(table(args, found.inventory, result, found.problems, book))
+        print(table(args, found.inventory, result, problems=found.problems, book=book))
         return 0
     doc = {
         "node": args.node_name,
@@ -232,6 +232,7 @@ def table(
     args: argparse.Namespace,
     inv: Inventory,
     result: BuildResult,
+    *,
     problems: list[str],
     book: HealthBook | None = None,
 ) -> str:

@@ -139,7 +139,7 @@ def _driver_files(args: argparse.Namespace, release: str) -> Layer:
     spec = None
     with contextlib.suppress(OSError, ValueError):
         spec = json.loads(path.read_text())
-    return judge.driver_files(args.driver_files, release, str(path), spec)
+    return judge.driver_files(args.driver_files, release, str(path), spec=spec)
 
 
 def _cdi(args: argparse.Namespace) -> Layer:
@@ -161,7 +161,7 @@ def _cdi(args: argparse.Namespace) -> Layer:
         except OSError as exc:
             error = exc.strerror or str(exc)
     if args.containerd_config is None:  # a dev node
-        return judge.cdi(str(d), error, None, HOLLOW_RUNTIME)
+        return judge.cdi(str(d), error, None, runtime_reads=HOLLOW_RUNTIME)
     runtime = None
     conf = Path(args.containerd_config)
     with contextlib.suppress(OSError):  # not on this machine, or not ours to read
@@ -199,7 +199,7 @@ def _plugin(args: argparse.Namespace, kube: Kube) -> Layer:
             # A plugin older than this doctor starts its API probe on the first /readyz.
             time.sleep(1.0)
             code, body = _http(url)
-        return judge.registration(url, code, body, args.dev_log)
+        return judge.registration(url, code, body, dev_log=args.dev_log)
     # From afar: the plugin pod on that node, through the API server's pod proxy.
     pods = items(
         kube,
@@ -304,7 +304,7 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
             if s["spec"].get("driver") == args.driver_name
             and s["spec"].get("nodeName") == args.node
         ]
-        if not step(judge.slices(args.driver_name, args.node, published, uuids)):
+        if not step(judge.slices(args.driver_name, args.node, published, nvml_uuids=uuids)):
             return 1
         try:
             node_obj: Obj | None = get(kube, path_for("v1", "nodes", name=args.node))
@@ -322,7 +322,7 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
         uses = _uses(args)
         gates = feature_gates(kube)
         server = str(version.get("gitVersion", ""))
-        if not step(judge.feature_gates(server, uses, gates, _mig_mode(args, published))):
+        if not step(judge.feature_gates(server, uses, gates, mig_mode=_mig_mode(args, published))):
             return 1
     except FactsError as exc:
         step(Layer("api-server", State.FAIL, str(exc)))

@@ -71,7 +71,7 @@ def _webhooks(kube: Kube, ns: str, resource: str) -> list[str] | None:
     return checking_webhooks(configs, resource, labels)
 
 
-def _pod_claims(kube: Kube, pod: Obj, ns: str, events: list[Obj]) -> list[ClaimRef]:
+def _pod_claims(kube: Kube, pod: Obj, ns: str, *, events: list[Obj]) -> list[ClaimRef]:
     from dradriver.commands.cluster_facts import RES, get
     from dradriver.diagnose.explain import ClaimRef
     from dradriver.diagnose.missing import missing_claim, missing_template, not_generated
@@ -87,7 +87,7 @@ def _pod_claims(kube: Kube, pod: Obj, ns: str, events: list[Obj]) -> list[ClaimR
         name = entry.get("resourceClaimName") or statuses.get(entry["name"])
         if name:
             try:
-                claim = get(kube, path_for(RES, "resourceclaims", ns, name))
+                claim = get(kube, path_for(RES, "resourceclaims", ns, name=name))
                 refs.append(ClaimRef(f"{ns}/{name}", claim))
                 continue
             except NotFound:
@@ -99,7 +99,7 @@ def _pod_claims(kube: Kube, pod: Obj, ns: str, events: list[Obj]) -> list[ClaimR
                     continue
         # A claim made from a template (a generated one deleted is made again).
         try:
-            get(kube, path_for(RES, "resourceclaimtemplates", ns, template))
+            get(kube, path_for(RES, "resourceclaimtemplates", ns, name=template))
             why = not_generated(f"{ns}/{template}", entry["name"], events)
         except NotFound:
             why = missing_template(
@@ -128,7 +128,7 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
     events: list[Obj] = []
     if kind in ("", "pod"):
         try:
-            pod = get(kube, path_for("v1", "pods", ns, name))
+            pod = get(kube, path_for("v1", "pods", ns, name=name))
         except NotFound:
             if kind == "pod":
                 raise FactsError(f"explain: pod {ns}/{name} not found") from None
@@ -139,9 +139,9 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
             path_for("v1", "events", ns),
             fieldSelector=f"involvedObject.kind=Pod,involvedObject.name={name}",
         )
-        refs = _pod_claims(kube, pod, ns, events)
+        refs = _pod_claims(kube, pod, ns, events=events)
         lists = cluster_lists(kube)
-        extra, unserved, notes = _extended(kube, pod, ns, lists)
+        extra, unserved, notes = _extended(kube, pod, ns, lists=lists)
         refs += extra
         if not refs and unserved is None:
             raise FactsError(
@@ -151,16 +151,22 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
         label = f"pod {ns}/{name}"
     else:
         try:
-            refs = [ClaimRef(f"{ns}/{name}", get(kube, path_for(RES, "resourceclaims", ns, name)))]
+            refs = [
+                ClaimRef(f"{ns}/{name}", get(kube, path_for(RES, "resourceclaims", ns, name=name)))
+            ]
         except NotFound:
             raise FactsError(f"explain: no pod or ResourceClaim {ns}/{name}") from None
         label = f"claim {ns}/{name}"
         lists = cluster_lists(kube)
         unserved, notes = None, ()
     world = build_world(
-        lists["slices"], lists["classes"], lists["claims"], lists["nodes"], feature_gates(kube)
+        lists["slices"],
+        lists["classes"],
+        lists["claims"],
+        nodes=lists["nodes"],
+        gates=feature_gates(kube),
     )
-    report = explain(label, refs, world, pod, events)
+    report = explain(label, refs, world, pod=pod, events=events)
     report.notes[:0] = notes
     if unserved is not None:
         report.finding = unserved
@@ -168,7 +174,7 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
 
 
 def _extended(
-    kube: Kube, pod: Obj, ns: str, lists: Mapping[str, list[Obj]]
+    kube: Kube, pod: Obj, ns: str, *, lists: Mapping[str, list[Obj]]
 ) -> tuple[list[ClaimRef], Finding | None, tuple[str, ...]]:
     """The claim the scheduler made for the pod's extended resources (DRAExtendedResource),
     or the one it would make; and a finding for a resource nothing serves."""
@@ -181,7 +187,11 @@ def _extended(
     if made:
         try:
             return (
-                [ClaimRef(f"{ns}/{made}", get(kube, path_for(RES, "resourceclaims", ns, made)))],
+                [
+                    ClaimRef(
+                        f"{ns}/{made}", get(kube, path_for(RES, "resourceclaims", ns, name=made))
+                    )
+                ],
                 None,
                 (),
             )

@@ -61,7 +61,7 @@ def gather(kube: Kube, price: float | None, namespace: str | None = None) -> Fle
     pods = items(kube, path_for("v1", "pods", namespace), fieldSelector="status.phase=Pending")
     classes = {c["metadata"]["name"]: c for c in lists["classes"]}
     requests, unreadable = pending_requests(pods, lists["claims"], classes)
-    world = build_world(lists["slices"], lists["classes"], lists["claims"], lists["nodes"])
+    world = build_world(lists["slices"], lists["classes"], lists["claims"], nodes=lists["nodes"])
     report = fleet(world, requests, price)
     report.unreadable = unreadable
     finished = items(
@@ -164,7 +164,7 @@ def _print_quota_classes(kube: Kube, helm_values: bool, kueue: bool) -> int:
     from dradriver.diagnose.world import build_world
 
     lists = cluster_lists(kube)
-    w = build_world(lists["slices"], lists["classes"], lists["claims"], lists["nodes"])
+    w = build_world(lists["slices"], lists["classes"], lists["claims"], nodes=lists["nodes"])
     values = quota_classes(w)
     if helm_values:
         print(

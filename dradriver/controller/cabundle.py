@@ -59,7 +59,7 @@ def merged_bundle(existing_b64: str, ours_pem: bytes, now: dt.datetime) -> str |
 
 
 def patch_ops(
-    config: dict[str, Any], ours_pem: bytes, failure_policy: str | None, now: dt.datetime
+    config: dict[str, Any], ours_pem: bytes, failure_policy: str | None, *, now: dt.datetime
 ) -> list[dict[str, Any]]:
     """The JSON patch that makes every webhook trust our CA and use `failure_policy`
     (None leaves it alone); [] when nothing needs changing."""
@@ -88,6 +88,7 @@ class CaBundleSyncer:
         kube: Kube,
         name: str,
         ca_pem: Callable[[], bytes],
+        *,
         failure_policy: str | None,
         clock: Callable[[], dt.datetime],
     ) -> None:
@@ -99,7 +100,7 @@ class CaBundleSyncer:
         self._waiting_logged = False
 
     def sync(self, config: dict[str, Any]) -> None:
-        ops = patch_ops(config, self.ca_pem(), self.failure_policy, self.clock())
+        ops = patch_ops(config, self.ca_pem(), self.failure_policy, now=self.clock())
         if ops:
             self.kube.patch(self.path, ops, "json")
             log.info(

@@ -29,79 +29,84 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--driver-name",
         DEFAULT_DRIVER_NAME,
-        "DRA driver name: configs whose opaque.driver is this are checked",
+        help="DRA driver name: configs whose opaque.driver is this are checked",
     )
-    flags.add(p, "--webhook-address", "0.0.0.0", "address the HTTPS webhook listens on")
-    flags.add(p, "--webhook-port", "8443", "port of the HTTPS webhook (0: any)", type=int)
+    flags.add(p, "--webhook-address", "0.0.0.0", help="address the HTTPS webhook listens on")
+    flags.add(p, "--webhook-port", "8443", help="port of the HTTPS webhook (0: any)", type=int)
     flags.add(
         p,
         "--webhook-config-name",
         "dradriver-admission",
-        "ValidatingWebhookConfiguration whose webhooks get our caBundle and failure policy",
+        help="ValidatingWebhookConfiguration whose webhooks get our caBundle and failure policy",
     )
     flags.add(
         p,
         "--namespace",
         os.environ.get("POD_NAMESPACE") or "dradriver",
-        "namespace of the webhook's Service ($POD_NAMESPACE when set)",
+        help="namespace of the webhook's Service ($POD_NAMESPACE when set)",
     )
     flags.add(
         p,
         "--service-name",
         "dradriver-controller",
-        "Service in front of the webhook; the serving certificate is for <service>.<namespace>.svc",
+        help="Service in front of the webhook; the serving certificate is for "
+        "<service>.<namespace>.svc",
     )
     flags.add(
         p,
         "--tls-cert-file",
         None,
-        "serving certificate (PEM, reloaded when it changes); with --tls-key-file, "
+        help="serving certificate (PEM, reloaded when it changes); with --tls-key-file, "
         "nothing is generated and the webhook configuration is not patched",
     )
-    flags.add(p, "--tls-key-file", None, "private key of --tls-cert-file (PEM)")
+    flags.add(p, "--tls-key-file", None, help="private key of --tls-cert-file (PEM)")
     flags.add(
         p,
         "--failure-policy",
         "Fail",
-        "failurePolicy patched into the webhooks with the caBundle: Fail refuses claims "
+        help="failurePolicy patched into the webhooks with the caBundle: Fail refuses claims "
         "while the webhook is down, Ignore admits them unchecked",
         choices=["Fail", "Ignore"],
     )
     flags.add(
-        p, "--healthz-port", "8080", "plain HTTP port of /healthz and /readyz (0: any)", type=int
+        p,
+        "--healthz-port",
+        "8080",
+        help="plain HTTP port of /healthz and /readyz (0: any)",
+        type=int,
     )
     flags.add(
         p,
         "--kubeconfig",
         os.environ.get("KUBECONFIG"),
-        "kubeconfig (default: the in-cluster config)",
+        help="kubeconfig (default: the in-cluster config)",
     )
     flags.add(
         p,
         "--compute-domains",
         "on",
-        "reconcile ComputeDomains (multi-node NVLink); off: the webhook alone",
+        help="reconcile ComputeDomains (multi-node NVLink); off: the webhook alone",
         choices=["on", "off"],
     )
     flags.add(
         p,
         "--channel-device-class",
         "imex-channel.dradriver.io",
-        "DeviceClass of IMEX channels that ComputeDomains' claim templates name",
+        help="DeviceClass of IMEX channels that ComputeDomains' claim templates name",
     )
     flags.add(
         p,
         "--leader-election-lease",
         "dradriver-controller",
-        "Lease (in --namespace) the replicas elect the one ComputeDomain writer with",
+        help="Lease (in --namespace) the replicas elect the one ComputeDomain writer with",
     )
     flags.add(
         p,
         "--leader-election-id",
         os.environ.get("POD_NAME") or socket.gethostname(),
-        "this replica's identity in the Lease ($POD_NAME when set, else the host name)",
+        help="this replica's identity in the Lease ($POD_NAME when set, else the host name)",
     )
-    flags.add(p, "--log-level", "info", "debug, info, warning or error")
+    flags.add(p, "--log-level", "info", help="debug, info, warning or error")
 
 
 def _serving_tls(args: argparse.Namespace) -> ServingTLS:
@@ -122,7 +127,9 @@ def _compute_domains(kube: Kube, args: argparse.Namespace, stop: threading.Event
 
     controller = ComputeDomainController(kube, args.driver_name, args.channel_device_class)
     controller.start(stop)
-    election = Election(kube, args.namespace, args.leader_election_lease, args.leader_election_id)
+    election = Election(
+        kube, args.namespace, args.leader_election_lease, identity=args.leader_election_id
+    )
     election.start(lambda leading: controller.run(stop, leading), stop)
     return election
 
@@ -154,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
             kube,
             args.webhook_config_name,
             lambda: serving.ca_pem or b"",
-            args.failure_policy,
-            tls.utcnow,
+            failure_policy=args.failure_policy,
+            clock=tls.utcnow,
         )
 
     def ca_check() -> tuple[bool, str]:

@@ -152,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, out, ctype)
 
     def _send(self, code: int, body: bytes, ctype: str) -> None:
-        reply(self, code, body, ctype)
+        reply(self, code, body, ctype=ctype)
 
     def log_message(self, format: str, *args: object) -> None:
         pass  # probes every few seconds would drown the admission log

@@ -68,7 +68,7 @@ class CertificateAuthority:
         self.pem = self.cert.public_bytes(serialization.Encoding.PEM)
 
     def issue(
-        self, dns_names: Sequence[str], ips: Sequence[str], now: dt.datetime, valid: dt.timedelta
+        self, dns_names: Sequence[str], ips: Sequence[str], now: dt.datetime, *, valid: dt.timedelta
     ) -> Issued:
         key = ec.generate_private_key(ec.SECP256R1())
         sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
@@ -156,7 +156,7 @@ class SelfSignedTLS:
         self._issue()
 
     def _issue(self) -> None:
-        self.issued = self.ca.issue(self.dns_names, self.ips, self.clock(), self.cert_valid)
+        self.issued = self.ca.issue(self.dns_names, self.ips, self.clock(), valid=self.cert_valid)
         self.context = _context_from_pem(self.issued.cert_pem + self.ca.pem, self.issued.key_pem)
 
     def describe(self) -> str:

@@ -102,7 +102,11 @@ def devices_problems(devices: Mapping[str, Any], driver: str, where: str) -> lis
             continue
         if config.sharing is not None:
             problems += shared_problems(
-                devices, _list(cfg.get("requests")), config.sharing.strategy, params_at, where
+                devices,
+                _list(cfg.get("requests")),
+                config.sharing.strategy,
+                params_at=params_at,
+                where=where,
             )
     return problems
 
@@ -126,7 +130,7 @@ def consuming_requests(devices: Mapping[str, Any], where: str) -> dict[str, str]
 
 
 def shared_problems(
-    devices: Mapping[str, Any], refs: Sequence[Any], strategy: str, params_at: str, where: str
+    devices: Mapping[str, Any], refs: Sequence[Any], strategy: str, *, params_at: str, where: str
 ) -> list[Problem]:
     """A share of a device runs beside the device's other shares under the one MPS
     daemon the plugin keeps for them, with the limits its allocation gives it; a

@@ -108,6 +108,7 @@ def fit(
     caps: Mapping[str, Capacity],
     multi: bool,
     requests: Mapping[str, Fraction],
+    *,
     held: Mapping[str, Fraction],
 ) -> Fit:
     for name in requests:

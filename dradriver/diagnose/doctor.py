@@ -75,6 +75,7 @@ def cdi(
     cdi_dir: str,
     writable_error: str | None,
     runtime: tuple[str, str] | None,
+    *,
     runtime_reads: str = "",
 ) -> Layer:
     """`runtime`: (path, text) of containerd's config when readable; `runtime_reads`:
@@ -103,7 +104,7 @@ def cdi(
     return Layer("cdi", State.OK, f"{cdi_dir} writable; containerd has CDI on ({path})")
 
 
-def driver_files(mode: str, release: str, path: str, spec: Mapping[str, Any] | None) -> Layer:
+def driver_files(mode: str, release: str, path: str, *, spec: Mapping[str, Any] | None) -> Layer:
     """The node's driver spec (--driver-files cdi): there, and for the driver NVML
     reports (`release`; "" when NVML did not answer). `spec`: its parsed JSON, if any."""
     if mode == "runtime":
@@ -170,7 +171,7 @@ def containerd_cdi(text: str, cdi_dir: str) -> str:
 READYZ_ORDER = ("discovery", "api", "checkpoint", "registration", "slices")
 
 
-def registration(url: str, code: int, body: str, dev_log: str = "") -> Layer:
+def registration(url: str, code: int, body: str, *, dev_log: str = "") -> Layer:
     """From the plugin's /readyz (code 0: no answer). `dev_log`: the log of a dev node's
     plugin (a host process, not a pod)."""
     if code == 0:
@@ -256,7 +257,9 @@ def api_fix(detail: str) -> str:
     return "the API server's answer to the plugin is above; see the plugin's log"
 
 
-def slices(driver: str, node: str, published: Sequence[Obj], nvml_uuids: set[str] | None) -> Layer:
+def slices(
+    driver: str, node: str, published: Sequence[Obj], *, nvml_uuids: set[str] | None
+) -> Layer:
     devices = [d for s in published for d in s.get("spec", {}).get("devices", [])]
     if not published:
         return Layer(
@@ -399,7 +402,7 @@ def device_classes(driver: str, classes: Sequence[Obj]) -> Layer:
 
 
 def feature_gates(
-    version: str, uses: Collection[str], gates: Mapping[str, bool], mig_mode: str | None = None
+    version: str, uses: Collection[str], gates: Mapping[str, bool], *, mig_mode: str | None = None
 ) -> Layer:
     """The cluster's line and gates against the DRA features the driver has
     (dradriver.k8s.lines): a feature this node uses that is off fails, one it could use

@@ -117,7 +117,7 @@ def _count_text(req: Obj) -> str:
 
 
 def _filter(
-    sels: Sequence[Selector], devices: Sequence[Published], who: str, w: World
+    sels: Sequence[Selector], devices: Sequence[Published], who: str, *, w: World
 ) -> tuple[list[Published], Finding | None]:
     """The devices every selector accepts, or the CEL runtime error the scheduler stops at."""
     out = []
@@ -190,6 +190,7 @@ def explain_request(
     claim: Obj,
     req: Obj,
     request_name: str,
+    *,
     w: World,
     pod: Obj | None,
     constraints: Sequence[str],
@@ -234,10 +235,10 @@ def explain_request(
     if err:
         return done(Finding("explain", f"cannot evaluate request {request_name}: {err}"))
 
-    in_class, f = _filter(class_sels, w.devices, f"DeviceClass {class_name}", w)
+    in_class, f = _filter(class_sels, w.devices, f"DeviceClass {class_name}", w=w)
     if f:
         return done(f)
-    matching, f = _filter(req_sels, in_class, f"request {request_name}", w)
+    matching, f = _filter(req_sels, in_class, f"request {request_name}", w=w)
     if f:
         return done(f)
 
@@ -275,7 +276,7 @@ def explain_request(
             elif blocked_by_counters(d, left):
                 r.counters += 1
             elif (asked or d.multi) and not (
-                ft := fit(d.caps, d.multi, asked, w.consumed.get(d.id, {}))
+                ft := fit(d.caps, d.multi, asked, held=w.consumed.get(d.id, {}))
             ).ok:
                 r.short += 1
                 misses.append((d, ft))
@@ -322,9 +323,11 @@ def explain_request(
         )
     if not any(enough(r, "free") for r in rep.rows):
         if misses and not any(r.taken or r.counters or r.tainted for r in rep.rows):
-            message, fix = miss_text(request_name, class_name, asked, misses, w)
+            message, fix = miss_text(request_name, class_name, asked, misses=misses, w=w)
             return done(Finding("capacity", message, fix))
-        return done(_all_taken(request_name, need, rep.rows, matching, w, left, req))
+        return done(
+            _all_taken(request_name, need, rep.rows, matching=matching, w=w, left=left, req=req)
+        )
     if constraints and not any(enough(r, "usable") for r in rep.rows):
         best = max(rep.rows, key=lambda r: r.usable)
         return done(
@@ -427,6 +430,7 @@ def _all_taken(
     request_name: str,
     need: int,
     rows: Sequence[NodeRow],
+    *,
     matching: Sequence[Published],
     w: World,
     left: Mapping[tuple[str, str], Any],
@@ -486,10 +490,16 @@ def explain_claim(ref: ClaimRef, w: World, pod: Obj | None) -> list[RequestRepor
     for req in spec.get("requests", []):
         name = req["name"]
         if "exactly" in req:
-            out.append(explain_request(claim, req["exactly"], name, w, pod, constraints[name]))
+            out.append(
+                explain_request(
+                    claim, req["exactly"], name, w=w, pod=pod, constraints=constraints[name]
+                )
+            )
             continue
         subs = [
-            explain_request(claim, s, f"{name}/{s['name']}", w, pod, constraints[name])
+            explain_request(
+                claim, s, f"{name}/{s['name']}", w=w, pod=pod, constraints=constraints[name]
+            )
             for s in req.get("firstAvailable") or []
         ]
         good = [s for s in subs if s.finding is None]
@@ -518,6 +528,7 @@ def explain(
     target: str,
     refs: Sequence[ClaimRef],
     w: World,
+    *,
     pod: Obj | None = None,
     events: Sequence[Obj] = (),
 ) -> Report:

@@ -328,7 +328,7 @@ def fleet(w: World, requests: Sequence[Request], price: float | None = None) -> 
         view.largest = len(idle)
         domains = Counter(_attr(d, "nvlinkDomain") for d in idle if _attr(d, "nvlinkDomain"))
         view.largest_nvlinked = max(domains.values(), default=min(len(idle), 1))
-    stranded = _stranded(requests, free_gpus, carved, free_mig) if requests else []
+    stranded = _stranded(requests, free_gpus, carved, free_mig=free_mig) if requests else []
     stranded += _memory_left(requests, shared, w) if requests else []
     totals: dict[str, ProductCount] = {}
     for view in views.values():
@@ -341,6 +341,7 @@ def _stranded(
     requests: Sequence[Request],
     free_gpus: Mapping[str, list[Published]],
     carved: Mapping[str, list[Published]],
+    *,
     free_mig: Mapping[str, list[Published]],
 ) -> list[Stranded]:
     out: list[Stranded] = []
@@ -443,7 +444,7 @@ def _memory_left(
             wanting = [r for r in requests if r.capacity and _judge(r, d)]
             if left <= 0 or not wanting:
                 continue
-            if any(fit(d.caps, d.multi, r.capacity, held).ok for r in wanting):
+            if any(fit(d.caps, d.multi, r.capacity, held=held).ok for r in wanting):
                 continue
             r = min(wanting, key=lambda q: q.capacity.get("memory", Fraction(0)))
             asked = r.capacity.get("memory")

@@ -185,12 +185,17 @@ def missing_name(expression: str, error: str, published: Sequence[Published]) ->
     holders = sum(1 for d in published if key in _table(d, kind).get(domain, {}))
     names = _names(published, kind, domain)
     return MissingName(
-        kind, domain, key, holders, _suggest(kind, domain, key, names, published), tuple(names)
+        kind,
+        domain,
+        key,
+        holders,
+        _suggest(kind, domain, key, names=names, published=published),
+        tuple(names),
     )
 
 
 def _suggest(
-    kind: str, domain: str, key: str, names: Sequence[str], published: Sequence[Published]
+    kind: str, domain: str, key: str, *, names: Sequence[str], published: Sequence[Published]
 ) -> str:
     """The name itself where it is published (an attribute read as a capacity, or under
     another domain: the name is right, the place is not), else the closest spelling."""

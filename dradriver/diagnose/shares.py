@@ -41,6 +41,7 @@ def miss_text(
     request: str,
     class_name: str,
     asked: Mapping[str, Fraction],
+    *,
     misses: Sequence[Miss],
     w: World,
 ) -> tuple[str, str]:

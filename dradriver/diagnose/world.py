@@ -76,6 +76,7 @@ def build_world(
     slices: Sequence[Obj],
     classes: Sequence[Obj],
     claims: Sequence[Obj],
+    *,
     nodes: Sequence[Obj],
     gates: Mapping[str, bool] | None = None,
 ) -> World:

@@ -169,7 +169,7 @@ class HealthBook:
     def observe(self, obs: Observation, now: int) -> Transition | None:
         """Applies one observation; the transition if the GPU's health state changed."""
         before = self.get(obs.uuid)
-        after = _next(before, obs, self.policy, now)
+        after = _next(before, obs, self.policy, now=now)
         if after == before:
             return None
         if after == GpuHealth():
@@ -186,7 +186,7 @@ def _visible(g: GpuHealth) -> tuple[object, ...]:
     return (g.fault, g.instances, g.health)
 
 
-def _next(g: GpuHealth, obs: Observation, policy: Policy, now: int) -> GpuHealth:
+def _next(g: GpuHealth, obs: Observation, policy: Policy, *, now: int) -> GpuHealth:
     if isinstance(obs, XidEvent):
         if obs.xid in policy.skip_xids:
             return g

@@ -97,8 +97,8 @@ class HealthMonitor:
         nvml: ModuleType,
         book: HealthBook,
         gpus: Callable[[], Sequence[tuple[int, str]]],
-        on_change: Callable[[Transition], None],
         *,
+        on_change: Callable[[Transition], None],
         probe_period: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:

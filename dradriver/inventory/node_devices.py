@@ -225,6 +225,7 @@ def offer(
     inv: Inventory,
     mode: MigMode,
     owned_mig: Iterable[tuple[str, int, int]] = (),
+    *,
     switching: MigSwitching = MigSwitching.ON_DEMAND,
     held_mig: Iterable[tuple[str, int, int]] = (),
     profiles: frozenset[str] = frozenset(),
@@ -265,7 +266,9 @@ def offer(
             else:
                 gpus.append(GpuOffer(gpu, (whole_gpu(gpu),)))
         else:
-            gpus.append(_dynamic(gpu, owned, skipped, switching, held, profiles))
+            gpus.append(
+                _dynamic(gpu, owned, skipped, switching=switching, held=held, profiles=profiles)
+            )
     return NodeOffer(tuple(gpus), tuple(skipped))
 
 
@@ -273,6 +276,7 @@ def _dynamic(
     gpu: Gpu,
     owned: frozenset[tuple[str, int, int]],
     skipped: list[Skipped],
+    *,
     switching: MigSwitching,
     held: frozenset[tuple[str, int, int]] = frozenset(),
     profiles: frozenset[str] = frozenset(),

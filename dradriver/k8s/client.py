@@ -56,7 +56,7 @@ def path_for(
     name: str | None = None,
     subresource: str | None = None,
 ) -> str:
-    """The REST path of a collection or object.
+    """The REST path of a collection or object (its parts positional, in the URL's order).
 
     ("v1", "pods", "ns", "p") -> /api/v1/namespaces/ns/pods/p
     """
@@ -158,8 +158,8 @@ class Kube:
                     method,
                     url,
                     headers,
-                    data,
-                    t,
+                    body=data,
+                    timeout=t,
                     cert=cert,
                     repeated=self._impersonate,
                     stream=stream,
@@ -214,7 +214,7 @@ class Kube:
         }[patch_type]
         return self.request("PATCH", path, body=body, content_type=content_type)
 
-    def apply(self, path: str, body: Obj, field_manager: str, force: bool = True) -> Obj:
+    def apply(self, path: str, body: Obj, field_manager: str, *, force: bool = True) -> Obj:
         """Server-side apply: the server merges and tracks ownership per field manager."""
         return self.request(
             "PATCH",

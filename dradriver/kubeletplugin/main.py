@@ -54,6 +54,7 @@ def run_plugin(
     opts: PluginOptions,
     stop: threading.Event,
     servers: PluginServers,
+    *,
     late: LateDriver,
     hooks: RegistrationHooks,
 ) -> int:
@@ -92,11 +93,11 @@ def run_plugin(
         nvml,
         opts.mig_mode,
         checkpoint_owned(store),  # the publish thread: never load() without the lock
-        opts.mig_mode_switching,
-        lambda owned: held_instances(mig_ledger, owned),
-        opts.mig_profiles,
-        health,
-        opts.consumable,
+        switching=opts.mig_mode_switching,
+        held=lambda owned: held_instances(mig_ledger, owned),
+        profiles=opts.mig_profiles,
+        health=health,
+        consumable=opts.consumable,
         imex_channels=opts.imex_channels,
         line=server.line,
     )
@@ -237,11 +238,11 @@ def run_plugin(
                 opts.imex_binding_conditions,
                 kube,
                 opts.driver_name,
-                opts.node_name,
-                executor.imex,
-                driver.lock,
-                prepared,
-                stop,
+                node=opts.node_name,
+                steps=executor.imex,
+                lock=driver.lock,
+                prepared=prepared,
+                stop=stop,
             )
             is not None
         )
@@ -288,10 +289,10 @@ def run_plugin(
             kube,
             opts.owner_daemonset,
             store,
-            opts.state_dir,
-            servers.registry_dir,
-            opts.driver_name,
-            executor.driver_spec.on_node() if executor.driver_spec else (),
+            state_dir=opts.state_dir,
+            registry_dir=servers.registry_dir,
+            driver=opts.driver_name,
+            on_node=executor.driver_spec.on_node() if executor.driver_spec else (),
         )
     ops.stop()
     log.info("stopped")
@@ -344,7 +345,7 @@ def _preparer(
             lambda: mps_protocol(view.driver_version),
         ),
         pod_memory=pod_memory,
-        imex=wiring.imex_steps(opts, kube, nvml.host, lambda: view.clique),
+        imex=wiring.imex_steps(opts, kube, nvml.host, clique=lambda: view.clique),
         driver_spec=wiring.driver_spec(opts, writer, lambda: view.driver_release),
     )
     return Preparer(

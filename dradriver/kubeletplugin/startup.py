@@ -62,6 +62,6 @@ def run(args: argparse.Namespace) -> int:
         except OptionsError as exc:
             log.error(exc.what, error=exc.why)
             return 2
-        return run_plugin(opts, stop, servers, late, hooks)
+        return run_plugin(opts, stop, servers, late=late, hooks=hooks)
     finally:
         servers.stop()

@@ -37,7 +37,7 @@ def daemonset_gone(kube: Kube, owner: str) -> bool | None:
     ServiceAccount or Role with it); False: it is there; None: unknown (no answer)."""
     namespace, _, name = owner.partition("/")
     try:
-        ds = kube.get(path_for("apps/v1", "daemonsets", namespace, name), timeout=ASK_TIMEOUT)
+        ds = kube.get(path_for("apps/v1", "daemonsets", namespace, name=name), timeout=ASK_TIMEOUT)
     except NotFound:
         return True
     except KubeError as exc:
@@ -69,7 +69,7 @@ def daemonset_gone(kube: Kube, owner: str) -> bool | None:
 
 
 def leftovers(
-    store: CheckpointStore, state_dir: Path, registry_dir: Path, driver: str
+    store: CheckpointStore, state_dir: Path, registry_dir: Path, *, driver: str
 ) -> Leftovers:
     # load(), not peek(): a damaged checkpoint is moved aside (and kept), never read as
     # empty and removed.
@@ -95,6 +95,7 @@ def tidy_if_uninstalled(
     kube: Kube,
     owner: str,
     store: CheckpointStore,
+    *,
     state_dir: Path,
     registry_dir: Path,
     driver: str,
@@ -106,7 +107,7 @@ def tidy_if_uninstalled(
     if daemonset_gone(kube, owner) is not True:
         return False
     try:
-        left = leftovers(store, state_dir, registry_dir, driver)
+        left = leftovers(store, state_dir, registry_dir, driver=driver)
     except Exception as exc:  # an unreadable state is a reason to keep it, never to crash
         log.warning(
             "the driver is uninstalled but its state cannot be read; keeping it",

@@ -157,7 +157,7 @@ def _mig_profiles(nvml: ModuleType, h: Any) -> list[MigProfile]:
 
 
 def _mig_devices(
-    nvml: ModuleType, h: Any, parent_uuid: str, profiles: list[MigProfile]
+    nvml: ModuleType, h: Any, parent_uuid: str, *, profiles: list[MigProfile]
 ) -> list[MigDevice]:
     by_id = {p.profile_id: p for p in profiles}
     out: list[MigDevice] = []
@@ -202,7 +202,7 @@ def _mig_devices(
 
 
 def _idle_gpu_instances(
-    nvml: ModuleType, h: Any, profiles: list[MigProfile], busy: set[int]
+    nvml: ModuleType, h: Any, profiles: list[MigProfile], *, busy: set[int]
 ) -> list[IdleGpuInstance]:
     """GPU instances without a compute instance (no MIG device lists them)."""
     out: list[IdleGpuInstance] = []
@@ -366,8 +366,8 @@ def _one_gpu(
         mig_profiles=tuple(profiles),
     )
     if mig_enabled:
-        devices = _mig_devices(nvml, h, uuid, profiles)
-        idle = _idle_gpu_instances(nvml, h, profiles, {d.gpu_instance_id for d in devices})
+        devices = _mig_devices(nvml, h, uuid, profiles=profiles)
+        idle = _idle_gpu_instances(nvml, h, profiles, busy={d.gpu_instance_id for d in devices})
         gpu = replace(gpu, mig_devices=tuple(devices), idle_gpu_instances=tuple(idle))
     return gpu, _nvlink_peers(nvml, h), _fabric_domain(nvml, h)
 

@@ -52,7 +52,7 @@ class GpuHost(Protocol):
         """Sets a GPU's time-slice interval ("Default", "Short", "Medium", "Long")."""
 
     def start_mps(
-        self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path, protocol: int = 2
+        self, uuids: list[str], pipe_dir: Path, log_dir: Path, *, shm_dir: Path, protocol: int = 2
     ) -> int:
         """Starts an MPS control daemon for these GPUs in its own session, with `shm_dir`
         as its /dev/shm (its clients get the same one); its PID. Protocol 3: MPS v3
@@ -120,7 +120,7 @@ class RealHost:
             )
 
     def start_mps(
-        self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path, protocol: int = 2
+        self, uuids: list[str], pipe_dir: Path, log_dir: Path, *, shm_dir: Path, protocol: int = 2
     ) -> int:
         # MPS server and clients talk through shared memory in /dev/shm, so both must see
         # the same one: the daemon gets the claim's directory as /dev/shm in a mount
@@ -132,7 +132,7 @@ class RealHost:
         if protocol == 3:
             script += " -p 3"
         cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
-        return spawn_mps([*cmd, "sh", str(shm_dir)], uuids, pipe_dir, log_dir, self)
+        return spawn_mps([*cmd, "sh", str(shm_dir)], uuids, pipe_dir, log_dir=log_dir, host=self)
 
     def mps_command(self, pipe_dir: Path, command: str) -> str:
         env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
@@ -182,7 +182,8 @@ class RealHost:
             # A MIG device needs the capability nodes of its GPU and compute instance:
             # numbers from /proc (nvidia-caps major, DeviceFileMinor, DeviceFileMode).
             major = caps_major(self.proc_root)
-            for minor, mode in caps_access(self.proc_root, gpu_minor, *mig_ids):
+            gi_id, ci_id = mig_ids
+            for minor, mode in caps_access(self.proc_root, gpu_minor, gi_id, ci_id=ci_id):
                 path = f"/dev/nvidia-caps/nvidia-cap{minor}"
                 if major is None:
                     nodes.append(DeviceNode(path))
@@ -246,7 +247,7 @@ def stop_daemon(pid: int, grace: float = 10.0) -> None:
 
 
 def spawn_mps(
-    cmd: list[str], uuids: list[str], pipe_dir: Path, log_dir: Path, host: GpuHost
+    cmd: list[str], uuids: list[str], pipe_dir: Path, *, log_dir: Path, host: GpuHost
 ) -> int:
     """Starts an MPS control daemon command in its own session (so it outlives a plugin
     restart) and waits for its control pipe."""

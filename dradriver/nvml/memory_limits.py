@@ -25,7 +25,7 @@ def _handle(nvml: ModuleType, uuid: str) -> object:
     return nvml.nvmlDeviceGetHandleByUUID(uuid)
 
 
-def set_memory_limit(nvml: ModuleType, uuid: str, cgroup: str, soft: int, hard: int) -> None:
+def set_memory_limit(nvml: ModuleType, uuid: str, cgroup: str, *, soft: int, hard: int) -> None:
     """Limits what the processes of `cgroup` (its full path under the cgroup v2 mount) may
     allocate on GPU `uuid`; raises SharingError (reason names the NVML return)."""
     try:

@@ -108,7 +108,7 @@ class MigCarver:
         )
 
     def create(
-        self, gpu_uuid: str, profile_id: int, start: int, size: int, compute_slices: int
+        self, gpu_uuid: str, profile_id: int, start: int, *, size: int, compute_slices: int
     ) -> Created:
         nvml = self.nvml
         h = self._h(gpu_uuid)
@@ -294,15 +294,17 @@ def _access(path: Path) -> tuple[int, int | None]:
     return minor, mode
 
 
-def caps_device_minors(proc_root: Path, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
+def caps_device_minors(
+    proc_root: Path, gpu_minor: int, gi_id: int, *, ci_id: int
+) -> tuple[int, int]:
     """The /dev/nvidia-caps/nvidia-cap<N> minors a container needs for one MIG device,
     read from /proc/driver/nvidia/capabilities (lines like "DeviceFileMinor: 46")."""
-    gi, ci = caps_access(proc_root, gpu_minor, gi_id, ci_id)
+    gi, ci = caps_access(proc_root, gpu_minor, gi_id, ci_id=ci_id)
     return gi[0], ci[0]
 
 
 def caps_access(
-    proc_root: Path, gpu_minor: int, gi_id: int, ci_id: int
+    proc_root: Path, gpu_minor: int, gi_id: int, *, ci_id: int
 ) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
     """(minor, file mode) of the GPU instance's and the compute instance's capability."""
     base = proc_root / "driver" / "nvidia" / "capabilities" / f"gpu{gpu_minor}" / "mig"

@@ -320,6 +320,7 @@ def build(
     inv: Inventory,
     mode: MigMode,
     owned_mig: Iterable[tuple[str, int, int]] = (),
+    *,
     switching: MigSwitching = MigSwitching.ON_DEMAND,
     held_mig: Iterable[tuple[str, int, int]] = (),
     profiles: frozenset[str] = frozenset(),
@@ -331,7 +332,7 @@ def build(
     prepared claims; they stay published as partitions in dynamic mode. A GPU whose
     devices would break a ResourceSlice rule is left out (with the reason in `skipped`):
     one odd GPU never stops the others being published."""
-    node = offer(inv, mode, owned_mig, switching, held_mig, profiles)
+    node = offer(inv, mode, owned_mig, switching=switching, held_mig=held_mig, profiles=profiles)
     skipped = list(node.skipped)
     kept: list[GpuOffer] = []
     own: list[SliceContent] = []

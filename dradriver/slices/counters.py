@@ -88,6 +88,7 @@ def _exceeds(
     parts: Sequence[Partition],
     counter: str,
     capacities: dict[str, int],
+    *,
     demands: dict[Partition, dict[str, int]],
     limit: int,
 ) -> bool:
@@ -137,6 +138,6 @@ def design(profiles: tuple[MigProfile, ...]) -> CounterDesign:
     capacities = {c: 1 for c in kept} | {c: limits[c] for c in others}
     for c in others:
         trial = {k: v for k, v in capacities.items() if k != c}
-        if not _exceeds(parts, c, trial, demands, limits[c]):
+        if not _exceeds(parts, c, trial, demands=demands, limit=limits[c]):
             capacities = trial
     return CounterDesign(capacities, _restrict(demands, capacities))

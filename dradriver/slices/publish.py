@@ -63,6 +63,7 @@ def slice_object(
     driver: str,
     node: str,
     name: str,
+    *,
     c: SliceContent,
     gen: int,
     count: int,
@@ -92,11 +93,13 @@ def slice_object(
 
 
 def render(
-    driver: str, node: str, slices: Sequence[SliceContent], generation: int = 1
+    driver: str, node: str, slices: Sequence[SliceContent], *, generation: int = 1
 ) -> list[dict[str, Any]]:
     """All of a node's slices as they would be published (for `dradriver devices`)."""
     return [
-        slice_object(driver, node, slice_name(node, driver, c.key), c, generation, len(slices))
+        slice_object(
+            driver, node, slice_name(node, driver, c.key), c=c, gen=generation, count=len(slices)
+        )
         for c in slices
     ]
 
@@ -258,12 +261,12 @@ class SlicePublisher:
             )
             stats.deleted += 1
         for n in changed:
-            body = self._object(n, want[n], gen, count)
+            body = self._object(n, want[n], gen, count=count)
             body["metadata"]["resourceVersion"] = matched[n]["metadata"]["resourceVersion"]
             self._check_kept(self._written(self.kube.replace(f"{SLICES}/{n}", body)), want[n])
             stats.updated += 1
         for n in new:
-            stored = self.kube.create(SLICES, self._object(n, want[n], gen, count))
+            stored = self.kube.create(SLICES, self._object(n, want[n], gen, count=count))
             self._check_kept(self._written(stored), want[n])
             stats.created += 1
         if stats.writes:
@@ -289,16 +292,23 @@ class SlicePublisher:
         if self.on_deleted:
             self.on_deleted(name)
 
-    def _object(self, name: str, c: SliceContent, gen: int, count: int) -> dict[str, Any]:
+    def _object(self, name: str, c: SliceContent, gen: int, *, count: int) -> dict[str, Any]:
         return slice_object(
-            self.driver, self.node, name, c, gen, count, self._owner(), self.field_manager
+            self.driver,
+            self.node,
+            name,
+            c=c,
+            gen=gen,
+            count=count,
+            owner=self._owner(),
+            manager=self.field_manager,
         )
 
     def _check_counters_survive(self, c: SliceContent, gen: int, count: int) -> None:
         """A dry-run create first: without DRAPartitionableDevices the API server drops
         shared counters, and a slice of partitions without them must never be visible to
         the scheduler, not even between a write and its check."""
-        probe = self._object(slice_name(self.node, self.driver, "gate-check"), c, gen, count)
+        probe = self._object(slice_name(self.node, self.driver, "gate-check"), c, gen, count=count)
         stored = self.kube.request("POST", SLICES, query={"dryRun": "All"}, body=probe)
         if not stored.get("spec", {}).get("sharedCounters"):
             raise PublishError(COUNTERS_DROPPED)

@@ -53,6 +53,7 @@ def with_taints(
     slices: Sequence[SliceContent],
     faults: Mapping[str, Fault],
     driver: str,
+    *,
     effect: TaintEffect,
 ) -> list[SliceContent]:
     """The slices with a taint on every device named in `faults` (device name -> fault);

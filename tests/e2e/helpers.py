@@ -361,7 +361,7 @@ def resource_path(kube: Kube, doc: dict[str, Any], namespace: str | None = None)
     for r in listing["resources"]:
         if r["kind"] == kind and "/" not in r["name"]:
             ns = (doc["metadata"].get("namespace") or namespace) if r["namespaced"] else None
-            return path_for(api_version, r["name"], ns, name)
+            return path_for(api_version, r["name"], ns, name=name)
     raise AssertionError(f"{api_version} {kind} is not served")
 
 
@@ -382,7 +382,7 @@ def request_token(kube: Kube, namespace: str, sa: str, pod: dict[str, Any] | Non
             "uid": pod["metadata"]["uid"],
         }
     tr = kube.create(
-        path_for("v1", "serviceaccounts", namespace, sa, "token"),
+        path_for("v1", "serviceaccounts", namespace, name=sa, subresource="token"),
         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
     )
     return str(tr["status"]["token"])
@@ -414,7 +414,7 @@ def new_namespace(kube: Kube, name: str) -> str:
     ServiceAccount exists)."""
     kube.create(path_for("v1", "namespaces"), {"metadata": {"name": name}})
     wait_for(
-        lambda: get_or_none(kube, path_for("v1", "serviceaccounts", name, "default")),
+        lambda: get_or_none(kube, path_for("v1", "serviceaccounts", name, name="default")),
         f"namespace {name}'s default ServiceAccount",
         30,
     )
@@ -526,12 +526,12 @@ class NodeUnderTest:
 
     def claim_of(self, pod: str) -> str:
         """The name of the claim a pod's template made (its status names it)."""
-        got = get_or_none(self.kube, path_for("v1", "pods", self.ns, pod)) or {}
+        got = get_or_none(self.kube, path_for("v1", "pods", self.ns, name=pod)) or {}
         (status,) = got.get("status", {}).get("resourceClaimStatuses") or [{}]
         return str(status["resourceClaimName"])
 
     def running(self, pod: str, timeout: float = 60) -> dict[str, Any]:
-        path = path_for("v1", "pods", self.ns, pod)
+        path = path_for("v1", "pods", self.ns, name=pod)
         return wait_for(
             lambda: (
                 (p := get_or_none(self.kube, path))
@@ -544,9 +544,9 @@ class NodeUnderTest:
 
     def delete(self, *pods: str, timeout: float = 30) -> None:
         for p in pods:
-            self.kube.delete(path_for("v1", "pods", self.ns, p), missing_ok=True)
+            self.kube.delete(path_for("v1", "pods", self.ns, name=p), missing_ok=True)
         for p in pods:
-            path = path_for("v1", "pods", self.ns, p)
+            path = path_for("v1", "pods", self.ns, name=p)
             wait_for(
                 lambda path=path: get_or_none(self.kube, path) is None, f"pod {p} gone", timeout
             )

@@ -408,7 +408,7 @@ def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> No
             "rbac.authorization.k8s.io/v1",
             "roles",
             release.ns,
-            release.named("Role", "kubelet-plugin"),
+            name=release.named("Role", "kubelet-plugin"),
         )
     )
     assert role["rules"] == [
@@ -541,7 +541,7 @@ def test_plugin_works_with_only_the_chart_rbac(
                 },
             },
         )
-        pod_path = path_for("v1", "pods", namespace, "work")
+        pod_path = path_for("v1", "pods", namespace, name="work")
         wait_for(
             lambda: (get_or_none(kube, pod_path) or {}).get("status", {}).get("phase") == "Running",
             "the pod to run",
@@ -569,7 +569,7 @@ def test_plugin_works_with_only_the_chart_rbac(
         assert rc == 0, out.getvalue()
         assert "ok    deviceclasses:" in out.getvalue()
         # resourceclaims/status patch worked: status.devices carries the prepared device.
-        claim_path = path_for(RES, "resourceclaims", namespace, "gpu")
+        claim_path = path_for(RES, "resourceclaims", namespace, name="gpu")
         wait_for(
             lambda: kube.get(claim_path).get("status", {}).get("devices"), "status.devices", 15
         )
@@ -599,7 +599,8 @@ def test_plugin_works_with_only_the_chart_rbac(
                 path_for(RES, "resourceclaims", namespace), {"metadata": {"name": "x"}}
             ),
             "update claim status": lambda: as_plugin.replace(
-                path_for(RES, "resourceclaims", namespace, "gpu", "status"), kube.get(claim_path)
+                path_for(RES, "resourceclaims", namespace, name="gpu", subresource="status"),
+                kube.get(claim_path),
             ),
         }
         assert {what: status_of(fn) for what, fn in refused.items()} == dict.fromkeys(refused, 403)
@@ -921,7 +922,7 @@ def compute_domain_with_chart_rbac(kube: Kube, ns: str) -> None:
             return st.get("clique") == clique
 
         wait_for(placed, "the domain placed by the controller", 30, interval=0.3)
-        template = path_for(RES, "resourceclaimtemplates", ns, "rbac-ch")
+        template = path_for(RES, "resourceclaimtemplates", ns, name="rbac-ch")
         assert kube.get(template)["metadata"]["annotations"][cd.CLIQUE_ANNOTATION] == clique
         kube.delete(f"{cds}/rbac")
         wait_for(lambda: get_or_none(kube, f"{cds}/rbac") is None, "the domain gone", 30)
@@ -1147,7 +1148,7 @@ def test_controller_may_patch_only_its_webhooks_cabundle(kube: Kube, release: Re
         kube.patch(path, [restore], "json")
     finally:
         as_ctrl.close()
-        kube.delete(path_for("v1", "pods", release.ns, "controller-probe"), missing_ok=True)
+        kube.delete(path_for("v1", "pods", release.ns, name="controller-probe"), missing_ok=True)
 
 
 def test_privilege_follows_the_devices(helm: Path) -> None:
@@ -1430,7 +1431,7 @@ def test_quota_classes_select_exactly_their_product_or_profile(helm: Path) -> No
     slices = node_slices("h", "2xH100-80GB", MigMode.DYNAMIC)
     slices += node_slices("a", "1xA100-80GB:mig=on+1xA100-80GB", MigMode.DYNAMIC)
     slices += node_slices("l", "2xL4", MigMode.NONE)
-    world = build_world(slices, [], [], [])
+    world = build_world(slices, [], [], nodes=[])
     values = quota_classes(world)
     assert {p["name"] for p in values["products"]} == {"h100-80gb-hbm3", "a100-sxm4-80gb", "l4"}
     # 1g.10gb is both an A100-80GB's and an H100-80GB's profile: one class per product.

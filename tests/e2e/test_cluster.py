@@ -89,7 +89,7 @@ def test_serviceaccount_token_bound_to_pod_carries_node_and_rbac_applies(
             },
         )
         tr = kube.create(
-            path_for("v1", "serviceaccounts", ns, "plugin", "token"),
+            path_for("v1", "serviceaccounts", ns, name="plugin", subresource="token"),
             {
                 "apiVersion": "authentication.k8s.io/v1",
                 "kind": "TokenRequest",

@@ -290,7 +290,7 @@ def member_claim(
             "spec": template["spec"]["spec"],
         },
     )
-    obj = kube.get(path_for(RES, "resourceclaims", ns, name))
+    obj = kube.get(path_for(RES, "resourceclaims", ns, name=name))
     obj["status"] = {
         "allocation": {
             "devices": {
@@ -327,13 +327,13 @@ def member_claim(
             }
         ],
     }
-    kube.replace(path_for(RES, "resourceclaims", ns, name, "status"), obj)
+    kube.replace(path_for(RES, "resourceclaims", ns, name=name, subresource="status"), obj)
     return name
 
 
 def release(kube: Kube, ns: str, pod: str) -> None:
     """The pod is gone: the resourceclaim controller drops its reservation."""
-    kube.delete(path_for("v1", "pods", ns, pod), grace_period=0)
+    kube.delete(path_for("v1", "pods", ns, name=pod), grace_period=0)
 
 
 def test_the_api_server_enforces_the_crds_rules(kube: Kube, namespace: str) -> None:
@@ -366,7 +366,7 @@ def test_domains_are_placed_tracked_and_cleaned_up(
     train = kube.get(path_for(*CDS, ns, "train"))
     assert cd.FINALIZER in train["metadata"]["finalizers"]
     assert (train["status"]["clique"], train["status"]["channel"]) == (two, 0)
-    tmpl = kube.get(path_for(RES, "resourceclaimtemplates", ns, "train-channel"))
+    tmpl = kube.get(path_for(RES, "resourceclaimtemplates", ns, name="train-channel"))
     (owner,) = tmpl["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"]) == (cd.KIND, train["metadata"]["uid"])
     (req,) = tmpl["spec"]["spec"]["devices"]["requests"]
@@ -380,7 +380,9 @@ def test_domains_are_placed_tracked_and_cleaned_up(
     kube.create(path_for(*CDS, ns), domain("big", 3))
     cond = wait_reason(kube, ns, "big", "NoCliqueWithRoom")
     assert "spec.numNodes is 3" in cond["message"]
-    assert get_or_none(kube, path_for(RES, "resourceclaimtemplates", ns, "big-channel")) is None
+    assert (
+        get_or_none(kube, path_for(RES, "resourceclaimtemplates", ns, name="big-channel")) is None
+    )
     # A template that is not the domain's is left alone.
     kube.create(
         path_for(RES, "resourceclaimtemplates", ns),
@@ -408,14 +410,15 @@ def test_domains_are_placed_tracked_and_cleaned_up(
     assert "2 claim(s)" in cond["message"]
     wait_for(
         lambda: (
-            get_or_none(kube, path_for(RES, "resourceclaimtemplates", ns, "train-channel")) is None
+            get_or_none(kube, path_for(RES, "resourceclaimtemplates", ns, name="train-channel"))
+            is None
         ),
         "the template deleted",
     )
     release(kube, ns, "train-0")
     release(kube, ns, "train-1")
     wait_for(lambda: get_or_none(kube, path_for(*CDS, ns, "train")) is None, "the domain gone")
-    assert get_or_none(kube, path_for(RES, "resourceclaimtemplates", ns, "taken")) is not None
+    assert get_or_none(kube, path_for(RES, "resourceclaimtemplates", ns, name="taken")) is not None
 
 
 def test_a_deletion_while_the_controller_is_down_is_finished_after_it_starts(
@@ -432,7 +435,7 @@ def test_a_deletion_while_the_controller_is_down_is_finished_after_it_starts(
         lambda: get_or_none(kube, path_for(*CDS, namespace, "brief")) is None, "the domain gone", 45
     )
     assert (
-        get_or_none(kube, path_for(RES, "resourceclaimtemplates", namespace, "brief-channel"))
+        get_or_none(kube, path_for(RES, "resourceclaimtemplates", namespace, name="brief-channel"))
         is None
     )
 
@@ -444,7 +447,7 @@ def test_two_replicas_one_writer_and_a_clean_handover(
     rack: Rack,
     controllers: Callable[[str], Controller],
 ) -> None:
-    lease = path_for("coordination.k8s.io/v1", "leases", lease_ns, "dradriver-controller")
+    lease = path_for("coordination.k8s.io/v1", "leases", lease_ns, name="dradriver-controller")
 
     def holder() -> str:
         return str(((get_or_none(kube, lease) or {}).get("spec") or {}).get("holderIdentity") or "")
@@ -481,7 +484,7 @@ def job_pod(name: str, template: str) -> dict[str, Any]:
 
 
 def running(kube: Kube, ns: str, pod: str, timeout: float = 90) -> dict[str, Any]:
-    path = path_for("v1", "pods", ns, pod)
+    path = path_for("v1", "pods", ns, name=pod)
     return wait_for(
         lambda: (p := get_or_none(kube, path)) and p["status"].get("phase") == "Running" and p,
         f"pod {pod} running",
@@ -541,10 +544,10 @@ def test_a_two_node_job_runs_in_one_imex_domain(
     ]
     assert rack.imex_configs("cd-b1") == []
     for i in range(2):
-        kube.delete(path_for("v1", "pods", ns, f"job-{i}"))
+        kube.delete(path_for("v1", "pods", ns, name=f"job-{i}"))
     for i in range(2):
         wait_for(
-            lambda i=i: get_or_none(kube, path_for("v1", "pods", ns, f"job-{i}")) is None,
+            lambda i=i: get_or_none(kube, path_for("v1", "pods", ns, name=f"job-{i}")) is None,
             "pod gone",
             60,
         )
@@ -571,7 +574,7 @@ def test_a_daemon_that_never_gets_ready_keeps_its_pod_from_starting_and_says_why
             60,
         )
         assert "did not answer READY" in said and "nvidia-imex-ctl -q: UNAVAILABLE" in said
-        pod = kube.get(path_for("v1", "pods", ns, "stuck-0"))
+        pod = kube.get(path_for("v1", "pods", ns, name="stuck-0"))
         assert pod["spec"]["nodeName"] == "cd-b1" and pod["status"].get("phase") == "Pending"
         # What `dradriver explain` says of it: the IMEX layer, and where to look.
         out = io.StringIO()
@@ -591,7 +594,7 @@ def test_a_daemon_that_never_gets_ready_keeps_its_pod_from_starting_and_says_why
         assert "nvidia-imex-ctl -N" in verdict
         cond = wait_reason(kube, ns, "stuck", "WaitingForNodes")
         assert "IMEX daemon not ready yet on cd-b1" in cond["message"]
-        kube.delete(path_for("v1", "pods", ns, "stuck-0"), grace_period=0)
+        kube.delete(path_for("v1", "pods", ns, name="stuck-0"), grace_period=0)
     finally:
         faults.unlink()
     wait_for(lambda: rack.imex_configs("cd-b1") == [], "no daemon left on cd-b1", 30)

@@ -79,7 +79,7 @@ def ns(alpha_kube: Kube) -> Iterator[str]:
     name = f"bind-{secrets.token_hex(3)}"
     alpha_kube.create(path_for("v1", "namespaces"), {"metadata": {"name": name}})
     wait_for(
-        lambda: get_or_none(alpha_kube, path_for("v1", "serviceaccounts", name, "default")),
+        lambda: get_or_none(alpha_kube, path_for("v1", "serviceaccounts", name, name="default")),
         "the namespace's default ServiceAccount",
         30,
     )
@@ -149,7 +149,7 @@ def test_pods_are_bound_once_their_nodes_daemons_are_ready(
     claim = wait_for(first_claim, "the first claim allocated, its node waiting for the other", 60)
     said = channel_status(claim)[cd.BINDING_CONDITION]
     assert (said["status"], said["reason"]) == ("False", "WaitingForNodes")
-    pod = k.get(path_for("v1", "pods", ns, "pair-0"))
+    pod = k.get(path_for("v1", "pods", ns, name="pair-0"))
     assert not pod["spec"].get("nodeName"), "bound before its IMEX daemon was ready"
     verdict = explain_verdict(trays.plugins["bc-a1"].kubeconfig, ns, "pair-0")
     assert verdict.startswith("=> IMEX: the scheduler holds the pod"), verdict
@@ -183,10 +183,10 @@ def test_pods_are_bound_once_their_nodes_daemons_are_ready(
         assert rec is not None and "DRADRIVER_IMEX_CHANNEL=0" in rec["env"]
         pids.append(pid)
     for i in range(2):
-        k.delete(path_for("v1", "pods", ns, f"pair-{i}"))
+        k.delete(path_for("v1", "pods", ns, name=f"pair-{i}"))
     for i in range(2):
         wait_for(
-            lambda i=i: get_or_none(k, path_for("v1", "pods", ns, f"pair-{i}")) is None,
+            lambda i=i: get_or_none(k, path_for("v1", "pods", ns, name=f"pair-{i}")) is None,
             "pod gone",
             60,
         )
@@ -215,7 +215,7 @@ def test_a_daemon_that_never_gets_ready_keeps_its_pod_unbound_and_says_why(
             90,
         )
         assert "IMEXNotReady" in said and "IMEX layer" in said and "did not answer READY" in said
-        pod = k.get(path_for("v1", "pods", ns, "stuck-0"))
+        pod = k.get(path_for("v1", "pods", ns, name="stuck-0"))
         assert not pod["spec"].get("nodeName")
         verdict = explain_verdict(trays.plugins["bc-a1"].kubeconfig, ns, "stuck-0")
         assert verdict.startswith("=> IMEX: "), verdict
@@ -229,5 +229,5 @@ def test_a_daemon_that_never_gets_ready_keeps_its_pod_unbound_and_says_why(
     # The daemons of the failed tries are gone, on whichever node they ran.
     other = next(n for n in TRAYS if n != node)
     assert trays.imex_configs(other) == []
-    k.delete(path_for("v1", "pods", ns, "stuck-0"), grace_period=0)
+    k.delete(path_for("v1", "pods", ns, name="stuck-0"), grace_period=0)
     wait_for(lambda: all(trays.imex_configs(n) == [] for n in TRAYS), "no daemon left", 30)

@@ -76,10 +76,12 @@ class SharedGpuNode(NodeUnderTest):
         return str(pod["metadata"]["uid"])
 
     def ungate(self, name: str) -> None:
-        self.kube.patch(path_for("v1", "pods", self.ns, name), {"spec": {"schedulingGates": None}})
+        self.kube.patch(
+            path_for("v1", "pods", self.ns, name=name), {"spec": {"schedulingGates": None}}
+        )
 
     def claim(self, name: str) -> dict[str, Any]:
-        c = get_or_none(self.kube, path_for(RES, "resourceclaims", self.ns, name))
+        c = get_or_none(self.kube, path_for(RES, "resourceclaims", self.ns, name=name))
         assert c is not None
         return c
 
@@ -106,7 +108,7 @@ def shared_gpu(
         ns = f"share-{len(made)}-{int(time.time() * 1000) % 100000}"
         k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
         wait_for(
-            lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+            lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, name="default")),
             "the default ServiceAccount",
             30,
         )

@@ -49,7 +49,7 @@ class MigNode(NodeUnderTest):
 
     def allocated(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
         name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-        claim = self.kube.get(path_for(RES, "resourceclaims", self.ns, name))
+        claim = self.kube.get(path_for(RES, "resourceclaims", self.ns, name=name))
         return list(claim["status"]["allocation"]["devices"]["results"])
 
 
@@ -73,7 +73,7 @@ def mig_node(
     ns = f"mig-{kubelet.node}"
     k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
     wait_for(
-        lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+        lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, name="default")),
         "the default ServiceAccount",
         30,
     )
@@ -172,7 +172,7 @@ def test_a_3g_then_a_4g_claim_both_fit_on_one_gpu(mig_node: MigNode) -> None:
         # One at a time, as a stream arrives: each allocated before the next is created.
         wait_for(
             lambda name=name: (
-                n.kube.get(path_for(RES, "resourceclaims", n.ns, name))
+                n.kube.get(path_for(RES, "resourceclaims", n.ns, name=name))
                 .get("status", {})
                 .get("allocation")
             ),
@@ -193,7 +193,7 @@ def _profile_is(profile: str) -> str:
 
 
 def _unschedulable(n: MigNode, pod: str) -> bool:
-    got = n.kube.get(path_for("v1", "pods", n.ns, pod))
+    got = n.kube.get(path_for("v1", "pods", n.ns, name=pod))
     return any(
         c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
         for c in got.get("status", {}).get("conditions", [])
@@ -215,7 +215,7 @@ def test_the_scheduler_never_puts_an_engine_beside_me_all(mig_node: MigNode) -> 
     wait_for(lambda: _unschedulable(n, "plain"), "the plain 1g to be unschedulable", 30)
     assert sorted(p for _, p, _ in n.layout()) == ["1g.24gb+me.all", "1g.24gb-me"]
     n.delete("all")
-    n.kube.delete(path_for(RES, "resourceclaims", n.ns, "all"), missing_ok=True)
+    n.kube.delete(path_for(RES, "resourceclaims", n.ns, name="all"), missing_ok=True)
     n.running("plain", timeout=90)
     assert {p for _, p, _ in n.layout()} == {"1g.24gb", "1g.24gb-me"}
     for p in ("plain", "pure"):

@@ -110,7 +110,7 @@ class GpuNode(NodeUnderTest):
                 apply_object(self.kube, doc, self.ns)
 
     def uninstall(self, release: str) -> None:
-        self.kube.delete(path_for("apps/v1", "deployments", self.ns, release), missing_ok=True)
+        self.kube.delete(path_for("apps/v1", "deployments", self.ns, name=release), missing_ok=True)
         wait_for(lambda: not self.pods_of(release), f"the pods of {release} gone", 60)
 
 
@@ -152,7 +152,9 @@ def running(node: GpuNode, release: str, timeout: float = 90) -> dict[str, Any]:
 
 def the_claim(node: GpuNode, pod: dict[str, Any]) -> dict[str, Any]:
     status = pod["status"]["extendedResourceClaimStatus"]
-    claim = node.kube.get(path_for(RES, "resourceclaims", node.ns, status["resourceClaimName"]))
+    claim = node.kube.get(
+        path_for(RES, "resourceclaims", node.ns, name=status["resourceClaimName"])
+    )
     return dict(claim)
 
 
@@ -218,7 +220,9 @@ def test_a_device_plugin_chart_gets_our_gpus_unchanged(gpu_node: GpuNode) -> Non
     first_claim = claim["metadata"]["name"]
     n.uninstall("train")
     wait_for(
-        lambda: get_or_none(n.kube, path_for(RES, "resourceclaims", n.ns, first_claim)) is None,
+        lambda: (
+            get_or_none(n.kube, path_for(RES, "resourceclaims", n.ns, name=first_claim)) is None
+        ),
         "the first pod's claim deleted with it",
         60,
     )
@@ -259,7 +263,7 @@ def test_the_example_pod_asking_the_integer_runs_on_one_of_our_gpus(gpu_node: Gp
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert result["pool"] == n.kubelet.node
     assert n.env(pod, "main")["NVIDIA_VISIBLE_DEVICES"] == uuids[result["device"]]
-    n.kube.delete(path_for("v1", "pods", n.ns, name))
+    n.kube.delete(path_for("v1", "pods", n.ns, name=name))
     wait_for(lambda: not n.checkpoint_claims(), "the plugin's checkpoint empty", 60)
 
 
@@ -278,7 +282,7 @@ def test_no_class_for_the_resource_leaves_the_pod_pending_and_explain_says_why(
         name = pod["metadata"]["name"]
 
         def unschedulable() -> bool:
-            p = n.kube.get(path_for("v1", "pods", n.ns, name))
+            p = n.kube.get(path_for("v1", "pods", n.ns, name=name))
             return any(
                 c["type"] == "PodScheduled" and c["status"] == "False"
                 for c in p["status"].get("conditions") or []
@@ -386,7 +390,7 @@ def test_a_finished_pods_extended_claim_keeps_its_gpu_and_fleet_says_so(
     finishing("with-integer", {"limits": {"nvidia.com/gpu": "1"}}, [])
 
     def phase(name: str) -> str:
-        p = get_or_none(n.kube, path_for("v1", "pods", n.ns, name)) or {}
+        p = get_or_none(n.kube, path_for("v1", "pods", n.ns, name=name)) or {}
         return str(p.get("status", {}).get("phase"))
 
     for name in ("with-claim", "with-integer"):
@@ -405,7 +409,7 @@ def test_a_finished_pods_extended_claim_keeps_its_gpu_and_fleet_says_so(
         "the finished pod's template claim released",
         30,
     )
-    ext = n.kube.get(path_for("v1", "pods", n.ns, "with-integer"))["status"][
+    ext = n.kube.get(path_for("v1", "pods", n.ns, name="with-integer"))["status"][
         "extendedResourceClaimStatus"
     ]["resourceClaimName"]
     fleet = ["fleet", "--kubeconfig", str(n.plugin.kubeconfig), "-n", n.ns]
@@ -420,7 +424,7 @@ def test_a_finished_pods_extended_claim_keeps_its_gpu_and_fleet_says_so(
     held = allocated_claims()
     assert ext in held, held
     assert [r["uid"] for r in held[ext]["status"]["reservedFor"]] == [
-        n.kube.get(path_for("v1", "pods", n.ns, "with-integer"))["metadata"]["uid"]
+        n.kube.get(path_for("v1", "pods", n.ns, name="with-integer"))["metadata"]["uid"]
     ]
     # The node side is done with it: the kubelet unprepared it when the pod finished.
     wait_for(lambda: not n.checkpoint_claims(), "the plugin's checkpoint empty", 30)
@@ -444,5 +448,5 @@ def test_a_finished_pods_extended_claim_keeps_its_gpu_and_fleet_says_so(
     assert "kubernetes/kubernetes#134311" in out.getvalue()
     assert "ttlSecondsAfterFinished" in out.getvalue()
 
-    n.kube.delete(path_for("v1", "pods", n.ns, "with-integer"))
+    n.kube.delete(path_for("v1", "pods", n.ns, name="with-integer"))
     wait_for(lambda: ext not in allocated_claims(), "the claim released with its pod", 60)

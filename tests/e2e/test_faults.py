@@ -85,11 +85,11 @@ class Faulty:
         )
 
     def phase(self, pod: str) -> str:
-        p = get_or_none(self.kube, path_for("v1", "pods", self.ns, pod))
+        p = get_or_none(self.kube, path_for("v1", "pods", self.ns, name=pod))
         return str((p or {}).get("status", {}).get("phase", ""))
 
     def unschedulable(self, pod: str) -> bool:
-        p = get_or_none(self.kube, path_for("v1", "pods", self.ns, pod)) or {}
+        p = get_or_none(self.kube, path_for("v1", "pods", self.ns, name=pod)) or {}
         return any(
             c.get("type") == "PodScheduled" and c.get("status") == "False"
             for c in p.get("status", {}).get("conditions") or []
@@ -116,9 +116,9 @@ class Faulty:
     def delete_pods(self, *pods: str) -> None:
         """Pods left Pending would take the GPUs once the fault is put right."""
         for p in pods:
-            self.kube.delete(path_for("v1", "pods", self.ns, p), missing_ok=True)
+            self.kube.delete(path_for("v1", "pods", self.ns, name=p), missing_ok=True)
         for p in pods:
-            path = path_for("v1", "pods", self.ns, p)
+            path = path_for("v1", "pods", self.ns, name=p)
             wait_for(lambda path=path: get_or_none(self.kube, path) is None, f"pod {p} gone", 30)
 
 
@@ -167,7 +167,7 @@ def faulty(cluster: Cluster) -> Iterator[Faulty]:
         plugin.start()
         wait_for(plugin.ready, "the plugin to be ready", 30)
         wait_for(
-            lambda: get_or_none(kube, path_for("v1", "serviceaccounts", ns, "default")),
+            lambda: get_or_none(kube, path_for("v1", "serviceaccounts", ns, name="default")),
             "the namespace's ServiceAccount",
             30,
         )
@@ -742,7 +742,7 @@ def _own_namespace(faulty: Faulty) -> Iterator[Faulty]:
     faulty.kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
     try:
         wait_for(
-            lambda: get_or_none(faulty.kube, path_for("v1", "serviceaccounts", ns, "default")),
+            lambda: get_or_none(faulty.kube, path_for("v1", "serviceaccounts", ns, name="default")),
             "the namespace's ServiceAccount",
             30,
         )

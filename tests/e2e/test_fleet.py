@@ -106,13 +106,13 @@ def test_fleet_says_what_the_scheduler_then_does(
 
         def phase(name: str) -> str:
             return str(
-                (get_or_none(kube, path_for("v1", "pods", ns, name)) or {})
+                (get_or_none(kube, path_for("v1", "pods", ns, name=name)) or {})
                 .get("status", {})
                 .get("phase")
             )
 
         def unschedulable(name: str) -> bool:
-            p = get_or_none(kube, path_for("v1", "pods", ns, name)) or {}
+            p = get_or_none(kube, path_for("v1", "pods", ns, name=name)) or {}
             return any(
                 c["type"] == "PodScheduled" and c["status"] == "False"
                 for c in p.get("status", {}).get("conditions") or []
@@ -154,7 +154,7 @@ def test_fleet_says_what_the_scheduler_then_does(
         (product,) = after["products"].values()
         assert (product["allocated"], product["free"]) == (4, 0) and after["fits"] == []
         for name in ("first", "third", "pair", "any-two"):
-            kube.delete(path_for("v1", "pods", ns, name), grace_period=0)
+            kube.delete(path_for("v1", "pods", ns, name=name), grace_period=0)
         wait_for(lambda: not kube.list(pods).get("items"), "the pods gone", 60)
     finally:
         plugin.stop()

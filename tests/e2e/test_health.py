@@ -76,11 +76,11 @@ class HealthNode(NodeUnderTest):
         return {s["metadata"]["name"]: int(s["metadata"]["generation"]) for s in self.slices()}
 
     def allocated(self, claim: str) -> list[str]:
-        c = self.kube.get(path_for(RES, "resourceclaims", self.ns, claim))
+        c = self.kube.get(path_for(RES, "resourceclaims", self.ns, name=claim))
         return [r["device"] for r in c["status"]["allocation"]["devices"]["results"]]
 
     def pod(self, name: str) -> dict[str, Any] | None:
-        return get_or_none(self.kube, path_for("v1", "pods", self.ns, name))
+        return get_or_none(self.kube, path_for("v1", "pods", self.ns, name=name))
 
     def resource_health(self, name: str) -> list[str]:
         return allocated_health(self.pod(name))
@@ -125,7 +125,7 @@ def health_node(
         k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
         started.append((plugin, ns))
         wait_for(
-            lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+            lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, name="default")),
             "the default ServiceAccount",
             30,
         )
@@ -384,7 +384,9 @@ def test_without_the_gate_the_taints_are_dropped_and_publishing_goes_on(
     inv = open_nvml("fake:2xL4", node=node, state_dir=None).discover().inventory
     built = build(inv, MigMode.NONE)
     gpus = names_of(inv)  # by NVML index
-    tainted = with_taints(built.slices, {gpus[1]: Fault("xid-79", 1)}, D, TaintEffect.NO_SCHEDULE)
+    tainted = with_taints(
+        built.slices, {gpus[1]: Fault("xid-79", 1)}, D, effect=TaintEffect.NO_SCHEDULE
+    )
     try:
         with caplog.at_level(logging.WARNING):
             first = pub.sync(tainted)

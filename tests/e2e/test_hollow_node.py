@@ -89,7 +89,7 @@ class Env:
         )
 
     def pod_path(self, name: str) -> str:
-        return path_for("v1", "pods", self.ns, name)
+        return path_for("v1", "pods", self.ns, name=name)
 
     def wait_running(self, name: str, timeout: float = 60) -> dict[str, Any]:
         return wait_for(
@@ -116,7 +116,9 @@ class Env:
         return [e for e in evs if e.get("source", {}).get("component") == "kubelet"]
 
     def claim_uid(self, name: str) -> str:
-        return str(self.kube.get(path_for(RES, "resourceclaims", self.ns, name))["metadata"]["uid"])
+        return str(
+            self.kube.get(path_for(RES, "resourceclaims", self.ns, name=name))["metadata"]["uid"]
+        )
 
     def slices(self) -> list[Any]:
         return list(

@@ -79,7 +79,7 @@ def target(cluster: Cluster, kube: Kube) -> Iterator[Target]:
     ns = f"hostile-{secrets.token_hex(3)}"
     kube.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
     wait_for(
-        lambda: get_or_none(kube, path_for("v1", "serviceaccounts", ns, "default")),
+        lambda: get_or_none(kube, path_for("v1", "serviceaccounts", ns, name="default")),
         "the namespace's default ServiceAccount",
     )
     node = f"node-{secrets.token_hex(3)}"
@@ -129,7 +129,7 @@ def _claim_and_pod(kube: Kube, ns: str, node: str, name: str) -> str:
             },
         },
     )
-    pod = path_for("v1", "pods", ns, name)
+    pod = path_for("v1", "pods", ns, name=name)
     wait_for(
         lambda: (get_or_none(kube, pod) or {}).get("status", {}).get("phase") == "Running",
         f"pod {name} running",

@@ -128,7 +128,7 @@ def env_of(node: GpuNode, pod: dict[str, Any], container: str = "main") -> dict[
 
 
 def allocated(node: GpuNode, claim: str) -> list[str]:
-    c = node.kube.get(path_for(RES, "resourceclaims", node.ns, claim))
+    c = node.kube.get(path_for(RES, "resourceclaims", node.ns, name=claim))
     return [r["device"] for r in c["status"]["allocation"]["devices"]["results"]]
 
 
@@ -144,7 +144,7 @@ def test_one_gpu_pod_gets_its_gpu_by_uuid(gpu_node: GpuNode) -> None:
     # status.devices written for our device, with the UUID and the CDI ID.
     c = wait_for(
         lambda: (
-            (x := n.kube.get(path_for(RES, "resourceclaims", n.ns, "one")))
+            (x := n.kube.get(path_for(RES, "resourceclaims", n.ns, name="one")))
             .get("status", {})
             .get("devices")
             and x
@@ -162,7 +162,7 @@ def test_one_gpu_pod_gets_its_gpu_by_uuid(gpu_node: GpuNode) -> None:
     # when the resourceclaim controller deallocates the claim.
     wait_for(
         lambda: (
-            not n.kube.get(path_for(RES, "resourceclaims", n.ns, "one"))
+            not n.kube.get(path_for(RES, "resourceclaims", n.ns, name="one"))
             .get("status", {})
             .get("devices")
         ),
@@ -306,10 +306,10 @@ def test_unprepare_works_after_the_claim_was_deleted(gpu_node: GpuNode) -> None:
     n.claim("gone")
     n.pod("p", claim="gone")
     n.running("p")
-    n.kube.delete(path_for(RES, "resourceclaims", n.ns, "gone"))
+    n.kube.delete(path_for(RES, "resourceclaims", n.ns, name="gone"))
     n.delete("p")
     wait_for(
-        lambda: get_or_none(n.kube, path_for(RES, "resourceclaims", n.ns, "gone")) is None,
+        lambda: get_or_none(n.kube, path_for(RES, "resourceclaims", n.ns, name="gone")) is None,
         "the claim to be deleted",
         30,
     )
@@ -342,7 +342,7 @@ def test_hundred_pods_in_sequence_leave_nothing_behind(gpu_node: GpuNode) -> Non
         for name in names:
             n.running(name)
         for name in names:
-            n.kube.delete(path_for("v1", "pods", n.ns, name))
+            n.kube.delete(path_for("v1", "pods", n.ns, name=name))
         for name in names:
             n.delete(name)
     wait_for(
@@ -394,7 +394,7 @@ def test_malformed_requests_get_clear_per_claim_errors(
     n.pod("foreign", claim="foreign")
     foreign = wait_for(
         lambda: (
-            (c := n.kube.get(path_for(RES, "resourceclaims", n.ns, "foreign")))
+            (c := n.kube.get(path_for(RES, "resourceclaims", n.ns, name="foreign")))
             .get("status", {})
             .get("reservedFor")
             and c
@@ -406,7 +406,7 @@ def test_malformed_requests_get_clear_per_claim_errors(
     n.claim("good")
     n.pod("good", claim="good")
     n.running("good")
-    good = n.kube.get(path_for(RES, "resourceclaims", n.ns, "good"))
+    good = n.kube.get(path_for(RES, "resourceclaims", n.ns, name="good"))
     before = sorted(p.name for p in n.kubelet.root.parent.rglob("*"))
     claims = [
         (n.ns, good["metadata"]["uid"], "good"),
@@ -495,7 +495,7 @@ def test_device_is_never_prepared_for_two_claims(gpu_node: GpuNode) -> None:
         },
         "reservedFor": [{"resource": "pods", "name": "p2", "uid": p2["metadata"]["uid"]}],
     }
-    n.kube.replace(path_for(RES, "resourceclaims", n.ns, "second", "status"), c)
+    n.kube.replace(path_for(RES, "resourceclaims", n.ns, name="second", subresource="status"), c)
 
     def refused() -> list[dict[str, Any]]:
         evs = n.kube.list(path_for("v1", "events", n.ns), fieldSelector="involvedObject.name=p2")[
@@ -517,7 +517,7 @@ def test_device_is_never_prepared_for_two_claims(gpu_node: GpuNode) -> None:
     )
     (held,) = n.checkpoint_claims().values()
     assert held["name"] == "first" and len(n.cdi_specs()) == 1
-    assert n.kube.get(path_for("v1", "pods", n.ns, "p"))["status"]["phase"] == "Running"
+    assert n.kube.get(path_for("v1", "pods", n.ns, name="p"))["status"]["phase"] == "Running"
 
 
 def test_two_instances_run_side_by_side(gpu_node: GpuNode) -> None:
@@ -652,7 +652,7 @@ def test_claim_status_off_writes_nothing_to_the_claim(
         n.pod("quiet", claim="quiet")
         n.running("quiet")
         time.sleep(2)  # past the second after which status would have been written
-        claim = kube.get(path_for(RES, "resourceclaims", namespace, "quiet"))
+        claim = kube.get(path_for(RES, "resourceclaims", namespace, name="quiet"))
         assert not claim.get("status", {}).get("devices")
         managers = {m.get("manager") for m in claim["metadata"].get("managedFields", [])}
         assert DRIVER not in managers

@@ -192,7 +192,7 @@ class Teams:
             extended = p["status"].get("extendedResourceClaimStatus")  # nvidia.com/gpu
             names += [extended["resourceClaimName"]] if extended else []
             for name in names:
-                c = self.kube.get(path_for(RES, "resourceclaims", ns, name))
+                c = self.kube.get(path_for(RES, "resourceclaims", ns, name=name))
                 out += [
                     f"{r['pool']}/{r['device']}"
                     for r in c["status"]["allocation"]["devices"]["results"]
@@ -304,7 +304,7 @@ def team_queues(
                 # releases for a pod that still exists (kubernetes/kubernetes#134311).
                 kube.request(
                     "DELETE",
-                    path_for("batch/v1", "jobs", ns, j["metadata"]["name"]),
+                    path_for("batch/v1", "jobs", ns, name=j["metadata"]["name"]),
                     body={"propagationPolicy": "Background"},
                 )
         for ns in t.namespaces.values():
@@ -421,13 +421,13 @@ def test_two_teams_share_gpus_and_borrowed_ones_are_given_back(teams: Teams) -> 
     t.used(qb, 2, 0)
     # The preempted job waits, suspended, for quota.
     assert not t.admitted("team-a", preempted[0])
-    job = t.kube.get(path_for("batch/v1", "jobs", t.namespaces["team-a"], preempted[0]))
+    job = t.kube.get(path_for("batch/v1", "jobs", t.namespaces["team-a"], name=preempted[0]))
     assert job["spec"]["suspend"] is True
 
     # B is done: its GPUs go back to the cohort, and A's waiting job borrows them again.
     t.kube.request(
         "DELETE",
-        path_for("batch/v1", "jobs", t.namespaces["team-b"], "b1"),
+        path_for("batch/v1", "jobs", t.namespaces["team-b"], name="b1"),
         body={"propagationPolicy": "Foreground"},
     )
     again = t.runs("team-a", preempted[0], 2, timeout=120)

@@ -150,7 +150,9 @@ def test_four_mig_devices_on_one_gpu_per_replica(compat: CompatNode) -> None:
         assert all(len(s) == 1 and next(iter(s)).startswith("MIG-") for s in seen), seen
         assert len(set.union(*seen)) == 4
         (status,) = pod["status"]["resourceClaimStatuses"]
-        claim = compat.kube.get(path_for(RES, "resourceclaims", ns, status["resourceClaimName"]))
+        claim = compat.kube.get(
+            path_for(RES, "resourceclaims", ns, name=status["resourceClaimName"])
+        )
         results = claim["status"]["allocation"]["devices"]["results"]
         names = sorted(r["device"] for r in results)
         assert len(names) == 4 and all("-mig-" in n for n in names)
@@ -246,7 +248,9 @@ def test_dcgm_exporter_finds_each_containers_gpus(compat: CompatNode) -> None:
     )["items"]
     for pod in migs:
         (status,) = pod["status"]["resourceClaimStatuses"]
-        claim = compat.kube.get(path_for(RES, "resourceclaims", ns4, status["resourceClaimName"]))
+        claim = compat.kube.get(
+            path_for(RES, "resourceclaims", ns4, name=status["resourceClaimName"])
+        )
         devices = {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
         parents = {
             d["attributes"]["parentUUID"]["string"]

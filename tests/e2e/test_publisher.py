@@ -58,7 +58,7 @@ def test_fewest_writes_and_generation(
     carver = MigCarver(fake.pynvml)
     gpu2 = fake.machine.gpus[2].uuid
     carver.set_mig_mode(gpu2, True)
-    carver.create(gpu2, 9, 0, 4, 3)
+    carver.create(gpu2, 9, 0, size=4, compute_slices=3)
     one = pub.sync(desired())
     stored = {s["metadata"]["name"]: s for s in slices(k, kubelet.node)}
     gpus = fake_names(spec, kubelet.node)  # by NVML index

@@ -133,7 +133,7 @@ def test_mig_device_shared_by_two_containers(
     k = alpha_kube
     k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
     wait_for(
-        lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+        lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, name="default")),
         "the default ServiceAccount",
         30,
     )

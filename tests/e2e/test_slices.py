@@ -76,11 +76,13 @@ def claim_of(kube: Kube, ns: str, pod: str, timeout: float = 30) -> dict[str, An
     """The pod's template-generated claim, once the scheduler has allocated it."""
 
     def allocated() -> dict[str, Any] | None:
-        p = get_or_none(kube, path_for("v1", "pods", ns, pod))
+        p = get_or_none(kube, path_for("v1", "pods", ns, name=pod))
         statuses = (p or {}).get("status", {}).get("resourceClaimStatuses") or []
         if not statuses:
             return None
-        c = get_or_none(kube, path_for(RES, "resourceclaims", ns, statuses[0]["resourceClaimName"]))
+        c = get_or_none(
+            kube, path_for(RES, "resourceclaims", ns, name=statuses[0]["resourceClaimName"])
+        )
         return c if c and (c.get("status") or {}).get("allocation") else None
 
     return wait_for(allocated, f"the claim of pod {pod} to be allocated", timeout)
@@ -173,7 +175,7 @@ def test_four_nvlinked_gpus_never_span_domains(fleet: Fleet, namespace: str) -> 
         k, namespace, "four-nvlinked-gpus", node=fleet.nodes["mixed"].node, mutate=_rename("split")
     )
     time.sleep(3)
-    p = k.get(path_for("v1", "pods", namespace, pod))
+    p = k.get(path_for("v1", "pods", namespace, name=pod))
     assert not p["spec"].get("nodeName")
     cond = next(c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled")
     assert cond["status"] == "False" and cond["reason"] == "Unschedulable"
@@ -241,7 +243,7 @@ def test_dynamic_mig_partitions_never_overlap(
     ns = f"mig-{kubelet.node}"
     k.create(path_for("v1", "namespaces"), {"metadata": {"name": ns}})
     wait_for(
-        lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, "default")),
+        lambda: get_or_none(k, path_for("v1", "serviceaccounts", ns, name="default")),
         "the default ServiceAccount",
         30,
     )
@@ -271,12 +273,12 @@ def test_dynamic_mig_partitions_never_overlap(
         whole = example(k, ns, "gpu-by-product", node=kubelet.node, mutate=_rename("whole"))
         time.sleep(3)
         for p in (third, whole):
-            pod = k.get(path_for("v1", "pods", ns, p))
+            pod = k.get(path_for("v1", "pods", ns, name=p))
             assert not pod["spec"].get("nodeName"), p
         # A 1g still fits? No: 3g@0 and 3g@4 cover all 8 memory slices.
         small = example(k, ns, "mig-1g10gb", node=kubelet.node, mutate=_rename("small"))
         time.sleep(2)
-        assert not k.get(path_for("v1", "pods", ns, small))["spec"].get("nodeName")
+        assert not k.get(path_for("v1", "pods", ns, name=small))["spec"].get("nodeName")
     finally:
         k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
 

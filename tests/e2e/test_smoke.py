@@ -75,7 +75,7 @@ def test_pod_claim_is_allocated_by_the_scheduler_and_prepared_by_the_kubelet(
         publish_slice(kube, kubelet.node, driver, ["dev-0", "dev-1"], cleanup)
         cls = device_class(kube, driver, cleanup)
         pod = pod_with_template(kube, namespace, cls, {"kubernetes.io/hostname": kubelet.node})
-        pod_path = path_for("v1", "pods", namespace, "smoke")
+        pod_path = path_for("v1", "pods", namespace, name="smoke")
 
         running = wait_for(
             lambda: (
@@ -92,7 +92,7 @@ def test_pod_claim_is_allocated_by_the_scheduler_and_prepared_by_the_kubelet(
         statuses = running["status"]["resourceClaimStatuses"]
         assert [s["name"] for s in statuses] == ["dev"]
         claim_name = statuses[0]["resourceClaimName"]
-        claim = kube.get(path_for(RES, "resourceclaims", namespace, claim_name))
+        claim = kube.get(path_for(RES, "resourceclaims", namespace, name=claim_name))
         assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
         # The scheduler, not the test, allocated it and reserved it for the pod.
         results = claim["status"]["allocation"]["devices"]["results"]

@@ -72,7 +72,7 @@ def test_a_gone_gpu_keeps_the_others_names_and_its_claim_is_refused(node: GpuNod
     n.pod("late", claim="late")
     wait_for(
         lambda: (
-            n.kube.get(path_for(RES, "resourceclaims", n.ns, "late"))
+            n.kube.get(path_for(RES, "resourceclaims", n.ns, name="late"))
             .get("status", {})
             .get("allocation")
         ),
@@ -96,13 +96,13 @@ def test_a_gone_gpu_keeps_the_others_names_and_its_claim_is_refused(node: GpuNod
     )
     assert f"device {lost_name} is GPU {lost} (NVIDIA H100 80GB HBM3, " in messages[0]
     # Prepared nowhere: no record, no CDI spec, the pod does not run.
-    late_uid = n.kube.get(path_for(RES, "resourceclaims", n.ns, "late"))["metadata"]["uid"]
+    late_uid = n.kube.get(path_for(RES, "resourceclaims", n.ns, name="late"))["metadata"]["uid"]
     assert late_uid not in n.checkpoint_claims()
     assert not [s for s in n.cdi_specs() if late_uid in s]
-    pod = n.kube.get(path_for("v1", "pods", n.ns, "late"))
+    pod = n.kube.get(path_for("v1", "pods", n.ns, name="late"))
     assert pod["status"].get("phase") == "Pending"
     # The claim prepared before keeps its GPU and unprepares cleanly.
-    kept_uid = n.kube.get(path_for(RES, "resourceclaims", n.ns, "kept"))["metadata"]["uid"]
+    kept_uid = n.kube.get(path_for(RES, "resourceclaims", n.ns, name="kept"))["metadata"]["uid"]
     assert n.checkpoint_claims()[kept_uid]["devices"][0]["device"] == before[kept]["name"]
     n.delete("kept", "late")
     wait_for(lambda: n.checkpoint_claims() == {}, "every claim unprepared", 30)

@@ -48,9 +48,9 @@ def test_each_compute_instance_goes_to_its_own_claim(mig_node: NodeUnderTest) ->
         n.claim_and_pod(name, selector, request="ci")
     running = [n.running(name) for name in ("a", "b")]
     devices = [
-        n.kube.get(path_for(RES, "resourceclaims", n.ns, c))["status"]["allocation"]["devices"][
-            "results"
-        ][0]["device"]
+        n.kube.get(path_for(RES, "resourceclaims", n.ns, name=c))["status"]["allocation"][
+            "devices"
+        ]["results"][0]["device"]
         for c in ("a", "b")
     ]
     assert sorted(devices) != [devices[0]] * 2

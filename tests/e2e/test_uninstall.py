@@ -77,7 +77,7 @@ def test_the_state_goes_with_the_daemonset_and_stays_with_it(
     assert "keeping its state" not in plugin.log()
     # The uninstall: the DaemonSet is deleted, then its pod stopped.
     plugin = start(cluster, kubelet, owner)
-    kube.delete(path_for("apps/v1", "daemonsets", namespace, "plugin"))
+    kube.delete(path_for("apps/v1", "daemonsets", namespace, name="plugin"))
     plugin.stop()
     assert owned_files(state) == [], plugin.log()
     assert "its state is removed" in plugin.log()
@@ -93,7 +93,7 @@ def test_an_uninstall_with_a_claim_still_prepared_keeps_the_state(
     node = NodeUnderTest(kube, namespace, owned_node, plugin)
     (pod,) = node.apply("gpu-by-product")
     node.running(pod)
-    kube.delete(path_for("apps/v1", "daemonsets", namespace, "plugin"))
+    kube.delete(path_for("apps/v1", "daemonsets", namespace, name="plugin"))
     plugin.stop()
     assert "checkpoint.json" in owned_files(plugin.state_dir)
     assert "1 claims are still prepared here" in plugin.log()

@@ -93,7 +93,7 @@ def test_the_control_plane_is_upgraded_under_a_running_node(
         after = n.running("after")
         assert n.record(after)["cdiDevices"]
         claims = {
-            name: kube.get(path_for(RES, "resourceclaims", n.ns, name))["status"]["allocation"]
+            name: kube.get(path_for(RES, "resourceclaims", n.ns, name=name))["status"]["allocation"]
             for name in ("before", "after")
         }
         devices = {c["devices"]["results"][0]["device"] for c in claims.values()}

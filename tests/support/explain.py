@@ -81,8 +81,8 @@ def run(
     p: dict[str, Any] | None = None,
     gates: dict[str, bool] | None = None,
 ) -> Report:
-    world = build_world(all_slices, CLASSES, [c, *others], nodes, gates)
-    return explain("x", [ClaimRef("default/" + c["metadata"]["name"], c)], world, p)
+    world = build_world(all_slices, CLASSES, [c, *others], nodes=nodes, gates=gates)
+    return explain("x", [ClaimRef("default/" + c["metadata"]["name"], c)], world, pod=p)
 
 
 def line(r: Report) -> str:

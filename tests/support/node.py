@@ -64,7 +64,12 @@ def fake_preparer(
     ledger = MigModeLedger(tmp / "mig-mode.json")
     owned = owned_partitions(store.load())
     known = build(
-        inv, mode, owned, switching, held_instances(ledger, owned), consumable=consumable
+        inv,
+        mode,
+        owned,
+        switching=switching,
+        held_mig=held_instances(ledger, owned),
+        consumable=consumable,
     ).offer.devices()
 
     def devices() -> dict[str, NodeDevice]:

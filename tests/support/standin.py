@@ -81,7 +81,7 @@ class StandinPlugin:
                 resp.claims[uid].error = self.fail_claims[name]
                 continue
             assert self.kube is not None, "a stand-in that prepares needs the API"
-            claim = self.kube.get(path_for("resource.k8s.io/v1", "resourceclaims", ns, name))
+            claim = self.kube.get(path_for("resource.k8s.io/v1", "resourceclaims", ns, name=name))
             results = [
                 r
                 for r in claim["status"]["allocation"]["devices"]["results"]

@@ -13,7 +13,13 @@ UNIT = ROOT / "tests" / "unit"
 # Where each top-level folder of tests/unit finds its code.
 CODE = {"fakenvml": ROOT / "fakenvml", "devtools": ROOT / "devtools" / "dradriver_dev"}
 # Checks of a tree as a whole, named for what they check.
-WHOLE = {"test_docs.py", "test_package_graph.py", "test_packaging.py", "test_tree.py"}
+WHOLE = {
+    "test_docs.py",
+    "test_package_graph.py",
+    "test_packaging.py",
+    "test_style.py",
+    "test_tree.py",
+}
 WHOLE_IN = {"kubeletplugin/test_layout.py"}
 
 

@@ -64,6 +64,7 @@ class ComputeDomainController:
         kube: Kube,
         driver: str,
         device_class: str = cd.CHANNEL_CLASS,
+        *,
         clock: Callable[[], str] = utcnow,
     ) -> None:
         self.kube, self.driver, self.clock = kube, driver, clock
@@ -122,7 +123,7 @@ class ComputeDomainController:
         ok = True
         for d in domains:
             try:
-                self._one(d, by_name.get((d.namespace, d.template)), members, fleet)
+                self._one(d, by_name.get((d.namespace, d.template)), members, fleet=fleet)
             except KubeError as exc:
                 ok = False
                 level = log.info if isinstance(exc, Conflict) else log.warning
@@ -130,7 +131,7 @@ class ComputeDomainController:
         for t in orphans(templates, {d.uid for d in domains}):
             try:
                 self.kube.delete(
-                    path_for(RES, "resourceclaimtemplates", t.namespace, t.name),
+                    path_for(RES, "resourceclaimtemplates", t.namespace, name=t.name),
                     missing_ok=True,
                     uid=t.uid or None,
                 )
@@ -185,14 +186,22 @@ class ComputeDomainController:
         return addr
 
     def _one(
-        self, d: Domain, template: Template | None, members: list[Member], fleet: Fleet
+        self, d: Domain, template: Template | None, members: list[Member], *, fleet: Fleet
     ) -> None:
-        plan = reconcile(d, template, members, fleet, self.driver, self.clock(), self.device_class)
+        plan = reconcile(
+            d,
+            template,
+            members,
+            fleet=fleet,
+            driver=self.driver,
+            now=self.clock(),
+            device_class=self.device_class,
+        )
         if plan.create_template is not None and template is None:
-            plan = self._create(d, plan, members, fleet)
+            plan = self._create(d, plan, members, fleet=fleet)
         self._apply(d, plan, template)
 
-    def _create(self, d: Domain, plan: Plan, members: list[Member], fleet: Fleet) -> Plan:
+    def _create(self, d: Domain, plan: Plan, members: list[Member], *, fleet: Fleet) -> Plan:
         """Adds the finalizer, then makes the template; someone else's template by that
         name turns the plan into one that says so."""
         assert plan.create_template is not None
@@ -203,9 +212,17 @@ class ComputeDomainController:
         try:
             made = self.kube.create(path, plan.create_template)
         except Conflict:  # 409 AlreadyExists: a template we did not make
-            found = self.kube.get(path_for(RES, "resourceclaimtemplates", d.namespace, d.template))
+            found = self.kube.get(
+                path_for(RES, "resourceclaimtemplates", d.namespace, name=d.template)
+            )
             return reconcile(
-                d, Template.of(found), members, fleet, self.driver, self.clock(), self.device_class
+                d,
+                Template.of(found),
+                members,
+                fleet=fleet,
+                driver=self.driver,
+                now=self.clock(),
+                device_class=self.device_class,
             )
         self.templates.wrote(made)
         log.info(
@@ -224,7 +241,7 @@ class ComputeDomainController:
             self._status(d, plan.status)
         if plan.delete_template:
             self.kube.delete(
-                path_for(RES, "resourceclaimtemplates", d.namespace, d.template),
+                path_for(RES, "resourceclaimtemplates", d.namespace, name=d.template),
                 missing_ok=True,
                 uid=template.uid if template is not None and template.uid else None,
             )
@@ -238,14 +255,14 @@ class ComputeDomainController:
         obj = self.domains.get(d.key) or {}
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         body = {"metadata": {"finalizers": finalizers, "resourceVersion": rv}}
-        out = self.kube.patch(path_for(cd.API_VERSION, cd.PLURAL, d.namespace, d.name), body)
+        out = self.kube.patch(path_for(cd.API_VERSION, cd.PLURAL, d.namespace, name=d.name), body)
         self.domains.wrote(out)
 
     def _status(self, d: Domain, status: Obj) -> None:
         obj = dict(self.domains.get(d.key) or {})
         obj.update(apiVersion=cd.API_VERSION, kind=cd.KIND, status=status)
         out = self.kube.replace(
-            path_for(cd.API_VERSION, cd.PLURAL, d.namespace, d.name, "status"), obj
+            path_for(cd.API_VERSION, cd.PLURAL, d.namespace, name=d.name, subresource="status"), obj
         )
         self.domains.wrote(out)
         ready: Obj = next(

@@ -48,7 +48,7 @@ def _lease_lock_base() -> type:
     return base
 
 
-def make_lock(kube: Kube, namespace: str, name: str, identity: str) -> Any:
+def make_lock(kube: Kube, namespace: str, name: str, *, identity: str) -> Any:
     """A lock with the library's LeaseLock interface (get, create, update) and its time
     conversions, whose requests are ours."""
     base = _lease_lock_base()
@@ -60,7 +60,7 @@ def make_lock(kube: Kube, namespace: str, name: str, identity: str) -> Any:
             self.lease: dict[str, Any] | None = None
 
         def path(self, with_name: bool = True) -> str:
-            return path_for(COORD, "leases", self.namespace, self.name if with_name else None)
+            return path_for(COORD, "leases", self.namespace, name=self.name if with_name else None)
 
         def get(self, name: str, namespace: str) -> tuple[bool, Any]:
             try:
@@ -149,8 +149,8 @@ class Election:
     """Calls `lead(leading)` in a thread each time this replica becomes the leader;
     `leading` is cleared when it stops being one, and `lead` must then return."""
 
-    def __init__(self, kube: Kube, namespace: str, name: str, identity: str) -> None:
-        self.lock = make_lock(kube, namespace, name, identity)
+    def __init__(self, kube: Kube, namespace: str, name: str, *, identity: str) -> None:
+        self.lock = make_lock(kube, namespace, name, identity=identity)
         self.identity = identity
         self.leading = threading.Event()
 

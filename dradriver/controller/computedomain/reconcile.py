@@ -42,6 +42,7 @@ def reconcile(
     domain: Domain,
     template: Template | None,
     members: Sequence[Member],
+    *,
     fleet: Fleet,
     driver: str,
     now: str,
@@ -50,7 +51,7 @@ def reconcile(
     members = [m for m in members if m.domain_uid == domain.uid]
     ours = template is not None and template.belongs_to(domain)
     if domain.deleting:
-        return _deleting(domain, ours, members, now)
+        return _deleting(domain, ours, members, now=now)
     add = cd.FINALIZER not in domain.finalizers
     if template is not None and not ours:
         cond = _condition(
@@ -61,7 +62,8 @@ def reconcile(
             "(delete and create the domain again; its spec is immutable)",
         )
         return Plan(
-            add_finalizer=add, status=_changed(domain, _status(domain, None, [], fleet, cond), now)
+            add_finalizer=add,
+            status=_changed(domain, _status(domain, None, [], fleet=fleet, ready=cond), now),
         )
     create = None
     placement: Placement | NoRoom
@@ -71,18 +73,22 @@ def reconcile(
     else:
         placement = _again(domain, fleet) or place(domain, fleet)
         if isinstance(placement, Placement):
-            create = template_for(domain, placement, driver, device_class)
+            create = template_for(domain, placement, driver, device_class=device_class)
     if isinstance(placement, NoRoom):
         cond = _condition("False", placement.reason, placement.message)
-        status = _status(domain, None, members, fleet, cond)
+        status = _status(domain, None, members, fleet=fleet, ready=cond)
     else:
         status = _status(
-            domain, placement, members, fleet, _readiness(domain, placement, members, fleet)
+            domain,
+            placement,
+            members,
+            fleet=fleet,
+            ready=_readiness(domain, placement, members, fleet=fleet),
         )
     return Plan(add_finalizer=add, create_template=create, status=_changed(domain, status, now))
 
 
-def _deleting(domain: Domain, ours: bool, members: Sequence[Member], now: str) -> Plan:
+def _deleting(domain: Domain, ours: bool, members: Sequence[Member], *, now: str) -> Plan:
     if cd.FINALIZER not in domain.finalizers:
         return Plan()
     held = sorted(m.claim for m in members if m.in_use)
@@ -121,7 +127,7 @@ def _again(domain: Domain, fleet: Fleet) -> Placement | None:
 
 
 def _readiness(
-    domain: Domain, placement: Placement, members: Sequence[Member], fleet: Fleet
+    domain: Domain, placement: Placement, members: Sequence[Member], *, fleet: Fleet
 ) -> Obj:
     joined = sorted(m.node for m in members if m.node)
     ready = sorted(
@@ -151,7 +157,12 @@ def _readiness(
 
 
 def _status(
-    domain: Domain, placement: Placement | None, members: Sequence[Member], fleet: Fleet, ready: Obj
+    domain: Domain,
+    placement: Placement | None,
+    members: Sequence[Member],
+    *,
+    fleet: Fleet,
+    ready: Obj,
 ) -> Obj:
     status: Obj = {}
     if placement is not None:

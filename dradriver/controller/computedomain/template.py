@@ -25,7 +25,7 @@ def selector(driver: str, placement: Placement) -> str:
 
 
 def template_for(
-    domain: Domain, placement: Placement, driver: str, device_class: str = cd.CHANNEL_CLASS
+    domain: Domain, placement: Placement, driver: str, *, device_class: str = cd.CHANNEL_CLASS
 ) -> dict[str, Any]:
     labels = {cd.DOMAIN_LABEL: domain.uid}
     return {

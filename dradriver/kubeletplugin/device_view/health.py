@@ -153,9 +153,13 @@ class NodeHealth:
         self._devices: Callable[[], Iterable[NodeDevice]] = list
         self.listeners: list[Callable[[], None]] = []
         self.monitor = HealthMonitor(
-            nvml, self.book, self.watched, self._changed, probe_period=options.probe_period,
+            nvml,
+            self.book,
+            self.watched,
+            on_change=self._changed,
+            probe_period=options.probe_period,
             clock=clock,
-        )  # fmt: skip
+        )
         for uuid, g in self.book.gpus.items():
             if g.faulty:
                 log.warning(
@@ -214,7 +218,7 @@ class NodeHealth:
         self, slices: Sequence[SliceContent], devices: Iterable[NodeDevice]
     ) -> list[SliceContent]:
         return with_taints(
-            slices, unhealthy(self.states(devices)), self.driver, self.options.effect
+            slices, unhealthy(self.states(devices)), self.driver, effect=self.options.effect
         )
 
     def health_by_device(self) -> dict[str, str]:

@@ -29,6 +29,7 @@ class DeviceView:
         nvml: Nvml,
         mode: MigMode,
         owned: Callable[[], set[tuple[str, int, int]]] = set,
+        *,
         switching: MigSwitching = MigSwitching.ON_DEMAND,
         held: Callable[[set[tuple[str, int, int]]], set[tuple[str, int, int]]] = lambda o: set(),
         profiles: frozenset[str] = frozenset(),
@@ -77,11 +78,11 @@ class DeviceView:
             inv,
             self.mode,
             owned,
-            self.switching,
-            self.held(owned),
-            self.offered_profiles,
-            self.consumable,
-            self.line(),
+            switching=self.switching,
+            held_mig=self.held(owned),
+            profiles=self.offered_profiles,
+            consumable=self.consumable,
+            line=self.line(),
         )
         slices = built.slices
         if self.health is not None:

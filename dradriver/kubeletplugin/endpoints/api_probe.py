@@ -45,6 +45,7 @@ class ApiProbe:
         kube: Kube,
         path: str = "/version",
         query: Mapping[str, str] | None = None,
+        *,
         ttl: float = 5.0,
         timeout: float = 3.0,
         clock: Callable[[], float] = time.monotonic,

@@ -23,6 +23,7 @@ class OpsServer:
         address: str,
         port: int,
         metrics: Metrics | None,
+        *,
         live: dict[str, Check],
         ready: dict[str, Check],
     ) -> None:
@@ -58,7 +59,7 @@ class OpsServer:
                     self._send(404, b"not found\n", "text/plain")
 
             def _send(self, code: int, body: bytes, ctype: str) -> None:
-                reply(self, code, body, ctype)
+                reply(self, code, body, ctype=ctype)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the real logs

@@ -104,7 +104,7 @@ class PluginServers:
         self._work = Work(workers, "dra-call")
         self._reg_work = Work(2, "reg-call")
         self.registration = RegistrationServicer(
-            driver_name, str(self.dra_socket), self._notified, self._reg_work
+            driver_name, str(self.dra_socket), self._notified, work=self._reg_work
         )
         self._loop: LoopThread | None = None
         self._dra: _Served | None = None

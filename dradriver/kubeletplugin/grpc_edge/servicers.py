@@ -109,7 +109,7 @@ class _DraCalls:
         return resp
 
     async def _call(
-        self, method: str, fn: Callable[[Any], Any], request: Any, context: Context
+        self, method: str, fn: Callable[[Any], Any], request: Any, *, context: Context
     ) -> Any:
         try:
             return await self._work.run(context, lambda: fn(request))
@@ -126,10 +126,10 @@ class _DraCalls:
             )
 
     async def prepare(self, request: Any, context: Context) -> Any:
-        return await self._call("NodePrepareResources", self._prepare, request, context)
+        return await self._call("NodePrepareResources", self._prepare, request, context=context)
 
     async def unprepare(self, request: Any, context: Context) -> Any:
-        return await self._call("NodeUnprepareResources", self._unprepare, request, context)
+        return await self._call("NodeUnprepareResources", self._unprepare, request, context=context)
 
 
 class DraV1Servicer(v1_grpc.DRAPluginServicer):
@@ -174,6 +174,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         driver_name: str,
         endpoint: str,
         on_status: Callable[[bool, str], None],
+        *,
         work: Work,
     ) -> None:
         self._driver_name, self._endpoint = driver_name, endpoint

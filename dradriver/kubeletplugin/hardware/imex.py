@@ -50,7 +50,7 @@ def _pid_in(cfg_dir: Path) -> int | None:
         return None
 
 
-def config_text(d: ImexDaemon, nodes_file: Path, port: int, cmd_port: int) -> str:
+def config_text(d: ImexDaemon, nodes_file: Path, port: int, *, cmd_port: int) -> str:
     """The daemon's config.cfg (IMEX guide, "IMEX Service Config Options")."""
     return (
         "# Written by the dradriver kubelet plugin for ComputeDomain "
@@ -101,7 +101,7 @@ class ImexSteps:
         for d in rec.devices:
             if d.imex is not None:
                 self.check(d.imex, KUBELET_RETRIES)
-                self._launch(rec.uid, rec.ref, d.imex, record, KUBELET_RETRIES)
+                self._launch(rec.uid, rec.ref, d.imex, record=record, then=KUBELET_RETRIES)
 
     def prebind(self, uid: str, ref: str, im: ImexDaemon) -> None:
         """Before the pod is bound (binding conditions, kubeletplugin/imex_binding/): the same
@@ -110,7 +110,7 @@ class ImexSteps:
         sweep stops a daemon whose claim is neither prepared nor allocated here."""
         self.check(im, SCHEDULER_WAITS)
         try:
-            self._launch(uid, ref, im, lambda: None, SCHEDULER_RETRIES)
+            self._launch(uid, ref, im, record=lambda: None, then=SCHEDULER_RETRIES)
         except ImexError:
             self.undo_forgotten(uid)
             raise
@@ -152,22 +152,22 @@ class ImexSteps:
         im.address, im.peers = found
 
     def _launch(
-        self, uid: str, ref: str, im: ImexDaemon, record: Callable[[], None], then: str
+        self, uid: str, ref: str, im: ImexDaemon, *, record: Callable[[], None], then: str
     ) -> None:
         where = f"ComputeDomain {im.namespace}/{im.domain}"
         cfg_dir = self.state_dir / "imex" / im.domain_uid
         config = cfg_dir / "config.cfg"
         nodes = cfg_dir / "nodes_config.cfg"
-        text = config_text(im, nodes, self.port, self.cmd_port)
+        text = config_text(im, nodes, self.port, cmd_port=self.cmd_port)
         running = _pid_in(cfg_dir)
-        if running is not None and self._same(cfg_dir, uid, im, text) and mps_alive(running):
+        if running is not None and self._same(cfg_dir, uid, im, text=text) and mps_alive(running):
             # Started before the pod was bound, for this claim, with these peers.
             im.config_dir, im.pid = str(cfg_dir), running
             record()
             log.info(
                 "IMEX daemon adopted", claim=ref, claim_uid=uid, channel=im.channel, pid=running
             )
-            self._wait_ready(im, config, where, then)
+            self._wait_ready(im, config, where, then=then)
             return
         if running is not None:
             self.host.stop_imex(running)  # an older start's, with another peer list
@@ -178,11 +178,11 @@ class ImexSteps:
         (cfg_dir / "claim").write_text(f"{uid}\n")
         nodes.write_text("".join(f"{p}\n" for p in im.peers))
         config.write_text(text)
-        self._start(uid, ref, im, config, record, "IMEX daemon started")
-        self._wait_ready(im, config, where, then)
+        self._start(uid, ref, im, config=config, record=record, said="IMEX daemon started")
+        self._wait_ready(im, config, where, then=then)
 
     @staticmethod
-    def _same(cfg_dir: Path, uid: str, im: ImexDaemon, text: str) -> bool:
+    def _same(cfg_dir: Path, uid: str, im: ImexDaemon, *, text: str) -> bool:
         try:
             return (
                 (cfg_dir / "claim").read_text().strip() == uid
@@ -197,6 +197,7 @@ class ImexSteps:
         uid: str,
         ref: str,
         im: ImexDaemon,
+        *,
         config: Path,
         record: Callable[[], None],
         said: str,
@@ -215,7 +216,7 @@ class ImexSteps:
             pid=im.pid,
         )
 
-    def _wait_ready(self, im: ImexDaemon, config: Path, where: str, then: str) -> None:
+    def _wait_ready(self, im: ImexDaemon, config: Path, where: str, *, then: str) -> None:
         deadline = time.monotonic() + self.ready_timeout
         said = ""
         while time.monotonic() < deadline:
@@ -248,7 +249,9 @@ class ImexSteps:
             config = Path(im.config_dir) / "config.cfg"
             if not config.exists():
                 continue  # interrupted before its config: the startup reconcile undoes it
-            self._start(rec.uid, rec.ref, im, config, record, "IMEX daemon started again")
+            self._start(
+                rec.uid, rec.ref, im, config=config, record=record, said="IMEX daemon started again"
+            )
 
     def undo(self, rec: ClaimRecord) -> None:
         """Stops the claim's daemons and removes their files (idempotent). The PID file

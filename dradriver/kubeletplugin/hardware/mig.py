@@ -39,7 +39,7 @@ class MigPreparer:
     switching: MigSwitching = MigSwitching.ON_DEMAND
 
     def ensure_whole(
-        self, gpu_uuid: str, profile_ids: list[int], device: str, claim: str = ""
+        self, gpu_uuid: str, profile_ids: list[int], device: str, *, claim: str = ""
     ) -> None:
         """A whole GPU is never handed out in MIG mode: switch it off where this driver
         may and no MIG device is on it, or fail naming the GPU."""
@@ -114,7 +114,11 @@ class MigPreparer:
             # A failure leaves the intent: the rollback destroys what the call could not
             # (a GPU instance whose own cleanup failed), or drops the intent if nothing is there.
             made = self.carver.create(
-                c.gpu_uuid, c.profile_id, c.placement_start, c.placement_size, c.compute_slices
+                c.gpu_uuid,
+                c.profile_id,
+                c.placement_start,
+                size=c.placement_size,
+                compute_slices=c.compute_slices,
             )
         except MigError as err:
             raise MigError(

@@ -80,7 +80,7 @@ class PodMemory:
                 )
                 continue
             try:
-                set_memory_limit(self.nvml, lim.gpu, str(cgroup), lim.memory, lim.memory)
+                set_memory_limit(self.nvml, lim.gpu, str(cgroup), soft=lim.memory, hard=lim.memory)
             except SharingError as exc:
                 log.warning(
                     "setting the pod cgroup's GPU-memory limit failed; MPS limits only",

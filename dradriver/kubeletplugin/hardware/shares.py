@@ -72,12 +72,12 @@ class ShareSteps:
         pipe, logs, shm = self._dirs(device)
         known = self.ledger.load().shared.get(device)
         if known is None:
-            known = self.ledger.shared_daemon(device, 0, str(pipe), "", None)
+            known = self.ledger.shared_daemon(device, 0, str(pipe), gpu="", mode_before=None)
         # A member before the daemon starts and before its namespace is made: a crash
         # anywhere after leaves an entry whose undo (the last member out) stops it.
         self.ledger.member(device, share.share_id, rec.uid)
         if not mps_alive(known.pid):
-            self._start(d, pipe, logs, shm)
+            self._start(d, pipe, logs, shm=shm)
         client, server_side = pipe, False
         if (pipe / SERVER / "control").exists():
             client, server_side = self._namespace(pipe, share), True
@@ -100,12 +100,12 @@ class ShareSteps:
             server_side=server_side,
         )
 
-    def _start(self, d: PreparedDevice, pipe: Path, logs: Path, shm: Path) -> None:
+    def _start(self, d: PreparedDevice, pipe: Path, logs: Path, *, shm: Path) -> None:
         device = str(d.uuid)
         gpu = device if d.kind == "gpu" else ""  # a MIG device's GPU keeps its mode
         before = get_compute_mode(self.nvml, gpu) if gpu else None
         # In the ledger before anything changes; an earlier entry keeps the first mode.
-        known = self.ledger.shared_daemon(device, 0, str(pipe), gpu, before)
+        known = self.ledger.shared_daemon(device, 0, str(pipe), gpu=gpu, mode_before=before)
         if gpu:
             set_compute_mode(self.nvml, gpu, exclusive_process(self.nvml))
         if pipe.parent.exists():
@@ -115,8 +115,8 @@ class ShareSteps:
             shutil.rmtree(pipe.parent)
         shm.mkdir(parents=True, mode=0o1777)
         protocol = self.protocol()
-        pid = self.host.start_mps([device], pipe, logs, shm, protocol)
-        self.ledger.shared_daemon(device, pid, str(pipe), gpu, known.mode_before)
+        pid = self.host.start_mps([device], pipe, logs, shm_dir=shm, protocol=protocol)
+        self.ledger.shared_daemon(device, pid, str(pipe), gpu=gpu, mode_before=known.mode_before)
         if protocol == 3:
             self.host.mps_command(pipe, f"server create {SERVER} --allowed-devices={device}")
         log.info("MPS control daemon for a device's shares started", device=device, pid=pid)

@@ -70,12 +70,12 @@ class SharingSteps:
                     "time-slicing applied", claim_uid=rec.uid, device=d.device, interval=sh.interval
                 )
         for group, devs in mps_groups(rec).items():
-            self._start_mps(rec, group, devs, save)
+            self._start_mps(rec, group, devs, save=save)
         for d in share_devices(rec):
             self.shares.join(rec, d, save)
 
     def _start_mps(
-        self, rec: ClaimRecord, group: str, devs: list[PreparedDevice], save: Save
+        self, rec: ClaimRecord, group: str, devs: list[PreparedDevice], *, save: Save
     ) -> None:
         index = sorted(mps_groups(rec)).index(group)
         key = f"{rec.uid}-{index}"
@@ -104,9 +104,9 @@ class SharingSteps:
         else:
             # Recorded (without a PID yet) before it starts: a crash right after still
             # leaves its pipe directory known, through which it can be told to quit.
-            self.ledger.daemon_started(key, 0, str(pipe), rec.uid)
-            pid = self.host.start_mps([str(d.uuid) for d in devs], pipe, logs, shm)
-            self.ledger.daemon_started(key, pid, str(pipe), rec.uid)
+            self.ledger.daemon_started(key, 0, str(pipe), claim=rec.uid)
+            pid = self.host.start_mps([str(d.uuid) for d in devs], pipe, logs, shm_dir=shm)
+            self.ledger.daemon_started(key, pid, str(pipe), claim=rec.uid)
         for d in devs:
             sh = _mps(d)
             sh.pid, sh.applied = pid, True
@@ -247,7 +247,7 @@ class SharingSteps:
                     claim_uid=rec.uid,
                     old_pid=pid,
                 )
-                self._start_mps(rec, group, devs, save)
+                self._start_mps(rec, group, devs, save=save)
 
 
 def container_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]]:

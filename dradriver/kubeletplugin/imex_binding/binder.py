@@ -51,6 +51,7 @@ class Binder:
         kube: Kube,
         driver: str,
         node: str,
+        *,
         steps: ImexSteps,
         lock: AbstractContextManager[Any],
         prepared: Callable[[], set[str]],
@@ -83,7 +84,7 @@ class Binder:
             return True
         claims = self.mirror.items()
         busy = False
-        candidates = plan.waiting(claims, self.driver, self.node, set())
+        candidates = plan.waiting(claims, self.driver, self.node, prepared=set())
         if candidates:
             with self.lock:
                 prepared = self.prepared()
@@ -108,7 +109,7 @@ class Binder:
         """Whether the claim still waits."""
         ref = w.ref
         try:
-            devices = claim_devices(w.claim, ref, self.driver, self.node)
+            devices = claim_devices(w.claim, ref, self.driver, pool=self.node)
         except ClaimStateError:
             return True  # not reserved for its pod yet, or replaced: the watch says more
         channels = [d for d in devices.devices if is_channel(d.device)]
@@ -116,7 +117,14 @@ class Binder:
             return False  # plan.waiting found exactly this one; a second is not ours
         (pd,) = channels
         try:
-            dev = channel_device(ref, self.driver, self.node, pd.request, pd.device, pd.configs)
+            dev = channel_device(
+                ref,
+                self.driver,
+                self.node,
+                request=pd.request,
+                device=pd.device,
+                configs=pd.configs,
+            )
             assert dev.imex is not None
             im = dev.imex
             self.steps.prebind(ref.uid, str(ref), im)
@@ -126,8 +134,8 @@ class Binder:
                     cd.BINDING_CONDITION,
                     False,
                     "WaitingForNodes" if exc.reason == WAITING else "APIUnreachable",
-                    f"IMEX layer: {exc}",
-                    _now(),
+                    message=f"IMEX layer: {exc}",
+                    now=_now(),
                 )
                 if not plan.unchanged(w.said, said):
                     self._write(ref, [said])
@@ -152,9 +160,9 @@ class Binder:
                     cd.BINDING_CONDITION,
                     True,
                     "IMEXDaemonReady",
-                    f"this node's IMEX daemon for ComputeDomain {domain} is ready "
+                    message=f"this node's IMEX daemon for ComputeDomain {domain} is ready "
                     f"(peers: {', '.join(im.peers)})",
-                    _now(),
+                    now=_now(),
                 )
             ],
         )
@@ -174,16 +182,22 @@ class Binder:
         self._write(
             w.ref,
             [
-                plan.condition(cd.BINDING_CONDITION, False, reason, message, now),
-                plan.condition(cd.BINDING_FAILURE, True, reason, message, now),
+                plan.condition(cd.BINDING_CONDITION, False, reason, message=message, now=now),
+                plan.condition(cd.BINDING_FAILURE, True, reason, message=message, now=now),
             ],
         )
 
     def _write(self, ref: Any, conds: list[plan.Obj]) -> None:
         try:
             self.kube.apply(
-                path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name, "status"),
-                plan.status_body(ref, self.driver, self.node, conds),
+                path_for(
+                    "resource.k8s.io/v1",
+                    "resourceclaims",
+                    ref.namespace,
+                    name=ref.name,
+                    subresource="status",
+                ),
+                plan.status_body(ref, self.driver, self.node, conds=conds),
                 field_manager=self.field_manager,
             )
         except NotFound:
@@ -205,6 +219,7 @@ def start(
     mode: str,
     kube: Kube,
     driver: str,
+    *,
     node: str,
     steps: ImexSteps,
     lock: AbstractContextManager[Any],
@@ -224,7 +239,7 @@ def start(
             "waits for each ComputeDomain instead"
         )
         return None
-    binder = Binder(kube, driver, node, steps, lock, prepared)
+    binder = Binder(kube, driver, node, steps=steps, lock=lock, prepared=prepared)
     threading.Thread(target=binder.run, args=(stop,), name="binding", daemon=True).start()
     log.info("IMEX channels with binding conditions: pods are bound once their daemon is ready")
     return binder

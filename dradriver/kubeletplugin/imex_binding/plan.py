@@ -70,7 +70,7 @@ def allocated_here(claims: Iterable[Obj], driver: str, node: str) -> set[str]:
     return {ref_of(c).uid for c in claims if channel_result(c, driver, node) is not None}
 
 
-def waiting(claims: Iterable[Obj], driver: str, node: str, prepared: set[str]) -> list[Waiting]:
+def waiting(claims: Iterable[Obj], driver: str, node: str, *, prepared: set[str]) -> list[Waiting]:
     out = []
     for c in claims:
         r = channel_result(c, driver, node)
@@ -92,7 +92,7 @@ def to_sweep(daemons: Mapping[str, Any], keep: set[str]) -> list[str]:
     return sorted(uid for uid in daemons if uid not in keep)
 
 
-def condition(kind: str, status: bool, reason: str, message: str, now: str) -> Obj:
+def condition(kind: str, status: bool, reason: str, *, message: str, now: str) -> Obj:
     return {
         "type": kind,
         "status": "True" if status else "False",
@@ -107,7 +107,7 @@ def unchanged(said: Obj | None, new: Obj) -> bool:
     return said is not None and all(said.get(k) == new[k] for k in ("status", "reason", "message"))
 
 
-def status_body(ref: ClaimRef, driver: str, node: str, conds: list[Obj]) -> Obj:
+def status_body(ref: ClaimRef, driver: str, node: str, *, conds: list[Obj]) -> Obj:
     """A server-side apply of the channel's status.devices entry with these conditions
     (under a field manager of their own: prepare's Ready condition is another's)."""
     return {

@@ -25,6 +25,7 @@ def channel_device(
     ref: ClaimRef,
     driver: str,
     node: str,
+    *,
     request: str,
     device: str,
     configs: tuple[dict[str, Any], ...],

@@ -16,7 +16,7 @@ CLAIM_READ_TIMEOUT = 10.0
 def read_claim(kube: Kube, ref: ClaimRef) -> dict[str, Any]:
     try:
         return kube.get(
-            path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name),
+            path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, name=ref.name),
             timeout=CLAIM_READ_TIMEOUT,
         )
     except NotFound as exc:

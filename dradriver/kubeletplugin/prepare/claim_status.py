@@ -40,7 +40,7 @@ class _Pending:
 
 class StatusWriter:
     def __init__(
-        self, kube: Kube, driver: str, retries: int = 3, coalesce: float = COALESCE
+        self, kube: Kube, driver: str, retries: int = 3, *, coalesce: float = COALESCE
     ) -> None:
         self.kube = kube
         self.driver = driver
@@ -123,7 +123,13 @@ class StatusWriter:
         }
         self.writes += 1
         self.kube.apply(
-            path_for("resource.k8s.io/v1", "resourceclaims", ref.namespace, ref.name, "status"),
+            path_for(
+                "resource.k8s.io/v1",
+                "resourceclaims",
+                ref.namespace,
+                name=ref.name,
+                subresource="status",
+            ),
             body,
             field_manager=self.driver,
         )

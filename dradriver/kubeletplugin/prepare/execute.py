@@ -78,6 +78,7 @@ class Executor:
         journal: Journal,
         rec: ClaimRecord,
         now: Callable[[], float],
+        *,
         intent_recorded: bool = False,
     ) -> None:
         """Applies `rec` (in state PrepareStarted) and marks it completed, recording each
@@ -115,7 +116,7 @@ class Executor:
                         "MIG",
                         f"MIG device {d.device}",
                         undo=functools.partial(mig.uncarve, d, rec.uid),
-                        apply=functools.partial(self._carve, mig, d, rec, journal),
+                        apply=functools.partial(self._carve, mig, d, rec, journal=journal),
                     )
                 )
         if mig is not None:
@@ -151,7 +152,7 @@ class Executor:
         return out
 
     @staticmethod
-    def _carve(mig: MigPreparer, d: PreparedDevice, rec: ClaimRecord, journal: Journal) -> None:
+    def _carve(mig: MigPreparer, d: PreparedDevice, rec: ClaimRecord, *, journal: Journal) -> None:
         mig.carve(d, rec.uid)
         journal.record(rec)  # the created instance, before anything else
         crashpoint("mig-recorded")
@@ -162,7 +163,7 @@ class Executor:
             for d in rec.devices:
                 # MIG-capable GPUs only; adminAccess never switches anything.
                 if d.kind == "gpu" and d.uuid in profiles and not d.admin_access:
-                    mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device, rec.uid)
+                    mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device, claim=rec.uid)
 
         return apply
 

@@ -27,6 +27,7 @@ def check_identity(
     ref: ClaimRef,
     device: str,
     dev: NodeDevice | None,
+    *,
     book: Mapping[str, GpuIdentity],
     devices: Mapping[str, NodeDevice],
 ) -> None:

@@ -103,7 +103,7 @@ def _applies(cfg_requests: list[str] | None, request: str) -> bool:
     return request in cfg_requests or top in cfg_requests
 
 
-def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str) -> ClaimDevices:
+def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, *, pool: str) -> ClaimDevices:
     """Checks the claim as the API server returned it and lists our devices in it."""
     meta = claim.get("metadata", {})
     if meta.get("uid") != ref.uid:
@@ -218,6 +218,7 @@ def check_exclusive(
     cp: Checkpoint,
     ref: ClaimRef,
     devs: list[tuple[NodeDevice, bool]],
+    *,
     local: Mapping[str, NodeDevice],
 ) -> None:
     """A device (or the hardware under it) serves one claim at a time; a device given
@@ -267,10 +268,10 @@ def admin_device(
     ref: ClaimRef,
     driver: str,
     node: str,
+    *,
     pd: PlannedDevice,
     dev: NodeDevice,
     cp: Checkpoint,
-    *,
     driver_files: bool = False,
 ) -> PreparedDevice:
     """A device given by adminAccess (KEP-5018: monitoring and diagnostics beside the
@@ -313,11 +314,11 @@ def admin_device(
         admin_access=True,
         share=share,
     )
-    out.cdi_device_ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files)
+    out.cdi_device_ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files=driver_files)
     return out
 
 
-def _cdi_ids(driver: str, name: str, claim_uid: str, driver_files: bool) -> list[str]:
+def _cdi_ids(driver: str, name: str, claim_uid: str, *, driver_files: bool) -> list[str]:
     # The driver's ID first: the CDI library applies the spec-level edits of each spec
     # once, whichever of its devices comes first, so the order changes nothing but reads
     # as what a container gets: the driver, then the device.
@@ -345,16 +346,16 @@ def plan(
     published for); `channels`: the node publishes IMEX channels; `driver_files`: a GPU
     device also names the node's driver spec (--driver-files cdi). Raises a typed
     DriverError for a claim this node cannot prepare."""
-    cd = claim_devices(claim, ref, driver, node)
+    cd = claim_devices(claim, ref, driver, pool=node)
     records: dict[tuple[str, str], PreparedDevice] = {}
     for pd in cd.devices:
         if channels and pd.device not in devices and is_channel(pd.device):
             records[(pd.device, "")] = channel_device(
-                ref, driver, node, pd.request_name, pd.device, pd.configs
+                ref, driver, node, request=pd.request_name, device=pd.device, configs=pd.configs
             )
             continue
         dev = devices.get(pd.device)
-        check_identity(ref, pd.device, dev, identities or {}, devices)
+        check_identity(ref, pd.device, dev, book=identities or {}, devices=devices)
         assert dev is not None  # check_identity raised otherwise
         key = (pd.device, pd.share_id)
         rec = records.get(key)
@@ -364,7 +365,7 @@ def plan(
             continue
         if pd.admin_access:
             records[key] = admin_device(
-                ref, driver, node, pd, dev, checkpoint, driver_files=driver_files
+                ref, driver, node, pd=pd, dev=dev, cp=checkpoint, driver_files=driver_files
             )
             continue
         try:
@@ -389,7 +390,7 @@ def plan(
         if pd.share_id:
             memory = dev.mig.memory_bytes if dev.mig is not None else dev.gpu.memory_bytes
             where = f"claim {ref}: device {dev.name}, share {pd.share_id}"
-            share = share_of(pd.share_id, dict(pd.consumed), memory, consumable, where)
+            share = share_of(pd.share_id, dict(pd.consumed), memory, mode=consumable, where=where)
             # Whose cgroups get the share's memory as a limit (hardware/pod_memory.py).
             share = replace(share, pods=tuple(cd.pod_uids))
         records[key] = out = PreparedDevice(
@@ -407,19 +408,19 @@ def plan(
             sharing=sharing,
             share=share,
         )
-        out.cdi_device_ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files)
+        out.cdi_device_ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files=driver_files)
     exclusive = [
         (devices[r.device], r.share is not None)
         for r in records.values()
         if not r.admin_access and r.imex is None
     ]
-    check_exclusive(checkpoint, ref, exclusive, devices)
+    check_exclusive(checkpoint, ref, exclusive, local=devices)
     imex = [r for r in records.values() if r.imex is not None]
     if imex:
         check_one_domain(checkpoint, ref, imex)
     shared = [(r, devices[r.device]) for r in records.values() if r.share and not r.admin_access]
     if shared:
-        check_room(checkpoint, ref, shared, consumable)
+        check_room(checkpoint, ref, shared, mode=consumable)
     return ClaimRecord(
         uid=ref.uid,
         namespace=ref.namespace,

@@ -128,15 +128,15 @@ class Preparer:
                 self.metrics.prepare_seconds.labels("ok").observe(time.monotonic() - start)
             except DriverError as exc:
                 out[ref.uid] = Prepared(error=str(exc))
-                self._failed("prepare", ref, exc, start)
+                self._failed("prepare", ref, exc, start=start)
             except Exception as exc:  # a bug or an input nobody foresaw: this claim only
                 err = _internal(ref, exc)
                 out[ref.uid] = Prepared(error=str(err))
-                self._failed("prepare", ref, err, start, exc_info=True)
+                self._failed("prepare", ref, err, start=start, exc_info=True)
         return out
 
     def _failed(
-        self, op: str, ref: ClaimRef, exc: DriverError, start: float, exc_info: bool = False
+        self, op: str, ref: ClaimRef, exc: DriverError, *, start: float, exc_info: bool = False
     ) -> None:
         seconds = (
             self.metrics.prepare_seconds if op == "prepare" else self.metrics.unprepare_seconds
@@ -192,7 +192,7 @@ class Preparer:
             return done
         local = self.devices()  # one view of the node for this whole prepare
         with self.lock:
-            done, rec = self._prepare_step(self._load(), ref, claim, local, began)
+            done, rec = self._prepare_step(self._load(), ref, claim, local=local, began=began)
         if rec is None:
             return done
         if rec.state != PREPARE_COMPLETED:
@@ -214,6 +214,7 @@ class Preparer:
         cp: Checkpoint,
         ref: ClaimRef,
         claim: dict[str, Any],
+        *,
         local: Mapping[str, NodeDevice],
         began: float,
     ) -> tuple[list[PreparedDevice], ClaimRecord | None]:
@@ -350,11 +351,11 @@ class Preparer:
                 self.metrics.unprepare_seconds.labels("ok").observe(time.monotonic() - start)
             except DriverError as exc:
                 out[ref.uid] = str(exc)
-                self._failed("unprepare", ref, exc, start)
+                self._failed("unprepare", ref, exc, start=start)
             except Exception as exc:
                 err = _internal(ref, exc)
                 out[ref.uid] = str(err)
-                self._failed("unprepare", ref, err, start, exc_info=True)
+                self._failed("unprepare", ref, err, start=start, exc_info=True)
         return out
 
     def _unprepare_one(self, ref: ClaimRef) -> None:

@@ -43,6 +43,7 @@ def share_of(
     share_id: str,
     consumed: Mapping[str, str],
     memory_bytes: int,
+    *,
     mode: Consumable,
     where: str,
 ) -> Share:
@@ -82,6 +83,7 @@ def check_room(
     cp: Checkpoint,
     ref: ClaimRef,
     shares: Sequence[tuple[PreparedDevice, NodeDevice]],
+    *,
     mode: Consumable,
 ) -> None:
     """The node's own guard: the shares prepared on a device never consume more than it

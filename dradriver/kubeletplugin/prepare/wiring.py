@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def imex_steps(
-    opts: PluginOptions, kube: Kube, host: GpuHost, clique: Callable[[], str | None]
+    opts: PluginOptions, kube: Kube, host: GpuHost, *, clique: Callable[[], str | None]
 ) -> ImexSteps | None:
     """ComputeDomains' channels and IMEX daemons, where channels are published."""
     if not opts.imex_channels:
@@ -37,7 +37,7 @@ def imex_steps(
 
     def domain_of(namespace: str, name: str) -> dict[str, Any]:
         try:
-            return kube.get(path_for(cd.API_VERSION, cd.PLURAL, namespace, name), timeout=10)
+            return kube.get(path_for(cd.API_VERSION, cd.PLURAL, namespace, name=name), timeout=10)
         except NotFound as exc:
             raise ImexError(
                 f"ComputeDomain {namespace}/{name} not found: it was deleted (delete the "

@@ -10,7 +10,7 @@ class CheckpointCorrupt(ValueError):
     """The bytes are not a checkpoint this release can trust."""
 
 
-def get(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
+def get(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], *, where: str) -> Any:
     if key not in obj:
         raise CheckpointCorrupt(f"{where}: missing {key!r}")
     value = obj[key]
@@ -23,15 +23,15 @@ def get(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str)
 
 
 def optional(
-    obj: dict[str, Any], key: str, typ: type | tuple[type, ...], default: Any, where: str
+    obj: dict[str, Any], key: str, typ: type | tuple[type, ...], *, default: Any, where: str
 ) -> Any:
     if key not in obj or obj[key] is None:
         return default
-    return get(obj, key, typ, where)
+    return get(obj, key, typ, where=where)
 
 
 def str_list(obj: dict[str, Any], key: str, where: str) -> list[str]:
-    value = get(obj, key, list, where)
+    value = get(obj, key, list, where=where)
     if not all(isinstance(v, str) for v in value):
         raise CheckpointCorrupt(f"{where}.{key}: expected a list of strings")
     return list(value)

@@ -37,8 +37,8 @@ def atomic_write(
     path: str | os.PathLike[str],
     data: bytes,
     mode: int = 0o600,
-    durable: bool = True,
     *,
+    durable: bool = True,
     sync_dir: bool = True,
 ) -> None:
     """Replaces `path` with `data` so that a reader (or, when `durable`, the file after a

@@ -45,16 +45,16 @@ class ImexDaemon:
     @classmethod
     def from_json(cls, value: Any, where: str) -> ImexDaemon:
         d = obj(value, where)
-        peers = optional(d, "peers", list, [], where)
+        peers = optional(d, "peers", list, default=[], where=where)
         if not all(isinstance(p, str) for p in peers):
             raise CheckpointCorrupt(f"{where}.peers: expected strings")
         return cls(
-            get(d, "domainUID", str, where),
-            get(d, "domain", str, where),
-            get(d, "namespace", str, where),
-            get(d, "channel", int, where),
-            optional(d, "address", str, "", where),
+            get(d, "domainUID", str, where=where),
+            get(d, "domain", str, where=where),
+            get(d, "namespace", str, where=where),
+            get(d, "channel", int, where=where),
+            optional(d, "address", str, default="", where=where),
             tuple(peers),
-            optional(d, "configDir", str, None, where),
-            optional(d, "pid", int, None, where),
+            optional(d, "configDir", str, default=None, where=where),
+            optional(d, "pid", int, default=None, where=where),
         )

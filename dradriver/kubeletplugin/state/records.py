@@ -76,14 +76,14 @@ class Carve:
     def from_json(cls, value: Any, where: str) -> Carve:
         c = _object(value, where)
         return cls(
-            gpu_uuid=get(c, "gpuUUID", str, where),
-            profile_id=get(c, "profileId", int, where),
-            profile=optional(c, "profile", str, "", where),
-            placement_start=get(c, "placementStart", int, where),
-            placement_size=get(c, "placementSize", int, where),
-            compute_slices=get(c, "computeSlices", int, where),
-            gpu_instance_id=optional(c, "gpuInstanceId", int, None, where),
-            compute_instance_id=optional(c, "computeInstanceId", int, None, where),
+            gpu_uuid=get(c, "gpuUUID", str, where=where),
+            profile_id=get(c, "profileId", int, where=where),
+            profile=optional(c, "profile", str, default="", where=where),
+            placement_start=get(c, "placementStart", int, where=where),
+            placement_size=get(c, "placementSize", int, where=where),
+            compute_slices=get(c, "computeSlices", int, where=where),
+            gpu_instance_id=optional(c, "gpuInstanceId", int, default=None, where=where),
+            compute_instance_id=optional(c, "computeInstanceId", int, default=None, where=where),
         )
 
 
@@ -103,7 +103,9 @@ class MigIds:
     @classmethod
     def from_json(cls, value: Any, where: str) -> MigIds:
         m = _object(value, where)
-        return cls(get(m, "gpuInstanceId", int, where), get(m, "computeInstanceId", int, where))
+        return cls(
+            get(m, "gpuInstanceId", int, where=where), get(m, "computeInstanceId", int, where=where)
+        )
 
 
 @dataclass
@@ -139,12 +141,12 @@ class MpsLimits:
     @classmethod
     def from_json(cls, value: Any, where: str) -> MpsLimits:
         m = _object(value, where)
-        per = optional(m, "perDevicePinnedMemoryLimit", dict, {}, where)
+        per = optional(m, "perDevicePinnedMemoryLimit", dict, default={}, where=where)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in per.items()):
             raise CheckpointCorrupt(f"{where}.perDevicePinnedMemoryLimit: expected strings")
         return cls(
-            optional(m, "activeThreadPercentage", int, None, where),
-            optional(m, "pinnedMemoryLimit", str, None, where),
+            optional(m, "activeThreadPercentage", int, default=None, where=where),
+            optional(m, "pinnedMemoryLimit", str, default=None, where=where),
             tuple(sorted(per.items())),
         )
 
@@ -193,21 +195,24 @@ Sharing = TimeSlicing | Mps
 
 def sharing_from_json(value: Any, where: str) -> Sharing:
     s = _object(value, where)
-    strategy = get(s, "strategy", str, where)
+    strategy = get(s, "strategy", str, where=where)
     if strategy == "TimeSlicing":
         return TimeSlicing(
-            get(s, "interval", str, where), optional(s, "applied", bool, False, where)
+            get(s, "interval", str, where=where),
+            optional(s, "applied", bool, default=False, where=where),
         )
     if strategy == "MPS":
         return Mps(
-            limits=MpsLimits.from_json(optional(s, "limits", dict, {}, where), f"{where}.limits"),
-            applied=optional(s, "applied", bool, False, where),
-            pipe_dir=optional(s, "pipeDir", str, None, where),
-            log_dir=optional(s, "logDir", str, None, where),
-            shm_dir=optional(s, "shmDir", str, None, where),
-            pid=optional(s, "pid", int, None, where),
-            compute_mode_before=optional(s, "computeModeBefore", int, None, where),
-            compute_mode_set=optional(s, "computeModeSet", bool, False, where),
+            limits=MpsLimits.from_json(
+                optional(s, "limits", dict, default={}, where=where), f"{where}.limits"
+            ),
+            applied=optional(s, "applied", bool, default=False, where=where),
+            pipe_dir=optional(s, "pipeDir", str, default=None, where=where),
+            log_dir=optional(s, "logDir", str, default=None, where=where),
+            shm_dir=optional(s, "shmDir", str, default=None, where=where),
+            pid=optional(s, "pid", int, default=None, where=where),
+            compute_mode_before=optional(s, "computeModeBefore", int, default=None, where=where),
+            compute_mode_set=optional(s, "computeModeSet", bool, default=False, where=where),
         )
     raise CheckpointCorrupt(f"{where}.strategy: unknown sharing strategy {strategy!r}")
 
@@ -298,22 +303,22 @@ class PreparedDevice:
     @classmethod
     def from_json(cls, value: Any, where: str) -> PreparedDevice:
         obj = _object(value, where)
-        extra = dict(optional(obj, "extra", dict, {}, where))
+        extra = dict(optional(obj, "extra", dict, default={}, where=where))
         ew = f"{where}.extra"
         return cls(
             request_names=str_list(obj, "requestNames", where),
-            pool=get(obj, "pool", str, where),
-            device=get(obj, "device", str, where),
+            pool=get(obj, "pool", str, where=where),
+            device=get(obj, "device", str, where=where),
             cdi_device_ids=str_list(obj, "cdiDeviceIds", where),
-            uuid=optional(obj, "uuid", str, None, where),
-            kind=optional(obj, "kind", str, "gpu", where),
-            minor=optional(extra, "minor", int, None, ew),
+            uuid=optional(obj, "uuid", str, default=None, where=where),
+            kind=optional(obj, "kind", str, default="gpu", where=where),
+            minor=optional(extra, "minor", int, default=None, where=ew),
             carve=Carve.from_json(extra["carve"], f"{ew}.carve") if extra.get("carve") else None,
             mig=MigIds.from_json(extra["mig"], f"{ew}.mig") if extra.get("mig") else None,
             sharing=sharing_from_json(extra["sharing"], f"{ew}.sharing")
             if extra.get("sharing")
             else None,
-            admin_access=optional(extra, "adminAccess", bool, False, ew),
+            admin_access=optional(extra, "adminAccess", bool, default=False, where=ew),
             share=Share.from_json(extra["share"], f"{ew}.share") if extra.get("share") else None,
             imex=ImexDaemon.from_json(extra["imex"], f"{ew}.imex") if extra.get("imex") else None,
             extra_unknown=unknown(extra, _EXTRA_KEYS),
@@ -345,7 +350,7 @@ class ClaimRecord:
     def copy(self) -> ClaimRecord:
         """A separate record with the same content: what a save and a load would give
         (half what copy.deepcopy costs)."""
-        return ClaimRecord.from_json(self.uid, self.to_json(), False, [])
+        return ClaimRecord.from_json(self.uid, self.to_json(), False, notes=[])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -361,13 +366,13 @@ class ClaimRecord:
         }
 
     @classmethod
-    def from_json(cls, key: str, value: Any, newer: bool, notes: list[str]) -> ClaimRecord:
+    def from_json(cls, key: str, value: Any, newer: bool, *, notes: list[str]) -> ClaimRecord:
         where = f"claims[{key!r}]"
         obj = _object(value, where)
-        uid = get(obj, "uid", str, where)
+        uid = get(obj, "uid", str, where=where)
         if uid != key:
             raise CheckpointCorrupt(f"{where}: stored under another UID than its own ({uid!r})")
-        state = get(obj, "state", str, where)
+        state = get(obj, "state", str, where=where)
         if state not in STATES:
             if not newer:
                 raise CheckpointCorrupt(f"{where}.state: unknown state {state!r}")
@@ -378,18 +383,18 @@ class ClaimRecord:
                 f"treated as {PREPARE_STARTED}"
             )
             state = PREPARE_STARTED
-        devices = get(obj, "devices", list, where)
+        devices = get(obj, "devices", list, where=where)
         return cls(
             uid=uid,
-            namespace=get(obj, "namespace", str, where),
-            name=get(obj, "name", str, where),
+            namespace=get(obj, "namespace", str, where=where),
+            name=get(obj, "name", str, where=where),
             state=state,
             devices=[
                 PreparedDevice.from_json(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)
             ],
-            updated_at=float(get(obj, "updatedAt", (int, float), where)),
-            migrated_from=optional(obj, "migratedFrom", int, None, where),
-            extra_unknown=Unread(dict(optional(obj, "extra", dict, {}, where))),
+            updated_at=float(get(obj, "updatedAt", (int, float), where=where)),
+            migrated_from=optional(obj, "migratedFrom", int, default=None, where=where),
+            extra_unknown=Unread(dict(optional(obj, "extra", dict, default={}, where=where))),
             unknown=Unread(unknown(obj, _CLAIM_KEYS)),
         )
 

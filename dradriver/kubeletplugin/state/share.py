@@ -68,26 +68,26 @@ class Share:
     @classmethod
     def from_json(cls, value: Any, where: str) -> Share:
         s = obj(value, where)
-        consumed = optional(s, "consumed", dict, {}, where)
+        consumed = optional(s, "consumed", dict, default={}, where=where)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in consumed.items()):
             raise CheckpointCorrupt(f"{where}.consumed: expected strings")
         return cls(
-            get(s, "shareID", str, where),
+            get(s, "shareID", str, where=where),
             tuple(sorted(consumed.items())),
-            optional(s, "memoryLimit", int, None, where),
-            optional(s, "computeLimit", int, None, where),
-            optional(s, "pipeDir", str, None, where),
-            optional(s, "logDir", str, None, where),
-            optional(s, "shmDir", str, None, where),
-            optional(s, "applied", bool, False, where),
-            optional(s, "serverSide", bool, False, where),
+            optional(s, "memoryLimit", int, default=None, where=where),
+            optional(s, "computeLimit", int, default=None, where=where),
+            optional(s, "pipeDir", str, default=None, where=where),
+            optional(s, "logDir", str, default=None, where=where),
+            optional(s, "shmDir", str, default=None, where=where),
+            optional(s, "applied", bool, default=False, where=where),
+            optional(s, "serverSide", bool, default=False, where=where),
             _strings(s, "pods", where),
             _strings(s, "podCgroups", where),
         )
 
 
 def _strings(s: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
-    value = optional(s, key, list, [], where)
+    value = optional(s, key, list, default=[], where=where)
     if not all(isinstance(v, str) for v in value):
         raise CheckpointCorrupt(f"{where}.{key}: expected strings")
     return tuple(value)

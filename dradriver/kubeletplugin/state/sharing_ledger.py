@@ -169,7 +169,7 @@ class SharingLedger:
     def slice_restored(self, gpu: str) -> None:
         self._update(lambda e: e.time_slice.pop(gpu, None) is not None)
 
-    def daemon_started(self, key: str, pid: int, pipe_dir: str, claim: str) -> None:
+    def daemon_started(self, key: str, pid: int, pipe_dir: str, *, claim: str) -> None:
         def change(e: Entries) -> bool:
             e.daemons[key] = Daemon(pid, pipe_dir, claim)
             return True
@@ -180,7 +180,7 @@ class SharingLedger:
         self._update(lambda e: e.daemons.pop(key, None) is not None)
 
     def shared_daemon(
-        self, device: str, pid: int, pipe_dir: str, gpu: str, mode_before: int | None
+        self, device: str, pid: int, pipe_dir: str, *, gpu: str, mode_before: int | None
     ) -> SharedDaemon:
         """Records the device's shared daemon (before it starts: pid 0; then its PID),
         keeping its members and the first mode recorded for its GPU."""

@@ -70,7 +70,7 @@ def test_expired_and_garbage_bundles_are_dropped(cas: list[bytes]) -> None:
 
 def test_patch_ops_every_webhook_guarded_by_resource_version(cas: list[bytes]) -> None:
     cfg = config(webhook(), webhook(b64(cas[0]), policy="Ignore"), webhook(b64(cas[0])))
-    ops = cabundle.patch_ops(cfg, cas[0], "Fail", NOW)
+    ops = cabundle.patch_ops(cfg, cas[0], "Fail", now=NOW)
     assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
     assert [(o["op"], o["path"]) for o in ops[1:]] == [
         ("add", "/webhooks/0/clientConfig/caBundle"),
@@ -78,9 +78,9 @@ def test_patch_ops_every_webhook_guarded_by_resource_version(cas: list[bytes]) -
     ]
     assert ops[2]["value"] == "Fail"
     # None leaves the policy as the configuration has it.
-    assert cabundle.patch_ops(cfg, cas[0], None, NOW)[1:] == ops[1:2]
-    assert cabundle.patch_ops(config(webhook(b64(cas[0]))), cas[0], "Fail", NOW) == []
-    assert cabundle.patch_ops(config(), cas[0], "Fail", NOW) == []
+    assert cabundle.patch_ops(cfg, cas[0], None, now=NOW)[1:] == ops[1:2]
+    assert cabundle.patch_ops(config(webhook(b64(cas[0]))), cas[0], "Fail", now=NOW) == []
+    assert cabundle.patch_ops(config(), cas[0], "Fail", now=NOW) == []
 
 
 class FakeKube:
@@ -123,7 +123,9 @@ class FakeKube:
 
 def run_until(kube: FakeKube, cas: list[bytes]) -> cabundle.CaBundleSyncer:
     stop = threading.Event()
-    s = cabundle.CaBundleSyncer(kube, "adm", lambda: cas[0], "Fail", tls.utcnow)  # type: ignore[arg-type]
+    s = cabundle.CaBundleSyncer(
+        kube, "adm", lambda: cas[0], failure_policy="Fail", clock=tls.utcnow
+    )  # type: ignore[arg-type]
     t = threading.Thread(target=s.run, args=(stop,), daemon=True)
     t.start()
     for _ in range(500):
@@ -183,7 +185,9 @@ def test_a_watch_that_ends_is_resumed_from_its_last_version_without_a_list(
             [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}}],
         ],
     )
-    s = cabundle.CaBundleSyncer(kube, "adm", lambda: cas[0], "Fail", tls.utcnow)  # type: ignore[arg-type]
+    s = cabundle.CaBundleSyncer(
+        kube, "adm", lambda: cas[0], failure_policy="Fail", clock=tls.utcnow
+    )  # type: ignore[arg-type]
     t = threading.Thread(target=s.run, args=(kube.stop,), daemon=True)
     t.start()
     t.join(10)
@@ -199,7 +203,9 @@ def test_a_patch_refused_during_a_watch_lists_again(cas: list[bytes]) -> None:
         [[{"type": "MODIFIED", "object": config(webhook(""), rv="9")}]],
     )
     kube.fail_patches = 1
-    s = cabundle.CaBundleSyncer(kube, "adm", lambda: cas[0], "Fail", tls.utcnow)  # type: ignore[arg-type]
+    s = cabundle.CaBundleSyncer(
+        kube, "adm", lambda: cas[0], failure_policy="Fail", clock=tls.utcnow
+    )  # type: ignore[arg-type]
     t = threading.Thread(target=s.run, args=(kube.stop,), daemon=True)
     t.start()
     t.join(10)

@@ -276,7 +276,7 @@ def test_a_new_domain_gets_its_finalizer_template_and_placement() -> None:
             "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "ch"}}},
         }
     )
-    plan = reconcile(d, None, [], fleet(), DRIVER, NOW)
+    plan = reconcile(d, None, [], fleet=fleet(), driver=DRIVER, now=NOW)
     assert plan.add_finalizer and not plan.remove_finalizer and not plan.delete_template
     assert plan.create_template is not None
     assert plan.create_template["metadata"]["annotations"] == {
@@ -297,19 +297,30 @@ def test_readiness_follows_the_members_and_a_pass_with_nothing_new_writes_nothin
     d = domain(2)
     t = ours(d)
     f = fleet(addresses={"n1": "10.0.0.1", "n2": "10.0.0.2"})
-    one = reconcile(d, t, [member("n1", ready=True), member(None)], f, DRIVER, NOW)
+    one = reconcile(d, t, [member("n1", ready=True), member(None)], fleet=f, driver=DRIVER, now=NOW)
     assert one.create_template is None and not one.add_finalizer
     cond = ready(one)
     assert (cond["status"], cond["reason"]) == ("False", "WaitingForNodes")
     assert cond["message"] == "1 of 2 nodes ready; joined: n1"
     d1 = applied(d, one)
-    assert reconcile(d1, t, [member("n1", ready=True), member(None)], f, DRIVER, LATER).empty
-    two = reconcile(d1, t, [member("n1", ready=True), member("n2")], f, DRIVER, LATER)
+    assert reconcile(
+        d1, t, [member("n1", ready=True), member(None)], fleet=f, driver=DRIVER, now=LATER
+    ).empty
+    two = reconcile(
+        d1, t, [member("n1", ready=True), member("n2")], fleet=f, driver=DRIVER, now=LATER
+    )
     cond = ready(two)
     assert "IMEX daemon not ready yet on n2" in cond["message"]
     assert cond["lastTransitionTime"] == NOW  # still False: the transition was at NOW
     d2 = applied(d1, two)
-    both = reconcile(d2, t, [member("n1", ready=True), member("n2", ready=True)], f, DRIVER, LATER)
+    both = reconcile(
+        d2,
+        t,
+        [member("n1", ready=True), member("n2", ready=True)],
+        fleet=f,
+        driver=DRIVER,
+        now=LATER,
+    )
     cond = ready(both)
     assert (cond["status"], cond["reason"], cond["lastTransitionTime"]) == (
         "True",
@@ -337,7 +348,12 @@ def test_readiness_follows_the_members_and_a_pass_with_nothing_new_writes_nothin
 def test_another_domains_claims_are_not_members() -> None:
     d = domain(1)
     plan = reconcile(
-        d, ours(d), [member("n1", ready=True, uid=str(uuid.UUID(int=9)))], fleet(), DRIVER, NOW
+        d,
+        ours(d),
+        [member("n1", ready=True, uid=str(uuid.UUID(int=9)))],
+        fleet=fleet(),
+        driver=DRIVER,
+        now=NOW,
     )
     assert ready(plan)["reason"] == "WaitingForPods"
 
@@ -345,7 +361,7 @@ def test_another_domains_claims_are_not_members() -> None:
 def test_someone_elses_template_is_left_alone_and_named() -> None:
     d = domain()
     theirs = Template("team", "ch", "u", owner=None, domain_uid=None, clique=None, channel=None)
-    plan = reconcile(d, theirs, [], fleet(), DRIVER, NOW)
+    plan = reconcile(d, theirs, [], fleet=fleet(), driver=DRIVER, now=NOW)
     assert plan.create_template is None and not plan.delete_template
     cond = ready(plan)
     assert cond["reason"] == "TemplateExists" and "team/ch already exists" in cond["message"]
@@ -353,17 +369,17 @@ def test_someone_elses_template_is_left_alone_and_named() -> None:
 
 def test_a_lost_template_is_made_again_where_the_status_placed_it() -> None:
     d = domain(2, clique=B, channel=5)
-    plan = reconcile(d, None, [], fleet(), DRIVER, NOW)
+    plan = reconcile(d, None, [], fleet=fleet(), driver=DRIVER, now=NOW)
     assert plan.create_template is not None
     assert plan.create_template["metadata"]["annotations"][cd.CHANNEL_ANNOTATION] == "5"
     # Unless another domain took the channel meanwhile: placed afresh.
     taken = fleet(channels={B: {5: str(uuid.UUID(int=9))}})
-    plan = reconcile(d, None, [], taken, DRIVER, NOW)
+    plan = reconcile(d, None, [], fleet=taken, driver=DRIVER, now=NOW)
     assert plan.status is not None and (plan.status["clique"], plan.status["channel"]) == (A, 0)
 
 
 def test_no_room_makes_no_template_and_says_why() -> None:
-    plan = reconcile(domain(6), None, [], fleet(), DRIVER, NOW)
+    plan = reconcile(domain(6), None, [], fleet=fleet(), driver=DRIVER, now=NOW)
     assert plan.create_template is None
     assert ready(plan)["reason"] == "NoCliqueWithRoom"
     assert plan.status is not None and "clique" not in plan.status
@@ -382,7 +398,14 @@ def test_deletion_waits_for_claims_in_use_then_lets_go() -> None:
             "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "ch"}}},
         }
     )
-    busy = reconcile(d, ours(d), [member("n1"), member("n2", in_use=False)], fleet(), DRIVER, NOW)
+    busy = reconcile(
+        d,
+        ours(d),
+        [member("n1"), member("n2", in_use=False)],
+        fleet=fleet(),
+        driver=DRIVER,
+        now=NOW,
+    )
     assert busy.delete_template and not busy.remove_finalizer
     cond = ready(busy)
     assert (
@@ -391,12 +414,12 @@ def test_deletion_waits_for_claims_in_use_then_lets_go() -> None:
         and "pod-n1-channel" in cond["message"]
     )
     # Template gone, the last pod ended: the finalizer comes off.
-    done = reconcile(d, None, [member("n1", in_use=False)], fleet(), DRIVER, NOW)
+    done = reconcile(d, None, [member("n1", in_use=False)], fleet=fleet(), driver=DRIVER, now=NOW)
     assert done == Plan(remove_finalizer=True)
     gone = Domain.of(
         {"metadata": {"deletionTimestamp": NOW, "finalizers": ["other/keep"]}, "spec": {}}
     )
-    assert reconcile(gone, None, [], fleet(), DRIVER, NOW).empty
+    assert reconcile(gone, None, [], fleet=fleet(), driver=DRIVER, now=NOW).empty
 
 
 def test_templates_of_domains_that_are_gone_are_orphans() -> None:
@@ -429,9 +452,9 @@ def test_the_crd_names_what_the_code_uses() -> None:
         domain(2),
         ours(domain(2)),
         [member("n1", ready=True)],
-        fleet(addresses={"n1": "10.0.0.1"}),
-        DRIVER,
-        NOW,
+        fleet=fleet(addresses={"n1": "10.0.0.1"}),
+        driver=DRIVER,
+        now=NOW,
     ).status
     assert written is not None and set(written) <= set(status)
     assert set(written["nodes"][0]) <= set(status["nodes"]["items"]["properties"])

@@ -66,16 +66,16 @@ def test_driver_files_layer() -> None:
         "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook"}],
     }
     spec = driver_spec(D, "580.95.05", edits)
-    ok = judge.driver_files("cdi", "580.95.05", path, spec)
+    ok = judge.driver_files("cdi", "580.95.05", path, spec=spec)
     assert ok.line() == (
         f"ok    driver-files: {path}: driver 580.95.05, 1 file, hooks by /usr/bin/nvidia-cdi-hook"
     )
-    stale = judge.driver_files("cdi", "590.44.01", path, spec)
+    stale = judge.driver_files("cdi", "590.44.01", path, spec=spec)
     assert stale.state is State.FAIL and "NVML reports 590.44.01" in stale.line()
     assert "SIGHUP" in stale.line()
-    missing = judge.driver_files("cdi", "580.95.05", path, None)
+    missing = judge.driver_files("cdi", "580.95.05", path, spec=None)
     assert missing.state is State.FAIL and "driverRoot" in missing.line()
-    assert judge.driver_files("runtime", "580.95.05", path, None).state is State.OK
+    assert judge.driver_files("runtime", "580.95.05", path, spec=None).state is State.OK
 
 
 def readyz(**checks: tuple[bool, str]) -> str:
@@ -150,7 +150,7 @@ def test_a_failing_readyz_check_other_than_the_api_names_its_own_layer() -> None
 
 
 def test_a_stopped_dev_node_plugin_points_at_its_log() -> None:
-    layer = judge.registration("http://127.0.0.1:1/readyz", 0, "refused", "/x/n-plugin.log")
+    layer = judge.registration("http://127.0.0.1:1/readyz", 0, "refused", dev_log="/x/n-plugin.log")
     assert "start the dev node's plugin again" in layer.fix and "/x/n-plugin.log" in layer.fix
     assert "kubectl" not in layer.fix  # a dev node's plugin is no pod
 
@@ -163,7 +163,7 @@ def test_dev_cluster_summary() -> None:
     assert judge.dev_summary([("a", None), ("b", bad)]).startswith(
         "2 dev nodes checked: 1 broken: b (cdi)"
     )
-    hollow = judge.cdi("/d/cdi", None, None, "the hollow node's runtime resolves it")
+    hollow = judge.cdi("/d/cdi", None, None, runtime_reads="the hollow node's runtime resolves it")
     assert hollow.line() == "ok    cdi: /d/cdi writable; the hollow node's runtime resolves it"
 
 
@@ -172,17 +172,17 @@ def gpu(uuid: str) -> dict[str, object]:
 
 
 def test_slices_layer_compares_with_nvml() -> None:
-    assert judge.slices(D, "n1", [], None).state is State.FAIL
+    assert judge.slices(D, "n1", [], nvml_uuids=None).state is State.FAIL
     published = [{"spec": {"devices": [gpu("GPU-a")]}}]
-    assert judge.slices(D, "n1", published, {"GPU-a"}).state is State.OK
-    stale = judge.slices(D, "n1", published, {"GPU-a", "GPU-b"})
+    assert judge.slices(D, "n1", published, nvml_uuids={"GPU-a"}).state is State.OK
+    stale = judge.slices(D, "n1", published, nvml_uuids={"GPU-a", "GPU-b"})
     assert stale.state is State.FAIL and "GPU-b" in stale.line() and "SIGHUP" in stale.line()
 
 
 def test_slices_layer_warns_of_unhealthy_gpus() -> None:
     sick = {**gpu("GPU-a"), "taints": [{"key": f"{D}/unhealthy", "value": "xid-79",
                                         "effect": "NoSchedule"}]}  # fmt: skip
-    layer = judge.slices(D, "n1", [{"spec": {"devices": [sick, gpu("GPU-b")]}}], None)
+    layer = judge.slices(D, "n1", [{"spec": {"devices": [sick, gpu("GPU-b")]}}], nvml_uuids=None)
     assert layer.state is State.WARN
     assert f"1 tainted, so no new claim gets them: {sick['name']} ({D}/unhealthy=xid-79:" in (
         layer.line()
@@ -213,20 +213,20 @@ def test_device_classes_and_gates() -> None:
 def test_feature_layer_names_what_the_line_or_its_gates_lack_and_the_fix() -> None:
     all_on = {f.gate: True for f in FEATURES}
     for version in ("v1.36.3", "v1.37.2"):  # on by default: nothing to turn on
-        layer = judge.feature_gates(version, set(), {}, "dynamic")
+        layer = judge.feature_gates(version, set(), {}, mig_mode="dynamic")
         assert layer.state is State.OK and "every DRA feature" in layer.line(), layer.line()
-    assert judge.feature_gates("v1.34.4", set(), all_on, "dynamic").state is State.OK
+    assert judge.feature_gates("v1.34.4", set(), all_on, mig_mode="dynamic").state is State.OK
     # Off where dynamic MIG needs it: the gate, its components, and the line that has it.
     off = {**all_on, "DRAPartitionableDevices": False}
-    layer = judge.feature_gates("v1.34.4", set(), off, "dynamic")
+    layer = judge.feature_gates("v1.34.4", set(), off, mig_mode="dynamic")
     assert layer.state is State.FAIL
     assert "DRAPartitionableDevices=true on kube-apiserver, kube-scheduler" in layer.fix
     assert "Kubernetes 1.36 or later" in layer.fix and "--mig-mode static" in layer.fix
     # Not needed by this node: a warning that names it and its fix.
-    layer = judge.feature_gates("v1.34.4", set(), off, "static")
+    layer = judge.feature_gates("v1.34.4", set(), off, mig_mode="static")
     assert layer.state is State.WARN and "DRAPartitionableDevices (dynamic MIG" in layer.text
     # Gates not readable: the line's defaults, said so.
-    layer = judge.feature_gates("v1.35.4", {"DRAConsumableCapacity"}, {}, None)
+    layer = judge.feature_gates("v1.35.4", {"DRAConsumableCapacity"}, {}, mig_mode=None)
     assert layer.state is State.FAIL and "not readable" in layer.text
     assert "DRAConsumableCapacity (shares of a GPU by memory" in layer.text
     assert "ResourceHealthStatus" not in layer.fix  # only what this node needs

@@ -179,7 +179,7 @@ def test_a_cel_typo_names_the_nearest_published_attribute() -> None:
         "metadata": {"name": "typo.example.com"},
         "spec": {"selectors": [{"cel": {"expression": f'device.attributes["{D}"].brnd == "x"'}}]},
     }
-    world = build_world(slices("n1", "2xL4"), [*CLASSES, typo_class], [], [node("n1")])
+    world = build_world(slices("n1", "2xL4"), [*CLASSES, typo_class], [], nodes=[node("n1")])
     c = claim("c", device_class="typo.example.com")
     r = explain("x", [ClaimRef("default/c", c)], world)
     assert line(r).startswith("selector: DeviceClass typo.example.com selector #0 fails")
@@ -216,8 +216,8 @@ def test_a_pod_waiting_for_its_imex_daemon_is_told_so_with_the_fix() -> None:
         "10 s (nvidia-imex-ctl -q: UNAVAILABLE); it is stopped and the kubelet retries"
     )
     event = {"type": "Warning", "reason": "FailedPrepareDynamicResources", "message": said}
-    world = build_world(slices("n1", "2xL4"), CLASSES, [c], [node("n1")], None)
-    r = explain("x", [ClaimRef("default/c", c)], world, p, [event])
+    world = build_world(slices("n1", "2xL4"), CLASSES, [c], nodes=[node("n1")], gates=None)
+    r = explain("x", [ClaimRef("default/c", c)], world, pod=p, events=[event])
     assert r.finding is not None and r.finding.layer == "IMEX"
     text = r.finding.line()
     assert text.startswith("IMEX: the pod is on n1, waiting for its ComputeDomain's IMEX channel")
@@ -228,7 +228,7 @@ def test_a_pod_waiting_for_its_imex_daemon_is_told_so_with_the_fix() -> None:
             "this node's IMEX daemon did not", "waiting for its nodes: 1 of 2 did not"
         ),
     )
-    r = explain("x", [ClaimRef("default/c", c)], world, p, [waiting])
+    r = explain("x", [ClaimRef("default/c", c)], world, pod=p, events=[waiting])
     assert r.finding is not None and "the job's other pods must be scheduled" in r.finding.line()
 
 
@@ -258,8 +258,8 @@ def test_a_pod_held_at_binding_is_told_what_its_node_waits_for() -> None:
         "starting this node's IMEX daemon: 1 of 2 nodes of the domain have joined (n1)",
     }
     c = _held([waiting])
-    world = build_world(slices("n1", "2xL4"), CLASSES, [c], [node("n1")], None)
-    r = explain("x", [ClaimRef("default/c", c)], world, pod("p", "c"), [])
+    world = build_world(slices("n1", "2xL4"), CLASSES, [c], nodes=[node("n1")], gates=None)
+    r = explain("x", [ClaimRef("default/c", c)], world, pod=pod("p", "c"), events=[])
     assert r.finding is not None and r.finding.layer == "IMEX"
     text = r.finding.line()
     assert text.startswith("IMEX: the scheduler holds the pod until the IMEX daemon on n1")
@@ -273,22 +273,22 @@ def test_a_pod_held_at_binding_is_told_what_its_node_waits_for() -> None:
         "message": 'running PreBind plugin "DynamicResources": claim c binding failed: '
         f'reason=IMEXNotReady, message="{FAILED}"',
     }
-    r = explain("x", [ClaimRef("default/c", c)], world, pod("p", "c"), [event])
+    r = explain("x", [ClaimRef("default/c", c)], world, pod=pod("p", "c"), events=[event])
     assert r.finding is not None
     text = r.finding.line()
     assert "n1's plugin is starting it" in text and "an earlier try failed" in text
     assert "nvidia-imex-ctl -N" in text and text.count("imex.log") == 1
     # Failed: the node gave up; the same when the scheduler has deallocated the claim.
     c = _held([{"type": "IMEXDaemonFailed", "status": "True", "message": FAILED}])
-    r = explain("x", [ClaimRef("default/c", c)], world, pod("p", "c"), [])
+    r = explain("x", [ClaimRef("default/c", c)], world, pod=pod("p", "c"), events=[])
     assert r.finding is not None
     assert r.finding.line().startswith("IMEX: n1 could not get the pod's IMEX daemon ready")
     free = claim("c")
-    r = explain("x", [ClaimRef("default/c", free)], world, pod("p", "c"), [event])
+    r = explain("x", [ClaimRef("default/c", free)], world, pod=pod("p", "c"), events=[event])
     assert r.finding is not None and r.finding.layer == "IMEX", r.finding
     assert "the scheduler could not bind the pod" in r.finding.line()
     # A bound pod is prepare's business, not binding's.
     assert (
-        explain("x", [ClaimRef("default/c", c)], world, pod("p", "c", nodeName="n1")).finding
+        explain("x", [ClaimRef("default/c", c)], world, pod=pod("p", "c", nodeName="n1")).finding
         is None
     )

@@ -70,9 +70,9 @@ def test_the_schedulers_rounding_and_policy_rules() -> None:
     plain = Capacity(parse("100"))
     assert consumption(None, plain) == 100  # no policy: all of it
     # Naming a capacity the device lacks never fits; a whole device only filters.
-    assert fit({"memory": mem}, True, {"bogus": parse("1")}, {}).why == "missing"
-    assert fit({"memory": plain}, False, {"memory": parse("101")}, {}).why == "size"
-    assert fit({"memory": plain}, False, {"memory": parse("100")}, {}).ok
+    assert fit({"memory": mem}, True, {"bogus": parse("1")}, held={}).why == "missing"
+    assert fit({"memory": plain}, False, {"memory": parse("101")}, held={}).why == "size"
+    assert fit({"memory": plain}, False, {"memory": parse("100")}, held={}).ok
 
 
 def test_published_policies_read_back() -> None:

@@ -125,8 +125,8 @@ def test_explain_weighs_the_made_up_claim_per_node() -> None:
     nodes = [node("n1"), node("n2")]
     plan = extended.plan(p, classes, nodes)
     assert plan.claim is not None
-    w = build_world([gpu_slice("n1", 4), gpu_slice("n2", 2)], classes, [], nodes)
-    report = explain("pod ml/train", [ClaimRef("ml/train", plan.claim)], w, p)
+    w = build_world([gpu_slice("n1", 4), gpu_slice("n2", 2)], classes, [], nodes=nodes)
+    report = explain("pod ml/train", [ClaimRef("ml/train", plan.claim)], w, pod=p)
     (req,) = report.requests
     assert (req.request, req.device_class, req.count) == (
         "container-0-request-0",

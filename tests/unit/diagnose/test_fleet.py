@@ -77,7 +77,7 @@ def test_twelve_nodes_75_percent_busy_strand_24_gpus_from_a_4_gpu_pod() -> None:
     assert bad == [] and [(r.claim, r.count, r.same_nvlink) for r in reqs] == [
         ("team/wide", 4, True)
     ]
-    w = build_world(all_slices, CLASSES, claims, nodes)
+    w = build_world(all_slices, CLASSES, claims, nodes=nodes)
     r = fleet(w, reqs, price=2.5)
     (product,) = r.totals
     t = r.totals[product]
@@ -113,7 +113,7 @@ def test_a_free_node_strands_nothing_and_the_reasons_name_product_and_nvlink() -
     claims.append(wide)
     classes = {c["metadata"]["name"]: c for c in CLASSES}
     reqs, _ = pending_requests([pending_pod("pair", "pair")], claims, classes)
-    r = fleet(build_world(pairs, CLASSES, claims, [node("p")]), reqs)
+    r = fleet(build_world(pairs, CLASSES, claims, nodes=[node("p")]), reqs)
     reasons = {(s.product, s.reason, s.gpus) for s in r.stranded}
     products = {s.product for s in r.stranded}
     assert any(reason == "fragmented-nvlink" and n == 2 for _, reason, n in reasons), reasons
@@ -124,10 +124,10 @@ def test_a_free_node_strands_nothing_and_the_reasons_name_product_and_nvlink() -
     # Without the constraint, the two free A100s serve the claim: only the L4s are left.
     wide["spec"]["devices"].pop("constraints")
     reqs, _ = pending_requests([pending_pod("pair", "pair")], claims, classes)
-    r = fleet(build_world(pairs, CLASSES, claims, [node("p")]), reqs)
+    r = fleet(build_world(pairs, CLASSES, claims, nodes=[node("p")]), reqs)
     assert [s.reason for s in r.stranded] == ["wrong-product"]
     # No Pending claim: idle is not stranded.
-    assert fleet(build_world(pairs, CLASSES, claims, [node("p")]), []).stranded == []
+    assert fleet(build_world(pairs, CLASSES, claims, nodes=[node("p")]), []).stranded == []
 
 
 def test_dynamic_mig_counts_partitions_and_a_carved_gpu_is_not_free() -> None:
@@ -135,7 +135,7 @@ def test_dynamic_mig_counts_partitions_and_a_carved_gpu_is_not_free() -> None:
     devices = [d for sl in s for d in sl["spec"]["devices"]]
     part = next(d["name"] for d in devices if d["attributes"]["type"]["string"] == "mig")
     claims = [claim("slice", 1, ("m", [part]), nvlinked=False)]
-    r = fleet(build_world(s, CLASSES, claims, [node("m")]), [])
+    r = fleet(build_world(s, CLASSES, claims, nodes=[node("m")]), [])
     (t,) = r.totals.values()
     assert (t.published, t.carved, t.free) == (2, 1, 1)
     (view,) = r.nodes
@@ -146,7 +146,7 @@ def test_dynamic_mig_counts_partitions_and_a_carved_gpu_is_not_free() -> None:
     reqs, _ = pending_requests(
         [pending_pod("two", "two")], claims, {c["metadata"]["name"]: c for c in CLASSES}
     )
-    r = fleet(build_world(s, CLASSES, claims, [node("m")]), reqs)
+    r = fleet(build_world(s, CLASSES, claims, nodes=[node("m")]), reqs)
     assert {s.reason for s in r.stranded} == {"mig-layout", "too-few-free"}
 
 
@@ -174,7 +174,7 @@ def test_a_pending_pod_asking_for_the_integer_is_judged_as_its_claim_would_be() 
     reqs, bad = pending_requests([pod], claims, classes)
     assert bad == []
     assert [(r.name, r.count, r.same_nvlink) for r in reqs] == [("container-0-request-0", 4, False)]
-    r = fleet(build_world(all_slices, list(classes.values()), claims, nodes), reqs)
+    r = fleet(build_world(all_slices, list(classes.values()), claims, nodes=nodes), reqs)
     assert r.stranded_gpus == 6
     assert {s.reason for s in r.stranded} == {"too-few-free"}
 
@@ -250,7 +250,7 @@ def test_shared_gpus_show_their_shares_and_the_memory_no_pending_share_fits_in()
     classes = {c["metadata"]["name"]: c for c in CLASSES}
     reqs, _ = pending_requests([pending_pod("wide", "wide")], claims, classes)
     assert [dict(r.capacity) for r in reqs] == [{"memory": 30 * 2**30}]
-    r = fleet(build_world(sl, CLASSES, claims, [node("s")]), reqs)
+    r = fleet(build_world(sl, CLASSES, claims, nodes=[node("s")]), reqs)
     (view,) = r.nodes
     (c,) = view.products.values()
     assert (c.published, c.shared, c.allocated, c.free) == (2, 2, 0, 0)
@@ -267,7 +267,7 @@ def test_shared_gpus_show_their_shares_and_the_memory_no_pending_share_fits_in()
     assert out["nodes"][0]["shared"][0]["shares"] == 3
     # One share fewer on the first: 39.6Gi left there, and the 30Gi share fits; only the
     # second's 9.6Gi is of no use to it.
-    r = fleet(build_world(sl, CLASSES, claims[1:], [node("s")]), reqs)
+    r = fleet(build_world(sl, CLASSES, claims[1:], nodes=[node("s")]), reqs)
     (left,) = r.stranded
     assert left.detail.startswith(f"9.6Gi left on {g1} beside 1 share")
     assert "a share of 39.6Gi" in r.nodes[0].shapes()

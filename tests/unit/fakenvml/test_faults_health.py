@@ -140,7 +140,7 @@ def test_destroying_a_mig_device_of_a_gpu_off_the_bus_counts_as_done(start: Star
     fake = start("1xH100-80GB:mig=on")
     carver = MigCarver(fake.pynvml)
     uuid = fake.machine.gpus[0].uuid
-    made = carver.create(uuid, 9, 0, 4, 3)
+    made = carver.create(uuid, 9, 0, size=4, compute_slices=3)
     fake.faults.lose_gpu(0)
     carver.destroy(uuid, made.gpu_instance_id, made.compute_instance_id)  # no error
     fake.machine.reset_gpu(0)

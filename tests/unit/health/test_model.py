@@ -175,7 +175,7 @@ def test_taints_on_the_unhealthy_devices_only() -> None:
     book = HealthBook()
     book.observe(XidEvent(inv.gpus[1].uuid, 79), now=1_700_000_000)
     faults = unhealthy(device_health(book, built.offer.devices().values()))
-    (s,) = with_taints(built.slices, faults, "gpu.example.com", TaintEffect.NO_EXECUTE)
+    (s,) = with_taints(built.slices, faults, "gpu.example.com", effect=TaintEffect.NO_EXECUTE)
     by_name = {d["name"]: d for d in s.devices}
     gpus = names_of(inv)
     assert "taints" not in by_name[gpus[0]]
@@ -188,16 +188,16 @@ def test_taints_on_the_unhealthy_devices_only() -> None:
         }
     ]
     # Same fault, same slice: no write when nothing changed.
-    (again,) = with_taints(built.slices, faults, "gpu.example.com", TaintEffect.NO_EXECUTE)
+    (again,) = with_taints(built.slices, faults, "gpu.example.com", effect=TaintEffect.NO_EXECUTE)
     assert again.fingerprint() == s.fingerprint() != built.slices[0].fingerprint()
-    assert with_taints(built.slices, {}, "d", TaintEffect.NO_SCHEDULE) == built.slices
+    assert with_taints(built.slices, {}, "d", effect=TaintEffect.NO_SCHEDULE) == built.slices
 
 
 def test_dropped_taints_are_noticed() -> None:
     inv = inventory("1xL4")
     built = build(inv, MigMode.NONE)
     faults = {names_of(inv)[0]: Fault("lost", 1)}
-    (s,) = with_taints(built.slices, faults, "d", TaintEffect.NO_SCHEDULE)
+    (s,) = with_taints(built.slices, faults, "d", effect=TaintEffect.NO_SCHEDULE)
     dropped = {"spec": {"devices": [{k: v for k, v in s.devices[0].items() if k != "taints"}]}}
     kept = {"spec": {"devices": list(s.devices)}}
     assert taints_dropped(s, dropped) and not taints_dropped(s, kept)

@@ -82,7 +82,9 @@ def test_events_reach_the_book_and_skip_list_xids_do_not(
     seen: list[Transition] = []
     from dradriver.health.model import HealthBook
 
-    mon = HealthMonitor(nvml.module, HealthBook(), lambda: uuids, seen.append, probe_period=60)
+    mon = HealthMonitor(
+        nvml.module, HealthBook(), lambda: uuids, on_change=seen.append, probe_period=60
+    )
     threading.Thread(target=mon.run_events, args=(stop,), daemon=True).start()
     wait_until(mon.events_watched.is_set, "the event set")
     fake.faults.xid_error(1, 13)  # an application's fault
@@ -104,7 +106,7 @@ def test_an_xid_on_a_gpu_instance(tmp_path: Path, stop: threading.Event) -> None
     gi = fake.machine.create_gpu_instance(0, 9, 4)  # 3g.40gb at 4
     uuids = [(0, fake.machine.gpus[0].uuid)]
     seen: list[Transition] = []
-    mon = HealthMonitor(m, HealthBook(), lambda: uuids, seen.append, probe_period=60)
+    mon = HealthMonitor(m, HealthBook(), lambda: uuids, on_change=seen.append, probe_period=60)
     threading.Thread(target=mon.run_events, args=(stop,), daemon=True).start()
     wait_until(mon.events_watched.is_set, "the event set")
     fake.faults.xid_error(0, 94, gpu_instance_id=gi.id)

@@ -41,7 +41,7 @@ def test_the_recorded_pid_is_the_daemons_and_quit_ends_it(
     (shm / ".bound").write_text("")
     pipe, logs = tmp_path / "pipe", tmp_path / "log"
     host = RealHost()
-    pid = host.start_mps(["GPU-x"], pipe, logs, shm)
+    pid = host.start_mps(["GPU-x"], pipe, logs, shm_dir=shm)
     try:
         assert int((pipe / "daemon.pid").read_text()) == pid  # the daemon, not a parent
         assert mps_alive(pid)

@@ -74,7 +74,7 @@ def test_every_line_mode_and_fleet_keeps_the_lines_rules(ln: Line) -> None:
                 assert len(s.devices) <= 64
             # Taints on every device (a node of sick GPUs) keep within the limits too.
             faults = {d["name"]: Fault("xid-79", 1) for d in devices(result.slices)}
-            tainted = with_taints(result.slices, faults, "d", TaintEffect.NO_SCHEDULE)
+            tainted = with_taints(result.slices, faults, "d", effect=TaintEffect.NO_SCHEDULE)
             check_limits(tainted, ln)
 
 

@@ -110,28 +110,28 @@ def _from_v0(doc: dict[str, Any], notes: list[str]) -> Checkpoint:
     checksum, one request name per device, no timestamps.
     """
     claims: dict[str, ClaimRecord] = {}
-    for i, obj in enumerate(get(doc, "claims", list, "checkpoint")):
+    for i, obj in enumerate(get(doc, "claims", list, where="checkpoint")):
         where = f"claims[{i}]"
         if not isinstance(obj, dict):
             raise CheckpointCorrupt(f"{where}: expected an object")
         devices = []
-        for j, d in enumerate(get(obj, "devices", list, where)):
+        for j, d in enumerate(get(obj, "devices", list, where=where)):
             dw = f"{where}.devices[{j}]"
             if not isinstance(d, dict):
                 raise CheckpointCorrupt(f"{dw}: expected an object")
             devices.append(
                 PreparedDevice(
-                    request_names=[get(d, "request", str, dw)],
-                    pool=get(d, "pool", str, dw),
-                    device=get(d, "device", str, dw),
+                    request_names=[get(d, "request", str, where=dw)],
+                    pool=get(d, "pool", str, where=dw),
+                    device=get(d, "device", str, where=dw),
                     cdi_device_ids=str_list(d, "cdiDeviceIds", dw),
-                    uuid=optional(d, "uuid", str, None, dw),
+                    uuid=optional(d, "uuid", str, default=None, where=dw),
                 )
             )
         rec = ClaimRecord(
-            uid=get(obj, "uid", str, where),
-            namespace=get(obj, "namespace", str, where),
-            name=get(obj, "name", str, where),
+            uid=get(obj, "uid", str, where=where),
+            namespace=get(obj, "namespace", str, where=where),
+            name=get(obj, "name", str, where=where),
             state=PREPARE_COMPLETED,
             devices=devices,
             migrated_from=0,
@@ -141,21 +141,23 @@ def _from_v0(doc: dict[str, Any], notes: list[str]) -> Checkpoint:
         claims[rec.uid] = rec
     notes.append(f"migrated {len(claims)} claims from checkpoint version 0")
     return Checkpoint(
-        version=0, boot_id=optional(doc, "bootId", str, "", "checkpoint"), claims=claims
+        version=0,
+        boot_id=optional(doc, "bootId", str, default="", where="checkpoint"),
+        claims=claims,
     )
 
 
 def _payload(
-    doc: dict[str, Any], payload: dict[str, Any], version: int, newer: bool, notes: list[str]
+    doc: dict[str, Any], payload: dict[str, Any], version: int, *, newer: bool, notes: list[str]
 ) -> Checkpoint:
     claims: dict[str, ClaimRecord] = {}
     unreadable: dict[str, Any] = {}
-    for k, v in get(payload, "claims", dict, "payload").items():
+    for k, v in get(payload, "claims", dict, where="payload").items():
         needs = v.get("minReader", 1) if isinstance(v, dict) else 1
         if isinstance(needs, int) and not isinstance(needs, bool) and needs > CURRENT_VERSION:
             unreadable[k] = v
             continue
-        claims[k] = ClaimRecord.from_json(k, v, newer, notes)
+        claims[k] = ClaimRecord.from_json(k, v, newer, notes=notes)
     if unreadable:
         notes.append(
             f"claims a newer release recorded in a form this release cannot read (their "
@@ -164,8 +166,8 @@ def _payload(
         )
     return Checkpoint(
         version=version,
-        boot_id=get(payload, "bootId", str, "payload"),
-        seq=optional(doc, "seq", int, None, "checkpoint"),
+        boot_id=get(payload, "bootId", str, where="payload"),
+        seq=optional(doc, "seq", int, default=None, where="checkpoint"),
         claims=claims,
         unknown=unknown(payload, _PAYLOAD_KEYS),
         unreadable=unreadable,
@@ -189,25 +191,29 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     notes: list[str] = []
     if "version" not in doc:
         return _from_v0(doc, notes), notes
-    version = get(doc, "version", int, "checkpoint")
+    version = get(doc, "version", int, where="checkpoint")
     if version < 0:
         raise CheckpointCorrupt(f"checkpoint.version: {version} is not a version")
     if version == 0:
         return _from_v0(doc, notes), notes
     newer = version > CURRENT_VERSION
     # Without "minReader", a newer version is assumed to need its own format.
-    min_reader = optional(doc, "minReader", int, version if newer else 1, "checkpoint")
+    min_reader = optional(
+        doc, "minReader", int, default=version if newer else 1, where="checkpoint"
+    )
     if newer:
         notes.append(
             f"checkpoint version {version} was written by a newer release; "
             f"reading the version {CURRENT_VERSION} fields it still has"
         )
-    payload = get(doc, "payload", dict, "checkpoint")
-    checksum = get(doc, "checksum", str, "checkpoint")
+    payload = get(doc, "payload", dict, where="checkpoint")
+    checksum = get(doc, "checksum", str, where="checkpoint")
     if checksum != payload_checksum(payload):
         raise CheckpointCorrupt("checksum mismatch: torn write or edited by hand")
     try:
-        cp = _payload(doc, payload, version, newer or min_reader > CURRENT_VERSION, notes)
+        cp = _payload(
+            doc, payload, version, newer=newer or min_reader > CURRENT_VERSION, notes=notes
+        )
     except CheckpointCorrupt as exc:
         if min_reader <= CURRENT_VERSION:
             raise

@@ -272,7 +272,14 @@ def test_a_daemon_whose_claim_a_lost_checkpoint_forgot_goes_at_unprepare(node: I
 def _prebind(node: ImexNode, ref: ClaimRef) -> None:
     """What the binder does while the scheduler holds the pod (binding conditions)."""
     params = node.claims[ref.name]["status"]["allocation"]["devices"]["config"][0]["opaque"]
-    dev = channel_device(ref, DRIVER, NODE, "channel", cd.CHANNEL_DEVICE, (params["parameters"],))
+    dev = channel_device(
+        ref,
+        DRIVER,
+        NODE,
+        request="channel",
+        device=cd.CHANNEL_DEVICE,
+        configs=(params["parameters"],),
+    )
     assert dev.imex is not None and node.driver.executor.imex is not None
     node.driver.executor.imex.prebind(ref.uid, str(ref), dev.imex)
 

@@ -152,7 +152,7 @@ def test_foreign_instances_are_left_alone_and_reported(node: Node) -> None:
     carver = MigCarver(node.fake.pynvml)
     gpu = node.fake.machine.gpus[3].uuid
     carver.set_mig_mode(gpu, True)
-    carver.create(gpu, 9, 0, 4, 3)  # an admin's 3g at 0
+    carver.create(gpu, 9, 0, size=4, compute_slices=3)  # an admin's 3g at 0
     restarted = start_node(node.tmp, node.claims)
     restarted.driver.reconcile()
     assert len(restarted.instances()) == 1  # still there

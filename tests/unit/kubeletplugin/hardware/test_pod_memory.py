@@ -132,13 +132,13 @@ def _fake(tmp: Path, driver: str = "615.71.09") -> tuple[Any, str, Path, str]:
 def test_fake_sets_and_reads_a_cgroups_limit_as_dmem_max_and_min(tmp_path: Path) -> None:
     nvml, gpu, pod, region = _fake(tmp_path)
     assert get_memory_limit(nvml, gpu, str(pod)).hard is None
-    set_memory_limit(nvml, gpu, str(pod), 8 * GI, 20 * GI)
+    set_memory_limit(nvml, gpu, str(pod), soft=8 * GI, hard=20 * GI)
     assert dmem.limits(pod, region) == (8 * GI, 20 * GI, 0)
     assert (pod / "dmem.max").read_text() == f"{region} {20 * GI}\n"
     got = get_memory_limit(nvml, gpu, str(pod))
     assert (got.soft, got.hard, got.used) == (8 * GI, 20 * GI, 0)
     # Cleared as NVML documents: soft 0, hard NVML_DEVICE_MEMORY_LIMIT_MAX.
-    set_memory_limit(nvml, gpu, str(pod), 0, nvml.NVML_DEVICE_MEMORY_LIMIT_MAX)
+    set_memory_limit(nvml, gpu, str(pod), soft=0, hard=nvml.NVML_DEVICE_MEMORY_LIMIT_MAX)
     assert dmem.limits(pod, region) == (0, None, 0)
 
 
@@ -151,10 +151,10 @@ def test_fake_refuses_as_the_driver_documents(tmp_path: Path) -> None:
     ]
     for path, reason in cases:
         with pytest.raises(SharingError) as e:
-            set_memory_limit(nvml, gpu, path, 0, GI)
+            set_memory_limit(nvml, gpu, path, soft=0, hard=GI)
         assert e.value.reason == reason, path
     with pytest.raises(SharingError, match="Invalid Argument"):
-        set_memory_limit(nvml, gpu, str(pod), 2 * GI, GI)
+        set_memory_limit(nvml, gpu, str(pod), soft=2 * GI, hard=GI)
     old, gpu_old, pod_old, _ = _fake(tmp_path / "old", driver="570.86.15")
     with pytest.raises(SharingError) as e:
         get_memory_limit(old, gpu_old, str(pod_old))

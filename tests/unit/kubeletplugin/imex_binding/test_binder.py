@@ -41,7 +41,7 @@ def claim(
 
 
 def cond(kind: str, status: bool) -> dict[str, Any]:
-    return plan.condition(kind, status, "R", "m", "2026-12-03T00:00:00Z")
+    return plan.condition(kind, status, "R", message="m", now="2026-12-03T00:00:00Z")
 
 
 def test_a_claim_waits_until_a_binding_condition_is_true() -> None:
@@ -71,25 +71,29 @@ def test_daemons_of_claims_allocated_or_prepared_here_are_kept() -> None:
 
 
 def test_a_false_condition_is_written_again_only_when_it_says_something_new() -> None:
-    said = plan.condition(cd.BINDING_CONDITION, False, "WaitingForNodes", "1 of 2", "t1")
+    said = plan.condition(
+        cd.BINDING_CONDITION, False, "WaitingForNodes", message="1 of 2", now="t1"
+    )
     assert plan.unchanged(
-        said, plan.condition(cd.BINDING_CONDITION, False, "WaitingForNodes", "1 of 2", "t2")
+        said,
+        plan.condition(cd.BINDING_CONDITION, False, "WaitingForNodes", message="1 of 2", now="t2"),
     )
     assert not plan.unchanged(
-        said, plan.condition(cd.BINDING_CONDITION, False, "WaitingForNodes", "2 of 3", "t2")
+        said,
+        plan.condition(cd.BINDING_CONDITION, False, "WaitingForNodes", message="2 of 3", now="t2"),
     )
     assert not plan.unchanged(None, said)
 
 
 def test_the_status_entry_is_the_channel_device_of_this_node() -> None:
     c = claim("a")
-    body = plan.status_body(plan.ref_of(c), DRIVER, NODE, [cond(cd.BINDING_CONDITION, True)])
+    body = plan.status_body(plan.ref_of(c), DRIVER, NODE, conds=[cond(cd.BINDING_CONDITION, True)])
     assert body["metadata"] == {"name": "a", "namespace": "team", "uid": "uid-a"}
     (entry,) = body["status"]["devices"]
     assert (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, NODE, "imex-channel")
     assert entry["conditions"][0]["status"] == "True"
     # A condition message is at most 32768 characters (metav1.Condition).
-    assert len(plan.condition("T", False, "R", "x" * 40000, "t")["message"]) == 32768
+    assert len(plan.condition("T", False, "R", message="x" * 40000, now="t")["message"]) == 32768
 
 
 def test_reasons_are_condition_reasons() -> None:

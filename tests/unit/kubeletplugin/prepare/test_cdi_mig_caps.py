@@ -22,9 +22,9 @@ def proc_tree(root: Path, minor: int, gi: int, ci: int, gi_minor: int, ci_minor:
 
 def test_caps_minors_are_read_from_proc(tmp_path: Path) -> None:
     proc_tree(tmp_path, minor=3, gi=2, ci=0, gi_minor=57, ci_minor=58)
-    assert caps_device_minors(tmp_path, 3, 2, 0) == (57, 58)
+    assert caps_device_minors(tmp_path, 3, 2, ci_id=0) == (57, 58)
     with pytest.raises(FileNotFoundError):
-        caps_device_minors(tmp_path, 3, 5, 0)
+        caps_device_minors(tmp_path, 3, 5, ci_id=0)
 
 
 def test_real_mode_spec_carries_caps_nodes_and_stays_valid(tmp_path: Path) -> None:

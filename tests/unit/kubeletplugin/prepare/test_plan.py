@@ -52,29 +52,29 @@ def test_refs_that_could_escape_or_mislead_are_refused(ref: ClaimRef, message: s
 
 def test_replaced_claim() -> None:
     with pytest.raises(DriverError, match=r"was replaced.*UID"):
-        claim_devices(claim([result("gpu-0")], uid="other"), REF, DRIVER, POOL)
+        claim_devices(claim([result("gpu-0")], uid="other"), REF, DRIVER, pool=POOL)
 
 
 def test_not_allocated_and_not_reserved() -> None:
     with pytest.raises(DriverError, match="not allocated"):
-        claim_devices(claim(None), REF, DRIVER, POOL)
+        claim_devices(claim(None), REF, DRIVER, pool=POOL)
     with pytest.raises(DriverError, match="not reserved for any pod"):
-        claim_devices(claim([result("gpu-0")], reserved=False), REF, DRIVER, POOL)
+        claim_devices(claim([result("gpu-0")], reserved=False), REF, DRIVER, pool=POOL)
 
 
 def test_only_our_results_and_our_pool() -> None:
     p = claim_devices(
-        claim([result("gpu-0"), result("nic-1", driver="net.example.com")]), REF, DRIVER, POOL
+        claim([result("gpu-0"), result("nic-1", driver="net.example.com")]), REF, DRIVER, pool=POOL
     )
     assert [d.device for d in p.devices] == ["gpu-0"]
     with pytest.raises(DriverError, match="no device of driver"):
-        claim_devices(claim([result("nic-1", driver="net.example.com")]), REF, DRIVER, POOL)
+        claim_devices(claim([result("nic-1", driver="net.example.com")]), REF, DRIVER, pool=POOL)
     with pytest.raises(DriverError, match="pool 'node-b'"):
-        claim_devices(claim([result("gpu-0", pool="node-b")]), REF, DRIVER, POOL)
+        claim_devices(claim([result("gpu-0", pool="node-b")]), REF, DRIVER, pool=POOL)
 
 
 def test_subrequest_suffix_is_stripped_for_the_kubelet() -> None:
-    p = claim_devices(claim([result("gpu-0", request="gpu/h100")]), REF, DRIVER, POOL)
+    p = claim_devices(claim([result("gpu-0", request="gpu/h100")]), REF, DRIVER, pool=POOL)
     assert p.devices[0].request == "gpu/h100" and p.devices[0].request_name == "gpu"
 
 
@@ -107,7 +107,7 @@ def test_configs_in_precedence_order_per_request() -> None:
         ),
         REF,
         DRIVER,
-        POOL,
+        pool=POOL,
     )
     tags = {d.device: [c["tag"] for c in d.configs] for d in p.devices}
     assert tags == {

@@ -83,11 +83,11 @@ class Gate:
         real = carver.create
         uuid = next(d.gpu.uuid for d in driver.devices().values() if d.gpu.index == gpu_index)
 
-        def create(gpu_uuid: str, *args: Any) -> Any:
+        def create(gpu_uuid: str, *args: Any, **named: Any) -> Any:
             if gpu_uuid == uuid:
                 self.entered.set()
                 assert self.opened.wait(20), "the gate was never opened"
-            return real(gpu_uuid, *args)
+            return real(gpu_uuid, *args, **named)
 
         carver.create = create  # type: ignore[method-assign]
 

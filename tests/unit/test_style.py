@@ -1,0 +1,33 @@
+"""House rules a reader relies on, checked over all of dradriver/: a function with more
+than three parameters takes the rest by keyword, so a call says what each value is."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "dradriver"
+# Positional by design, each with the reason.
+POSITIONAL = {
+    # A REST path's parts, in the URL's order: path_for(api_version, plural, ns, name).
+    "k8s/client.py:path_for",
+    # Rows of a table of CEL overloads, one line each.
+    "diagnose/cel.py:_overload",
+}
+
+
+def test_past_three_parameters_they_are_keywords() -> None:
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if "gen" in path.relative_to(ROOT).parts:
+            continue  # generated from api/*.proto
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            names = [a.arg for a in node.args.posonlyargs + node.args.args]
+            if names and names[0] in ("self", "cls"):
+                names = names[1:]
+            where = f"{path.relative_to(ROOT)}:{node.name}"
+            if len(names) > 3 and node.args.vararg is None and where not in POSITIONAL:
+                found.append(f"{where}({', '.join(names)})")
+    assert found == [], "put `*` after the third parameter: " + "; ".join(found)
