@@ -312,7 +312,7 @@ def _preparer(
 ) -> Preparer:
     """The prepare side: the hardware steps the options turn on, the executor, the
     preparer over the checkpoint and the node lock."""
-    from dradriver.kubeletplugin.hardware.shares import mps_protocol
+    from dradriver.kubeletplugin.hardware.shares import ShareSteps, mps_protocol
     from dradriver.kubeletplugin.hardware.sharing import SharingSteps
     from dradriver.kubeletplugin.prepare import cdi, wiring
     from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
@@ -332,16 +332,20 @@ def _preparer(
             next((d.uuid for d in view.devices().values() if d.kind is DeviceKind.GPU), None)
         )
     writer = cdi.CdiWriter(opts.cdi_dir, opts.driver_name)
+    mps_root = opts.state_dir / "mps"
+    sharing = SharingSteps(nvml.module, nvml.host, mps_root)
     executor = Executor(
         driver=opts.driver_name,
         cdi_writer=writer,
         host=nvml.host,
         profiles=view.profiles,
         mig=mig,
-        sharing=SharingSteps(
+        sharing=sharing,
+        shares=ShareSteps(
             nvml.module,
             nvml.host,
-            opts.state_dir / "mps",
+            mps_root,
+            sharing.ledger,
             lambda: mps_protocol(view.driver_version),
         ),
         pod_memory=pod_memory,

@@ -13,6 +13,7 @@ from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice
 from dradriver.kubeletplugin.endpoints.metrics import Metrics
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
+from dradriver.kubeletplugin.hardware.shares import ShareSteps
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps
 from dradriver.kubeletplugin.prepare.cdi import CdiWriter
 from dradriver.kubeletplugin.prepare.execute import Executor
@@ -79,6 +80,7 @@ def fake_preparer(
     names = NameBook(tmp / "device-names.json")
     names.learn(inv.gpus)
 
+    sharing = SharingSteps(nvml.module, nvml.host, tmp / "mps")
     executor = Executor(
         driver=DRIVER,
         cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
@@ -89,7 +91,10 @@ def fake_preparer(
             if d.gpu.mig_profiles
         },
         mig=MigPreparer(MigCarver(nvml.module), ledger, switching),
-        sharing=SharingSteps(nvml.module, nvml.host, tmp / "mps", lambda: mps_protocol),
+        sharing=sharing,
+        shares=ShareSteps(
+            nvml.module, nvml.host, tmp / "mps", sharing.ledger, lambda: mps_protocol
+        ),
     )
     if cgroup_root is not None:
         executor.pod_memory = PodMemory(nvml.module, cgroup_root)

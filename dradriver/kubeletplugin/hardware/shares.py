@@ -31,7 +31,7 @@ from dradriver.logs import get_logger
 from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
 from dradriver.nvml.host import GpuHost, mps_alive
 
-log = get_logger("kubeletplugin.sharing")
+log = get_logger("kubeletplugin.shares")
 Save = Callable[[], None]
 SERVER = "shares"  # the one MPS v3 server of a device's daemon
 MIB = 2**20
@@ -136,6 +136,28 @@ class ShareSteps:
         return where
 
     # -- unprepare -------------------------------------------------------------------------
+    def undo(self, rec: ClaimRecord) -> None:
+        """Every share of the claim out of its device's daemon (idempotent). A record
+        migrated from a format before shares were recorded in it says nothing of them:
+        what the ledger holds for its claim is undone as well."""
+        errors = []
+        for d in share_devices(rec):
+            try:
+                self.leave(rec, d)
+            except SharingError as exc:
+                errors.append(f"device {d.device}: {exc}")
+        if rec.migrated_from is not None:
+            errors += self.forget(rec.uid)
+        if errors:
+            raise SharingError("; ".join(errors), reason="undo")
+
+    def undo_forgotten(self, claim: str) -> None:
+        """The shares the ledger holds for `claim`, whose record is gone, undone; raises
+        SharingError (the kubelet retries) if one could not be."""
+        errors = self.forget(claim)
+        if errors:
+            raise SharingError("; ".join(errors), reason="undo")
+
     def leave(self, rec: ClaimRecord, d: PreparedDevice) -> None:
         """Removes the share from its device's daemon; the last one out stops it."""
         self._leave(str(d.uuid), _share(d).share_id, rec.uid)

@@ -14,7 +14,6 @@ from pathlib import Path
 from types import ModuleType
 
 from dradriver.errors import SharingError
-from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_devices
 from dradriver.kubeletplugin.state.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
 from dradriver.kubeletplugin.state.sharing_ledger import SharingLedger
 from dradriver.logs import get_logger
@@ -44,21 +43,16 @@ class SharingSteps:
     nvml: ModuleType  # compute mode goes through NVML
     host: GpuHost  # time-slicing and the MPS daemon lie outside it
     mps_root: Path  # <state dir>/mps: one directory per daemon
-    # 3 where the driver has MPS v3 (shares' limits on the server side), else 2.
-    mps_protocol: Callable[[], int] = lambda: 2
-    # Beside the MPS root, in the state directory: <state dir>/sharing-ledger.json.
+    # Beside the MPS root, in the state directory: <state dir>/sharing-ledger.json (the
+    # shares' daemons are recorded there too, hardware/shares.py).
     ledger: SharingLedger = field(init=False)
-    shares: ShareSteps = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledger = SharingLedger(self.mps_root.parent / "sharing-ledger.json")
-        self.shares = ShareSteps(
-            self.nvml, self.host, self.mps_root, self.ledger, self.mps_protocol
-        )
 
     def apply(self, rec: ClaimRecord, save: Save) -> None:
-        """Applies every sharing setup of the claim; `save()` persists the record after
-        each change so a crash never loses track of one."""
+        """Applies the claim's time-slicing and MPS setups; `save()` persists the record
+        after each change so a crash never loses track of one."""
         for d in rec.devices:
             sh = d.sharing
             if isinstance(sh, TimeSlicing) and d.kind == "gpu":
@@ -71,8 +65,6 @@ class SharingSteps:
                 )
         for group, devs in mps_groups(rec).items():
             self._start_mps(rec, group, devs, save=save)
-        for d in share_devices(rec):
-            self.shares.join(rec, d, save)
 
     def _start_mps(
         self, rec: ClaimRecord, group: str, devs: list[PreparedDevice], *, save: Save
@@ -124,16 +116,11 @@ class SharingSteps:
         migrated from a format before sharing was recorded in it says nothing of what was
         set up for it: what the ledger holds for its claim is undone as well."""
         migrated = rec.migrated_from is not None
-        if not migrated and all(d.sharing is None and d.share is None for d in rec.devices):
-            # Nothing of it was ever shared: no step wrote the ledger for it (a claim's
-            # sharing comes from its plan, before any step), so it is not read.
+        if not migrated and all(d.sharing is None for d in rec.devices):
+            # Nothing of it was ever time-sliced or under MPS: no step wrote the ledger
+            # for it (a claim's sharing comes from its plan, before any step).
             return
         errors: list[str] = []
-        for d in share_devices(rec):
-            try:
-                self.shares.leave(rec, d)
-            except SharingError as exc:
-                errors.append(f"device {d.device}: {exc}")
         stopped: set[str] = set()
         ledger = self.ledger.load()
         for d in rec.devices:
@@ -202,7 +189,7 @@ class SharingSteps:
         stopped, compute modes and intervals back to what they were. Raises SharingError
         (the kubelet retries) if something could not be undone."""
         e = self.ledger.load()
-        errors: list[str] = self.shares.forget(claim)
+        errors: list[str] = []
         for key, daemon in e.daemons.items():
             if daemon.claim != claim:
                 continue
@@ -238,7 +225,6 @@ class SharingSteps:
 
     def recheck(self, rec: ClaimRecord, save: Save) -> None:
         """Startup: a completed claim's MPS daemon must be running (a reboot ends it)."""
-        self.shares.recheck(rec, save)
         for group, devs in mps_groups(rec).items():
             pid = _mps(devs[0]).pid or 0
             if not mps_alive(pid):

@@ -24,7 +24,7 @@ from dradriver.errors import (
 from dradriver.kubeletplugin.hardware.imex import ImexSteps
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
-from dradriver.kubeletplugin.hardware.shares import share_edits
+from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_devices, share_edits
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
 from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
@@ -50,7 +50,10 @@ class Executor:
     # GPU UUID -> its MIG profile IDs, for finding instances when restoring MIG modes.
     profiles: Callable[[], dict[str, list[int]]]
     mig: MigPreparer | None = None
+    # Time-slicing and MPS (a claim's GpuConfig sharing).
     sharing: SharingSteps | None = None
+    # Shares of a device (consumable capacity) under its MPS daemon.
+    shares: ShareSteps | None = None
     # Shares' memory as their pods' cgroup limits (r615+, whole GPUs); None: not here.
     pod_memory: PodMemory | None = None
     # ComputeDomains' IMEX channels and daemons; None: this node publishes no channels.
@@ -64,9 +67,10 @@ class Executor:
         """What this node cannot do for the claim at all, before anything is recorded."""
         if any(d.carve is not None for d in rec.devices) and self.mig is None:
             raise MigError(f"claim {rec.ref}: MIG partitions need --mig-mode dynamic")
-        shares = any(d.share is not None and not d.admin_access for d in rec.devices)
-        if (shares or any(d.sharing is not None for d in rec.devices)) and self.sharing is None:
+        if any(d.sharing is not None for d in rec.devices) and self.sharing is None:
             raise SharingError(f"claim {rec.ref}: sharing is not available on this node")
+        if share_devices(rec) and self.shares is None:
+            raise SharingError(f"claim {rec.ref}: shares are not available on this node")
         if any(d.imex is not None for d in rec.devices) and self.imex is None:
             raise ImexError(
                 f"claim {rec.ref}: IMEX channels are not prepared on this node (the plugin "
@@ -122,13 +126,22 @@ class Executor:
         if mig is not None:
             out.append(Step("MIG", "whole GPUs out of MIG mode", nothing, self._whole(mig, rec)))
         if (sharing := self.sharing) is not None:
-            shared = any(_shared(d) for d in rec.devices)
+            shared = any(d.sharing is not None for d in rec.devices)
             out.append(
                 Step(
                     "sharing",
-                    "sharing setup",
+                    "time-slicing and MPS setup",
                     undo=functools.partial(sharing.undo, rec),
-                    apply=self._share(sharing, rec, journal) if shared else nothing,
+                    apply=self._sharing(sharing, rec, journal) if shared else nothing,
+                )
+            )
+        if (shares := self.shares) is not None:
+            out.append(
+                Step(
+                    "shares",
+                    "shares under their devices' MPS daemons",
+                    undo=functools.partial(shares.undo, rec),
+                    apply=self._shares(shares, rec, journal) if share_devices(rec) else nothing,
                 )
             )
         if (imex := self.imex) is not None:
@@ -167,11 +180,18 @@ class Executor:
 
         return apply
 
-    def _share(
-        self, sharing: SharingSteps, rec: ClaimRecord, journal: Journal
-    ) -> Callable[[], None]:
+    @staticmethod
+    def _sharing(sharing: SharingSteps, rec: ClaimRecord, journal: Journal) -> Callable[[], None]:
         def apply() -> None:
             sharing.apply(rec, lambda: journal.record(rec))
+            crashpoint("sharing-applied")
+
+        return apply
+
+    def _shares(self, shares: ShareSteps, rec: ClaimRecord, journal: Journal) -> Callable[[], None]:
+        def apply() -> None:
+            for d in share_devices(rec):
+                shares.join(rec, d, lambda: journal.record(rec))
             crashpoint("sharing-applied")
             if self.pod_memory is not None and self.pod_memory.apply(
                 rec, lambda: journal.pod_memory(rec.uid)
@@ -303,8 +323,11 @@ class Executor:
         gone): what its release_forgotten touches; None if they hold nothing for it."""
         gpus: set[str] = set()
         found = False
-        if self.sharing is not None:
-            e = self.sharing.ledger.load()
+        ledger = self.sharing.ledger if self.sharing is not None else None
+        if ledger is None and self.shares is not None:
+            ledger = self.shares.ledger
+        if ledger is not None:
+            e = ledger.load()
             found = uid in e.claims()
             gpus |= {g for g, m in e.compute_mode.items() if m.claim == uid}
             gpus |= {g for g, c in e.time_slice.items() if c == uid}
@@ -342,7 +365,10 @@ class Executor:
             out.append(Step("MIG", "MIG devices and modes the ledger holds", mig_undo))
         if (sharing := self.sharing) is not None:
             undo = functools.partial(sharing.undo_forgotten_claim, uid)
-            out.append(Step("sharing", "sharing setup the ledger holds", undo))
+            out.append(Step("sharing", "time-slicing and MPS the ledger holds", undo))
+        if (shares := self.shares) is not None:
+            undo = functools.partial(shares.undo_forgotten, uid)
+            out.append(Step("shares", "shares the ledger holds", undo))
         if (imex := self.imex) is not None:
             out.append(Step("IMEX", "IMEX daemons", functools.partial(imex.undo_forgotten, uid)))
         spec = functools.partial(self.remove_forgotten_spec, uid, ref)

@@ -45,9 +45,11 @@ def reconcile(
         # What the ledger holds for claims the checkpoint lost: kept for their pods,
         # undone when the kubelet unprepares them.
         ex.sharing.report_forgotten(set(cp.claims) | set(cp.unreadable))
-        for rec in completed:
+    for rec in completed:
+        for steps in (ex.sharing, ex.shares):
             try:
-                ex.sharing.recheck(rec, lambda: store.save(cp))
+                if steps is not None:
+                    steps.recheck(rec, lambda: store.save(cp))
             except SharingError as exc:
                 log.error("could not restart an MPS daemon", claim_uid=rec.uid, error=str(exc))
     if ex.pod_memory is not None:

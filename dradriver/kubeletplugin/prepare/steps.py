@@ -33,7 +33,7 @@ def nothing() -> None:
 
 @dataclass(frozen=True)
 class Step:
-    layer: str  # what an error names: "MIG", "sharing", "IMEX", "CDI"
+    layer: str  # what an error names: "MIG", "sharing", "shares", "IMEX", "CDI"
     what: str  # for the log: "destroy MIG device gpu-0-mig-1g10gb-0"
     undo: Callable[[], object]
     apply: Callable[[], object] = nothing
