@@ -23,7 +23,6 @@ from dradriver.nvml.mig import Instance, MigCarver
 
 log = get_logger("kubeletplugin.mig")
 
-
 _INSUFFICIENT = (
     "; another GPU instance on this GPU holds memory slices, compute slices or media "
     "engines (NVDEC, NVENC, JPEG, OFA) this profile needs. The published counters keep the "

@@ -26,7 +26,7 @@ from dradriver.k8s.mirror import Mirror
 from dradriver.kubeletplugin.hardware.imex import WAITING, ImexSteps
 from dradriver.kubeletplugin.imex_binding import plan
 from dradriver.kubeletplugin.prepare.channels import channel_device, is_channel
-from dradriver.kubeletplugin.prepare.plan import claim_devices
+from dradriver.kubeletplugin.prepare.claim_devices import claim_devices
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.imex_binding")

@@ -24,9 +24,10 @@ from dradriver.errors import (
 from dradriver.kubeletplugin.hardware.imex import ImexSteps
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
-from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_devices, share_edits
-from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
+from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_devices
+from dradriver.kubeletplugin.hardware.sharing import SharingSteps
 from dradriver.kubeletplugin.prepare import cdi
+from dradriver.kubeletplugin.prepare.claim_spec import claim_spec
 from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
 from dradriver.kubeletplugin.prepare.steps import Step, apply_all, layered, nothing, undo_all
 from dradriver.kubeletplugin.state.journal import Journal
@@ -37,7 +38,7 @@ from dradriver.kubeletplugin.state.records import (
     PreparedDevice,
 )
 from dradriver.logs import get_logger
-from dradriver.nvml.host import DeviceNode, GpuHost
+from dradriver.nvml.host import GpuHost
 
 log = get_logger("kubeletplugin.execute")
 
@@ -235,34 +236,7 @@ class Executor:
 
     def spec(self, rec: ClaimRecord) -> dict[str, Any]:
         """The claim's CDI spec, from its record and the node's device nodes."""
-        devices = []
-        for d in rec.devices:
-            env, mounts = container_edits(d)
-            more_env, more_mounts = share_edits(d)
-            env += more_env + share_env(d)
-            mounts += more_mounts
-            if d.imex is not None:
-                devices.append(imex_device(d, self.host.imex_channel_node(d.imex.channel)))
-                continue
-            nodes = self.host.device_nodes(d.minor, d.mig_ids())
-            devices.append(
-                cdi.CdiDevice(
-                    name=d.cdi_name,
-                    device=d.device,
-                    uuid=d.uuid or "",
-                    device_nodes=tuple(nodes),
-                    group=",".join(d.request_names),
-                    env=tuple(env),
-                    mounts=tuple(mounts),
-                )
-            )
-        return cdi.claim_spec(
-            self.driver,
-            rec.uid,
-            devices,
-            claim_name=rec.ref,
-            control_nodes=self.host.control_device_nodes(),
-        )
+        return claim_spec(rec, driver=self.driver, host=self.host)
 
     def rollback(self, journal: Journal, rec: ClaimRecord, plan: list[Step] | None = None) -> None:
         """Immediate rollback: everything created for this claim goes before the error
@@ -403,34 +377,3 @@ class Executor:
 def _shared(d: PreparedDevice) -> bool:
     """Time-sliced, under MPS, or a share (an adminAccess share runs under nothing)."""
     return d.sharing is not None or (d.share is not None and not d.admin_access)
-
-
-def imex_device(d: PreparedDevice, node: DeviceNode) -> cdi.CdiDevice:
-    """An IMEX channel in the container: its device node, and which domain and channel."""
-    assert d.imex is not None
-    return cdi.CdiDevice(
-        name=d.cdi_name,
-        device=d.device,
-        uuid="",
-        device_nodes=(node,),
-        group=",".join(d.request_names),
-        env=(
-            f"DRADRIVER_IMEX_CHANNEL={d.imex.channel}",
-            f"DRADRIVER_COMPUTE_DOMAIN={d.imex.namespace}/{d.imex.domain}",
-        ),
-        gpu=False,
-    )
-
-
-def share_env(d: PreparedDevice) -> list[str]:
-    """What a share was allocated, for the workload to size itself by (a framework's
-    memory fraction, a server's worker count): the shareID and the limits prepare
-    derived from the allocation (prepare/shares.py)."""
-    if d.share is None:
-        return []
-    env = [f"DRADRIVER_SHARE_ID={d.share.share_id}"]
-    if d.share.memory_limit is not None:
-        env.append(f"DRADRIVER_SHARE_MEMORY_LIMIT={d.share.memory_limit}")
-    if d.share.compute_limit is not None:
-        env.append(f"DRADRIVER_SHARE_COMPUTE_LIMIT={d.share.compute_limit}")
-    return env

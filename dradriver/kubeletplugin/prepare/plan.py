@@ -7,12 +7,11 @@ typed per-claim error that tells the user what is wrong. No I/O here; the execut
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from dradriver.errors import ClaimStateError, ConfigError, DeviceError, RequestError
+from dradriver.errors import ConfigError, DeviceError
 from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
 from dradriver.kubeletplugin.claimref import ClaimRef
@@ -21,6 +20,10 @@ from dradriver.kubeletplugin.prepare.channels import (
     channel_device,
     check_one_domain,
     is_channel,
+)
+from dradriver.kubeletplugin.prepare.claim_devices import (
+    PlannedDevice,
+    claim_devices,
 )
 from dradriver.kubeletplugin.prepare.identity import check_identity
 from dradriver.kubeletplugin.prepare.shares import check_room, share_of
@@ -43,133 +46,6 @@ from dradriver.slices.consumable import OFF, Consumable
 # claims have none, and the plugin's memory is a budget.
 if TYPE_CHECKING:
     from dradriver.api.config import DeviceConfig
-
-UID = re.compile(r"^[0-9a-fA-F-]{1,64}$")
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def check_ref(ref: ClaimRef) -> None:
-    """They become file names and API paths, so anything that is not a plain Kubernetes
-    name or UID is refused before use."""
-    if not ref.uid:
-        raise RequestError("request layer: the claim has an empty UID", reason="bad_request")
-    if not UID.match(ref.uid):
-        raise RequestError(
-            f"request layer: claim UID {ref.uid!r} is not a Kubernetes UID", reason="bad_request"
-        )
-    for what, v in (("namespace", ref.namespace), ("name", ref.name)):
-        if not v or len(v) > 253 or not DNS_SUBDOMAIN.match(v):
-            raise RequestError(
-                f"request layer: claim {what} {v!r} is not a valid Kubernetes "
-                "name (no slashes, dots at the ends or upper case)",
-                reason="bad_request",
-            )
-
-
-@dataclass(frozen=True)
-class PlannedDevice:
-    request: str  # as in the result, possibly "request/subrequest"
-    pool: str
-    device: str
-    admin_access: bool
-    # Opaque config parameters for our driver that apply to this device's request, in
-    # precedence order (class configs first, then claim configs; later wins).
-    configs: tuple[dict[str, Any], ...] = ()
-    # One share of a device that allows multiple allocations: the scheduler's shareID
-    # and consumedCapacity (capacity name -> quantity); "" and () for a whole device.
-    share_id: str = ""
-    consumed: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def request_name(self) -> str:
-        """The kubelet wants request names without the "/subrequest" suffix."""
-        return self.request.split("/", 1)[0]
-
-
-@dataclass
-class ClaimDevices:
-    """Our devices in an allocated claim, and the pods it is reserved for."""
-
-    ref: ClaimRef
-    devices: list[PlannedDevice] = field(default_factory=list)
-    pods: list[str] = field(default_factory=list)
-    pod_uids: list[str] = field(default_factory=list)
-
-
-def _applies(cfg_requests: list[str] | None, request: str) -> bool:
-    if not cfg_requests:
-        return True  # no list: the config applies to every request of the claim
-    top = request.split("/", 1)[0]
-    return request in cfg_requests or top in cfg_requests
-
-
-def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, *, pool: str) -> ClaimDevices:
-    """Checks the claim as the API server returned it and lists our devices in it."""
-    meta = claim.get("metadata", {})
-    if meta.get("uid") != ref.uid:
-        raise ClaimStateError(
-            f"claim {ref} was replaced: the kubelet asked for UID {ref.uid}, the API server "
-            f"has UID {meta.get('uid')}. The pod refers to an older claim; it is retried.",
-            reason="claim_replaced",
-        )
-    if meta.get("deletionTimestamp") and not (claim.get("status") or {}).get("reservedFor"):
-        raise ClaimStateError(f"claim {ref} is being deleted", reason="claim_deleted")
-    status = claim.get("status") or {}
-    alloc = status.get("allocation")
-    if not alloc:
-        raise ClaimStateError(
-            f"claim {ref} is not allocated: the scheduler has not placed it yet",
-            reason="not_allocated",
-        )
-    reserved = status.get("reservedFor") or []
-    if not reserved:
-        raise ClaimStateError(
-            f"claim {ref} is not reserved for any pod: nothing may use it yet",
-            reason="not_reserved",
-        )
-    devices = alloc.get("devices") or {}
-    configs = [
-        c for c in devices.get("config") or [] if (c.get("opaque") or {}).get("driver") == driver
-    ]
-    # The API server keeps class configs before claim configs; sort stably to be sure,
-    # since precedence (later wins) depends on it.
-    configs.sort(key=lambda c: 0 if c.get("source") == "FromClass" else 1)
-    out = ClaimDevices(
-        ref=ref,
-        pods=[r.get("name", "") for r in reserved],
-        pod_uids=[str(r["uid"]) for r in reserved if r.get("resource") == "pods" and r.get("uid")],
-    )
-    for r in devices.get("results") or []:
-        if r.get("driver") != driver:
-            continue  # another driver's device in the same claim
-        if r.get("pool") != pool:
-            raise ClaimStateError(
-                f"claim {ref}: device {r.get('device')} is in pool "
-                f"{r.get('pool')!r}, but this node publishes pool {pool!r}",
-                reason="wrong_pool",
-            )
-        request = str(r.get("request", ""))
-        consumed = r.get("consumedCapacity") or {}
-        if not isinstance(consumed, dict):
-            consumed = {}
-        out.devices.append(
-            PlannedDevice(
-                request=request,
-                pool=pool,
-                device=str(r.get("device", "")),
-                admin_access=bool(r.get("adminAccess")),
-                configs=tuple(
-                    c["opaque"].get("parameters") or {}
-                    for c in configs
-                    if _applies(c.get("requests"), request)
-                ),
-                share_id=str(r.get("shareID") or ""),
-                consumed=tuple(sorted((str(k), str(v)) for k, v in consumed.items())),
-            )
-        )
-    if not out.devices:
-        raise ClaimStateError(f"claim {ref} has no device of driver {driver}", reason="not_ours")
-    return out
 
 
 def sharing_for(dev: NodeDevice, cfg: DeviceConfig | None) -> Sharing | None:

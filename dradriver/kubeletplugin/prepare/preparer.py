@@ -27,10 +27,12 @@ from dradriver.inventory.node_devices import NodeDevice
 from dradriver.k8s import Kube
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.endpoints.metrics import Metrics
+from dradriver.kubeletplugin.prepare.claim_devices import check_ref
 from dradriver.kubeletplugin.prepare.claim_read import read_claim
 from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
+from dradriver.kubeletplugin.prepare.each_claim import each_claim
 from dradriver.kubeletplugin.prepare.execute import Executor
-from dradriver.kubeletplugin.prepare.plan import check_ref, plan
+from dradriver.kubeletplugin.prepare.plan import plan
 from dradriver.kubeletplugin.prepare.reconcile import reconcile
 from dradriver.kubeletplugin.prepare.refusals import check_readable, newer_file
 from dradriver.kubeletplugin.prepare.unprepared import UnpreparedMeanwhile
@@ -50,23 +52,6 @@ from dradriver.logs import get_logger
 from dradriver.slices.consumable import OFF, Consumable
 
 log = get_logger("kubeletplugin.prepare")
-
-
-def _internal(ref: ClaimRef, exc: Exception) -> DriverError:
-    """An exception no layer turned into a DriverError, as this claim's error: the other
-    claims of the call go on, and the log has the traceback for a bug report."""
-    if isinstance(exc, RecursionError):
-        return DriverError(
-            f"claim {ref}: the claim nests too deeply to be read; simplify its parameters",
-            reason="too_deep",
-        )
-    text = str(exc)
-    text = text if len(text) <= 300 else text[:300] + "..."
-    return DriverError(
-        f"claim {ref}: internal error ({type(exc).__name__}: {text}); this is a bug in "
-        "dradriver, please report it with the plugin's log",
-        reason="internal",
-    )
 
 
 @dataclass
@@ -120,38 +105,11 @@ class Preparer:
 
     # -- prepare ---------------------------------------------------------------------------
     def prepare(self, refs: list[ClaimRef]) -> dict[str, Prepared]:
-        out: dict[str, Prepared] = {}
-        for ref in refs:
-            start = time.monotonic()
-            try:
-                out[ref.uid] = Prepared(devices=self._prepare_one(ref))
-                self.metrics.prepare_seconds.labels("ok").observe(time.monotonic() - start)
-            except DriverError as exc:
-                out[ref.uid] = Prepared(error=str(exc))
-                self._failed("prepare", ref, exc, start=start)
-            except Exception as exc:  # a bug or an input nobody foresaw: this claim only
-                err = _internal(ref, exc)
-                out[ref.uid] = Prepared(error=str(err))
-                self._failed("prepare", ref, err, start=start, exc_info=True)
-        return out
-
-    def _failed(
-        self, op: str, ref: ClaimRef, exc: DriverError, *, start: float, exc_info: bool = False
-    ) -> None:
-        seconds = (
-            self.metrics.prepare_seconds if op == "prepare" else self.metrics.unprepare_seconds
-        )
-        seconds.labels("error").observe(time.monotonic() - start)
-        self.metrics.errors.labels(op, exc.reason).inc()
-        log.error(
-            f"{op} failed",
-            claim=str(ref),
-            claim_uid=ref.uid,
-            layer=exc.layer,
-            reason=exc.reason,
-            error=str(exc),
-            exc=exc_info,
-        )
+        got = each_claim("prepare", refs, self._prepare_one, metrics=self.metrics)
+        return {
+            uid: Prepared(error=str(r)) if isinstance(r, DriverError) else Prepared(devices=r)
+            for uid, r in got.items()
+        }
 
     def __post_init__(self) -> None:
         self.gpus = self.gpu_locks or GpuLocks(self.store.path.parent / "locks")
@@ -342,21 +300,8 @@ class Preparer:
 
     # -- unprepare -------------------------------------------------------------------------
     def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for ref in refs:
-            start = time.monotonic()
-            try:
-                self._unprepare_one(ref)
-                out[ref.uid] = ""
-                self.metrics.unprepare_seconds.labels("ok").observe(time.monotonic() - start)
-            except DriverError as exc:
-                out[ref.uid] = str(exc)
-                self._failed("unprepare", ref, exc, start=start)
-            except Exception as exc:
-                err = _internal(ref, exc)
-                out[ref.uid] = str(err)
-                self._failed("unprepare", ref, err, start=start, exc_info=True)
-        return out
+        got = each_claim("unprepare", refs, self._unprepare_one, metrics=self.metrics)
+        return {uid: str(r) if isinstance(r, DriverError) else "" for uid, r in got.items()}
 
     def _unprepare_one(self, ref: ClaimRef) -> None:
         check_ref(ref)

@@ -21,10 +21,10 @@ Each fact has one home, and the reason it is there:
   once (an XID event), so that a restart does not forget a GPU is sick.
 
 The rest of the package: journal.py (each hardware step saved before the next),
-pod_limits.py (what the prepared shares of each GPU give each pod, pure), share.py and
-imex.py (a share's and an IMEX channel's part of a device's record), decode.py (their
-typed reading), files.py (atomic writes, the node lock), gpu_locks.py (per-GPU locks),
-tidy.py (what an uninstall removes).
+pod_limits.py (what the prepared shares of each GPU give each pod, pure); share.py,
+sharing.py and imex.py (a share's, a sharing setup's and an IMEX channel's part of a
+device's record) and decode.py (their typed reading); files.py (atomic writes, the node
+lock), gpu_locks.py (per-GPU locks), tidy.py (what an uninstall removes).
 
 Imports no other package of the plugin: everything else builds on it.
 """

@@ -10,7 +10,9 @@ import pytest
 from dradriver.errors import ConfigError, DeviceError, DriverError
 from dradriver.inventory.naming import uuid_digits
 from dradriver.inventory.node_devices import MigMode
-from dradriver.kubeletplugin.prepare.plan import ClaimRef, check_ref, claim_devices, plan
+from dradriver.kubeletplugin.claimref import ClaimRef
+from dradriver.kubeletplugin.prepare.claim_devices import check_ref, claim_devices
+from dradriver.kubeletplugin.prepare.plan import plan
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
