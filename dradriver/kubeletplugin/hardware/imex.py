@@ -16,6 +16,7 @@ daemon's PID), so a crash leaves nothing the startup reconcile cannot stop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable
@@ -85,6 +86,19 @@ def peers_of(domain: Obj, node: str, uid: str) -> tuple[str, tuple[str, ...]] | 
     return str(mine["address"]), tuple(sorted(str(n["address"]) for n in nodes))
 
 
+# Makes a daemon's progress durable (in its claim's record, or nowhere before prepare).
+Record = Callable[[ImexDaemon], None]
+
+
+def _with_imex(rec: ClaimRecord, i: int, im: ImexDaemon) -> ClaimRecord:
+    return rec.with_device(i, dataclasses.replace(rec.devices[i], imex=im))
+
+
+def _saving(rec: ClaimRecord, i: int, save: Callable[[ClaimRecord], None]) -> Record:
+    """Saves `rec` with its `i`th device's daemon as each step leaves it."""
+    return lambda im: save(_with_imex(rec, i, im))
+
+
 @dataclass
 class ImexSteps:
     host: GpuHost
@@ -97,27 +111,34 @@ class ImexSteps:
     cmd_port: int = DEFAULT_CMD_PORT
     ready_timeout: float = READY_TIMEOUT
 
-    def apply(self, rec: ClaimRecord, record: Callable[[], None]) -> None:
-        for d in rec.devices:
-            if d.imex is not None:
-                self.check(d.imex, KUBELET_RETRIES)
-                self._launch(rec.uid, rec.ref, d.imex, record=record, then=KUBELET_RETRIES)
+    def apply(self, rec: ClaimRecord, save: Callable[[ClaimRecord], None]) -> ClaimRecord:
+        """The claim's IMEX daemons started; `save(rec)` makes each step durable. The
+        record after."""
+        for i, d in enumerate(rec.devices):
+            if d.imex is None:
+                continue
+            im = self.check(d.imex, KUBELET_RETRIES)
+            launched = self._launch(
+                rec.uid, rec.ref, im, record=_saving(rec, i, save), then=KUBELET_RETRIES
+            )
+            rec = _with_imex(rec, i, launched)
+        return rec
 
     def prebind(self, uid: str, ref: str, im: ImexDaemon) -> None:
         """Before the pod is bound (binding conditions, kubeletplugin/imex_binding/): the same
         checks and daemon as at prepare, which then adopts it. The files beside the
         config are its only record (no checkpoint entry before prepare): the binder's
         sweep stops a daemon whose claim is neither prepared nor allocated here."""
-        self.check(im, SCHEDULER_WAITS)
+        im = self.check(im, SCHEDULER_WAITS)
         try:
-            self._launch(uid, ref, im, record=lambda: None, then=SCHEDULER_RETRIES)
+            self._launch(uid, ref, im, record=lambda im: None, then=SCHEDULER_RETRIES)
         except ImexError:
             self.undo_forgotten(uid)
             raise
 
-    def check(self, im: ImexDaemon, then: str) -> None:
+    def check(self, im: ImexDaemon, then: str) -> ImexDaemon:
         """The claim's domain is the one it was made for, in this node's clique, with
-        its channel; every node has joined: sets the daemon's address and peers."""
+        its channel; every node has joined: the daemon with its address and peers."""
         where = f"ComputeDomain {im.namespace}/{im.domain}"
         domain = self.domain_of(im.namespace, im.domain)
         uid = (domain.get("metadata") or {}).get("uid")
@@ -149,11 +170,12 @@ class ImexSteps:
                 f"{found}; {then}",
                 reason=WAITING,
             )
-        im.address, im.peers = found
+        address, peers = found
+        return dataclasses.replace(im, address=address, peers=peers)
 
     def _launch(
-        self, uid: str, ref: str, im: ImexDaemon, *, record: Callable[[], None], then: str
-    ) -> None:
+        self, uid: str, ref: str, im: ImexDaemon, *, record: Record, then: str
+    ) -> ImexDaemon:
         where = f"ComputeDomain {im.namespace}/{im.domain}"
         cfg_dir = self.state_dir / "imex" / im.domain_uid
         config = cfg_dir / "config.cfg"
@@ -162,24 +184,25 @@ class ImexSteps:
         running = _pid_in(cfg_dir)
         if running is not None and self._same(cfg_dir, uid, im, text=text) and mps_alive(running):
             # Started before the pod was bound, for this claim, with these peers.
-            im.config_dir, im.pid = str(cfg_dir), running
-            record()
+            im = dataclasses.replace(im, config_dir=str(cfg_dir), pid=running)
+            record(im)
             log.info(
                 "IMEX daemon adopted", claim=ref, claim_uid=uid, channel=im.channel, pid=running
             )
             self._wait_ready(im, config, where, then=then)
-            return
+            return im
         if running is not None:
             self.host.stop_imex(running)  # an older start's, with another peer list
-        im.config_dir = str(cfg_dir)
-        record()  # the intent: a crash from here leaves a directory to clean
+        im = dataclasses.replace(im, config_dir=str(cfg_dir))
+        record(im)  # the intent: a crash from here leaves a directory to clean
         cfg_dir.mkdir(parents=True, exist_ok=True)
         # Whose daemon this is, should the checkpoint be lost (forgotten() finds it).
         (cfg_dir / "claim").write_text(f"{uid}\n")
         nodes.write_text("".join(f"{p}\n" for p in im.peers))
         config.write_text(text)
-        self._start(uid, ref, im, config=config, record=record, said="IMEX daemon started")
+        im = self._start(uid, ref, im, config=config, record=record, said="IMEX daemon started")
         self._wait_ready(im, config, where, then=then)
+        return im
 
     @staticmethod
     def _same(cfg_dir: Path, uid: str, im: ImexDaemon, *, text: str) -> bool:
@@ -199,12 +222,12 @@ class ImexSteps:
         im: ImexDaemon,
         *,
         config: Path,
-        record: Callable[[], None],
+        record: Record,
         said: str,
-    ) -> None:
-        im.pid = self.host.start_imex(config, config.parent / "imex.log")
+    ) -> ImexDaemon:
+        im = dataclasses.replace(im, pid=self.host.start_imex(config, config.parent / "imex.log"))
         (config.parent / "daemon.pid").write_text(f"{im.pid}\n")
-        record()
+        record(im)
         log.info(
             said,
             claim=ref,
@@ -215,6 +238,7 @@ class ImexSteps:
             peers=",".join(im.peers),
             pid=im.pid,
         )
+        return im
 
     def _wait_ready(self, im: ImexDaemon, config: Path, where: str, *, then: str) -> None:
         deadline = time.monotonic() + self.ready_timeout
@@ -237,40 +261,45 @@ class ImexSteps:
             reason="imex_not_ready",
         )
 
-    def ensure(self, rec: ClaimRecord, record: Callable[[], None]) -> None:
+    def ensure(self, rec: ClaimRecord, save: Callable[[ClaimRecord], None]) -> ClaimRecord:
         """A prepared claim whose daemon is gone (the node rebooted; someone killed it):
         started again from its config, at startup and on the kubelet's repeated
         prepare. Not waited for: IMEX is ready at once after starting (the guide), and
-        this may run under the node lock."""
-        for d in rec.devices:
+        this may run under the node lock. The record after."""
+        for i, d in enumerate(rec.devices):
             im = d.imex
             if im is None or im.config_dir is None or (im.pid is not None and mps_alive(im.pid)):
                 continue
             config = Path(im.config_dir) / "config.cfg"
             if not config.exists():
                 continue  # interrupted before its config: the startup reconcile undoes it
-            self._start(
-                rec.uid, rec.ref, im, config=config, record=record, said="IMEX daemon started again"
+            started = self._start(
+                rec.uid,
+                rec.ref,
+                im,
+                config=config,
+                record=_saving(rec, i, save),
+                said="IMEX daemon started again",
             )
+            rec = _with_imex(rec, i, started)
+        return rec
 
     def undo(self, rec: ClaimRecord) -> None:
         """Stops the claim's daemons and removes their files (idempotent). The PID file
-        beside the config finds a daemon whose PID a crash kept out of the record."""
+        beside the config finds a daemon whose PID a crash kept out of the record. The
+        record's PID counts only while its config directory is there: once that is gone
+        the daemon was stopped, and the number may be another process's by now."""
         for d in rec.devices:
             im = d.imex
-            if im is None:
+            if im is None or im.config_dir is None or not Path(im.config_dir).exists():
                 continue
             pids = {im.pid} if im.pid is not None else set()
-            if im.config_dir is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    pids.add(int((Path(im.config_dir) / "daemon.pid").read_text().strip()))
+            with contextlib.suppress(OSError, ValueError):
+                pids.add(int((Path(im.config_dir) / "daemon.pid").read_text().strip()))
             for pid in pids:
                 self.host.stop_imex(pid)
                 log.info("IMEX daemon stopped", claim=rec.ref, claim_uid=rec.uid, pid=pid)
-            im.pid = None
-            if im.config_dir is not None:
-                shutil.rmtree(im.config_dir, ignore_errors=True)
-                im.config_dir = None
+            shutil.rmtree(im.config_dir, ignore_errors=True)
 
     def daemons(self) -> dict[str, Path]:
         """claim uid -> the config directory of its daemon, for every one on disk."""

@@ -11,15 +11,16 @@ lost record), and an undo that fails leaves it recorded for the retry.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import MigError
 from dradriver.inventory.node_devices import MigSwitching
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, OwnedInstance
-from dradriver.kubeletplugin.state.records import Carve, ClaimRecord, PreparedDevice
+from dradriver.kubeletplugin.state.records import Carve, PreparedDevice
 from dradriver.logs import get_logger
-from dradriver.nvml.mig import Instance, MigCarver
+from dradriver.nvml.mig import Created, Instance, MigCarver
 
 log = get_logger("kubeletplugin.mig")
 
@@ -29,6 +30,15 @@ _INSUFFICIENT = (
     "scheduler from allocating such a pair, so look for GPU instances made outside the "
     "driver (`nvidia-smi mig -lgi`); the plugin publishes around them from its next discovery on"
 )
+
+
+def _carved(d: PreparedDevice, made: Created) -> PreparedDevice:
+    """The device as carved: its partition's instance ids and its MIG UUID."""
+    assert d.carve is not None
+    carve = dataclasses.replace(
+        d.carve, gpu_instance_id=made.gpu_instance_id, compute_instance_id=made.compute_instance_id
+    )
+    return dataclasses.replace(d, carve=carve, uuid=made.uuid)
 
 
 @dataclass
@@ -84,8 +94,9 @@ class MigPreparer:
             self.ledger.disabled_restored(gpu)
             log.info("MIG mode restored to on", gpu=gpu)
 
-    def carve(self, d: PreparedDevice, claim: str = "") -> None:
-        """Creates the partition recorded in d.carve; fills in its ids and the MIG UUID."""
+    def carve(self, d: PreparedDevice, claim: str = "") -> PreparedDevice:
+        """Creates the partition recorded in d.carve: the device with its ids and its
+        MIG UUID."""
         c = d.carve
         assert c is not None
         if not self.carver.mig_enabled(c.gpu_uuid):
@@ -95,8 +106,8 @@ class MigPreparer:
             self.carver.set_mig_mode(c.gpu_uuid, True)
             log.info("MIG mode enabled", gpu=c.gpu_uuid, device=d.device)
         crashpoint("mig-before-create")
-        if self._adopt_own(d, c, claim):
-            return
+        if (kept := self._adopt_own(d, c, claim)) is not None:
+            return kept
         slot = (c.gpu_uuid, c.profile_id, c.placement_start)
         there = self.find(c)
         if there is not None:
@@ -125,8 +136,7 @@ class MigPreparer:
                 + (_INSUFFICIENT if "InsufficientResources" in str(err) else ""),
                 in_use=err.in_use,
             ) from err
-        c.gpu_instance_id, c.compute_instance_id = made.gpu_instance_id, made.compute_instance_id
-        d.uuid = made.uuid
+        carved = _carved(d, made)
         self.ledger.instance_created(
             OwnedInstance(c.gpu_uuid, made.gpu_instance_id, c.profile_id, c.placement_start, claim)
         )
@@ -140,15 +150,16 @@ class MigPreparer:
             mig_uuid=made.uuid,
         )
         crashpoint("mig-created")
+        return carved
 
-    def _adopt_own(self, d: PreparedDevice, c: Carve, claim: str) -> bool:
+    def _adopt_own(self, d: PreparedDevice, c: Carve, claim: str) -> PreparedDevice | None:
         """A partition the ledger says was carved for this same claim, whose record was
         lost: the claim's pods may be using it, so it is taken back as it is (same MIG
         UUID), never carved anew. One carved for another lost claim is refused."""
         slot = (c.gpu_uuid, c.profile_id, c.placement_start)
         held = next((i for i in self.ledger.instances() if i.slot == slot), None)
         if held is None:
-            return False
+            return None
         gi_id = held.gpu_instance_id
         if gi_id is None:
             # An intent whose carve never finished (its claim's record lost): the
@@ -156,7 +167,7 @@ class MigPreparer:
             there = self.find(c)
             if there is None:
                 self.ledger.intent_dropped(slot)
-                return False
+                return None
             gi_id = there.gpu_instance_id
         if held.claim != claim:
             raise MigError(
@@ -172,20 +183,18 @@ class MigPreparer:
                 self.ledger.intent_dropped(slot)
             else:
                 self.ledger.instance_destroyed(c.gpu_uuid, gi_id)
-            return False  # gone meanwhile: carve it anew
+            return None  # gone meanwhile: carve it anew
         if held.pending:
             self.ledger.instance_created(
                 OwnedInstance(c.gpu_uuid, gi_id, c.profile_id, c.placement_start, claim)
             )
-        c.gpu_instance_id, c.compute_instance_id = made.gpu_instance_id, made.compute_instance_id
-        d.uuid = made.uuid
         log.warning(
             "MIG device of this claim kept from before its record was lost; taken back",
             claim_uid=claim,
             device=d.device,
             mig_uuid=made.uuid,
         )
-        return True
+        return _carved(d, made)
 
     def uncarve(self, d: PreparedDevice, claim: str = "") -> None:
         c = d.carve
@@ -273,56 +282,6 @@ class MigPreparer:
             )
         return gpus
 
-    def _settle_intents(self, known: set[str]) -> None:
-        """Startup, after interrupted prepares are undone: every intent left in the ledger
-        belongs to a claim whose record is gone (a lost checkpoint). An instance at its
-        slot is that claim's (its pods may use it): recorded as its, kept and not offered
-        until the kubelet unprepares the claim, given back if it is prepared again. An
-        intent with nothing at its slot is dropped."""
-        for i in self.ledger.instances():
-            if not i.pending:
-                continue
-            try:
-                there = next(
-                    (
-                        x
-                        for x in self.carver.instances(i.gpu_uuid, [i.profile_id])
-                        if x.placement_start == i.placement_start
-                    ),
-                    None,
-                )
-            except MigError as exc:
-                log.error(
-                    "could not look for the MIG device of an unfinished carve; kept as intended",
-                    claim_uid=i.claim,
-                    gpu=i.gpu_uuid,
-                    error=str(exc),
-                )
-                continue
-            if there is None:
-                self.ledger.intent_dropped(i.slot)
-                log.info(
-                    "intent of a carve that made nothing dropped",
-                    claim_uid=i.claim,
-                    gpu=i.gpu_uuid,
-                    placement=i.placement_start,
-                )
-                continue
-            self.ledger.instance_created(
-                OwnedInstance(
-                    i.gpu_uuid, there.gpu_instance_id, i.profile_id, i.placement_start, i.claim
-                )
-            )
-            log.warning(
-                "MIG device whose carve a crash interrupted, of a claim the checkpoint does "
-                "not hold: recorded as that claim's, kept until the kubelet unprepares it",
-                claim_uid=i.claim,
-                gpu=i.gpu_uuid,
-                gpu_instance=there.gpu_instance_id,
-                placement=i.placement_start,
-                in_checkpoint=i.claim in known,
-            )
-
     def find(self, c: Carve) -> Instance | None:
         return next(
             (
@@ -346,55 +305,3 @@ class MigPreparer:
                 continue
             self.ledger.enabled_restored(gpu)
             log.info("MIG mode restored to off", gpu=gpu)
-
-    def reconcile(
-        self, completed: list[ClaimRecord], all_profiles: dict[str, list[int]]
-    ) -> list[Instance]:
-        """Startup, after interrupted prepares are undone: carve again the partitions of
-        completed claims that vanished (a reboot clears MIG), report foreign instances."""
-        owned: set[tuple[str, int]] = set()
-        for rec in completed:
-            for d in rec.devices:
-                c = d.carve
-                if c is None:
-                    continue
-                here = self.find(c)
-                if here is not None and here.gpu_instance_id == c.gpu_instance_id:
-                    owned.add((c.gpu_uuid, here.gpu_instance_id))
-                    continue
-                log.warning(
-                    "MIG device of a prepared claim is gone; carving it again",
-                    device=d.device,
-                    claim_uid=rec.uid,
-                    gpu=c.gpu_uuid,
-                )
-                self.carve(d, rec.uid)
-                assert c.gpu_instance_id is not None
-                owned.add((c.gpu_uuid, c.gpu_instance_id))
-        self._settle_intents({r.uid for r in completed})
-        foreign = [
-            i
-            for gpu, pids in all_profiles.items()
-            for i in self.carver.instances(gpu, pids)
-            if (gpu, i.gpu_instance_id) not in owned
-        ]
-        ours = {(i.gpu_uuid, i.gpu_instance_id): i.claim for i in self.ledger.instances()}
-        for i in foreign:
-            claim = ours.get((i.gpu_uuid, i.gpu_instance_id))
-            if claim is not None:
-                log.warning(
-                    "MIG device of a claim the checkpoint does not hold: kept (not offered) "
-                    "until the kubelet unprepares the claim",
-                    gpu=i.gpu_uuid,
-                    gpu_instance=i.gpu_instance_id,
-                    claim_uid=claim,
-                )
-                continue
-            log.warning(
-                "MIG device not created by this driver; left alone",
-                gpu=i.gpu_uuid,
-                gpu_instance=i.gpu_instance_id,
-                profile_id=i.profile_id,
-                placement=i.placement_start,
-            )
-        return foreign

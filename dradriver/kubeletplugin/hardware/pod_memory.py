@@ -62,12 +62,14 @@ class PodMemory:
             )
         return self.unavailable
 
-    def apply(self, rec: ClaimRecord, others: Callable[[], dict[tuple[str, str], int]]) -> bool:
+    def apply(
+        self, rec: ClaimRecord, others: Callable[[], dict[tuple[str, str], int]]
+    ) -> ClaimRecord | None:
         """Sets the limits preparing `rec` calls for (`others`: what the other claims'
-        shares hold for each GPU and pod, asked only if `rec` has a share to limit);
-        records in each share where they hold. Whether the record changed."""
+        shares hold for each GPU and pod, asked only if `rec` has a share to limit). The
+        record with, in each share, where they hold; None when that did not change."""
         if self.unavailable is not None or not any(limited(d) for d in rec.devices):
-            return False
+            return None
         found: dict[tuple[str, str], str] = {}
         for lim in wanted(rec, others()):
             cgroup = find_pod_cgroup(self.cgroup_root, lim.pod)
@@ -99,14 +101,14 @@ class PodMemory:
                 limit=lim.memory,
                 cgroup=str(cgroup),
             )
-        changed = False
-        for d in rec.devices:
+        out = rec
+        for i, d in enumerate(rec.devices):
             if not limited(d):
                 continue
             assert d.share is not None
             gpu = str(d.uuid)
             cgroups = tuple(found[(gpu, p)] for p in d.share.pods if (gpu, p) in found)
             if cgroups != d.share.pod_cgroups:
-                d.share = dataclasses.replace(d.share, pod_cgroups=cgroups)
-                changed = True
-        return changed
+                share = dataclasses.replace(d.share, pod_cgroups=cgroups)
+                out = out.with_device(i, dataclasses.replace(d, share=share))
+        return out if out is not rec else None

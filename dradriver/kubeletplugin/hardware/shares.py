@@ -32,7 +32,7 @@ from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set
 from dradriver.nvml.host import GpuHost, mps_alive
 
 log = get_logger("kubeletplugin.shares")
-Save = Callable[[], None]
+Save = Callable[[ClaimRecord], None]  # makes a record durable
 SERVER = "shares"  # the one MPS v3 server of a device's daemon
 MIB = 2**20
 # The first driver branch with MPS v3 (servers, namespaces): NVIDIA's MPS documentation.
@@ -45,7 +45,13 @@ def mps_protocol(driver_version: str) -> int:
 
 
 def share_devices(rec: ClaimRecord) -> list[PreparedDevice]:
-    return [d for d in rec.devices if d.share is not None and not d.admin_access]
+    return [rec.devices[i] for i in share_indices(rec)]
+
+
+def share_indices(rec: ClaimRecord) -> list[int]:
+    """Where the claim's shares are among its devices (an adminAccess one runs under
+    nothing)."""
+    return [i for i, d in enumerate(rec.devices) if d.share is not None and not d.admin_access]
 
 
 def _share(d: PreparedDevice) -> Share:
@@ -66,8 +72,10 @@ class ShareSteps:
         return base / "pipe", base / "log", base / "shm"
 
     # -- prepare ---------------------------------------------------------------------------
-    def join(self, rec: ClaimRecord, d: PreparedDevice, save: Save) -> None:
-        """Sets the share up under its device's daemon (starting it if it is the first)."""
+    def join(self, rec: ClaimRecord, i: int, save: Save) -> ClaimRecord:
+        """Sets up the share of `rec`'s `i`th device under the device's daemon (starting
+        it if it is the first); the record with the share set up, saved."""
+        d = rec.devices[i]
         share, device = _share(d), str(d.uuid)
         pipe, logs, shm = self._dirs(device)
         known = self.ledger.load().shared.get(device)
@@ -81,7 +89,7 @@ class ShareSteps:
         client, server_side = pipe, False
         if (pipe / SERVER / "control").exists():
             client, server_side = self._namespace(pipe, share), True
-        d.share = dataclasses.replace(
+        done = dataclasses.replace(
             share,
             pipe_dir=str(client),
             log_dir=str(logs),
@@ -89,7 +97,8 @@ class ShareSteps:
             applied=True,
             server_side=server_side,
         )
-        save()
+        rec = rec.with_device(i, dataclasses.replace(d, share=done))
+        save(rec)
         log.info(
             "share set up under the device's MPS daemon",
             claim_uid=rec.uid,
@@ -99,6 +108,7 @@ class ShareSteps:
             compute_limit=share.compute_limit,
             server_side=server_side,
         )
+        return rec
 
     def _start(self, d: PreparedDevice, pipe: Path, logs: Path, *, shm: Path) -> None:
         device = str(d.uuid)
@@ -199,10 +209,11 @@ class ShareSteps:
                     errors.append(f"share {share_id} of {device}: {exc}")
         return errors
 
-    def recheck(self, rec: ClaimRecord, save: Save) -> None:
+    def recheck(self, rec: ClaimRecord, save: Save) -> ClaimRecord:
         """Startup: a completed claim's shares must be under a running daemon (a reboot
-        or a lost daemon ends them), with their namespaces."""
-        for d in share_devices(rec):
+        or a lost daemon ends them), with their namespaces. The record after."""
+        for i in share_indices(rec):
+            d = rec.devices[i]
             share = _share(d)
             known = self.ledger.load().shared.get(str(d.uuid))
             alive = known is not None and mps_alive(known.pid)
@@ -212,7 +223,8 @@ class ShareSteps:
                     claim_uid=rec.uid,
                     share=share.share_id,
                 )
-                self.join(rec, d, save)
+                rec = self.join(rec, i, save)
+        return rec
 
 
 def share_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]]:

@@ -7,11 +7,13 @@ or even a lost checkpoint leaves no daemon and no changed compute mode behind.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from dradriver.errors import SharingError
 from dradriver.kubeletplugin.state.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
@@ -21,16 +23,24 @@ from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set
 from dradriver.nvml.host import GpuHost, mps_alive
 
 log = get_logger("kubeletplugin.sharing")
-Save = Callable[[], None]
+Save = Callable[[ClaimRecord], None]  # makes a record durable
 
 
-def mps_groups(rec: ClaimRecord) -> dict[str, list[PreparedDevice]]:
-    """The claim's MPS devices by limits group: one daemon per group."""
-    groups: dict[str, list[PreparedDevice]] = {}
-    for d in rec.devices:
+def mps_groups(rec: ClaimRecord) -> dict[str, list[int]]:
+    """Where the claim's MPS devices are among its devices, by limits group: one daemon
+    per group."""
+    groups: dict[str, list[int]] = {}
+    for i, d in enumerate(rec.devices):
         if isinstance(d.sharing, Mps):
-            groups.setdefault(d.sharing.group, []).append(d)
+            groups.setdefault(d.sharing.group, []).append(i)
     return groups
+
+
+def _with_mps(rec: ClaimRecord, i: int, **changes: Any) -> ClaimRecord:
+    d = rec.devices[i]
+    return rec.with_device(
+        i, dataclasses.replace(d, sharing=dataclasses.replace(_mps(d), **changes))
+    )
 
 
 def daemon_key(sh: Mps) -> str:
@@ -50,44 +60,56 @@ class SharingSteps:
     def __post_init__(self) -> None:
         self.ledger = SharingLedger(self.mps_root.parent / "sharing-ledger.json")
 
-    def apply(self, rec: ClaimRecord, save: Save) -> None:
-        """Applies the claim's time-slicing and MPS setups; `save()` persists the record
-        after each change so a crash never loses track of one."""
-        for d in rec.devices:
+    def apply(self, rec: ClaimRecord, save: Save) -> ClaimRecord:
+        """Applies the claim's time-slicing and MPS setups; `save(rec)` persists the
+        record after each change so a crash never loses track of one. The record after."""
+        for i, d in enumerate(rec.devices):
             sh = d.sharing
             if isinstance(sh, TimeSlicing) and d.kind == "gpu":
                 self.ledger.slice_changing(str(d.uuid), rec.uid)
                 self.host.set_timeslice(str(d.uuid), sh.interval)
-                sh.applied = True
-                save()
+                applied = dataclasses.replace(sh, applied=True)
+                rec = rec.with_device(i, dataclasses.replace(d, sharing=applied))
+                save(rec)
                 log.info(
                     "time-slicing applied", claim_uid=rec.uid, device=d.device, interval=sh.interval
                 )
-        for group, devs in mps_groups(rec).items():
-            self._start_mps(rec, group, devs, save=save)
+        for group, members in mps_groups(rec).items():
+            rec = self._start_mps(rec, group, members, save=save)
+        return rec
 
     def _start_mps(
-        self, rec: ClaimRecord, group: str, devs: list[PreparedDevice], *, save: Save
-    ) -> None:
+        self, rec: ClaimRecord, group: str, members: list[int], *, save: Save
+    ) -> ClaimRecord:
         index = sorted(mps_groups(rec)).index(group)
         key = f"{rec.uid}-{index}"
         base = self.mps_root / key
         pipe, logs, shm = base / "pipe", base / "log", base / "shm"
         shm.mkdir(parents=True, exist_ok=True, mode=0o1777)
-        for d in devs:
-            sh = _mps(d)
-            sh.pipe_dir, sh.log_dir, sh.shm_dir = str(pipe), str(logs), str(shm)
+        for i in members:
+            d = rec.devices[i]
+            before = None
             if d.kind == "gpu":
                 # In the ledger before it changes; an earlier entry (this claim's setup
                 # being redone after a restart) keeps what the GPU had before us.
                 now = get_compute_mode(self.nvml, str(d.uuid))
-                sh.compute_mode_before = self.ledger.mode_changing(str(d.uuid), now, rec.uid)
-        save()
-        for d in devs:
+                before = self.ledger.mode_changing(str(d.uuid), now, rec.uid)
+            rec = _with_mps(
+                rec,
+                i,
+                pipe_dir=str(pipe),
+                log_dir=str(logs),
+                shm_dir=str(shm),
+                compute_mode_before=before if d.kind == "gpu" else _mps(d).compute_mode_before,
+            )
+        save(rec)
+        for i in members:
+            d = rec.devices[i]
             if d.kind == "gpu":
                 set_compute_mode(self.nvml, str(d.uuid), exclusive_process(self.nvml))
-                _mps(d).compute_mode_set = True
-        save()
+                rec = _with_mps(rec, i, compute_mode_set=True)
+        save(rec)
+        devs = [rec.devices[i] for i in members]
         known = self.ledger.load().daemons.get(key)
         if known is not None and mps_alive(known.pid):
             # Never a second daemon for one group: the one running is the group's.
@@ -99,10 +121,9 @@ class SharingSteps:
             self.ledger.daemon_started(key, 0, str(pipe), claim=rec.uid)
             pid = self.host.start_mps([str(d.uuid) for d in devs], pipe, logs, shm_dir=shm)
             self.ledger.daemon_started(key, pid, str(pipe), claim=rec.uid)
-        for d in devs:
-            sh = _mps(d)
-            sh.pid, sh.applied = pid, True
-        save()
+        for i in members:
+            rec = _with_mps(rec, i, pid=pid, applied=True)
+        save(rec)
         log.info(
             "MPS control daemon started",
             claim_uid=rec.uid,
@@ -110,6 +131,7 @@ class SharingSteps:
             devices=",".join(d.device for d in devs),
             pipe_dir=str(pipe),
         )
+        return rec
 
     def undo(self, rec: ClaimRecord) -> None:
         """Stops daemons, restores compute modes and intervals; idempotent. A record
@@ -223,17 +245,19 @@ class SharingSteps:
         if errors:
             raise SharingError("; ".join(errors), reason="undo")
 
-    def recheck(self, rec: ClaimRecord, save: Save) -> None:
-        """Startup: a completed claim's MPS daemon must be running (a reboot ends it)."""
-        for group, devs in mps_groups(rec).items():
-            pid = _mps(devs[0]).pid or 0
+    def recheck(self, rec: ClaimRecord, save: Save) -> ClaimRecord:
+        """Startup: a completed claim's MPS daemon must be running (a reboot ends it).
+        The record after."""
+        for group, members in mps_groups(rec).items():
+            pid = _mps(rec.devices[members[0]]).pid or 0
             if not mps_alive(pid):
                 log.warning(
                     "MPS control daemon of a prepared claim is gone; starting it again",
                     claim_uid=rec.uid,
                     old_pid=pid,
                 )
-                self._start_mps(rec, group, devs, save=save)
+                rec = self._start_mps(rec, group, members, save=save)
+        return rec
 
 
 def container_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]]:

@@ -6,6 +6,7 @@ node: the scheduler allocates the device once, and a second is refused here too)
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dradriver.api.computedomain import CHANNEL_DEVICE
@@ -52,8 +53,7 @@ def channel_device(
         kind=KIND,
         imex=ImexDaemon(cfg.domainUID, cfg.domain, ref.namespace, cfg.channel),
     )
-    out.cdi_device_ids = [qualified_name(driver, out.cdi_name, ref.uid)]
-    return out
+    return dataclasses.replace(out, cdi_device_ids=[qualified_name(driver, out.cdi_name, ref.uid)])
 
 
 def check_one_domain(cp: Checkpoint, ref: ClaimRef, channels: list[PreparedDevice]) -> None:

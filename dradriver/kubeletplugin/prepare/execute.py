@@ -7,6 +7,7 @@ the work. A failed prepare is rolled back at once: nothing it created outlives t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,13 +25,21 @@ from dradriver.errors import (
 from dradriver.kubeletplugin.hardware.imex import ImexSteps
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
-from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_devices
+from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_devices, share_indices
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps
 from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.prepare.claim_spec import claim_spec
 from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
-from dradriver.kubeletplugin.prepare.steps import Step, apply_all, layered, nothing, undo_all
-from dradriver.kubeletplugin.state.journal import Journal
+from dradriver.kubeletplugin.prepare.steps import (
+    Step,
+    apply_all,
+    ignoring,
+    layered,
+    nothing,
+    unchanged,
+    undo_all,
+)
+from dradriver.kubeletplugin.state.journal import Journal, Latest
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -85,24 +94,25 @@ class Executor:
         now: Callable[[], float],
         *,
         intent_recorded: bool = False,
-    ) -> None:
-        """Applies `rec` (in state PrepareStarted) and marks it completed, recording each
-        step in `journal`. On failure everything it did is undone and the error (a
+    ) -> ClaimRecord:
+        """Applies `rec` (in state PrepareStarted) and returns it completed, recording
+        each step in `journal`. On failure everything it did is undone and the error (a
         DriverError) names the layer. `intent_recorded`: the caller has already made
         `rec` durable as it is (the intent), so the first hardware step may start."""
         self.check(rec)
-        plan = self.steps(rec, journal)
+        latest = Latest(journal, rec)
+        plan = self.steps(rec, latest)
         try:
             if any(d.carve or d.imex or _shared(d) for d in rec.devices):
                 if not intent_recorded:
-                    journal.record(rec)  # intent first: a crash from here on is recoverable
+                    latest.record(rec)  # intent first: a crash from here on is recoverable
                 crashpoint("intent-recorded")
-            apply_all(plan)
-            rec.state = PREPARE_COMPLETED
-            rec.updated_at = now()
-            journal.record(rec)
+            rec = apply_all(plan, rec, latest.seen)
+            done = dataclasses.replace(rec, state=PREPARE_COMPLETED, updated_at=now())
+            latest.record(done)
+            return done
         except Exception as exc:
-            self.rollback(journal, rec, plan)
+            self.rollback(journal, latest.rec, plan)
             raise layered(exc, rec.ref) from exc
 
     def steps(self, rec: ClaimRecord, journal: Journal) -> list[Step]:
@@ -113,114 +123,91 @@ class Executor:
         if mig is not None and rec.migrated_from is not None:
             # Migrated from a format without MIG records: the ledger knows what was
             # carved for the claim (the sharing undo asks its own ledger too).
-            out.append(Step("MIG", "MIG devices the ledger holds", self._release_migrated(rec)))
-        for d in rec.devices:
+            out.append(Step("MIG", "MIG devices the ledger holds", self._release_migrated))
+        for i, d in enumerate(rec.devices):
             if d.carve is not None and mig is not None:
                 out.append(
                     Step(
                         "MIG",
                         f"MIG device {d.device}",
-                        undo=functools.partial(mig.uncarve, d, rec.uid),
-                        apply=functools.partial(self._carve, mig, d, rec, journal=journal),
+                        undo=functools.partial(_uncarve, mig, i),
+                        apply=functools.partial(_carve, mig, i, journal=journal),
                     )
                 )
         if mig is not None:
-            out.append(Step("MIG", "whole GPUs out of MIG mode", nothing, self._whole(mig, rec)))
+            whole = functools.partial(self._whole, mig)
+            out.append(Step("MIG", "whole GPUs out of MIG mode", nothing, whole))
         if (sharing := self.sharing) is not None:
             shared = any(d.sharing is not None for d in rec.devices)
+            apply = functools.partial(_sharing, sharing, journal=journal)
             out.append(
                 Step(
                     "sharing",
                     "time-slicing and MPS setup",
-                    undo=functools.partial(sharing.undo, rec),
-                    apply=self._sharing(sharing, rec, journal) if shared else nothing,
+                    undo=sharing.undo,
+                    apply=apply if shared else unchanged,
                 )
             )
         if (shares := self.shares) is not None:
+            apply = functools.partial(self._shares, shares, journal=journal)
             out.append(
                 Step(
                     "shares",
                     "shares under their devices' MPS daemons",
-                    undo=functools.partial(shares.undo, rec),
-                    apply=self._shares(shares, rec, journal) if share_devices(rec) else nothing,
+                    undo=shares.undo,
+                    apply=apply if share_devices(rec) else unchanged,
                 )
             )
         if (imex := self.imex) is not None:
             channels = any(d.imex is not None for d in rec.devices)
+            apply = functools.partial(_imex, imex, journal=journal)
             out.append(
                 Step(
                     "IMEX",
                     "IMEX daemons",
-                    undo=functools.partial(imex.undo, rec),
-                    apply=self._imex(imex, rec, journal) if channels else nothing,
+                    undo=imex.undo,
+                    apply=apply if channels else unchanged,
                 )
             )
         out.append(
             Step(
                 "CDI",
                 "removing the CDI spec",
-                undo=functools.partial(self.cdi_writer.remove, rec.uid),
-                apply=functools.partial(self._write_spec, rec),
+                undo=lambda r: self.cdi_writer.remove(r.uid),
+                apply=self._write_spec,
             )
         )
         return out
 
-    @staticmethod
-    def _carve(mig: MigPreparer, d: PreparedDevice, rec: ClaimRecord, *, journal: Journal) -> None:
-        mig.carve(d, rec.uid)
-        journal.record(rec)  # the created instance, before anything else
-        crashpoint("mig-recorded")
+    def _whole(self, mig: MigPreparer, rec: ClaimRecord) -> ClaimRecord:
+        profiles = self.profiles()
+        for d in rec.devices:
+            # MIG-capable GPUs only; adminAccess never switches anything.
+            if d.kind == "gpu" and d.uuid in profiles and not d.admin_access:
+                mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device, claim=rec.uid)
+        return rec
 
-    def _whole(self, mig: MigPreparer, rec: ClaimRecord) -> Callable[[], None]:
-        def apply() -> None:
-            profiles = self.profiles()
-            for d in rec.devices:
-                # MIG-capable GPUs only; adminAccess never switches anything.
-                if d.kind == "gpu" and d.uuid in profiles and not d.admin_access:
-                    mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device, claim=rec.uid)
-
-        return apply
-
-    @staticmethod
-    def _sharing(sharing: SharingSteps, rec: ClaimRecord, journal: Journal) -> Callable[[], None]:
-        def apply() -> None:
-            sharing.apply(rec, lambda: journal.record(rec))
-            crashpoint("sharing-applied")
-
-        return apply
-
-    def _shares(self, shares: ShareSteps, rec: ClaimRecord, journal: Journal) -> Callable[[], None]:
-        def apply() -> None:
-            for d in share_devices(rec):
-                shares.join(rec, d, lambda: journal.record(rec))
-            crashpoint("sharing-applied")
-            if self.pod_memory is not None and self.pod_memory.apply(
-                rec, lambda: journal.pod_memory(rec.uid)
-            ):
+    def _shares(self, shares: ShareSteps, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord:
+        for i in share_indices(rec):
+            rec = shares.join(rec, i, journal.record)
+        crashpoint("sharing-applied")
+        if self.pod_memory is not None:
+            limited = self.pod_memory.apply(rec, lambda: journal.pod_memory(rec.uid))
+            if limited is not None:
+                rec = limited
                 journal.record(rec)
+        return rec
 
-        return apply
-
-    @staticmethod
-    def _imex(imex: ImexSteps, rec: ClaimRecord, journal: Journal) -> Callable[[], None]:
-        def apply() -> None:
-            imex.apply(rec, lambda: journal.record(rec))
-            crashpoint("imex-started")
-
-        return apply
-
-    def _write_spec(self, rec: ClaimRecord) -> None:
+    def _write_spec(self, rec: ClaimRecord) -> ClaimRecord:
         self.write_spec(rec)
         crashpoint("cdi-written")
+        return rec
 
-    def _release_migrated(self, rec: ClaimRecord) -> Callable[[], None]:
-        def undo() -> None:
-            assert self.mig is not None
-            gpus = self.mig.release_forgotten(rec.uid)
-            if gpus:
-                self.mig.restore_modes(gpus, self.profiles())
-
-        return undo
+    def _release_migrated(self, rec: ClaimRecord) -> None:
+        assert self.mig is not None
+        gpus = self.mig.release_forgotten(rec.uid)
+        if gpus:
+            self.mig.restore_modes(gpus, self.profiles())
 
     def write_spec(self, rec: ClaimRecord) -> None:
         """The claim's CDI spec, after the driver spec its devices name."""
@@ -242,8 +229,8 @@ class Executor:
         """Immediate rollback: everything created for this claim goes before the error
         returns. What cannot be undone stays recorded for the retry or startup, as
         unfinished (the failure may have come after the record was marked completed)."""
-        rec.state = PREPARE_STARTED
-        failed = undo_all(plan or self.steps(rec, journal), claim=rec.ref, uid=rec.uid)
+        rec = dataclasses.replace(rec, state=PREPARE_STARTED)
+        failed = undo_all(plan or self.steps(rec, journal), rec)
         try:
             if failed is not None:
                 journal.record(rec)
@@ -280,7 +267,7 @@ class Executor:
     def release(self, journal: Journal, rec: ClaimRecord) -> None:
         """Undoes a prepared (or half-prepared) claim and forgets it. A step that fails
         raises a DriverError and leaves the record, so the kubelet's retry finishes it."""
-        failed = undo_all(self.steps(rec, journal), claim=rec.ref, uid=rec.uid)
+        failed = undo_all(self.steps(rec, journal), rec)
         if failed is not None:
             raise failed
         try:
@@ -319,7 +306,10 @@ class Executor:
         """Unprepare of a claim the checkpoint does not know: if it was lost (a corrupt
         checkpoint moved aside), the ledgers and the CDI directory still know what was
         done for the claim; undo that now. Nothing recorded: nothing to do."""
-        failed = undo_all(self.forgotten_steps(uid, ref), claim=ref, uid=uid)
+        # Nothing is known of it but its name: a record of no device stands for it.
+        namespace, _, name = ref.partition("/")
+        gone = ClaimRecord(uid, namespace, name, PREPARE_STARTED)
+        failed = undo_all(self.forgotten_steps(uid, ref), gone)
         if failed is not None:
             raise failed
 
@@ -328,7 +318,7 @@ class Executor:
         out: list[Step] = []
         if (mig := self.mig) is not None:
 
-            def mig_undo() -> None:
+            def mig_undo(_: ClaimRecord) -> None:
                 gpus = mig.release_forgotten(uid)
                 if gpus:
                     mig.restore_modes(gpus, self.profiles())
@@ -338,14 +328,15 @@ class Executor:
 
             out.append(Step("MIG", "MIG devices and modes the ledger holds", mig_undo))
         if (sharing := self.sharing) is not None:
-            undo = functools.partial(sharing.undo_forgotten_claim, uid)
+            undo = ignoring(functools.partial(sharing.undo_forgotten_claim, uid))
             out.append(Step("sharing", "time-slicing and MPS the ledger holds", undo))
         if (shares := self.shares) is not None:
-            undo = functools.partial(shares.undo_forgotten, uid)
+            undo = ignoring(functools.partial(shares.undo_forgotten, uid))
             out.append(Step("shares", "shares the ledger holds", undo))
         if (imex := self.imex) is not None:
-            out.append(Step("IMEX", "IMEX daemons", functools.partial(imex.undo_forgotten, uid)))
-        spec = functools.partial(self.remove_forgotten_spec, uid, ref)
+            undo = ignoring(functools.partial(imex.undo_forgotten, uid))
+            out.append(Step("IMEX", "IMEX daemons", undo))
+        spec = ignoring(functools.partial(self.remove_forgotten_spec, uid, ref))
         out.append(Step("CDI", "removing the CDI spec", spec))
         return out
 
@@ -377,3 +368,26 @@ class Executor:
 def _shared(d: PreparedDevice) -> bool:
     """Time-sliced, under MPS, or a share (an adminAccess share runs under nothing)."""
     return d.sharing is not None or (d.share is not None and not d.admin_access)
+
+
+def _carve(mig: MigPreparer, i: int, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord:
+    rec = rec.with_device(i, mig.carve(rec.devices[i], rec.uid))
+    journal.record(rec)  # the created instance, before anything else
+    crashpoint("mig-recorded")
+    return rec
+
+
+def _uncarve(mig: MigPreparer, i: int, rec: ClaimRecord) -> None:
+    mig.uncarve(rec.devices[i], rec.uid)
+
+
+def _sharing(sharing: SharingSteps, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord:
+    rec = sharing.apply(rec, journal.record)
+    crashpoint("sharing-applied")
+    return rec
+
+
+def _imex(imex: ImexSteps, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord:
+    rec = imex.apply(rec, journal.record)
+    crashpoint("imex-started")
+    return rec

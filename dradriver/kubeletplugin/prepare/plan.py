@@ -190,8 +190,8 @@ def admin_device(
         admin_access=True,
         share=share,
     )
-    out.cdi_device_ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files=driver_files)
-    return out
+    ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files=driver_files)
+    return replace(out, cdi_device_ids=ids)
 
 
 def _cdi_ids(driver: str, name: str, claim_uid: str, *, driver_files: bool) -> list[str]:
@@ -269,7 +269,7 @@ def plan(
             share = share_of(pd.share_id, dict(pd.consumed), memory, mode=consumable, where=where)
             # Whose cgroups get the share's memory as a limit (hardware/pod_memory.py).
             share = replace(share, pods=tuple(cd.pod_uids))
-        records[key] = out = PreparedDevice(
+        out = PreparedDevice(
             request_names=[pd.request_name],
             pool=node,
             device=dev.name,
@@ -284,7 +284,8 @@ def plan(
             sharing=sharing,
             share=share,
         )
-        out.cdi_device_ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files=driver_files)
+        ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files=driver_files)
+        records[key] = replace(out, cdi_device_ids=ids)
     exclusive = [
         (devices[r.device], r.share is not None)
         for r in records.values()

@@ -40,7 +40,6 @@ from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.files import NodeLock
 from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
 from dradriver.kubeletplugin.state.journal import Committed, InLock
-from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     Checkpoint,
@@ -154,7 +153,7 @@ class Preparer:
         if rec is None:
             return done
         if rec.state != PREPARE_COMPLETED:
-            self._prepare_on_gpus(ref, rec, began)
+            rec = self._prepare_on_gpus(ref, rec, began)
         log.info(
             "claim prepared",
             claim=str(ref),
@@ -205,7 +204,7 @@ class Preparer:
             if not self.executor.needs_intent(rec):
                 # A whole GPU in dynamic MIG mode: its MIG ledger is its intent.
                 return rec.devices, rec
-            cp.claims[rec.uid] = rec.copy()  # the intent; the work is on `rec`
+            cp.claims[rec.uid] = rec  # the intent
             try:
                 self.store.save(cp)
             except OSError as exc:
@@ -215,7 +214,7 @@ class Preparer:
                 ) from exc
             self._count(cp)
             return rec.devices, rec
-        self.executor.apply(InLock(cp, self.store), rec, time.time)  # rolled back if it fails
+        rec = self.executor.apply(InLock(cp, self.store), rec, time.time)  # undone if it fails
         self._count(cp)
         return rec.devices, rec
 
@@ -253,7 +252,7 @@ class Preparer:
                 reason="earlier_attempt",
             )
 
-    def _prepare_on_gpus(self, ref: ClaimRef, rec: ClaimRecord, began: float) -> None:
+    def _prepare_on_gpus(self, ref: ClaimRef, rec: ClaimRecord, began: float) -> ClaimRecord:
         """The hardware work of a claim whose intent is durable, under its GPUs' locks;
         the node lock only for each step's checkpoint update. An unprepare of the claim
         meanwhile (it waits for these locks) stops it from completing: rolled back."""
@@ -266,7 +265,7 @@ class Preparer:
         )
         try:
             with self.gpus.hold(record_gpus(rec)):
-                self.executor.apply(journal, rec, time.time, intent_recorded=True)
+                return self.executor.apply(journal, rec, time.time, intent_recorded=True)
         finally:
             self._in_flight.discard(rec.uid)
 
@@ -285,11 +284,19 @@ class Preparer:
             raise CdiError(f"claim {ref}: {exc}", reason="cdi_spec") from exc
         except CdiError as exc:
             raise exc.retold(f"claim {ref}: {exc}") from exc
+
+        journal = InLock(cp, self.store)
         if self.executor.imex is not None:
-            self.executor.imex.ensure(rec, lambda: None)  # its PID file finds it otherwise
+            rec = self.executor.imex.ensure(rec, journal.record)
         if (pm := self.executor.pod_memory) is not None:
             # Asked again after the kubelet's restart or a reboot: the pod's cgroup is new.
-            pm.apply(rec, lambda: pod_totals(r for r in cp.claims.values() if r.uid != rec.uid))
+            uid = rec.uid
+            limited = pm.apply(rec, lambda: journal.pod_memory(uid))
+            if limited is not None:
+                try:
+                    journal.record(limited)
+                except OSError as exc:  # the limit is set; its record follows at a later save
+                    log.warning("could not save a share's pod cgroups", error=str(exc))
         return rec.devices
 
     def _claim(self, ref: ClaimRef) -> dict[str, Any]:
@@ -347,7 +354,7 @@ class Preparer:
         while True:
             with self.gpus.hold(gpus):
                 with self.lock:
-                    rec = self._copy_of(self._load(), ref.uid)
+                    rec = self._load().claims.get(ref.uid)
                 if rec is None:
                     # Its prepare rolled back, another call released it, or its record
                     # was lost: what the ledgers still hold for it is undone.
@@ -364,11 +371,6 @@ class Preparer:
                     self.executor.release(journal, rec)
                     return rec
                 gpus = gpus | record_gpus(rec)  # a later attempt, on other GPUs
-
-    @staticmethod
-    def _copy_of(cp: Checkpoint, uid: str) -> ClaimRecord | None:
-        rec = cp.claims.get(uid)
-        return rec.copy() if rec is not None else None
 
     # -- startup ---------------------------------------------------------------------------
     def reconcile(self) -> bool:

@@ -9,12 +9,13 @@ from collections.abc import Callable, Mapping
 
 from dradriver.errors import CdiError, MigError, SharingError
 from dradriver.inventory.node_devices import NodeDevice
+from dradriver.kubeletplugin.hardware import mig_startup
 from dradriver.kubeletplugin.prepare.execute import Executor
 from dradriver.kubeletplugin.prepare.steps import undo_all
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, reconcile_boot
 from dradriver.kubeletplugin.state.journal import InLock, held_whole
 from dradriver.kubeletplugin.state.pod_limits import pod_totals
-from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint
+from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.reconcile")
@@ -30,37 +31,46 @@ def reconcile(
         log.warning(
             "undoing an interrupted prepare", claim=rec.ref, claim_uid=rec.uid, state=rec.state
         )
-        journal = InLock(cp, store)
-        if undo_all(ex.steps(rec, journal), claim=rec.ref, uid=rec.uid) is None:
+        if undo_all(ex.steps(rec, InLock(cp, store)), rec) is None:
             cp.claims.pop(rec.uid, None)
         else:
             cp.claims[rec.uid] = rec  # kept, unfinished: the next prepare or start retries
+
+    def saved(rec: ClaimRecord) -> None:
+        cp.claims[rec.uid] = rec
+        store.save(cp)
+
     completed = [r for r in cp.claims.values() if r.state == PREPARE_COMPLETED]
     if ex.mig is not None:
         try:
-            ex.mig.reconcile(completed, ex.profiles())
+            completed = mig_startup.reconcile(ex.mig, completed, ex.profiles())
         except MigError as exc:
             log.error("MIG reconciliation incomplete", error=str(exc))
+        cp.claims.update((r.uid, r) for r in completed)
     if ex.sharing is not None:
         # What the ledger holds for claims the checkpoint lost: kept for their pods,
         # undone when the kubelet unprepares them.
         ex.sharing.report_forgotten(set(cp.claims) | set(cp.unreadable))
-    for rec in completed:
-        for steps in (ex.sharing, ex.shares):
+    for steps in (ex.sharing, ex.shares):
+        for rec in completed if steps is not None else ():
             try:
-                if steps is not None:
-                    steps.recheck(rec, lambda: store.save(cp))
+                assert steps is not None
+                steps.recheck(rec, saved)
             except SharingError as exc:
                 log.error("could not restart an MPS daemon", claim_uid=rec.uid, error=str(exc))
+        completed = [cp.claims[r.uid] for r in completed]
     if ex.pod_memory is not None:
         # Set again (the same values): a limit set before a crash may not have been saved.
         for rec in completed:
-            if ex.pod_memory.apply(rec, functools.partial(_others, cp, rec.uid)):
-                store.save(cp)
+            limited = ex.pod_memory.apply(rec, functools.partial(_others, cp, rec.uid))
+            if limited is not None:
+                saved(limited)
+        completed = [cp.claims[r.uid] for r in completed]
     if ex.imex is not None:
         # A reboot ended the IMEX daemons of the claims still prepared: started again.
         for rec in completed:
-            ex.imex.ensure(rec, lambda: store.save(cp))
+            ex.imex.ensure(rec, saved)
+        completed = [cp.claims[r.uid] for r in completed]
     local = devices()
     for rec in completed:
         missing = [d.device for d in rec.devices if d.device not in local and d.imex is None]

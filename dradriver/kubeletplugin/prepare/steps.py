@@ -1,9 +1,11 @@
 """A claim's hardware work as steps of one shape, and the one runner that undoes them.
 
 Each change a prepare makes (a MIG partition carved, a GPU's MIG mode, time-slicing or
-MPS, a share's limits, an IMEX daemon, the CDI spec) is a Step: how to apply it and how
-to undo it. Every undo is idempotent and finds what it undoes through the record or the
-ledger the apply wrote first, so undoing a step that never ran, or ran halfway, is safe.
+MPS, a share's limits, an IMEX daemon, the CDI spec) is a Step: how to apply it to the
+claim's record, which returns the record as the change leaves it (records are frozen),
+and how to undo it from the record as it last stood. Every undo is idempotent and finds
+what it undoes through the record or the ledger the apply wrote first, so undoing a step
+that never ran, or ran halfway, is safe.
 That lets one runner serve every path that takes a claim back (a failed prepare, an
 unprepare, a claim the checkpoint lost, an interrupted prepare at startup), with one
 policy: every undo runs, newest first; one that fails is logged and the others still run
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dradriver.errors import CdiError, CheckpointError, DriverError
+from dradriver.kubeletplugin.state.records import ClaimRecord
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.steps")
@@ -27,16 +30,26 @@ log = get_logger("kubeletplugin.steps")
 LAYERS = {"MIG": "MIG layer: ", "sharing": "sharing layer: ", "IMEX": "IMEX layer: "}
 
 
-def nothing() -> None:
-    """A step with no apply, or nothing to undo."""
+def unchanged(rec: ClaimRecord) -> ClaimRecord:
+    """A step with nothing to apply."""
+    return rec
+
+
+def nothing(rec: ClaimRecord) -> None:
+    """A step with nothing to undo."""
+
+
+def ignoring(undo: Callable[[], object]) -> Callable[[ClaimRecord], object]:
+    """An undo that finds what it undoes in a ledger, not in the record."""
+    return lambda rec: undo()
 
 
 @dataclass(frozen=True)
 class Step:
     layer: str  # what an error names: "MIG", "sharing", "shares", "IMEX", "CDI"
     what: str  # for the log: "destroy MIG device gpu-0-mig-1g10gb-0"
-    undo: Callable[[], object]
-    apply: Callable[[], object] = nothing
+    undo: Callable[[ClaimRecord], object]
+    apply: Callable[[ClaimRecord], ClaimRecord] = unchanged
 
 
 def layered(exc: Exception, claim: str) -> DriverError:
@@ -50,19 +63,25 @@ def layered(exc: Exception, claim: str) -> DriverError:
     return DriverError(f"claim {claim}: {type(exc).__name__}: {exc}", reason="other")
 
 
-def apply_all(steps: Sequence[Step]) -> None:
-    """Each step's apply, in order; the first failure is raised as it came."""
+def apply_all(
+    steps: Sequence[Step], rec: ClaimRecord, progress: Callable[[ClaimRecord], None]
+) -> ClaimRecord:
+    """Each step's apply, in order, each on the record the one before left, which
+    `progress` hears of; the first failure is raised as it came."""
     for step in steps:
-        step.apply()
+        rec = step.apply(rec)
+        progress(rec)
+    return rec
 
 
-def undo_all(steps: Sequence[Step], *, claim: str, uid: str) -> DriverError | None:
-    """Every step's undo, the last applied first (see the module's policy). Returns the
-    first failure as the claim's error, or None when all is undone."""
+def undo_all(steps: Sequence[Step], rec: ClaimRecord) -> DriverError | None:
+    """Every step's undo on `rec`, the last applied first (see the module's policy).
+    Returns the first failure as the claim's error, or None when all is undone."""
     first: DriverError | None = None
+    claim, uid = rec.ref, rec.uid
     for step in reversed(steps):
         try:
-            step.undo()
+            step.undo(rec)
         except (DriverError, OSError, ValueError) as exc:
             err = _undo_failed(step, exc, claim)
             log.error(

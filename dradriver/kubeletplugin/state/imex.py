@@ -12,7 +12,7 @@ from typing import Any
 from dradriver.kubeletplugin.state.decode import CheckpointCorrupt, get, obj, optional
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImexDaemon:
     domain_uid: str
     domain: str  # the ComputeDomain's name, in the claim's namespace

@@ -4,9 +4,8 @@ durable in the checkpoint before the next one runs (prepare/execute.py).
 - `InLock`: the caller holds the node lock and the checkpoint: a record is written into
   it and saved at once.
 - `Committed`: the hardware work runs outside the node lock, under its GPUs' locks
-  (gpu_locks.py), on a record of its own; each step takes the node lock, loads the
-  checkpoint, puts a copy of that record in and saves, so the checkpoint never holds an
-  object another thread is changing.
+  (gpu_locks.py); each step takes the node lock, loads the checkpoint, puts the record
+  in (records are frozen: a step makes a new one) and saves.
 """
 
 from __future__ import annotations
@@ -97,7 +96,7 @@ class Committed:
             self.changed(cp)
 
     def record(self, rec: ClaimRecord) -> None:
-        self._publish(rec.uid, rec.copy())
+        self._publish(rec.uid, rec)
 
     def forget(self, rec: ClaimRecord) -> None:
         self._publish(rec.uid, None)
@@ -110,3 +109,27 @@ class Committed:
         with self.lock:
             cp = self.load()
             return pod_totals(r for r in cp.claims.values() if r.uid != exclude)
+
+
+class Latest:
+    """A journal that remembers the record as it last stood (recorded, or returned by a
+    step): what a rollback undoes from."""
+
+    def __init__(self, journal: Journal, rec: ClaimRecord) -> None:
+        self.journal, self.rec = journal, rec
+
+    def seen(self, rec: ClaimRecord) -> None:
+        self.rec = rec
+
+    def record(self, rec: ClaimRecord) -> None:
+        self.rec = rec
+        self.journal.record(rec)
+
+    def forget(self, rec: ClaimRecord) -> None:
+        self.journal.forget(rec)
+
+    def held_whole(self, exclude: str) -> set[str]:
+        return self.journal.held_whole(exclude)
+
+    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
+        return self.journal.pod_memory(exclude)

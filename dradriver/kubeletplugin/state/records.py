@@ -1,7 +1,8 @@
 """Typed records of what this node prepared: per claim, per device, with the MIG
 partition carved for it, the existing MIG device it names, the sharing set up for it and
-its GPU's minor number. The planner (prepare/plan.py) makes them, the executor (prepare/execute.py)
-fills them in step by step, the checkpoint keeps them (checkpoint/).
+its GPU's minor number. The planner (prepare/plan.py) makes them; they are frozen, so
+each step of the executor (prepare/execute.py) returns a new one as its work leaves it
+(`with_device`), and the checkpoint keeps them (checkpoint/) without copying.
 
 Each record converts to and from its JSON form explicitly. The JSON layout is the one
 checkpoint version 1 has always had (typed parts under a device's "extra"), so a file
@@ -11,6 +12,7 @@ know are carried through unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -46,7 +48,7 @@ class Unread:
 # -- the parts of a prepared device -------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Carve:
     """The MIG partition a device is carved as: the intent (GPU, profile, placement) is
     recorded before carving, the created instance ids right after."""
@@ -122,7 +124,7 @@ _CLAIM_KEYS = (
 )  # fmt: skip
 
 
-@dataclass
+@dataclass(frozen=True)
 class PreparedDevice:
     """One device of a prepared claim, as answered to the kubelet, plus what unprepare and
     a rewrite of the CDI spec need to know about it."""
@@ -221,7 +223,7 @@ class PreparedDevice:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClaimRecord:
     uid: str
     namespace: str
@@ -242,10 +244,11 @@ class ClaimRecord:
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
-    def copy(self) -> ClaimRecord:
-        """A separate record with the same content: what a save and a load would give
-        (half what copy.deepcopy costs)."""
-        return ClaimRecord.from_json(self.uid, self.to_json(), False, notes=[])
+    def with_device(self, i: int, d: PreparedDevice) -> ClaimRecord:
+        """This record with its `i`th device replaced by `d`."""
+        devices = list(self.devices)
+        devices[i] = d
+        return dataclasses.replace(self, devices=devices)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -10,7 +10,7 @@ from typing import Any
 from dradriver.kubeletplugin.state.decode import CheckpointCorrupt, get, obj, optional
 
 
-@dataclass
+@dataclass(frozen=True)
 class TimeSlicing:
     interval: str  # Default, Short, Medium, Long
     applied: bool = False
@@ -53,7 +53,7 @@ class MpsLimits:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Mps:
     """An MPS control daemon shared by the claim's devices of one limits group. Every
     change is recorded before it is made, so the undo knows what to restore."""

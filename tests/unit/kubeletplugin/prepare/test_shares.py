@@ -4,6 +4,7 @@ comes to; shares of one device stand beside each other and beside nothing else."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -90,7 +91,7 @@ def test_two_shares_of_one_device_in_one_claim_stay_two() -> None:
 
 
 def done(rec: ClaimRecord) -> Checkpoint:
-    rec.state = PREPARE_COMPLETED
+    rec = dataclasses.replace(rec, state=PREPARE_COMPLETED)
     return Checkpoint(claims={rec.uid: rec})
 
 
