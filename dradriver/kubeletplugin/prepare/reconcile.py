@@ -40,39 +40,37 @@ def reconcile(
         cp.claims[rec.uid] = rec
         store.save(cp)
 
-    completed = [r for r in cp.claims.values() if r.state == PREPARE_COMPLETED]
+    # The completed claims, by UID: each step below reads the record as cp.claims holds it
+    # now (a step before may have saved a new one) and saves the one it makes.
+    completed = [uid for uid, r in cp.claims.items() if r.state == PREPARE_COMPLETED]
     if ex.mig is not None:
         try:
-            completed = mig_startup.reconcile(ex.mig, completed, ex.profiles())
+            carved = mig_startup.reconcile(ex.mig, [cp.claims[u] for u in completed], ex.profiles())
+            cp.claims.update((r.uid, r) for r in carved)
         except MigError as exc:
             log.error("MIG reconciliation incomplete", error=str(exc))
-        cp.claims.update((r.uid, r) for r in completed)
     if ex.sharing is not None:
         # What the ledger holds for claims the checkpoint lost: kept for their pods,
         # undone when the kubelet unprepares them.
         ex.sharing.report_forgotten(set(cp.claims) | set(cp.unreadable))
-    for steps in (ex.sharing, ex.shares):
-        for rec in completed if steps is not None else ():
+    for steps in [s for s in (ex.sharing, ex.shares) if s is not None]:
+        for uid in completed:
             try:
-                assert steps is not None
-                steps.recheck(rec, saved)
+                steps.recheck(cp.claims[uid], saved)
             except SharingError as exc:
-                log.error("could not restart an MPS daemon", claim_uid=rec.uid, error=str(exc))
-        completed = [cp.claims[r.uid] for r in completed]
+                log.error("could not restart an MPS daemon", claim_uid=uid, error=str(exc))
     if ex.pod_memory is not None:
         # Set again (the same values): a limit set before a crash may not have been saved.
-        for rec in completed:
-            limited = ex.pod_memory.apply(rec, functools.partial(_others, cp, rec.uid))
+        for uid in completed:
+            limited = ex.pod_memory.apply(cp.claims[uid], functools.partial(_others, cp, uid))
             if limited is not None:
                 saved(limited)
-        completed = [cp.claims[r.uid] for r in completed]
     if ex.imex is not None:
         # A reboot ended the IMEX daemons of the claims still prepared: started again.
-        for rec in completed:
-            ex.imex.ensure(rec, saved)
-        completed = [cp.claims[r.uid] for r in completed]
+        for uid in completed:
+            ex.imex.ensure(cp.claims[uid], saved)
     local = devices()
-    for rec in completed:
+    for rec in [cp.claims[uid] for uid in completed]:
         missing = [d.device for d in rec.devices if d.device not in local and d.imex is None]
         if missing:
             log.error(
