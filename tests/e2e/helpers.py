@@ -459,27 +459,28 @@ class NodeUnderTest:
         return [str(d["metadata"]["name"]) for d in docs if d["kind"] == "Pod"]
 
     def claim_and_pod(
-        self, name: str, selector: str, device_class: str = "mig.dradriver.io", request: str = "mig"
+        self,
+        name: str,
+        selector: str,
+        device_class: str = "mig.dradriver.io",
+        request: str = "mig",
+        *,
+        capacity: dict[str, str] | None = None,
     ) -> None:
-        """A claim for one device of `device_class` matching the CEL `selector`, and a pod
-        on this node (named like the claim) whose container uses it."""
+        """A claim for one device of `device_class` matching the CEL `selector` (asking
+        `capacity` of it: a share), and a pod on this node (named like the claim) whose
+        container uses it."""
+        exactly: dict[str, Any] = {
+            "deviceClassName": device_class,
+            "selectors": [{"cel": {"expression": selector}}],
+        }
+        if capacity is not None:
+            exactly["capacity"] = {"requests": capacity}
         self.kube.create(
             path_for(RES, "resourceclaims", self.ns),
             {
                 "metadata": {"name": name},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": request,
-                                "exactly": {
-                                    "deviceClassName": device_class,
-                                    "selectors": [{"cel": {"expression": selector}}],
-                                },
-                            }
-                        ]
-                    }
-                },
+                "spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}},
             },
         )
         self._pod_with(name, {"name": request, "resourceClaimName": name})
@@ -532,14 +533,41 @@ class NodeUnderTest:
 
     def running(self, pod: str, timeout: float = 60) -> dict[str, Any]:
         path = path_for("v1", "pods", self.ns, name=pod)
-        return wait_for(
-            lambda: (
-                (p := get_or_none(self.kube, path))
-                and p.get("status", {}).get("phase") == "Running"
-                and p
-            ),
-            f"pod {pod} running",
-            timeout,
+        try:
+            return wait_for(
+                lambda: (
+                    (p := get_or_none(self.kube, path))
+                    and p.get("status", {}).get("phase") == "Running"
+                    and p
+                ),
+                f"pod {pod} running",
+                timeout,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.why_not_running(pod)}") from None
+
+    def why_not_running(self, pod: str) -> str:
+        """What a pod that did not start says about it: its conditions, its events and the
+        plugin's last log lines (a flake is then diagnosed from the CI log alone)."""
+        p = get_or_none(self.kube, path_for("v1", "pods", self.ns, name=pod)) or {}
+        conditions = [
+            f"{c.get('type')}={c.get('status')} {c.get('reason', '')} {c.get('message', '')}"
+            for c in p.get("status", {}).get("conditions") or []
+        ]
+        events = [
+            f"{e.get('reason')}: {e.get('message', '')}"
+            for e in self.kube.list(path_for("v1", "events", self.ns))["items"]
+            if e.get("involvedObject", {}).get("name") == pod
+        ]
+        return "\n".join(
+            [
+                f"pod {pod} on {p.get('spec', {}).get('nodeName')!r}:",
+                *conditions,
+                "events:",
+                *events[-10:],
+                "plugin log (last 4000 characters):",
+                self.plugin.log()[-4000:],
+            ]
         )
 
     def delete(self, *pods: str, timeout: float = 30) -> None:
