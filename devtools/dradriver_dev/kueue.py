@@ -95,12 +95,16 @@ def configuration(
     cert_dir: Path,
     ports: Mapping[str, int],
     gates: Mapping[str, bool] | None = None,
+    *,
+    pods_ready: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Kueue's Configuration: batch/Jobs with a queue label, DRA quota by DeviceClass
     (resource name -> classes), everything on loopback, one replica; `gates`: more of
     Kueue's feature gates (DRAExtendedResources: pods asking `nvidia.com/gpu` charged as
-    the class that serves it is mapped)."""
+    the class that serves it is mapped); `pods_ready`: its waitForPodsReady (all or
+    nothing: a workload whose pods are not all ready in time is evicted and requeued)."""
     return {
+        **({"waitForPodsReady": dict(pods_ready)} if pods_ready else {}),
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -164,6 +168,7 @@ def start(
     *,
     work: Path | None = None,
     gates: Mapping[str, bool] | None = None,
+    pods_ready: Mapping[str, Any] | None = None,
     timeout: float = 120.0,
 ) -> Kueue:
     """Builds (cached), installs and starts Kueue against the cluster of `kubeconfig`, and
@@ -183,6 +188,7 @@ def start(
         work / "certs",
         {"webhook": webhook, "metrics": metrics, "health": health},
         gates,
+        pods_ready=pods_ready,
     )
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
     log_path = work / "kueue.log"

@@ -1,0 +1,424 @@
+"""All or nothing (Q18): two training jobs of four pods, each pod taking a whole 8-GPU node
+through a ResourceClaimTemplate, on six hollow nodes whose fake H100s the plugin publishes
+and prepares (48 GPUs: room for one job and a half).
+
+Without a gang the scheduler places pods one at a time: the jobs' pods, arriving
+interleaved, take three nodes each, and both jobs hold 24 GPUs that do nothing (the
+first collective of each waits forever for its fourth rank). With Kueue (v0.17, built
+from its Go module) and a ClusterQueue whose quota is the fleet's 48 GPUs, the second job
+is not admitted while the first runs: it has no pod and holds no GPU until the first is
+done, then runs whole. Where quota is not enough (GPUs held outside the queue), Kueue's
+waitForPodsReady evicts a job whose pods are not all ready in time, and requeues it: it
+gives back what it held, and runs whole once it fits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dradriver.k8s import Kube, KubeError, path_for
+from dradriver_dev import kueue
+
+from .helpers import (
+    RES,
+    Cluster,
+    HollowNode,
+    NodeUnderTest,
+    PluginProc,
+    ensure_device_classes,
+    new_namespace,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+D = "gpu.dradriver.io"
+NODES, GPUS, PODS = 6, 8, 4
+TEMPLATE = "eight-gpus"
+GATE = "dradriver.io/test-order"
+K = kueue.API
+# waitForPodsReady as a platform team sets it for GPU jobs, with times a test can wait
+# for: a job whose pods are not all ready within the timeout is evicted and requeued
+# (after 5 s, then 10 s, ...), and no other job is admitted while one admitted is not
+# ready (blockAdmission), so two jobs never wait on each other's GPUs.
+PODS_READY = {
+    "timeout": "20s",
+    "blockAdmission": True,
+    "requeuingStrategy": {
+        "timestamp": "Eviction",
+        "backoffBaseSeconds": 5,
+        "backoffMaxSeconds": 20,
+    },
+}
+
+
+@dataclass
+class SixNodes:
+    kube: Kube
+    nodes: list[NodeUnderTest]
+
+    @property
+    def names(self) -> list[str]:
+        return [n.kubelet.node for n in self.nodes]
+
+    def pod_spec(self, *, gated: bool = False) -> dict[str, Any]:
+        """A rank of a training job: the whole of one node's GPUs, on one of these six
+        nodes, running until it is stopped (a pause container never exits)."""
+        return {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "schedulingGates": [{"name": GATE}] if gated else [],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": self.names,
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": TEMPLATE}],
+            "containers": [
+                {
+                    "name": "rank",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpus"}]},
+                }
+            ],
+        }
+
+
+@dataclass
+class Jobs:
+    """The jobs of one namespace and what they hold."""
+
+    fleet: SixNodes
+    ns: str
+
+    @property
+    def kube(self) -> Kube:
+        return self.fleet.kube
+
+    def submit(self, name: str, *, queue: str | None = None, gated: bool = False) -> None:
+        """A Job of four ranks: to Kueue's `queue` (created suspended, as Kueue's Job
+        webhook, not installed here, would make it), or straight to the scheduler."""
+        labels = {kueue.QUEUE_LABEL: queue} if queue else {}
+        self.kube.create(
+            path_for("batch/v1", "jobs", self.ns),
+            {
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "suspend": queue is not None,
+                    "parallelism": PODS,
+                    "completions": PODS,
+                    "template": {"spec": self.fleet.pod_spec(gated=gated)},
+                },
+            },
+        )
+
+    def pods(self, job: str) -> list[dict[str, Any]]:
+        items = self.kube.list(path_for("v1", "pods", self.ns), labelSelector=f"job-name={job}")
+        return sorted(items["items"], key=lambda p: str(p["metadata"]["name"]))
+
+    def running(self, job: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods(job)
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def unschedulable(self, job: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods(job)
+            if any(
+                c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                for c in p["status"].get("conditions") or []
+            )
+        ]
+
+    def held(self, job: str) -> list[str]:
+        """The GPUs the claims of the job's pods hold (allocated), as pool/device."""
+        mine = {str(p["metadata"]["name"]) for p in self.pods(job)}
+        out = []
+        for c in self.kube.list(path_for(RES, "resourceclaims", self.ns))["items"]:
+            owners = {o["name"] for o in c["metadata"].get("ownerReferences") or []}
+            if owners & mine and (alloc := (c.get("status") or {}).get("allocation")):
+                out += [f"{r['pool']}/{r['device']}" for r in alloc["devices"]["results"]]
+        return out
+
+    def ungate(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        self.kube.patch(
+            path_for("v1", "pods", self.ns, name=name),
+            [{"op": "remove", "path": "/spec/schedulingGates"}],
+            patch_type="json",
+        )
+
+    def scheduled(self, pod: dict[str, Any]) -> bool:
+        p = self.kube.get(path_for("v1", "pods", self.ns, name=pod["metadata"]["name"]))
+        return bool(p["spec"].get("nodeName"))
+
+    def remove(self, job: str) -> None:
+        """The job done: deleted, its pods with it (as its TTL after finishing would)."""
+        self.kube.request(
+            "DELETE",
+            path_for("batch/v1", "jobs", self.ns, name=job),
+            body={"propagationPolicy": "Background"},
+        )
+        wait_for(lambda: not self.pods(job), f"the pods of {job} gone", 60)
+
+    def nothing_left(self) -> None:
+        """No claim of this namespace left, and no plugin with anything prepared."""
+        wait_for(
+            lambda: not self.kube.list(path_for(RES, "resourceclaims", self.ns))["items"],
+            "every claim gone",
+            60,
+        )
+        for n in self.fleet.nodes:
+            wait_for(lambda n=n: n.checkpoint_claims() == {}, f"{n.kubelet.node} unprepared", 30)
+
+
+@pytest.fixture(scope="module")
+def six_nodes(cluster: Cluster, kube: Kube) -> Iterator[SixNodes]:
+    """Six hollow nodes of eight fake H100s each, with the plugin."""
+    ensure_device_classes(kube)
+    tmp = Path(tempfile.mkdtemp(prefix="drk-"))
+    started: list[tuple[HollowNode, PluginProc]] = []
+    try:
+        for _ in range(NODES):
+            name = f"gang-{secrets.token_hex(3)}"
+            kubelet = HollowNode(cluster.kubeconfig, name, tmp / name)
+            kubelet.start()
+            plugin = PluginProc(cluster.kubeconfig, kubelet, f"fake:{GPUS}xH100-80GB")
+            started.append((kubelet, plugin))
+            kubelet.wait_node_ready(kube)
+            plugin.start()
+        for _, plugin in started:
+            wait_for(plugin.ready, "the plugin ready", 60)
+        ns = "default"
+        yield SixNodes(kube, [NodeUnderTest(kube, ns, k, p) for k, p in started])
+    finally:
+        for kubelet, plugin in started:
+            plugin.stop()
+            kubelet.stop()
+            with contextlib.suppress(KubeError):
+                kube.delete(path_for("v1", "nodes", name=kubelet.node), missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def jobs(six_nodes: SixNodes, kube: Kube) -> Iterator[Jobs]:
+    ns = new_namespace(kube, f"gang-{secrets.token_hex(3)}")
+    kube.create(
+        path_for(RES, "resourceclaimtemplates", ns),
+        {
+            "metadata": {"name": TEMPLATE},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "gpus", "exactly": {"deviceClassName": D, "count": GPUS}}
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    j = Jobs(six_nodes, ns)
+    try:
+        yield j
+    finally:
+        for job in kube.list(path_for("batch/v1", "jobs", ns))["items"]:
+            j.remove(job["metadata"]["name"])
+        kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+def test_without_a_gang_two_jobs_each_hold_half_and_neither_runs(jobs: Jobs) -> None:
+    """The problem, shown: the scheduler places each pod as it comes, so two jobs whose
+    pods come interleaved (as two Jobs submitted together do; the order is fixed here by
+    scheduling gates, lifted one pod at a time) take three nodes each. 48 GPUs are held
+    and no job can start its work."""
+    for job in ("a", "b"):
+        jobs.submit(job, gated=True)
+    ranks = {
+        job: wait_for(
+            lambda job=job: p if len(p := jobs.pods(job)) == PODS else None,
+            f"the {PODS} pods of job {job}",
+            60,
+        )
+        for job in ("a", "b")
+    }
+    for i in range(PODS):
+        for job in ("a", "b"):
+            pod = ranks[job][i]
+            jobs.ungate(pod)
+            if i < PODS - 1:
+                wait_for(lambda pod=pod: jobs.scheduled(pod), f"{pod['metadata']['name']} placed")
+    for job in ("a", "b"):
+        wait_for(lambda job=job: len(jobs.running(job)) == PODS - 1, f"3 ranks of {job} running")
+        wait_for(lambda job=job: len(jobs.unschedulable(job)) == 1, f"a rank of {job} waiting", 60)
+    held = {job: jobs.held(job) for job in ("a", "b")}
+    assert {job: len(g) for job, g in held.items()} == {"a": 24, "b": 24}
+    assert len(set(held["a"]) | set(held["b"])) == NODES * GPUS  # the whole fleet, idle
+    nodes = {p["spec"]["nodeName"] for job in ("a", "b") for p in jobs.running(job)}
+    assert nodes == set(jobs.fleet.names)
+
+
+def cluster_queue(name: str, flavor: str, gpus: int) -> dict[str, Any]:
+    return {
+        "apiVersion": K,
+        "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": [D],
+                    "flavors": [{"name": flavor, "resources": [{"name": D, "nominalQuota": gpus}]}],
+                }
+            ],
+        },
+    }
+
+
+@contextlib.contextmanager
+def queue_of_the_fleet(jobs: Jobs, cluster: Cluster) -> Iterator[str]:
+    """Kueue with waitForPodsReady, charging each device of our class as one `D`, and a
+    LocalQueue in the jobs' namespace whose ClusterQueue's quota is the fleet's GPUs."""
+    kube, suffix = jobs.kube, secrets.token_hex(3)
+    work = Path(tempfile.mkdtemp(prefix="dradriver-kueue-"))
+    k = kueue.start(cluster.kubeconfig, {D: [D]}, work=work, pods_ready=PODS_READY)
+    made = [
+        path_for(K, "resourceflavors", name=f"h100-{suffix}"),
+        path_for(K, "clusterqueues", name=f"fleet-{suffix}"),
+    ]
+    try:
+        kube.create(
+            path_for(K, "resourceflavors"),
+            {"apiVersion": K, "kind": "ResourceFlavor", "metadata": {"name": f"h100-{suffix}"}},
+        )
+        kube.create(
+            path_for(K, "clusterqueues"),
+            cluster_queue(f"fleet-{suffix}", f"h100-{suffix}", NODES * GPUS),
+        )
+        kube.create(
+            path_for(K, "localqueues", jobs.ns),
+            {
+                "apiVersion": K,
+                "kind": "LocalQueue",
+                "metadata": {"name": "training"},
+                "spec": {"clusterQueue": f"fleet-{suffix}"},
+            },
+        )
+        yield "training"
+    finally:
+        for job in kube.list(path_for("batch/v1", "jobs", jobs.ns))["items"]:
+            jobs.remove(job["metadata"]["name"])
+        for p in reversed(made):
+            with contextlib.suppress(KubeError):
+                kube.delete(p, missing_ok=True)
+        k.stop()
+        print(f"--- kueue, last lines ---\n{k.log()[-6000:]}")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def workload(jobs: Jobs, job: str) -> dict[str, Any]:
+    for w in jobs.kube.list(path_for(K, "workloads", jobs.ns))["items"]:
+        if any(o.get("name") == job for o in w["metadata"].get("ownerReferences") or []):
+            return dict(w)
+    return {}
+
+
+def condition(w: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in (w.get("status") or {}).get("conditions") or []:
+        if c["type"] == kind and c["status"] == "True":
+            return dict(c)
+    return None
+
+
+def test_kueue_runs_one_job_whole_and_the_other_holds_nothing_until_it_fits(
+    jobs: Jobs, cluster: Cluster
+) -> None:
+    with queue_of_the_fleet(jobs, cluster) as queue:
+        jobs.submit("a", queue=queue)
+        wait_for(lambda: condition(workload(jobs, "a"), "Admitted"), "job a admitted", 60)
+        jobs.submit("b", queue=queue)
+        wait_for(lambda: len(jobs.running("a")) == PODS, "job a's 4 ranks running", 90)
+        wait_for(lambda: condition(workload(jobs, "a"), "PodsReady"), "job a ready", 30)
+        # b asks for 32 of the 16 GPUs left of the quota: not admitted, so no pod of it
+        # exists and it holds nothing, for as long as a runs.
+        w = wait_for(lambda: workload(jobs, "b"), "job b's Workload", 30)
+        reserved = wait_for(
+            lambda: next(
+                (
+                    c
+                    for c in (workload(jobs, "b").get("status") or {}).get("conditions") or []
+                    if c["type"] == "QuotaReserved" and c["status"] == "False"
+                ),
+                None,
+            ),
+            "job b waiting for quota",
+            30,
+        )
+        assert "insufficient" in reserved["message"].lower(), reserved
+        assert condition(w, "Admitted") is None
+        assert (jobs.pods("b"), jobs.held("b"), len(jobs.held("a"))) == ([], [], 32)
+        # a is done: b runs, whole.
+        jobs.remove("a")
+        wait_for(lambda: len(jobs.running("b")) == PODS, "job b's 4 ranks running", 90)
+        assert len(jobs.held("b")) == 32
+        jobs.remove("b")
+    jobs.nothing_left()
+
+
+def test_kueue_evicts_a_job_not_ready_in_time_and_it_gives_back_what_it_held(
+    jobs: Jobs, cluster: Cluster
+) -> None:
+    """Quota is not placement: with three nodes' GPUs taken outside the queue (by pods
+    Kueue does not manage), a job within quota gets three of its four ranks placed.
+    waitForPodsReady evicts it when its time is up: its pods go, its GPUs are free, it is
+    requeued; once the GPUs are back it is admitted again and runs whole."""
+    kube = jobs.kube
+    with queue_of_the_fleet(jobs, cluster) as queue:
+        outside = [f"outside-{i}" for i in range(3)]
+        for name in outside:
+            kube.create(
+                path_for("v1", "pods", jobs.ns),
+                {"metadata": {"name": name}, "spec": jobs.fleet.pod_spec()},
+            )
+        for name in outside:
+            wait_for(
+                lambda name=name: jobs.scheduled({"metadata": {"name": name}}),
+                f"{name} placed",
+                60,
+            )
+        jobs.submit("a", queue=queue)
+        wait_for(lambda: len(jobs.running("a")) == PODS - 1, "3 ranks of a running", 90)
+        assert len(jobs.unschedulable("a")) == 1
+        evicted = wait_for(lambda: condition(workload(jobs, "a"), "Evicted"), "a evicted", 60)
+        assert evicted["reason"] == "PodsReadyTimeout", evicted
+        wait_for(lambda: not jobs.held("a"), "a's GPUs given back", 60)
+        for name in outside:
+            kube.delete(path_for("v1", "pods", jobs.ns, name=name))
+        wait_for(lambda: len(jobs.running("a")) == PODS, "a's 4 ranks running", 120)
+        assert len(jobs.held("a")) == 32
+        jobs.remove("a")
+    jobs.nothing_left()
