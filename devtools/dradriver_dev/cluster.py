@@ -42,6 +42,13 @@ ALPHA_GATES = OLDEST.gates_to_turn_on()
 # Served with the gates, so that a glance at discovery tells an alpha cluster (and
 # `dradriver dev kubelet` gives its kubelet the gates); DeviceTaintRule lives there.
 ALPHA_RUNTIME_CONFIG = "resource.k8s.io/v1alpha3=true"
+# With `gang`, the scheduler's own all-or-nothing placement (pkg/scheduler/framework/
+# plugins/gangscheduling): PodGroups and Workloads (scheduling.k8s.io/v1beta1, served only
+# when asked) behind GenericWorkload, beta and off by default in 1.37, and the placement
+# of a whole group in one topology domain behind TopologyAwareWorkloadScheduling (alpha).
+GANG_FROM = 37
+GANG_GATES = ("GenericWorkload", "TopologyAwareWorkloadScheduling")
+GANG_RUNTIME_CONFIG = "scheduling.k8s.io/v1beta1=true"
 SERVICE_CIDR = "10.96.0.0/24"
 # Processes `up` starts beside the control plane (addons.py) when asked. One that has
 # exited leaves the cluster usable: `up` restarts it (or takes its configuration away)
@@ -77,6 +84,7 @@ class ClusterState:
     server: str
     alpha: bool
     ports: dict[str, int] = field(default_factory=dict)
+    gang: bool = False
     k8s: str = OLDEST.name  # the Kubernetes line, "1.37"
     controllers: str = "*"  # kube-controller-manager's --controllers
     pids: dict[str, int] = field(default_factory=dict)
@@ -256,6 +264,7 @@ def up(
     replace_partial: bool = False,
     webhook: bool = False,
     k8s: Line | None = None,
+    gang: bool = False,
 ) -> ClusterState:
     """Starts the control plane of the Kubernetes line `k8s` (default: $K8S, else 1.34)
     and returns once the API server is ready, the scheduler
@@ -268,13 +277,19 @@ def up(
 
     state_dir = state_dir.resolve()
     ln = k8s or current_line()
+    if gang and ln.minor < GANG_FROM:
+        raise ClusterError(
+            f"the scheduler's gang scheduling is a Kubernetes 1.{GANG_FROM} feature; this "
+            f"cluster would be {ln.name} (Kueue places a job whole on every line)"
+        )
     existing = ClusterState.load(state_dir)
     if existing and not replace:
         alive = {n: _alive(p) for n, p in existing.pids.items() if n not in ADDON_PROCESSES}
         if all(alive.values()):
-            if existing.alpha != alpha or existing.k8s != ln.name:
+            if (existing.alpha, existing.gang, existing.k8s) != (alpha, gang, ln.name):
                 raise ClusterError(
-                    f"a Kubernetes {existing.k8s} cluster with alpha={existing.alpha} is "
+                    f"a Kubernetes {existing.k8s} cluster with alpha={existing.alpha} "
+                    f"gang={existing.gang} is "
                     f"already running in {state_dir}; run `make cluster-down` first, or "
                     "pass --replace"
                 )
@@ -311,6 +326,7 @@ def up(
         kubeconfig=str(kubeconfig),
         server=server,
         alpha=alpha,
+        gang=gang,
         k8s=ln.name,
         controllers=controllers,
         ports={
@@ -358,7 +374,12 @@ def _start_control_plane(
     state_dir = Path(st.state_dir)
     logs, pki = state_dir / "logs", state_dir / "pki"
     kubeconfig = st.kubeconfig
-    gates = ",".join(f"{g}=true" for g in alpha_gates(ln)) if st.alpha else ""
+    alpha = alpha_gates(ln) if st.alpha else ()
+    gates = ",".join(f"{g}=true" for g in (*alpha, *(GANG_GATES if st.gang else ())))
+    # The alpha API only where the line has alpha gates to turn on (1.34, 1.35).
+    served = ",".join(
+        (*([ALPHA_RUNTIME_CONFIG] if alpha else []), *([GANG_RUNTIME_CONFIG] if st.gang else []))
+    )
     api_args = [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{st.ports['etcd']}",
@@ -386,7 +407,9 @@ def _start_control_plane(
         # nothing here reaches the API server through that Service.
         api_args.append("--endpoint-reconciler-type=none")
     if gates:
-        api_args += [f"--feature-gates={gates}", f"--runtime-config={ALPHA_RUNTIME_CONFIG}"]
+        api_args.append(f"--feature-gates={gates}")
+    if served:
+        api_args.append(f"--runtime-config={served}")
     st.pids["kube-apiserver"] = _start("kube-apiserver", api_args, logs)
     st.save()
     ca_ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))

@@ -50,14 +50,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.lines)
 
 
-def _start_cluster(alpha: bool) -> Iterator[Cluster]:
-    external = None if alpha else os.environ.get("DRADRIVER_TEST_KUBECONFIG")
+def _start_cluster(alpha: bool, *, gang: bool = False) -> Iterator[Cluster]:
+    external = None if alpha or gang else os.environ.get("DRADRIVER_TEST_KUBECONFIG")
     ln = devcluster.current_line()
     if external:
         yield Cluster(kubeconfig=external, bin_dir=None, alpha=alpha, state_dir=None, line=ln)
         return
     state_dir = Path(tempfile.mkdtemp(prefix="dradriver-cluster-"))
-    st = devcluster.up(state_dir, alpha=alpha, k8s=ln)
+    st = devcluster.up(state_dir, alpha=alpha, k8s=ln, gang=gang)
     try:
         yield Cluster(
             kubeconfig=st.kubeconfig,
@@ -95,6 +95,16 @@ def alpha_cluster() -> Iterator[Cluster]:
         yield Cluster(kubeconfig=external, bin_dir=None, alpha=True, state_dir=None, line=ln)
         return
     yield from _start_cluster(alpha=True)
+
+
+@pytest.fixture(scope="session")
+def gang_cluster() -> Iterator[Cluster]:
+    """A third control plane, from 1.37, with the scheduler's gang scheduling on
+    (GenericWorkload, TopologyAwareWorkloadScheduling; PodGroups served)."""
+    ln = devcluster.current_line()
+    if ln.minor < devcluster.GANG_FROM:
+        pytest.skip(f"the scheduler's gang scheduling is from 1.{devcluster.GANG_FROM}")
+    yield from _start_cluster(alpha=False, gang=True)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import contextlib
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ NODES, GPUS, PODS = 6, 8, 4
 TEMPLATE = "eight-gpus"
 GATE = "dradriver.io/test-order"
 K = kueue.API
+SCHEDULING = "scheduling.k8s.io/v1beta1"
 # waitForPodsReady as a platform team sets it for GPU jobs, with times a test can wait
 # for: a job whose pods are not all ready within the timeout is evicted and requeued
 # (after 5 s, then 10 s, ...), and no other job is admitted while one admitted is not
@@ -70,10 +72,12 @@ class SixNodes:
     def names(self) -> list[str]:
         return [n.kubelet.node for n in self.nodes]
 
-    def pod_spec(self, *, gated: bool = False) -> dict[str, Any]:
+    def pod_spec(self, *, gated: bool = False, group: str | None = None) -> dict[str, Any]:
         """A rank of a training job: the whole of one node's GPUs, on one of these six
-        nodes, running until it is stopped (a pause container never exits)."""
+        nodes, running until it is stopped (a pause container never exits); a member of
+        the PodGroup `group`, where one is given."""
         return {
+            **({"schedulingGroup": {"podGroupName": group}} if group else {}),
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
             "schedulingGates": [{"name": GATE}] if gated else [],
@@ -116,9 +120,22 @@ class Jobs:
     def kube(self) -> Kube:
         return self.fleet.kube
 
-    def submit(self, name: str, *, queue: str | None = None, gated: bool = False) -> None:
+    def submit(
+        self, name: str, *, queue: str | None = None, gated: bool = False, group: bool = False
+    ) -> None:
         """A Job of four ranks: to Kueue's `queue` (created suspended, as Kueue's Job
-        webhook, not installed here, would make it), or straight to the scheduler."""
+        webhook, not installed here, would make it), or straight to the scheduler (with
+        `group`, as a gang: a PodGroup of its name that places its four ranks or none)."""
+        if group:
+            self.kube.create(
+                path_for(SCHEDULING, "podgroups", self.ns),
+                {
+                    "apiVersion": SCHEDULING,
+                    "kind": "PodGroup",
+                    "metadata": {"name": name},
+                    "spec": {"schedulingPolicy": {"gang": {"minCount": PODS}}},
+                },
+            )
         labels = {kueue.QUEUE_LABEL: queue} if queue else {}
         self.kube.create(
             path_for("batch/v1", "jobs", self.ns),
@@ -128,7 +145,9 @@ class Jobs:
                     "suspend": queue is not None,
                     "parallelism": PODS,
                     "completions": PODS,
-                    "template": {"spec": self.fleet.pod_spec(gated=gated)},
+                    "template": {
+                        "spec": self.fleet.pod_spec(gated=gated, group=name if group else None)
+                    },
                 },
             },
         )
@@ -196,8 +215,8 @@ class Jobs:
             wait_for(lambda n=n: n.checkpoint_claims() == {}, f"{n.kubelet.node} unprepared", 30)
 
 
-@pytest.fixture(scope="module")
-def six_nodes(cluster: Cluster, kube: Kube) -> Iterator[SixNodes]:
+@contextlib.contextmanager
+def six_nodes(kubeconfig: str, kube: Kube) -> Iterator[SixNodes]:
     """Six hollow nodes of eight fake H100s each, with the plugin."""
     ensure_device_classes(kube)
     tmp = Path(tempfile.mkdtemp(prefix="drk-"))
@@ -205,16 +224,15 @@ def six_nodes(cluster: Cluster, kube: Kube) -> Iterator[SixNodes]:
     try:
         for _ in range(NODES):
             name = f"gang-{secrets.token_hex(3)}"
-            kubelet = HollowNode(cluster.kubeconfig, name, tmp / name)
+            kubelet = HollowNode(kubeconfig, name, tmp / name)
             kubelet.start()
-            plugin = PluginProc(cluster.kubeconfig, kubelet, f"fake:{GPUS}xH100-80GB")
+            plugin = PluginProc(kubeconfig, kubelet, f"fake:{GPUS}xH100-80GB")
             started.append((kubelet, plugin))
             kubelet.wait_node_ready(kube)
             plugin.start()
         for _, plugin in started:
             wait_for(plugin.ready, "the plugin ready", 60)
-        ns = "default"
-        yield SixNodes(kube, [NodeUnderTest(kube, ns, k, p) for k, p in started])
+        yield SixNodes(kube, [NodeUnderTest(kube, "default", k, p) for k, p in started])
     finally:
         for kubelet, plugin in started:
             plugin.stop()
@@ -224,31 +242,49 @@ def six_nodes(cluster: Cluster, kube: Kube) -> Iterator[SixNodes]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@pytest.fixture
-def jobs(six_nodes: SixNodes, kube: Kube) -> Iterator[Jobs]:
-    ns = new_namespace(kube, f"gang-{secrets.token_hex(3)}")
-    kube.create(
-        path_for(RES, "resourceclaimtemplates", ns),
-        {
-            "metadata": {"name": TEMPLATE},
-            "spec": {
+@contextlib.contextmanager
+def jobs_on(kubeconfig: str, kube: Kube) -> Iterator[Jobs]:
+    """The six nodes, and a namespace for jobs with the claim template of a rank."""
+    with six_nodes(kubeconfig, kube) as fleet:
+        ns = new_namespace(kube, f"gang-{secrets.token_hex(3)}")
+        kube.create(
+            path_for(RES, "resourceclaimtemplates", ns),
+            {
+                "metadata": {"name": TEMPLATE},
                 "spec": {
-                    "devices": {
-                        "requests": [
-                            {"name": "gpus", "exactly": {"deviceClassName": D, "count": GPUS}}
-                        ]
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": "gpus", "exactly": {"deviceClassName": D, "count": GPUS}}
+                            ]
+                        }
                     }
-                }
+                },
             },
-        },
-    )
-    j = Jobs(six_nodes, ns)
-    try:
+        )
+        j = Jobs(fleet, ns)
+        try:
+            yield j
+        finally:
+            for job in kube.list(path_for("batch/v1", "jobs", ns))["items"]:
+                j.remove(job["metadata"]["name"])
+            kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+
+
+@pytest.fixture
+def jobs(cluster: Cluster, kube: Kube) -> Iterator[Jobs]:
+    with jobs_on(cluster.kubeconfig, kube) as j:
         yield j
+
+
+@pytest.fixture
+def gang_jobs(gang_cluster: Cluster) -> Iterator[Jobs]:
+    kube = Kube.from_kubeconfig(gang_cluster.kubeconfig)
+    try:
+        with jobs_on(gang_cluster.kubeconfig, kube) as j:
+            yield j
     finally:
-        for job in kube.list(path_for("batch/v1", "jobs", ns))["items"]:
-            j.remove(job["metadata"]["name"])
-        kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+        kube.close()
 
 
 def test_without_a_gang_two_jobs_each_hold_half_and_neither_runs(jobs: Jobs) -> None:
@@ -421,4 +457,38 @@ def test_kueue_evicts_a_job_not_ready_in_time_and_it_gives_back_what_it_held(
         wait_for(lambda: len(jobs.running("a")) == PODS, "a's 4 ranks running", 120)
         assert len(jobs.held("a")) == 32
         jobs.remove("a")
+    jobs.nothing_left()
+
+
+def test_the_schedulers_gang_places_a_job_whole_or_holds_nothing(gang_jobs: Jobs) -> None:
+    """1.37's gang scheduling (GenericWorkload): each job a PodGroup with minCount 4. Both
+    submitted at once, one is placed whole and the other not at all: none of its pods
+    bound, none of its claims allocated, for as long as the first runs; then it runs
+    whole. Nothing is left prepared."""
+    jobs = gang_jobs
+    for job in ("a", "b"):
+        jobs.submit(job, group=True)
+
+    def whole() -> str | None:
+        return next((j for j in ("a", "b") if len(jobs.running(j)) == PODS), None)
+
+    first = wait_for(whole, "one job's 4 ranks running", 90)
+    second = "b" if first == "a" else "a"
+    assert len(jobs.held(first)) == PODS * GPUS
+    # The other waits whole: nothing bound, nothing allocated, while the first runs.
+    wait_for(lambda: len(jobs.pods(second)) == PODS, f"job {second}'s pods", 30)
+    for _ in range(30):
+        assert [p["metadata"]["name"] for p in jobs.pods(second) if p["spec"].get("nodeName")] == []
+        assert jobs.held(second) == []
+        time.sleep(0.2)
+    # Held back by its gang (a pod group's field the API server keeps only with the gate
+    # on), and the scheduler says so.
+    waiting = jobs.pods(second)
+    assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in waiting} == {second}
+    said = [c.get("message", "") for p in waiting for c in p["status"].get("conditions") or []]
+    assert any(f"minCount ({PODS}) cannot be satisfied" in m for m in said), said
+    jobs.remove(first)
+    wait_for(lambda: len(jobs.running(second)) == PODS, f"job {second}'s 4 ranks running", 90)
+    assert len(jobs.held(second)) == PODS * GPUS
+    jobs.remove(second)
     jobs.nothing_left()
