@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING, Any
 # parser is built (every `dradriver` start, the kubelet plugin's included).
 if TYPE_CHECKING:
     from dradriver.diagnose.explain import ClaimRef, Finding, Report
+    from dradriver.diagnose.gang import Gang
     from dradriver.k8s import Kube
 
 Obj = Mapping[str, Any]
 ADM = "admissionregistration.k8s.io/v1"
+SCHEDULING = "scheduling.k8s.io/v1beta1"  # PodGroups (1.37, GenericWorkload)
+JOB_LABEL = "batch.kubernetes.io/job-name"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -170,7 +173,37 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
     report.notes[:0] = notes
     if unserved is not None:
         report.finding = unserved
+    elif pod is not None and (g := _gang(kube, pod, ns)) is not None:
+        from dradriver.diagnose.gang import with_gang
+
+        with_gang(report, f"{ns}/{name}", g)
     return report
+
+
+def _gang(kube: Kube, pod: Obj, ns: str) -> Gang | None:
+    """The gang the pod is one of (diagnose/gang.py says what counts), with its pods."""
+    from dradriver.commands.cluster_facts import FactsError, get, items
+    from dradriver.diagnose import gang
+    from dradriver.k8s import KubeError, path_for
+
+    pods = path_for("v1", "pods", ns)
+    try:
+        if (group := gang.group_name(pod)) is not None:
+            pg = get(kube, path_for(SCHEDULING, "podgroups", ns, name=group))
+            size, kind, name = gang.gang_size(pod_group=pg), "PodGroup", group
+            members = [p for p in items(kube, pods) if gang.group_name(p) == group]
+        elif (job := gang.job_name(pod)) is not None:
+            size = gang.gang_size(job=get(kube, path_for("batch/v1", "jobs", ns, name=job)))
+            kind, name = "Job", job
+            members = items(kube, pods, labelSelector=f"{JOB_LABEL}={job}")
+        else:
+            return None
+    except (KubeError, FactsError):
+        # Gone meanwhile, not served (before 1.37), or not ours to read: no gang to tell.
+        return None
+    if size is None:
+        return None
+    return gang.gang(kind=kind, name=f"{ns}/{name}", size=size, pods=members)
 
 
 def _extended(

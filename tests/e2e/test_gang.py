@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from dradriver.commands.explain import gather
 from dradriver.k8s import Kube, KubeError, path_for
 from dradriver_dev import kueue
 
@@ -143,6 +144,7 @@ class Jobs:
                 "metadata": {"name": name, "labels": labels},
                 "spec": {
                     "suspend": queue is not None,
+                    "completionMode": "Indexed",  # each pod a rank, as training jobs run
                     "parallelism": PODS,
                     "completions": PODS,
                     "template": {
@@ -316,6 +318,23 @@ def test_without_a_gang_two_jobs_each_hold_half_and_neither_runs(jobs: Jobs) -> 
     assert len(set(held["a"]) | set(held["b"])) == NODES * GPUS  # the whole fleet, idle
     nodes = {p["spec"]["nodeName"] for job in ("a", "b") for p in jobs.running(job)}
     assert nodes == set(jobs.fleet.names)
+    # explain, on the rank that waits: its Job is a gang placed in part, and what it lacks.
+    (waiting,) = jobs.unschedulable("a")
+    name = waiting["metadata"]["name"]
+    placed = ", ".join(sorted(p["metadata"]["name"] for p in jobs.running("a")))
+    said = explained(jobs, name)
+    assert said.startswith(
+        f"gang: pod {jobs.ns}/{name} waits for its gang, Job {jobs.ns}/a: 3 of 4 pods placed "
+        f"({placed}), holding their devices until the rest are; no node has room for another "
+        "such pod now, 1 needed; what it lacks: all 48 devices matching request gpus are taken"
+    ), said
+
+
+def explained(jobs: Jobs, pod: str) -> str:
+    """What `dradriver explain pod/POD` concludes."""
+    report = gather(jobs.kube, f"pod/{pod}", jobs.ns)
+    assert report.finding is not None, report
+    return report.finding.line()
 
 
 def cluster_queue(name: str, flavor: str, gpus: int) -> dict[str, Any]:
@@ -487,6 +506,14 @@ def test_the_schedulers_gang_places_a_job_whole_or_holds_nothing(gang_jobs: Jobs
     assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in waiting} == {second}
     said = [c.get("message", "") for p in waiting for c in p["status"].get("conditions") or []]
     assert any(f"minCount ({PODS}) cannot be satisfied" in m for m in said), said
+    # explain: the pod waits for its gang, and the fleet has room for two of its four.
+    name = waiting[0]["metadata"]["name"]
+    free = sorted(set(jobs.fleet.names) - {p["spec"]["nodeName"] for p in jobs.running(first)})
+    assert explained(jobs, name).startswith(
+        f"gang: pod {jobs.ns}/{name} waits for its gang, PodGroup {jobs.ns}/{second}: 0 of 4 "
+        f"pods placed; the fleet has room for 2 more such pods at once ({', '.join(free)}), "
+        "4 needed."
+    )
     jobs.remove(first)
     wait_for(lambda: len(jobs.running(second)) == PODS, f"job {second}'s 4 ranks running", 90)
     assert len(jobs.held(second)) == PODS * GPUS

@@ -1,0 +1,160 @@
+"""A pod's gang (pure): the group of pods that only work together, how much of it is
+placed, and whether the fleet has room for the rest at once.
+
+A gang is what the scheduler or the platform says it is:
+- a PodGroup with a gang policy (1.37's gang scheduling, GenericWorkload): the pod names
+  it in spec.schedulingGroup; it needs minCount pods placed at once;
+- an Indexed Job whose parallelism equals its completions (each pod one rank of a
+  distributed job, as torchrun and MPI launchers run them): every rank must run at once.
+Placing one pod at a time, the scheduler can bind part of a gang; its placed pods hold
+their devices, and do nothing, until the rest are placed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dradriver.diagnose.explain import Finding, Report, RequestReport
+
+Obj = Mapping[str, object]
+LAYER = "gang"
+
+
+@dataclass(frozen=True)
+class Gang:
+    kind: str  # "PodGroup" or "Job"
+    name: str  # namespace/name
+    size: int  # the pods it needs placed at once
+    members: tuple[str, ...]  # the pods of it that exist
+    placed: tuple[str, ...]  # those bound to a node
+
+    @property
+    def whole(self) -> bool:
+        return len(self.placed) >= self.size
+
+    def what(self) -> str:
+        return f"{self.kind} {self.name}"
+
+
+def _get(obj: object, *path: str) -> object:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def group_name(pod: Obj) -> str | None:
+    """The PodGroup the pod names (spec.schedulingGroup.podGroupName), if any."""
+    name = _get(pod, "spec", "schedulingGroup", "podGroupName")
+    return name if isinstance(name, str) and name else None
+
+
+def job_name(pod: Obj) -> str | None:
+    """The Job that controls the pod, if one does."""
+    owners = _get(pod, "metadata", "ownerReferences")
+    for o in owners if isinstance(owners, list) else []:
+        if isinstance(o, Mapping) and o.get("kind") == "Job" and o.get("controller"):
+            name = o.get("name")
+            return name if isinstance(name, str) else None
+    return None
+
+
+def gang_size(*, pod_group: Obj | None = None, job: Obj | None = None) -> int | None:
+    """How many pods the gang needs at once: a PodGroup's gang minCount; an Indexed
+    Job's parallelism when it equals its completions; None when it is no gang."""
+    if pod_group is not None:
+        return _int(_get(pod_group, "spec", "schedulingPolicy", "gang", "minCount"))
+    if job is not None:
+        spec = _get(job, "spec")
+        if _get(spec, "completionMode") != "Indexed":
+            return None
+        parallelism, completions = _int(_get(spec, "parallelism")), _int(_get(spec, "completions"))
+        if parallelism and parallelism > 1 and parallelism == completions:
+            return parallelism
+    return None
+
+
+def _live(p: Obj) -> bool:
+    phase = _get(p, "status", "phase")
+    return not _get(p, "metadata", "deletionTimestamp") and phase in ("Pending", "Running")
+
+
+def gang(*, kind: str, name: str, size: int, pods: Sequence[Obj]) -> Gang:
+    """The gang of `size` whose live member pods are `pods`."""
+    live = sorted((p for p in pods if _live(p)), key=lambda p: str(_get(p, "metadata", "name")))
+    names = tuple(str(_get(p, "metadata", "name")) for p in live)
+    placed = tuple(str(_get(p, "metadata", "name")) for p in live if _get(p, "spec", "nodeName"))
+    return Gang(kind, name, size, names, placed)
+
+
+def room(requests: Sequence[RequestReport]) -> dict[str, int]:
+    """Per node, how many more pods with these requests fit there at once: the free
+    devices of each request over its count, the least over the requests; nodes the pod
+    may not go to (cordoned, tainted, not selected) have none."""
+    per_request = []
+    for r in requests:
+        count = int(r.count) if r.count.isdigit() else 0  # "all": one pod takes every one
+        per_request.append(
+            {
+                row.node: row.usable // count if count else int(row.usable > 0)
+                for row in r.rows
+                if not row.refused
+            }
+        )
+    if not per_request:
+        return {}
+    nodes = set.intersection(*(set(slots) for slots in per_request))
+    fits = {n: min(slots[n] for slots in per_request) for n in nodes}
+    return {n: k for n, k in fits.items() if k > 0}
+
+
+def with_gang(report: Report, pod: str, g: Gang) -> None:
+    """A report on a pod of a gang not placed whole says that it waits for its gang, and
+    what the pod lacks where the devices it wants are taken; a pod that could never fit
+    (no such device, a selector nothing matches) keeps that finding, the gang a note."""
+    if g.whole:
+        return
+    found = waiting(pod, g, room(report.requests))
+    own = report.finding
+    if own is None or own.layer == "scheduler":
+        report.finding = found
+    elif own.layer == "allocation":
+        lack = own.message.rstrip(" .")
+        report.finding = Finding(LAYER, f"{found.message}; what it lacks: {lack}", found.fix)
+    else:
+        report.notes.append(found.message)
+
+
+def waiting(pod: str, g: Gang, fits: Mapping[str, int]) -> Finding:
+    """The finding for a pod of a gang not placed whole: which gang, how many of how many
+    are placed, and whether the rest fit at once."""
+    short = g.size - len(g.placed)
+    at_once = sum(fits.values())
+    where = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in sorted(fits.items()))
+    placed = f"{len(g.placed)} of {g.size} pods placed"
+    if g.placed:
+        placed += f" ({', '.join(g.placed)}), holding their devices until the rest are"
+    room_text = (
+        f"the fleet has room for {at_once} more such pods at once ({where}), {short} needed"
+        if at_once
+        else f"no node has room for another such pod now, {short} needed"
+    )
+    if g.kind == "PodGroup":
+        fix = (
+            f"nothing, if other work holds the devices: the group is placed whole, in one "
+            f"go, once {short} pods fit at once; or free {short - min(at_once, short)} nodes' "
+            "worth of devices, or lower the PodGroup's minCount"
+        )
+    else:
+        fix = (
+            "no gang scheduler holds this Job back, so its placed ranks hold their devices "
+            "while it waits: submit it through Kueue with waitForPodsReady, or on 1.37 as a "
+            "PodGroup (docs/user-guide.md, all-or-nothing placement)"
+        )
+    return Finding(LAYER, f"pod {pod} waits for its gang, {g.what()}: {placed}; {room_text}", fix)
