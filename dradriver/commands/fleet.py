@@ -7,11 +7,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from dradriver.diagnose.fleet import FleetReport
+    from dradriver.diagnose.gang import Gang
     from dradriver.k8s import Kube
+
+    Obj = Mapping[str, Any]
+
+SCHEDULING = "scheduling.k8s.io/v1beta1"  # PodGroups (1.37, GenericWorkload)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def gather(kube: Kube, price: float | None, namespace: str | None = None) -> FleetReport:
     from dradriver.commands.cluster_facts import cluster_lists, items
-    from dradriver.diagnose.fleet import fleet, held_by_finished, pending_requests
+    from dradriver.diagnose.fleet import fleet, held_by_finished, partial_gangs, pending_requests
     from dradriver.diagnose.world import build_world
     from dradriver.k8s import path_for
 
@@ -70,7 +77,26 @@ def gather(kube: Kube, price: float | None, namespace: str | None = None) -> Fle
         fieldSelector="status.phase!=Pending,status.phase!=Running",
     )
     report.held = held_by_finished(lists["claims"], finished)
+    report.stranded += partial_gangs(world, _gangs(kube, namespace, pending=pods))
     return report
+
+
+def _gangs(kube: Kube, namespace: str | None, *, pending: list[Obj]) -> list[Gang]:
+    """The gangs with a Pending pod (diagnose/gang.py says what counts), with all their
+    pods."""
+    from dradriver.commands.cluster_facts import FactsError, items
+    from dradriver.diagnose.gang import gangs
+    from dradriver.k8s import KubeError, path_for
+
+    if not pending:
+        return []
+    running = items(kube, path_for("v1", "pods", namespace), fieldSelector="status.phase=Running")
+    jobs = items(kube, path_for("batch/v1", "jobs", namespace))
+    try:
+        groups = items(kube, path_for(SCHEDULING, "podgroups", namespace))
+    except (KubeError, FactsError):
+        groups = []  # not served before 1.37 (or without GenericWorkload)
+    return gangs([*pending, *running], pod_groups=groups, jobs=jobs)
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
@@ -141,8 +167,15 @@ def render(r: FleetReport) -> str:
         out.append("stranded: none (every free GPU can serve a Pending claim where it is)")
         return "\n".join(out)
     cost = r.cost_per_hour()
+    held = sum(s.gpus for s in r.stranded if s.reason == "partial-gang")
+    what = f"{r.stranded_gpus - held} free GPUs no Pending claim can use where they are"
+    if held:
+        what = (
+            f"{r.stranded_gpus} GPUs: {what}, and {held} held by gangs placed in part, idle "
+            "until the rest of each is placed"
+        )
     out.append(
-        f"stranded: {r.stranded_gpus} free GPUs no Pending claim can use where they are"
+        f"stranded: {what}"
         + (f", {cost:.2f} an hour" if cost is not None else "")
         + (
             f"; {human(r.stranded_memory)} left on shared GPUs that no Pending share fits in"

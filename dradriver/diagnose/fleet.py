@@ -24,6 +24,7 @@ from dradriver.api.quantity import human
 from dradriver.diagnose import extended
 from dradriver.diagnose.capacity import fit, requested
 from dradriver.diagnose.cel import CompileError, Selector
+from dradriver.diagnose.gang import Gang
 from dradriver.diagnose.world import Published, World, blocked_by_counters, remaining_counters
 
 Obj = Mapping[str, Any]
@@ -110,7 +111,9 @@ class Stranded:
     node: str
     product: str
     gpus: int
-    reason: str  # wrong-product, fragmented-nvlink, too-few-free, mig-layout, memory-left
+    # wrong-product, fragmented-nvlink, too-few-free, mig-layout, memory-left (free
+    # capacity no Pending claim can use), partial-gang (held by a gang placed in part)
+    reason: str
     detail: str
     # For memory-left: the memory left on shared GPUs that no Pending share fits in (their
     # GPUs are in use, so `gpus` is 0 and no cost is counted).
@@ -187,6 +190,36 @@ def held_by_finished(claims: Sequence[Obj], finished: Sequence[Obj]) -> list[Hel
             )
         )
     return sorted(out, key=lambda h: (h.node, h.claim))
+
+
+def partial_gangs(w: World, gangs: Sequence[Gang]) -> list[Stranded]:
+    """The GPUs held by the placed pods of gangs not placed whole: allocated, and doing
+    nothing until the rest of their gang is placed (pods placed one at a time, with no
+    gang scheduler to hold them back). Per node and product; MIG devices held are told
+    in the detail."""
+    out = []
+    for g in gangs:
+        if g.whole or not g.placed:
+            continue
+        held: dict[tuple[str, str], list[Published]] = defaultdict(list)
+        for d in w.devices:
+            if d.driver == DRIVER and d.node and g.claims & set(w.holders.get(d.id, ())):
+                held[(d.node, d.product() or "unknown")].append(d)
+        for (node, product), devs in sorted(held.items()):
+            gpus = sum(1 for d in devs if _kind(d) == "gpu")
+            mig = len(devs) - gpus
+            out.append(
+                Stranded(
+                    node,
+                    product,
+                    gpus,
+                    "partial-gang",
+                    f"held by {g.what()}, {len(g.placed)} of {g.size} pods placed: they wait "
+                    "for the rest"
+                    + (f" (and {mig} MIG device{'s' if mig > 1 else ''})" if mig else ""),
+                )
+            )
+    return out
 
 
 def pending_requests(

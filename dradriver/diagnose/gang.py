@@ -28,6 +28,8 @@ class Gang:
     size: int  # the pods it needs placed at once
     members: tuple[str, ...]  # the pods of it that exist
     placed: tuple[str, ...]  # those bound to a node
+    # The claims of the placed pods (namespace/name): what it holds while it waits.
+    claims: frozenset[str] = frozenset()
 
     @property
     def whole(self) -> bool:
@@ -85,12 +87,53 @@ def _live(p: Obj) -> bool:
     return not _get(p, "metadata", "deletionTimestamp") and phase in ("Pending", "Running")
 
 
+def _claims(p: Obj) -> set[str]:
+    ns = str(_get(p, "metadata", "namespace") or "")
+    statuses = _get(p, "status", "resourceClaimStatuses")
+    names = {
+        s.get("resourceClaimName")
+        for s in (statuses if isinstance(statuses, list) else [])
+        if isinstance(s, Mapping)
+    }
+    names.add(_get(p, "status", "extendedResourceClaimStatus", "resourceClaimName"))
+    return {f"{ns}/{n}" for n in names if isinstance(n, str) and n}
+
+
 def gang(*, kind: str, name: str, size: int, pods: Sequence[Obj]) -> Gang:
     """The gang of `size` whose live member pods are `pods`."""
     live = sorted((p for p in pods if _live(p)), key=lambda p: str(_get(p, "metadata", "name")))
     names = tuple(str(_get(p, "metadata", "name")) for p in live)
-    placed = tuple(str(_get(p, "metadata", "name")) for p in live if _get(p, "spec", "nodeName"))
-    return Gang(kind, name, size, names, placed)
+    bound = [p for p in live if _get(p, "spec", "nodeName")]
+    placed = tuple(str(_get(p, "metadata", "name")) for p in bound)
+    claims = frozenset(c for p in bound for c in _claims(p))
+    return Gang(kind, name, size, names, placed, claims)
+
+
+def gangs(pods: Sequence[Obj], *, pod_groups: Sequence[Obj], jobs: Sequence[Obj]) -> list[Gang]:
+    """Every gang `pods` belong to: by PodGroup, else by the Job that controls them."""
+
+    def key(obj: Obj) -> tuple[str, str]:
+        return str(_get(obj, "metadata", "namespace") or ""), str(_get(obj, "metadata", "name"))
+
+    sizes: dict[tuple[str, str, str], int] = {}
+    for pg in pod_groups:
+        if (n := gang_size(pod_group=pg)) is not None:
+            sizes[("PodGroup", *key(pg))] = n
+    for j in jobs:
+        if (n := gang_size(job=j)) is not None:
+            sizes[("Job", *key(j))] = n
+    members: dict[tuple[str, str, str], list[Obj]] = {}
+    for p in pods:
+        ns = key(p)[0]
+        group, job = group_name(p), job_name(p)
+        for k in (("PodGroup", ns, group), ("Job", ns, job)):
+            if k[2] is not None and k in sizes:
+                members.setdefault((k[0], k[1], k[2]), []).append(p)
+                break
+    return [
+        gang(kind=kind, name=f"{ns}/{name}", size=sizes[(kind, ns, name)], pods=ps)
+        for (kind, ns, name), ps in sorted(members.items())
+    ]
 
 
 def room(requests: Sequence[RequestReport]) -> dict[str, int]:

@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 
 from dradriver.commands.explain import gather
+from dradriver.commands.fleet import gather as fleet_gather
+from dradriver.commands.fleet import render as fleet_render
 from dradriver.k8s import Kube, KubeError, path_for
 from dradriver_dev import kueue
 
@@ -328,6 +330,20 @@ def test_without_a_gang_two_jobs_each_hold_half_and_neither_runs(jobs: Jobs) -> 
         f"({placed}), holding their devices until the rest are; no node has room for another "
         "such pod now, 1 needed; what it lacks: all 48 devices matching request gpus are taken"
     ), said
+    # fleet counts what the two half-placed jobs hold as stranded, with reason and cost.
+    report = fleet_gather(jobs.kube, 3.0, jobs.ns)
+    held = [s for s in report.stranded if s.reason == "partial-gang"]
+    assert {s.node for s in held} == set(jobs.fleet.names)
+    assert sorted((s.detail, s.gpus) for s in held) == sorted(
+        (f"held by Job {jobs.ns}/{job}, 3 of 4 pods placed: they wait for the rest", GPUS)
+        for job in ("a", "b")
+        for _ in range(3)
+    )
+    assert (report.stranded_gpus, report.cost_per_hour()) == (48, 144.0)
+    assert (
+        "stranded: 48 GPUs: 0 free GPUs no Pending claim can use where they are, and 48 "
+        "held by gangs placed in part" in fleet_render(report)
+    )
 
 
 def explained(jobs: Jobs, pod: str) -> str:
@@ -514,6 +530,11 @@ def test_the_schedulers_gang_places_a_job_whole_or_holds_nothing(gang_jobs: Jobs
         f"pods placed; the fleet has room for 2 more such pods at once ({', '.join(free)}), "
         "4 needed."
     )
+    # Nothing idle held: fleet finds no gang placed in part.
+    partial = [
+        s for s in fleet_gather(jobs.kube, None, jobs.ns).stranded if s.reason == "partial-gang"
+    ]
+    assert partial == []
     jobs.remove(first)
     wait_for(lambda: len(jobs.running(second)) == PODS, f"job {second}'s 4 ranks running", 90)
     assert len(jobs.held(second)) == PODS * GPUS
