@@ -176,7 +176,8 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
     elif pod is not None and (g := _gang(kube, pod, ns)) is not None:
         from dradriver.diagnose.gang import with_gang
 
-        with_gang(report, f"{ns}/{name}", g)
+        labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in lists["nodes"]}
+        with_gang(report, f"{ns}/{name}", g, labels)
     return report
 
 
@@ -191,10 +192,11 @@ def _gang(kube: Kube, pod: Obj, ns: str) -> Gang | None:
         if (group := gang.group_name(pod)) is not None:
             pg = get(kube, path_for(SCHEDULING, "podgroups", ns, name=group))
             size, kind, name = gang.gang_size(pod_group=pg), "PodGroup", group
+            topology = gang.topology_keys(pg)
             members = [p for p in items(kube, pods) if gang.group_name(p) == group]
         elif (job := gang.job_name(pod)) is not None:
             size = gang.gang_size(job=get(kube, path_for("batch/v1", "jobs", ns, name=job)))
-            kind, name = "Job", job
+            kind, name, topology = "Job", job, ()
             members = items(kube, pods, labelSelector=f"{JOB_LABEL}={job}")
         else:
             return None
@@ -203,7 +205,7 @@ def _gang(kube: Kube, pod: Obj, ns: str) -> Gang | None:
         return None
     if size is None:
         return None
-    return gang.gang(kind=kind, name=f"{ns}/{name}", size=size, pods=members)
+    return gang.gang(kind=kind, name=f"{ns}/{name}", size=size, pods=members, topology=topology)
 
 
 def _extended(

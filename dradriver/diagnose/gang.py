@@ -30,6 +30,9 @@ class Gang:
     placed: tuple[str, ...]  # those bound to a node
     # The claims of the placed pods (namespace/name): what it holds while it waits.
     claims: frozenset[str] = frozenset()
+    # Node labels whose one value all its pods must share (a PodGroup's topology
+    # constraints, TopologyAwareWorkloadScheduling): one NVLink domain, one rack.
+    topology: tuple[str, ...] = ()
 
     @property
     def whole(self) -> bool:
@@ -67,6 +70,12 @@ def job_name(pod: Obj) -> str | None:
     return None
 
 
+def topology_keys(pod_group: Obj) -> tuple[str, ...]:
+    constraints = _get(pod_group, "spec", "schedulingConstraints", "topology")
+    keys = [_get(c, "key") for c in (constraints if isinstance(constraints, list) else [])]
+    return tuple(k for k in keys if isinstance(k, str) and k)
+
+
 def gang_size(*, pod_group: Obj | None = None, job: Obj | None = None) -> int | None:
     """How many pods the gang needs at once: a PodGroup's gang minCount; an Indexed
     Job's parallelism when it equals its completions; None when it is no gang."""
@@ -99,14 +108,16 @@ def _claims(p: Obj) -> set[str]:
     return {f"{ns}/{n}" for n in names if isinstance(n, str) and n}
 
 
-def gang(*, kind: str, name: str, size: int, pods: Sequence[Obj]) -> Gang:
+def gang(
+    *, kind: str, name: str, size: int, pods: Sequence[Obj], topology: tuple[str, ...] = ()
+) -> Gang:
     """The gang of `size` whose live member pods are `pods`."""
     live = sorted((p for p in pods if _live(p)), key=lambda p: str(_get(p, "metadata", "name")))
     names = tuple(str(_get(p, "metadata", "name")) for p in live)
     bound = [p for p in live if _get(p, "spec", "nodeName")]
     placed = tuple(str(_get(p, "metadata", "name")) for p in bound)
     claims = frozenset(c for p in bound for c in _claims(p))
-    return Gang(kind, name, size, names, placed, claims)
+    return Gang(kind, name, size, names, placed, claims, topology)
 
 
 def gangs(pods: Sequence[Obj], *, pod_groups: Sequence[Obj], jobs: Sequence[Obj]) -> list[Gang]:
@@ -157,13 +168,15 @@ def room(requests: Sequence[RequestReport]) -> dict[str, int]:
     return {n: k for n, k in fits.items() if k > 0}
 
 
-def with_gang(report: Report, pod: str, g: Gang) -> None:
+def with_gang(
+    report: Report, pod: str, g: Gang, labels: Mapping[str, Mapping[str, str]] | None = None
+) -> None:
     """A report on a pod of a gang not placed whole says that it waits for its gang, and
     what the pod lacks where the devices it wants are taken; a pod that could never fit
     (no such device, a selector nothing matches) keeps that finding, the gang a note."""
     if g.whole:
         return
-    found = waiting(pod, g, room(report.requests))
+    found = waiting(pod, g, room(report.requests), labels or {})
     own = report.finding
     if own is None or own.layer == "scheduler":
         report.finding = found
@@ -174,25 +187,55 @@ def with_gang(report: Report, pod: str, g: Gang) -> None:
         report.notes.append(found.message)
 
 
-def waiting(pod: str, g: Gang, fits: Mapping[str, int]) -> Finding:
+def _where(fits: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} ({k})" if k > 1 else n for n, k in sorted(fits.items()))
+
+
+def _in_one_domain(
+    fits: Mapping[str, int], key: str, labels: Mapping[str, Mapping[str, str]]
+) -> tuple[int, str]:
+    """The most such pods that fit at once in one domain of the node label `key`, and
+    where; nodes without the label are in none."""
+    by_domain: dict[str, dict[str, int]] = {}
+    for n, k in fits.items():
+        if (value := labels.get(n, {}).get(key)) is not None:
+            by_domain.setdefault(value, {})[n] = k
+    best = max(by_domain.items(), key=lambda kv: (sum(kv[1].values()), kv[0]), default=None)
+    if best is None:
+        return 0, ""
+    return sum(best[1].values()), f"{best[0]}: {_where(best[1])}"
+
+
+def waiting(
+    pod: str, g: Gang, fits: Mapping[str, int], labels: Mapping[str, Mapping[str, str]]
+) -> Finding:
     """The finding for a pod of a gang not placed whole: which gang, how many of how many
-    are placed, and whether the rest fit at once."""
+    are placed, and whether the rest fit at once (in one domain, where it must be)."""
     short = g.size - len(g.placed)
     at_once = sum(fits.values())
-    where = ", ".join(f"{n} ({k})" if k > 1 else n for n, k in sorted(fits.items()))
     placed = f"{len(g.placed)} of {g.size} pods placed"
     if g.placed:
         placed += f" ({', '.join(g.placed)}), holding their devices until the rest are"
     room_text = (
-        f"the fleet has room for {at_once} more such pods at once ({where}), {short} needed"
+        f"the fleet has room for {at_once} more such pods at once ({_where(fits)}), {short} needed"
         if at_once
         else f"no node has room for another such pod now, {short} needed"
     )
+    within, usable = "", at_once
+    for key in g.topology:
+        most, where = _in_one_domain(fits, key, labels)
+        if most < min(at_once, short):
+            room_text = (
+                f"the fleet has room for {at_once} more such pods at once, but at most "
+                f"{most} in one {key}{f' ({where})' if where else ''}, {short} needed"
+            )
+            within, usable = f" in one {key}", most
+            break
     if g.kind == "PodGroup":
         fix = (
             f"nothing, if other work holds the devices: the group is placed whole, in one "
-            f"go, once {short} pods fit at once; or free {short - min(at_once, short)} nodes' "
-            "worth of devices, or lower the PodGroup's minCount"
+            f"go, once {short} pods fit at once{within}; or free room for "
+            f"{short - min(usable, short)} more{within}, or lower the PodGroup's minCount"
         )
     else:
         fix = (

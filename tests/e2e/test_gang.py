@@ -70,6 +70,7 @@ PODS_READY = {
 class SixNodes:
     kube: Kube
     nodes: list[NodeUnderTest]
+    gpus: int = GPUS  # per node, and per rank: a rank takes a node's GPUs
 
     @property
     def names(self) -> list[str]:
@@ -124,19 +125,30 @@ class Jobs:
         return self.fleet.kube
 
     def submit(
-        self, name: str, *, queue: str | None = None, gated: bool = False, group: bool = False
+        self,
+        name: str,
+        *,
+        queue: str | None = None,
+        gated: bool = False,
+        group: bool = False,
+        ranks: int = PODS,
+        topology: str | None = None,
     ) -> None:
-        """A Job of four ranks: to Kueue's `queue` (created suspended, as Kueue's Job
+        """A Job of `ranks` ranks: to Kueue's `queue` (created suspended, as Kueue's Job
         webhook, not installed here, would make it), or straight to the scheduler (with
-        `group`, as a gang: a PodGroup of its name that places its four ranks or none)."""
+        `group`, as a gang: a PodGroup of its name that places all its ranks or none, in
+        one domain of the node label `topology` where one is given)."""
         if group:
+            spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": ranks}}}
+            if topology:
+                spec["schedulingConstraints"] = {"topology": [{"key": topology}]}
             self.kube.create(
                 path_for(SCHEDULING, "podgroups", self.ns),
                 {
                     "apiVersion": SCHEDULING,
                     "kind": "PodGroup",
                     "metadata": {"name": name},
-                    "spec": {"schedulingPolicy": {"gang": {"minCount": PODS}}},
+                    "spec": spec,
                 },
             )
         labels = {kueue.QUEUE_LABEL: queue} if queue else {}
@@ -147,8 +159,8 @@ class Jobs:
                 "spec": {
                     "suspend": queue is not None,
                     "completionMode": "Indexed",  # each pod a rank, as training jobs run
-                    "parallelism": PODS,
-                    "completions": PODS,
+                    "parallelism": ranks,
+                    "completions": ranks,
                     "template": {
                         "spec": self.fleet.pod_spec(gated=gated, group=name if group else None)
                     },
@@ -187,6 +199,19 @@ class Jobs:
                 out += [f"{r['pool']}/{r['device']}" for r in alloc["devices"]["results"]]
         return out
 
+    def node_labels(self, node: str) -> dict[str, str]:
+        return dict(
+            self.kube.get(path_for("v1", "nodes", name=node))["metadata"].get("labels") or {}
+        )
+
+    def held_by_pod(self, pod: str) -> bool:
+        """Whether the pod's claim is allocated."""
+        for c in self.kube.list(path_for(RES, "resourceclaims", self.ns))["items"]:
+            owners = {o["name"] for o in c["metadata"].get("ownerReferences") or []}
+            if pod in owners and (c.get("status") or {}).get("allocation"):
+                return True
+        return False
+
     def ungate(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
         self.kube.patch(
@@ -220,23 +245,26 @@ class Jobs:
 
 
 @contextlib.contextmanager
-def six_nodes(kubeconfig: str, kube: Kube) -> Iterator[SixNodes]:
-    """Six hollow nodes of eight fake H100s each, with the plugin."""
+def six_nodes(
+    kubeconfig: str, kube: Kube, devices: list[str] | None = None, gpus: int = GPUS
+) -> Iterator[SixNodes]:
+    """Six hollow nodes (of eight fake H100s each, unless `devices` says per node), with
+    the plugin."""
     ensure_device_classes(kube)
     tmp = Path(tempfile.mkdtemp(prefix="drk-"))
     started: list[tuple[HollowNode, PluginProc]] = []
     try:
-        for _ in range(NODES):
+        for spec in devices or [f"fake:{GPUS}xH100-80GB"] * NODES:
             name = f"gang-{secrets.token_hex(3)}"
             kubelet = HollowNode(kubeconfig, name, tmp / name)
             kubelet.start()
-            plugin = PluginProc(kubeconfig, kubelet, f"fake:{GPUS}xH100-80GB")
+            plugin = PluginProc(kubeconfig, kubelet, spec)
             started.append((kubelet, plugin))
             kubelet.wait_node_ready(kube)
             plugin.start()
         for _, plugin in started:
             wait_for(plugin.ready, "the plugin ready", 60)
-        yield SixNodes(kube, [NodeUnderTest(kube, "default", k, p) for k, p in started])
+        yield SixNodes(kube, [NodeUnderTest(kube, "default", k, p) for k, p in started], gpus)
     finally:
         for kubelet, plugin in started:
             plugin.stop()
@@ -247,9 +275,11 @@ def six_nodes(kubeconfig: str, kube: Kube) -> Iterator[SixNodes]:
 
 
 @contextlib.contextmanager
-def jobs_on(kubeconfig: str, kube: Kube) -> Iterator[Jobs]:
+def jobs_on(
+    kubeconfig: str, kube: Kube, devices: list[str] | None = None, gpus: int = GPUS
+) -> Iterator[Jobs]:
     """The six nodes, and a namespace for jobs with the claim template of a rank."""
-    with six_nodes(kubeconfig, kube) as fleet:
+    with six_nodes(kubeconfig, kube, devices, gpus) as fleet:
         ns = new_namespace(kube, f"gang-{secrets.token_hex(3)}")
         kube.create(
             path_for(RES, "resourceclaimtemplates", ns),
@@ -259,7 +289,7 @@ def jobs_on(kubeconfig: str, kube: Kube) -> Iterator[Jobs]:
                     "spec": {
                         "devices": {
                             "requests": [
-                                {"name": "gpus", "exactly": {"deviceClassName": D, "count": GPUS}}
+                                {"name": "gpus", "exactly": {"deviceClassName": D, "count": gpus}}
                             ]
                         }
                     }
@@ -540,3 +570,67 @@ def test_the_schedulers_gang_places_a_job_whole_or_holds_nothing(gang_jobs: Jobs
     assert len(jobs.held(second)) == PODS * GPUS
     jobs.remove(second)
     jobs.nothing_left()
+
+
+RACKS = ("rack-1", "rack-2")
+
+
+def test_the_schedulers_gang_keeps_a_job_in_one_nvlink_domain(gang_cluster: Cluster) -> None:
+    """TopologyAwareWorkloadScheduling (alpha in 1.37): six GB200 trays of four GPUs, three
+    in each of two NVL72 racks (two multi-node NVLink domains: the plugin labels each Node
+    gpu.dradriver.io/nvlink-domain with its fabric clique). With a tray of each rack taken,
+    four trays are free, but no rack has three: a 3-rank job whose PodGroup keeps it in
+    one domain waits whole rather than span the racks, and explain says so; once a rack
+    has three trays free it runs whole there."""
+    kube = Kube.from_kubeconfig(gang_cluster.kubeconfig)
+    specs = [f"fake:4xGB200:cluster={rack},clique=1" for rack in RACKS for _ in range(3)]
+    try:
+        with jobs_on(gang_cluster.kubeconfig, kube, specs, gpus=4) as jobs:
+            label = f"{D}/nvlink-domain"
+
+            def domains() -> dict[str, str]:
+                got = {n: (jobs.node_labels(n).get(label) or "") for n in jobs.fleet.names}
+                return got if all(got.values()) else {}
+
+            domain = wait_for(domains, "every node labelled with its NVLink domain", 30)
+            racks = [
+                sorted(n for n in jobs.fleet.names if domain[n] == d) for d in set(domain.values())
+            ]
+            assert sorted(len(r) for r in racks) == [3, 3]
+            busy = {r[0]: f"outside-{i}" for i, r in enumerate(racks)}  # a tray of each rack
+            for node, pod in busy.items():
+                kube.create(
+                    path_for("v1", "pods", jobs.ns),
+                    {
+                        "metadata": {"name": pod},
+                        "spec": {
+                            **jobs.fleet.pod_spec(),
+                            "nodeSelector": {"kubernetes.io/hostname": node},
+                        },
+                    },
+                )
+            for pod in busy.values():
+                wait_for(lambda pod=pod: jobs.held_by_pod(pod), f"{pod}'s tray allocated", 60)
+            jobs.submit("a", group=True, ranks=3, topology=label)
+            wait_for(lambda: len(jobs.unschedulable("a")) == 3, "job a's ranks waiting", 60)
+            for _ in range(25):
+                assert [p for p in jobs.pods("a") if p["spec"].get("nodeName")] == []
+                assert jobs.held("a") == []
+                time.sleep(0.2)
+            name = jobs.pods("a")[0]["metadata"]["name"]
+            said = explained(jobs, name)
+            assert said.startswith(
+                f"gang: pod {jobs.ns}/{name} waits for its gang, PodGroup {jobs.ns}/a: 0 of 3 "
+                "pods placed; the fleet has room for 4 more such pods at once, but at most 2 "
+                f"in one {label} ("
+            ), said
+            assert "), 3 needed." in said, said
+            # The second rack's tray is free again: the job goes there, whole.
+            kube.delete(path_for("v1", "pods", jobs.ns, name=busy[racks[1][0]]))
+            wait_for(lambda: len(jobs.running("a")) == 3, "job a's 3 ranks running", 90)
+            assert sorted(p["spec"]["nodeName"] for p in jobs.running("a")) == racks[1]
+            jobs.remove("a")
+            kube.delete(path_for("v1", "pods", jobs.ns, name=busy[racks[0][0]]))
+            jobs.nothing_left()
+    finally:
+        kube.close()

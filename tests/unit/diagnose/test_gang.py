@@ -101,3 +101,25 @@ def test_a_whole_gang_changes_nothing() -> None:
     report = Report("pod ns/a-0")
     with_gang(report, "ns/a-0", Gang("PodGroup", "ns/a", 2, ("a-0", "a-1"), ("a-0", "a-1")))
     assert (report.finding, report.notes) == (None, [])
+
+
+def test_a_gang_kept_in_one_domain_counts_the_room_in_its_best_domain() -> None:
+    """Four nodes free across two NVLink domains, two in each: room for four at once, but
+    a PodGroup that must stay in one domain fits at most two."""
+    key = "gpu.dradriver.io/nvlink-domain"
+    labels = {"n1": {key: "r1"}, "n2": {key: "r1"}, "n3": {key: "r2"}, "n4": {key: "r2"}}
+    report = Report("pod ns/a-0", requests=[request("4", n1=4, n2=4, n3=4, n4=4)])
+    g = Gang("PodGroup", "ns/a", 3, ("a-0", "a-1", "a-2"), (), topology=(key,))
+    with_gang(report, "ns/a-0", g, labels)
+    assert report.finding is not None
+    assert report.finding.message == (
+        "pod ns/a-0 waits for its gang, PodGroup ns/a: 0 of 3 pods placed; the fleet has room "
+        f"for 4 more such pods at once, but at most 2 in one {key} (r2: n3, n4), "
+        "3 needed"
+    )
+    assert f"once 3 pods fit at once in one {key}; or free room for 1 more" in (report.finding.fix)
+    # Room for three in one domain: the topology is no reason to wait.
+    labels["n2"] = {key: "r2"}
+    report = Report("pod ns/a-0", requests=[request("4", n1=4, n2=4, n3=4, n4=4)])
+    with_gang(report, "ns/a-0", g, labels)
+    assert report.finding is not None and "at most" not in report.finding.message
