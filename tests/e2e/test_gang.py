@@ -31,6 +31,7 @@ from dradriver.commands.fleet import gather as fleet_gather
 from dradriver.commands.fleet import render as fleet_render
 from dradriver.k8s import Kube, KubeError, path_for
 from dradriver_dev import kueue
+from fakenvml import load
 
 from .helpers import (
     RES,
@@ -246,7 +247,12 @@ class Jobs:
 
 @contextlib.contextmanager
 def six_nodes(
-    kubeconfig: str, kube: Kube, devices: list[str] | None = None, gpus: int = GPUS
+    kubeconfig: str,
+    kube: Kube,
+    devices: list[str] | None = None,
+    gpus: int = GPUS,
+    *,
+    mig_mode: str = "none",
 ) -> Iterator[SixNodes]:
     """Six hollow nodes (of eight fake H100s each, unless `devices` says per node), with
     the plugin."""
@@ -258,7 +264,7 @@ def six_nodes(
             name = f"gang-{secrets.token_hex(3)}"
             kubelet = HollowNode(kubeconfig, name, tmp / name)
             kubelet.start()
-            plugin = PluginProc(kubeconfig, kubelet, spec)
+            plugin = PluginProc(kubeconfig, kubelet, spec, mig_mode)
             started.append((kubelet, plugin))
             kubelet.wait_node_ready(kube)
             plugin.start()
@@ -276,24 +282,24 @@ def six_nodes(
 
 @contextlib.contextmanager
 def jobs_on(
-    kubeconfig: str, kube: Kube, devices: list[str] | None = None, gpus: int = GPUS
+    kubeconfig: str,
+    kube: Kube,
+    devices: list[str] | None = None,
+    gpus: int = GPUS,
+    *,
+    mig_mode: str = "none",
+    rank: dict[str, Any] | None = None,
 ) -> Iterator[Jobs]:
-    """The six nodes, and a namespace for jobs with the claim template of a rank."""
-    with six_nodes(kubeconfig, kube, devices, gpus) as fleet:
+    """The nodes, and a namespace for jobs with the claim template of a rank: `rank` (a
+    request's `exactly`), a node's `gpus` GPUs by default."""
+    rank = rank or {"deviceClassName": D, "count": gpus}
+    with six_nodes(kubeconfig, kube, devices, gpus, mig_mode=mig_mode) as fleet:
         ns = new_namespace(kube, f"gang-{secrets.token_hex(3)}")
         kube.create(
             path_for(RES, "resourceclaimtemplates", ns),
             {
                 "metadata": {"name": TEMPLATE},
-                "spec": {
-                    "spec": {
-                        "devices": {
-                            "requests": [
-                                {"name": "gpus", "exactly": {"deviceClassName": D, "count": gpus}}
-                            ]
-                        }
-                    }
-                },
+                "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": rank}]}}},
             },
         )
         j = Jobs(fleet, ns)
@@ -632,5 +638,57 @@ def test_the_schedulers_gang_keeps_a_job_in_one_nvlink_domain(gang_cluster: Clus
             jobs.remove("a")
             kube.delete(path_for("v1", "pods", jobs.ns, name=busy[racks[0][0]]))
             jobs.nothing_left()
+    finally:
+        kube.close()
+
+
+def test_the_schedulers_gang_places_mig_ranks_whole_and_leaves_nothing_carved(
+    gang_cluster: Cluster,
+) -> None:
+    """Ranks on MIG devices carved on demand: three H100s in dynamic MIG mode, a rank a
+    4g.40gb (one fits a GPU). Two 2-rank PodGroups: one runs whole, carved on two GPUs;
+    the other has nothing carved, bound or allocated (without the gang one rank would
+    take the third GPU) until the first is done; then it runs whole, and once both are
+    done no MIG instance is left."""
+    kube = Kube.from_kubeconfig(gang_cluster.kubeconfig)
+    spec = "1xH100-80GB"
+    profile = 'device.attributes["gpu.dradriver.io"].profile == "4g.40gb"'
+    rank = {"deviceClassName": "mig.dradriver.io", "selectors": [{"cel": {"expression": profile}}]}
+    try:
+        with jobs_on(
+            gang_cluster.kubeconfig, kube, [f"fake:{spec}"] * 3, mig_mode="dynamic", rank=rank
+        ) as jobs:
+
+            def carved() -> dict[str, list[str]]:
+                out = {}
+                for n in jobs.fleet.nodes:
+                    fake = load(spec, node=n.kubelet.node, state_dir=n.plugin.state_dir)
+                    out[n.kubelet.node] = [
+                        gi.profile.name
+                        for g in fake.machine.gpus
+                        for gi in g.gpu_instances.values()
+                    ]
+                return out
+
+            for job in ("a", "b"):
+                jobs.submit(job, group=True, ranks=2)
+
+            def whole() -> str | None:
+                return next((j for j in ("a", "b") if len(jobs.running(j)) == 2), None)
+
+            first = wait_for(whole, "one job's 2 ranks running", 90)
+            second = "b" if first == "a" else "a"
+            wait_for(lambda: len(jobs.pods(second)) == 2, f"job {second}'s pods", 30)
+            for _ in range(25):
+                assert [p for p in jobs.pods(second) if p["spec"].get("nodeName")] == []
+                assert jobs.held(second) == []
+                time.sleep(0.2)
+            on = {p["spec"]["nodeName"] for p in jobs.running(first)}
+            assert {n: c for n, c in carved().items() if c} == {n: ["4g.40gb"] for n in on}
+            jobs.remove(first)
+            wait_for(lambda: len(jobs.running(second)) == 2, f"job {second}'s ranks running", 90)
+            jobs.remove(second)
+            jobs.nothing_left()
+            wait_for(lambda: not any(carved().values()), "every MIG instance destroyed", 30)
     finally:
         kube.close()
