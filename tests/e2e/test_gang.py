@@ -34,12 +34,14 @@ from dradriver_dev import kueue
 from fakenvml import load
 
 from .helpers import (
+    REPO,
     RES,
     Cluster,
     HollowNode,
     NodeUnderTest,
     PluginProc,
     ensure_device_classes,
+    load_yaml,
     new_namespace,
     wait_for,
 )
@@ -52,6 +54,7 @@ TEMPLATE = "eight-gpus"
 GATE = "dradriver.io/test-order"
 K = kueue.API
 SCHEDULING = "scheduling.k8s.io/v1beta1"
+EXAMPLES = REPO / "examples" / "gang"
 # waitForPodsReady as a platform team sets it for GPU jobs, with times a test can wait
 # for: a job whose pods are not all ready within the timeout is evicted and requeued
 # (after 5 s, then 10 s, ...), and no other job is admitted while one admitted is not
@@ -77,13 +80,26 @@ class SixNodes:
     def names(self) -> list[str]:
         return [n.kubelet.node for n in self.nodes]
 
-    def pod_spec(self, *, gated: bool = False, group: str | None = None) -> dict[str, Any]:
-        """A rank of a training job: the whole of one node's GPUs, on one of these six
-        nodes, running until it is stopped (a pause container never exits); a member of
-        the PodGroup `group`, where one is given."""
+    def pod_spec(self) -> dict[str, Any]:
+        """A pod taking a rank's devices (a node's GPUs), on one of these nodes, running
+        until it is stopped (the hollow node's containers never exit)."""
         return {
-            **({"schedulingGroup": {"podGroupName": group}} if group else {}),
+            **self.placement(),
             "restartPolicy": "Never",
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": TEMPLATE}],
+            "containers": [
+                {
+                    "name": "rank",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpus"}]},
+                }
+            ],
+        }
+
+    def placement(self, *, gated: bool = False) -> dict[str, Any]:
+        """What keeps a pod on these nodes (and, `gated`, from the scheduler until its
+        gate is lifted)."""
+        return {
             "terminationGracePeriodSeconds": 1,
             "schedulingGates": [{"name": GATE}] if gated else [],
             "affinity": {
@@ -103,14 +119,6 @@ class SixNodes:
                     }
                 }
             },
-            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": TEMPLATE}],
-            "containers": [
-                {
-                    "name": "rank",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "gpus"}]},
-                }
-            ],
         }
 
 
@@ -135,39 +143,30 @@ class Jobs:
         ranks: int = PODS,
         topology: str | None = None,
     ) -> None:
-        """A Job of `ranks` ranks: to Kueue's `queue` (created suspended, as Kueue's Job
-        webhook, not installed here, would make it), or straight to the scheduler (with
-        `group`, as a gang: a PodGroup of its name that places all its ranks or none, in
-        one domain of the node label `topology` where one is given)."""
+        """The example Job (examples/gang/) of `ranks` ranks, named `name`, placed on these
+        nodes: to Kueue's `queue` (created suspended, as Kueue's Job webhook, not installed
+        here, would make it), or straight to the scheduler (with `group`, as a gang: the
+        example's PodGroup, named like it, placing all its ranks or none, in one domain of
+        the node label `topology` where one is given)."""
+        example = EXAMPLES / f"{'podgroup' if group else 'kueue'}-training-job.yaml"
+        docs = {d["kind"]: d for d in load_yaml(example)}
         if group:
-            spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": ranks}}}
+            pg = docs["PodGroup"]
+            pg["metadata"]["name"] = name
+            pg["spec"]["schedulingPolicy"]["gang"]["minCount"] = ranks
             if topology:
-                spec["schedulingConstraints"] = {"topology": [{"key": topology}]}
-            self.kube.create(
-                path_for(SCHEDULING, "podgroups", self.ns),
-                {
-                    "apiVersion": SCHEDULING,
-                    "kind": "PodGroup",
-                    "metadata": {"name": name},
-                    "spec": spec,
-                },
-            )
-        labels = {kueue.QUEUE_LABEL: queue} if queue else {}
-        self.kube.create(
-            path_for("batch/v1", "jobs", self.ns),
-            {
-                "metadata": {"name": name, "labels": labels},
-                "spec": {
-                    "suspend": queue is not None,
-                    "completionMode": "Indexed",  # each pod a rank, as training jobs run
-                    "parallelism": ranks,
-                    "completions": ranks,
-                    "template": {
-                        "spec": self.fleet.pod_spec(gated=gated, group=name if group else None)
-                    },
-                },
-            },
-        )
+                pg["spec"]["schedulingConstraints"] = {"topology": [{"key": topology}]}
+            self.kube.create(path_for(SCHEDULING, "podgroups", self.ns), pg)
+        job = docs["Job"]
+        job["metadata"]["name"] = name
+        job["metadata"]["labels"] = {kueue.QUEUE_LABEL: queue} if queue else {}
+        job["spec"].update(suspend=queue is not None, parallelism=ranks, completions=ranks)
+        pod = job["spec"]["template"]["spec"]
+        assert pod["resourceClaims"][0]["resourceClaimTemplateName"] == TEMPLATE
+        pod.update(self.fleet.placement(gated=gated))
+        if group:
+            pod["schedulingGroup"] = {"podGroupName": name}
+        self.kube.create(path_for("batch/v1", "jobs", self.ns), job)
 
     def pods(self, job: str) -> list[dict[str, Any]]:
         items = self.kube.list(path_for("v1", "pods", self.ns), labelSelector=f"job-name={job}")
