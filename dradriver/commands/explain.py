@@ -177,7 +177,7 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
         from dradriver.diagnose.gang import with_gang
 
         labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in lists["nodes"]}
-        with_gang(report, f"{ns}/{name}", g, labels)
+        with_gang(report, f"{ns}/{name}", g, labels=labels)
     return report
 
 

@@ -169,14 +169,14 @@ def room(requests: Sequence[RequestReport]) -> dict[str, int]:
 
 
 def with_gang(
-    report: Report, pod: str, g: Gang, labels: Mapping[str, Mapping[str, str]] | None = None
+    report: Report, pod: str, g: Gang, *, labels: Mapping[str, Mapping[str, str]] | None = None
 ) -> None:
     """A report on a pod of a gang not placed whole says that it waits for its gang, and
     what the pod lacks where the devices it wants are taken; a pod that could never fit
     (no such device, a selector nothing matches) keeps that finding, the gang a note."""
     if g.whole:
         return
-    found = waiting(pod, g, room(report.requests), labels or {})
+    found = waiting(pod, g, room(report.requests), labels=labels or {})
     own = report.finding
     if own is None or own.layer == "scheduler":
         report.finding = found
@@ -207,7 +207,7 @@ def _in_one_domain(
 
 
 def waiting(
-    pod: str, g: Gang, fits: Mapping[str, int], labels: Mapping[str, Mapping[str, str]]
+    pod: str, g: Gang, fits: Mapping[str, int], *, labels: Mapping[str, Mapping[str, str]]
 ) -> Finding:
     """The finding for a pod of a gang not placed whole: which gang, how many of how many
     are placed, and whether the rest fit at once (in one domain, where it must be)."""

@@ -110,7 +110,7 @@ def test_a_gang_kept_in_one_domain_counts_the_room_in_its_best_domain() -> None:
     labels = {"n1": {key: "r1"}, "n2": {key: "r1"}, "n3": {key: "r2"}, "n4": {key: "r2"}}
     report = Report("pod ns/a-0", requests=[request("4", n1=4, n2=4, n3=4, n4=4)])
     g = Gang("PodGroup", "ns/a", 3, ("a-0", "a-1", "a-2"), (), topology=(key,))
-    with_gang(report, "ns/a-0", g, labels)
+    with_gang(report, "ns/a-0", g, labels=labels)
     assert report.finding is not None
     assert report.finding.message == (
         "pod ns/a-0 waits for its gang, PodGroup ns/a: 0 of 3 pods placed; the fleet has room "
@@ -121,5 +121,5 @@ def test_a_gang_kept_in_one_domain_counts_the_room_in_its_best_domain() -> None:
     # Room for three in one domain: the topology is no reason to wait.
     labels["n2"] = {key: "r2"}
     report = Report("pod ns/a-0", requests=[request("4", n1=4, n2=4, n3=4, n4=4)])
-    with_gang(report, "ns/a-0", g, labels)
+    with_gang(report, "ns/a-0", g, labels=labels)
     assert report.finding is not None and "at most" not in report.finding.message
