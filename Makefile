@@ -122,7 +122,7 @@ cluster-up: venv controlplane
 cluster-down: venv
 	@$(PY) -m dradriver.cli dev cluster down --state-dir $(STATE)
 
-demo: venv bytecode controlplane hollow-node nvcdi helm
+demo: venv bytecode controlplane hollow-node nvcdi helm kueue
 	@$(PY) -m dradriver_dev.demo $(if $(filter 1 true yes,$(KEEP)),--keep)
 
 # dradriver as a user installs it: the image, the chart, real containerd in a kind cluster

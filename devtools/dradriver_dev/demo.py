@@ -34,6 +34,7 @@ from dradriver.commands import dev_nodes
 from dradriver.k8s import Conflict, Kube, KubeError, NotFound, path_for
 from dradriver_dev import addons, cluster, driver_files, ports
 from dradriver_dev import demo_domains as domains
+from dradriver_dev import demo_gang as gang
 from dradriver_dev import hollow_node as hollow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -468,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             {n: nodes[n].state for n in domains.TRAYS},
             say,
         )
+        gang.show(kube, st.kubeconfig, ns=NAMESPACE, trays=list(domains.TRAYS), say=say)
         show_sick_gpu(kube, nodes["h100-node"])
         show_integer_pod(kube)
         show_doctor(st.kubeconfig)
