@@ -30,6 +30,7 @@ from dradriver.commands.explain import gather
 from dradriver.commands.fleet import gather as fleet_gather
 from dradriver.commands.fleet import render as fleet_render
 from dradriver.k8s import Kube, KubeError, path_for
+from dradriver.k8s.lines import OLDEST
 from dradriver_dev import kueue
 from fakenvml import load
 
@@ -312,6 +313,10 @@ def jobs_on(
 
 @pytest.fixture
 def jobs(cluster: Cluster, kube: Kube) -> Iterator[Jobs]:
+    """The control case and Kueue's path, on the oldest line only: they ask nothing of
+    the line beyond DRA, and the newest runs the scheduler's own gang instead."""
+    if cluster.line.name != OLDEST.name:
+        pytest.skip(f"Kueue's path and the control case run on {OLDEST.name}")
     with jobs_on(cluster.kubeconfig, kube) as j:
         yield j
 
