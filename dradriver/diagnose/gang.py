@@ -5,7 +5,9 @@ A gang is what the scheduler or the platform says it is:
 - a PodGroup with a gang policy (1.37's gang scheduling, GenericWorkload): the pod names
   it in spec.schedulingGroup; it needs minCount pods placed at once;
 - an Indexed Job whose parallelism equals its completions (each pod one rank of a
-  distributed job, as torchrun and MPI launchers run them): every rank must run at once.
+  distributed job, as torchrun and MPI launchers run them): every rank must run at once;
+- a Job in a Kueue queue: Kueue admits its pods as one (and, with waitForPodsReady,
+  evicts it unless they all run).
 Placing one pod at a time, the scheduler can bind part of a gang; its placed pods hold
 their devices, and do nothing, until the rest are placed.
 """
@@ -19,6 +21,7 @@ from dradriver.diagnose.explain import Finding, Report, RequestReport
 
 Obj = Mapping[str, object]
 LAYER = "gang"
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,14 @@ def gang_size(*, pod_group: Obj | None = None, job: Obj | None = None) -> int | 
         return _int(_get(pod_group, "spec", "schedulingPolicy", "gang", "minCount"))
     if job is not None:
         spec = _get(job, "spec")
-        if _get(spec, "completionMode") != "Indexed":
-            return None
         parallelism, completions = _int(_get(spec, "parallelism")), _int(_get(spec, "completions"))
-        if parallelism and parallelism > 1 and parallelism == completions:
+        if not parallelism or parallelism < 2:
+            return None
+        if _get(job, "metadata", "labels", KUEUE_QUEUE) is not None:
+            # Kueue admits a Job's pods as one, and its waitForPodsReady wants them all
+            # running: as many as can run at once.
+            return min(parallelism, completions or parallelism)
+        if _get(spec, "completionMode") == "Indexed" and parallelism == completions:
             return parallelism
     return None
 

@@ -42,6 +42,13 @@ def test_an_indexed_job_of_ranks_is_a_gang_and_a_job_of_workers_is_not() -> None
     assert gang_size(job={"spec": {**ranks, "parallelism": 1, "completions": 1}}) is None
 
 
+def test_a_job_in_a_kueue_queue_is_a_gang_of_what_runs_at_once() -> None:
+    queued = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "training"}}}
+    assert gang_size(job={**queued, "spec": {"parallelism": 4, "completions": 40}}) == 4
+    assert gang_size(job={**queued, "spec": {"parallelism": 4, "completions": 2}}) == 2
+    assert gang_size(job={**queued, "spec": {"parallelism": 1, "completions": 1}}) is None
+
+
 def test_placed_members_are_the_live_pods_bound_to_a_node() -> None:
     pods = [
         pod("a-2"),
