@@ -151,9 +151,14 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
 ) -> None:
     node = shared_gpu("memory")
     names = ["a", "b", "c"]
+    pods = {}
     for n in names:
+        # One at a time, as in the shares=4 test below: made at once, the 1.37 scheduler
+        # once tried the third while two allocations were in flight, said "cannot
+        # allocate all claims" (60Gi of 79.6Gi) and parked the pod for up to five
+        # minutes (CI, 2026-12-06; the plugin had prepared a and b and never saw c).
         node.share(n, "20Gi")
-    pods = {n: node.running(n) for n in names}
+        pods[n] = node.running(n)
     results = {n: node.result(n) for n in names}
     assert {r["device"] for r in results.values()} == {node.real("gpu-0")}
     share_ids = {r["shareID"] for r in results.values()}
