@@ -81,11 +81,10 @@ def _running(kube: Kube, ns: str, job: str) -> list[str]:
 
 
 def _quota_reserved(kube: Kube, ns: str, job: str) -> str:
-    for w in kube.list(path_for(kueue.API, "workloads", ns))["items"]:
-        if any(o.get("name") == job for o in w["metadata"].get("ownerReferences") or []):
-            for c in (w.get("status") or {}).get("conditions") or []:
-                if c["type"] == "QuotaReserved":
-                    return f"QuotaReserved={c['status']}: {c.get('message', '')}"
+    w = kueue.workload(kube, ns, job)
+    for status in ("True", "False"):
+        if (c := kueue.condition(w, "QuotaReserved", status)) is not None:
+            return f"QuotaReserved={status}: {c.get('message', '')}"
     return "no Workload yet"
 
 

@@ -134,6 +134,22 @@ def configuration(
     }
 
 
+def workload(kube: Kube, namespace: str, job: str) -> dict[str, Any]:
+    """The Workload Kueue made for a Job ({} while there is none)."""
+    for w in kube.list(path_for(API, "workloads", namespace))["items"]:
+        if any(o.get("name") == job for o in w["metadata"].get("ownerReferences") or []):
+            return dict(w)
+    return {}
+
+
+def condition(w: Mapping[str, Any], kind: str, status: str = "True") -> dict[str, Any] | None:
+    """A Workload's condition of type `kind`, where it has that status."""
+    for c in (w.get("status") or {}).get("conditions") or []:
+        if c["type"] == kind and c["status"] == status:
+            return dict(c)
+    return None
+
+
 @dataclass
 class Kueue:
     """A running Kueue manager; stop() ends it."""

@@ -25,7 +25,13 @@ from dradriver.diagnose import extended
 from dradriver.diagnose.capacity import fit, requested
 from dradriver.diagnose.cel import CompileError, Selector
 from dradriver.diagnose.gang import Gang
-from dradriver.diagnose.world import Published, World, blocked_by_counters, remaining_counters
+from dradriver.diagnose.world import (
+    Published,
+    World,
+    blocked_by_counters,
+    claim_names,
+    remaining_counters,
+)
 
 Obj = Mapping[str, Any]
 DRIVER = "gpu.dradriver.io"
@@ -234,21 +240,12 @@ def pending_requests(
         if (p.get("spec") or {}).get("nodeName"):
             continue
         ns = p["metadata"].get("namespace", "")
-        generated = {
-            s.get("name"): s.get("resourceClaimName")
-            for s in (p.get("status") or {}).get("resourceClaimStatuses") or []
-        }
-        names = [
-            rc.get("resourceClaimName") or generated.get(rc.get("name"))
-            for rc in (p.get("spec") or {}).get("resourceClaims") or []
-        ]
-        # `nvidia.com/gpu: 2` in a container (DRAExtendedResource): the claim the
-        # scheduler made for it, else the one it would make.
-        status = (p.get("status") or {}).get("extendedResourceClaimStatus") or {}
-        names.append(status.get("resourceClaimName"))
-        todo = [by_name[(ns, n)] for n in names if n and (ns, n) in by_name and (ns, n) not in seen]
+        names = claim_names(p)
+        todo = [by_name[(ns, n)] for n in names if (ns, n) in by_name and (ns, n) not in seen]
         seen.update((ns, c["metadata"]["name"]) for c in todo)
-        if not status:
+        # `nvidia.com/gpu: 2` in a container (DRAExtendedResource): the claim the
+        # scheduler made for it (among the names), else the one it would make.
+        if not (p.get("status") or {}).get("extendedResourceClaimStatus"):
             made_up = extended.plan(p, list(classes.values()), ()).claim
             todo += [made_up] if made_up is not None else []
         for claim in todo:

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dradriver.diagnose.explain import Finding, Report, RequestReport
+from dradriver.diagnose.world import claim_names
 
 Obj = Mapping[str, object]
 LAYER = "gang"
@@ -103,18 +104,6 @@ def _live(p: Obj) -> bool:
     return not _get(p, "metadata", "deletionTimestamp") and phase in ("Pending", "Running")
 
 
-def _claims(p: Obj) -> set[str]:
-    ns = str(_get(p, "metadata", "namespace") or "")
-    statuses = _get(p, "status", "resourceClaimStatuses")
-    names = {
-        s.get("resourceClaimName")
-        for s in (statuses if isinstance(statuses, list) else [])
-        if isinstance(s, Mapping)
-    }
-    names.add(_get(p, "status", "extendedResourceClaimStatus", "resourceClaimName"))
-    return {f"{ns}/{n}" for n in names if isinstance(n, str) and n}
-
-
 def gang(
     *, kind: str, name: str, size: int, pods: Sequence[Obj], topology: tuple[str, ...] = ()
 ) -> Gang:
@@ -123,7 +112,9 @@ def gang(
     names = tuple(str(_get(p, "metadata", "name")) for p in live)
     bound = [p for p in live if _get(p, "spec", "nodeName")]
     placed = tuple(str(_get(p, "metadata", "name")) for p in bound)
-    claims = frozenset(c for p in bound for c in _claims(p))
+    claims = frozenset(
+        f"{_get(p, 'metadata', 'namespace') or ''}/{n}" for p in bound for n in claim_names(p)
+    )
     return Gang(kind, name, size, names, placed, claims, topology)
 
 

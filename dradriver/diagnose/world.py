@@ -152,3 +152,19 @@ def blocked_by_counters(d: Published, left: Mapping[tuple[str, str], Counters]) 
         for cs, cv in d.consumes.items()
         for c, amount in cv.items()
     )
+
+
+def claim_names(pod: Obj) -> list[str]:
+    """The names of the claims a pod uses, in its namespace: each named in its spec, or
+    made for it from a template (its status says which), and the claim the scheduler
+    made for its extended resources (DRAExtendedResource), where there is one."""
+    status = pod.get("status") or {}
+    generated = {
+        s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []
+    }
+    names = [
+        rc.get("resourceClaimName") or generated.get(rc.get("name"))
+        for rc in (pod.get("spec") or {}).get("resourceClaims") or []
+    ]
+    names.append((status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))
+    return [n for n in names if isinstance(n, str) and n]

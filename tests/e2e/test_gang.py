@@ -452,17 +452,10 @@ def queue_of_the_fleet(jobs: Jobs, cluster: Cluster) -> Iterator[str]:
 
 
 def workload(jobs: Jobs, job: str) -> dict[str, Any]:
-    for w in jobs.kube.list(path_for(K, "workloads", jobs.ns))["items"]:
-        if any(o.get("name") == job for o in w["metadata"].get("ownerReferences") or []):
-            return dict(w)
-    return {}
+    return kueue.workload(jobs.kube, jobs.ns, job)
 
 
-def condition(w: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for c in (w.get("status") or {}).get("conditions") or []:
-        if c["type"] == kind and c["status"] == "True":
-            return dict(c)
-    return None
+condition = kueue.condition
 
 
 def test_kueue_runs_one_job_whole_and_the_other_holds_nothing_until_it_fits(
@@ -478,14 +471,7 @@ def test_kueue_runs_one_job_whole_and_the_other_holds_nothing_until_it_fits(
         # exists and it holds nothing, for as long as a runs.
         w = wait_for(lambda: workload(jobs, "b"), "job b's Workload", 30)
         reserved = wait_for(
-            lambda: next(
-                (
-                    c
-                    for c in (workload(jobs, "b").get("status") or {}).get("conditions") or []
-                    if c["type"] == "QuotaReserved" and c["status"] == "False"
-                ),
-                None,
-            ),
+            lambda: condition(workload(jobs, "b"), "QuotaReserved", "False"),
             "job b waiting for quota",
             30,
         )

@@ -154,18 +154,10 @@ class Teams:
         )
 
     def workload(self, team: str, job: str) -> dict[str, Any] | None:
-        ns = self.namespaces[team]
-        for w in self.kube.list(path_for(K, "workloads", ns))["items"]:
-            if any(o.get("name") == job for o in w["metadata"].get("ownerReferences") or []):
-                return dict(w)
-        return None
+        return kueue.workload(self.kube, self.namespaces[team], job) or None
 
     def condition(self, team: str, job: str, kind: str) -> dict[str, Any] | None:
-        w = self.workload(team, job) or {}
-        for c in (w.get("status") or {}).get("conditions") or []:
-            if c["type"] == kind and c["status"] == "True":
-                return dict(c)
-        return None
+        return kueue.condition(self.workload(team, job) or {}, kind)
 
     def admitted(self, team: str, job: str) -> bool:
         return self.condition(team, job, "Admitted") is not None
