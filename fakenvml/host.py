@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -81,6 +82,17 @@ class FakeHost:
         cmd += ["--log-dir", str(log_dir), "--devices", ",".join(uuids)]
         cmd += ["--shm-dir", str(shm_dir), "--protocol", str(protocol)]
         return spawn_mps(cmd, uuids, pipe_dir, log_dir=log_dir, host=self)
+
+    def make_shm(self, shm_dir: Path, *, size: int) -> None:
+        # No tmpfs without privileges: the directory, with the mode the real one is
+        # mounted with (set explicitly: mkdir's mode is cut by the umask), and the size
+        # recorded beside it for the tests.
+        shm_dir.mkdir(parents=True, exist_ok=True)
+        shm_dir.chmod(0o1777)
+        (shm_dir.parent / "shm-size").write_text(str(size))
+
+    def drop_shm(self, shm_dir: Path) -> None:
+        shutil.rmtree(shm_dir, ignore_errors=True)
 
     def mps_command(self, pipe_dir: Path, command: str) -> str:
         from dradriver.errors import SharingError

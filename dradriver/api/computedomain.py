@@ -80,3 +80,21 @@ READY = "Ready"
 # second (the daemon cannot get ready there).
 BINDING_CONDITION = "IMEXDaemonReady"
 BINDING_FAILURE = "IMEXDaemonFailed"
+
+
+def ip_address(value: object) -> str | None:
+    """`value` as an IPv4 or IPv6 address, or None: what may go into an IMEX daemon's
+    nodes_config, one address a line. Not one with a zone ("fe80::1%eth0"): a zone names
+    an interface of one host, means nothing to its peers, and ipaddress takes any text in
+    it, a newline included."""
+    import ipaddress
+
+    if not isinstance(value, str):
+        return None
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
+        return None
+    return str(ip)

@@ -26,8 +26,10 @@ import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from dradriver.api.depth import nesting_message, too_deep
+from dradriver.api.echo import MAX_MESSAGE, bounded, cut, echo
 from dradriver.api.suggest import did_you_mean, nearest
 from dradriver.api.units import WHOLE
 from dradriver.errors import ConfigError
@@ -68,12 +70,12 @@ MIN_PINNED = 2**20
 def quantity_bytes(q: str) -> int:
     m = QUANTITY.fullmatch(q) if isinstance(q, str) and len(q) <= 64 else None
     if not m:
-        raise ValueError(f"{_shown(q)} is not a quantity such as 512Mi or 10Gi")
+        raise ValueError(f"{echo(q)} is not a quantity such as 512Mi or 10Gi")
     whole, _, frac = m.group(1).partition(".")
     unit = WHOLE[m.group(3) or ""]
     value = int(whole) * unit + (int(frac) * unit // 10 ** len(frac) if frac else 0)
     if value > MAX_QUANTITY:
-        raise ValueError(f"{_shown(q)} is larger than a quantity can be (2^63-1 bytes)")
+        raise ValueError(f"{echo(q)} is larger than a quantity can be (2^63-1 bytes)")
     return value
 
 
@@ -82,7 +84,7 @@ def pinned_bytes(q: str) -> int:
     n = quantity_bytes(q)
     if n < MIN_PINNED:
         raise ValueError(
-            f"{_shown(q)}: a pinned memory limit must be at least 1Mi (MPS counts in MiB)"
+            f"{echo(q)}: a pinned memory limit must be at least 1Mi (MPS counts in MiB)"
         )
     return n
 
@@ -123,7 +125,7 @@ class MpsConfig(_Strict):
         for key, q in (v or {}).items():
             if not DEVICE_KEY.fullmatch(key):
                 raise ValueError(
-                    f"key {_shown(key)} must be a device index or a GPU-/MIG- UUID "
+                    f"key {echo(key)} must be a device index or a GPU-/MIG- UUID "
                     "(letters, digits, '-' and '/' only)"
                 )
             pinned_bytes(q)
@@ -208,17 +210,17 @@ KIND_FOR_TYPE = {
 
 
 STRICT_TYPES = ("int_type", "int_from_float", "bool_type", "string_type", "dict_type")
-
-
-def _shown(v: Any) -> str:
-    text = repr(v) if isinstance(v, (str, int, float, bool)) or v is None else type(v).__name__
-    return text if len(text) <= 80 else text[:77] + "..."
+# A config has a handful of fields: past this many problems the rest are counted, not
+# listed (500 unknown keys made a 37 KB message).
+MAX_PROBLEMS = 5
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        # A string part may be any key the user wrote (a per-device limit's, an unknown one).
+        name = cut(str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else name)
     return out or "(top level)"
 
 
@@ -309,18 +311,90 @@ def _from_nvidia(params: dict[str, Any], where: str) -> dict[str, Any]:
     return {**params, "sharing": {**sharing, "mpsConfig": rest}}
 
 
+def _field_infos(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[FieldInfo]:
+    """The declarations of the field at `loc` or holding it (a per-device limit's key is
+    in the dict field's), with those of the types it is annotated with."""
+    for end in range(len(loc), 0, -1):
+        here = _model_at(model, loc[: end - 1])
+        field = here.model_fields.get(str(loc[end - 1])) if here is not None else None
+        if field is not None:
+            return [field, *_annotated_infos(field.annotation)]
+    return []
+
+
+def _annotated_infos(annotation: Any) -> list[FieldInfo]:
+    out = []
+    if typing.get_origin(annotation) is Annotated:
+        out += [a for a in typing.get_args(annotation)[1:] if isinstance(a, FieldInfo)]
+    for arg in typing.get_args(annotation):
+        out += _annotated_infos(arg)
+    return out
+
+
+def _whole_number(infos: list[FieldInfo]) -> str:
+    """ "a whole number from 1 to 100", with the field's bounds where it has them."""
+    metadata = [m for info in infos for m in info.metadata]
+    # pydantic keeps Field(ge=, le=) as annotated_types' Ge and Le, each with one attribute.
+    ge = next((m.ge for m in metadata if hasattr(m, "ge")), None)
+    le = next((m.le for m in metadata if hasattr(m, "le")), None)
+    return "a whole number" + (f" from {ge} to {le}" if ge is not None and le is not None else "")
+
+
+def _wrong_type(
+    model: type[BaseModel], loc: tuple[int | str, ...], *, kind: str, value: Any
+) -> str:
+    """What to write instead of a value of the wrong type, for the type it has: strict
+    decoding refuses "50", 50.0 and true alike, but each is a different slip."""
+    got = f"got {echo(value)}"
+    infos = _field_infos(model, loc)
+    if kind in ("int_type", "int_from_float"):
+        whole = _whole_number(infos)
+        if isinstance(value, bool):
+            return f"{got}: true and false are not numbers; write {whole}"
+        if isinstance(value, float) and value.is_integer():
+            return f"{got}: write {whole}, {int(value)} rather than {value}"
+        if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+            return f"{got}: write the number itself, unquoted"
+        return f"{got}: write {whole}"
+    if kind == "string_type":
+        quantity = next((i.description for i in infos if i.description), None)
+        if quantity is None:
+            return f"{got}: write a string, quoted where it looks like a number or true/false"
+        if isinstance(value, bool):
+            return f"{got}: true and false are not quantities; write {quantity}"
+        if isinstance(value, int):
+            return f"{got}: write {quantity}, or a number of bytes in quotes"
+        return f"{got}: write {quantity}"
+    if kind == "bool_type":
+        return f"{got}: write true or false, unquoted"
+    return f"{got}: write an object of key: value pairs"
+
+
 def decode(params: Any, where: str = "parameters") -> DeviceConfig:
-    """Decodes one opaque config, or raises ConfigError naming the field and what fits."""
+    """Decodes one opaque config, or raises ConfigError naming the field and what fits,
+    in at most MAX_MESSAGE characters whatever the config holds."""
+    try:
+        return _decode(params, where)
+    except ConfigError as exc:
+        if len(str(exc)) <= MAX_MESSAGE:
+            raise
+        # Not chained: the cause's text is the unbounded one.
+        raise exc.retold(bounded(str(exc))) from None
+
+
+def _decode(params: Any, where: str) -> DeviceConfig:
     if not isinstance(params, dict):
         raise ConfigError(f"{where}: must be an object with apiVersion and kind")
     deep = too_deep(params)
     if deep is not None:
         raise ConfigError(f"{where}.{nesting_message(deep)}", reason="config")
     kind, version = params.get("kind"), params.get("apiVersion")
-    if version == NVIDIA_API_VERSION and kind in NVIDIA_UNSUPPORTED:
+    # Any JSON value may stand where a kind belongs; a list is not even hashable.
+    name = kind if isinstance(kind, str) else ""
+    if version == NVIDIA_API_VERSION and name in NVIDIA_UNSUPPORTED:
         raise ConfigError(
             f"{where}.kind: {kind} of {NVIDIA_API_VERSION} (NVIDIA's DRA driver) is not "
-            f"supported: {NVIDIA_UNSUPPORTED[str(kind)]}; GpuConfig and MigDeviceConfig are",
+            f"supported: {NVIDIA_UNSUPPORTED[name]}; GpuConfig and MigDeviceConfig are",
             reason="config",
         )
     if version == NVIDIA_API_VERSION:
@@ -329,29 +403,34 @@ def decode(params: Any, where: str = "parameters") -> DeviceConfig:
         nvidias = isinstance(version, str) and version.startswith("resource.nvidia.com/")
         also = f" (or {NVIDIA_API_VERSION} for GpuConfig and MigDeviceConfig)" if nvidias else ""
         raise ConfigError(
-            f"{where}.apiVersion: {version!r} is not supported; use {API_VERSION}{also}"
+            f"{where}.apiVersion: {echo(version)} is not supported; use {API_VERSION}{also}"
         )
-    model = KINDS.get(str(kind))
+    model = KINDS.get(name)
     if model is None:
-        close = nearest(str(kind), USER_KINDS) if isinstance(kind, str) else None
+        close = nearest(name, USER_KINDS) if name else None
         hint = f" (did you mean {close}?)" if close else ""
         raise ConfigError(
-            f"{where}.kind: {kind!r} is not a config kind{hint}; use one of {', '.join(USER_KINDS)}"
+            f"{where}.kind: {echo(kind)} is not a config kind{hint}; "
+            f"use one of {', '.join(USER_KINDS)}"
         )
     try:
         return model.model_validate(params)
     except ValidationError as exc:
         problems = []
-        for e in exc.errors():
+        errors = exc.errors()
+        for e in errors[:MAX_PROBLEMS]:
             msg = e["msg"].removeprefix("Value error, ")
             if e["type"] == "extra_forbidden":
                 msg = _unknown_field(model, e["loc"])
             elif e["type"] == "literal_error":
                 hint = _literal(model, e["loc"], e.get("input"))
-                msg = f"{msg} (got {_shown(e.get('input'))}{hint})"
+                msg = f"{msg} (got {echo(e.get('input'))}{hint})"
             elif e["type"] in STRICT_TYPES:
-                msg = f"{msg} (got {_shown(e.get('input'))}: write the number itself, unquoted)"
+                hint = _wrong_type(model, e["loc"], kind=e["type"], value=e.get("input"))
+                msg = f"{msg} ({hint})"
             problems.append(f"{where}.{_path(e['loc'])}: {msg}" if e["loc"] else f"{where}: {msg}")
+        if len(errors) > MAX_PROBLEMS:
+            problems.append(f"and {len(errors) - MAX_PROBLEMS} more")
         raise ConfigError("; ".join(problems), reason="config") from exc
 
 

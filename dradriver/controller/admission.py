@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.api import depth
+from dradriver.api.echo import echo
 from dradriver.controller.validate import DEVICES_PATH, Problem, devices_of, object_problems
 
 API_VERSION = "admission.k8s.io/v1"
@@ -70,7 +71,7 @@ def parse(body: bytes) -> Request:
     if review.get("apiVersion") != API_VERSION or review.get("kind") != "AdmissionReview":
         raise BadReview(
             f"expected apiVersion {API_VERSION} kind AdmissionReview, got "
-            f"{review.get('apiVersion')!r} {review.get('kind')!r} "
+            f"{echo(review.get('apiVersion'))} {echo(review.get('kind'))} "
             "(set admissionReviewVersions: [v1] in the webhook configuration)"
         )
     req = review.get("request")

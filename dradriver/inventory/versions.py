@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-_NUMERIC = re.compile(r"^\d+$")
+_NUMERIC = re.compile(r"[0-9]+")
 
 
 def semver(raw: str) -> str:
@@ -14,7 +14,7 @@ def semver(raw: str) -> str:
     attribute that is not strict semver, so a driver "535.104.05" must not reach a slice
     as it is."""
     parts = raw.strip().split(".")
-    if not parts or len(parts) > 3 or not all(_NUMERIC.match(p) for p in parts):
+    if not parts or len(parts) > 3 or not all(_NUMERIC.fullmatch(p) for p in parts):
         raise ValueError(f"not a numeric version: {raw!r}")
     nums = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
     return ".".join(nums)

@@ -162,12 +162,12 @@ LINES: tuple[Line, ...] = (
 )
 OLDEST, NEWEST = LINES[0], LINES[-1]
 _BY_MINOR = {ln.minor: ln for ln in LINES}
-_VERSION = re.compile(r"^v?1\.(\d+)(?:\.\d+)?(?:[-+].*)?$")
+_VERSION = re.compile(r"v?1\.(\d+)(?:\.\d+)?(?:[-+].*)?")
 
 
 def parse_version(text: str) -> int:
     """The minor of "1.37", "v1.37.2" or a vendor's "v1.36.3-eks-1234abc"."""
-    m = _VERSION.match(text.strip())
+    m = _VERSION.fullmatch(text.strip())
     if not m:
         raise LineError(f"{text!r} is not a Kubernetes version (1.MINOR[.PATCH])")
     return int(m.group(1))

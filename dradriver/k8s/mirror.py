@@ -24,6 +24,15 @@ def key_of(obj: Obj) -> str:
     return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
 
 
+def _newer(a: Obj, b: Obj) -> bool:
+    """Whether `a` is a later version of the object than `b`. resourceVersions are opaque
+    to clients, but every API server stores them as etcd's revision, a number that only
+    grows; where either is not one, neither is taken as newer."""
+    ra = str((a.get("metadata") or {}).get("resourceVersion", ""))
+    rb = str((b.get("metadata") or {}).get("resourceVersion", ""))
+    return ra.isdigit() and rb.isdigit() and int(ra) > int(rb)
+
+
 class Mirror:
     """Thread-safe. `on_change` is called (from the watching thread) after every change
     and after each list."""
@@ -55,9 +64,14 @@ class Mirror:
 
     def wrote(self, obj: Obj) -> None:
         """An object this process has just written: read back as written, until its
-        watch event (or a later one) replaces it."""
+        watch event (or a later one) replaces it. Never over a newer one: the watch may
+        have brought a later change (someone deleting it) before the writer got here, and
+        no further event would put that back."""
         with self._lock:
-            self._items[key_of(obj)] = obj
+            key = key_of(obj)
+            held = self._items.get(key)
+            if held is None or not _newer(held, obj):
+                self._items[key] = obj
 
     def forgot(self, key: str) -> None:
         with self._lock:

@@ -111,7 +111,7 @@ def run_plugin(
         for then in discovered:
             then()
         names.learn({d.gpu.uuid: d.gpu for d in view.devices().values()}.values())
-        if view.clique is not None or node_label.labelled:
+        if opts.nvlink_domain_label and (view.clique is not None or node_label.labelled):
             node_label.sync(view.clique)
         return slices
 
@@ -333,7 +333,7 @@ def _preparer(
         )
     writer = cdi.CdiWriter(opts.cdi_dir, opts.driver_name)
     mps_root = opts.state_dir / "mps"
-    sharing = SharingSteps(nvml.module, nvml.host, mps_root)
+    sharing = SharingSteps(nvml.module, nvml.host, mps_root, shm_size=opts.mps_shm_size)
     executor = Executor(
         driver=opts.driver_name,
         cdi_writer=writer,
@@ -347,6 +347,7 @@ def _preparer(
             mps_root,
             sharing.ledger,
             lambda: mps_protocol(view.driver_version),
+            shm_size=opts.mps_shm_size,
         ),
         pod_memory=pod_memory,
         imex=wiring.imex_steps(opts, kube, nvml.host, clique=lambda: view.clique),

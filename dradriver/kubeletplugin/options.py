@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from dradriver.slices.consumable import Consumable
 
 
+MIN_SHM = 1 << 20
+
+
 class OptionsError(ValueError):
     """Flags that cannot work: `what` names the flag, `why` says why and the fix."""
 
@@ -55,6 +58,8 @@ class PluginOptions:
     imex_binding_conditions: str  # auto, on or off
     imex_port: int
     imex_cmd_port: int
+    nvlink_domain_label: bool
+    mps_shm_size: int  # bytes
     healthz_address: str
     healthz_port: int
     rediscover_period: float
@@ -65,6 +70,7 @@ class PluginOptions:
 def parse(args: argparse.Namespace) -> PluginOptions:
     """The options of `args` (as add_arguments made them); OptionsError names a flag
     that cannot work, alone or with the others."""
+    from dradriver.api.config import quantity_bytes
     from dradriver.health.model import HealthConfigError, Policy, parse_xids
     from dradriver.inventory.node_devices import MigMode, MigSwitching
     from dradriver.kubeletplugin.device_view.health import HealthOptions
@@ -83,6 +89,12 @@ def parse(args: argparse.Namespace) -> PluginOptions:
         )
     except (HealthConfigError, ValueError) as exc:
         raise OptionsError("bad health flags", str(exc)) from exc
+    try:
+        mps_shm_size = quantity_bytes(args.mps_shm_size)
+    except ValueError as exc:
+        raise OptionsError("bad --mps-shm-size", str(exc)) from exc
+    if mps_shm_size < MIN_SHM:
+        raise OptionsError("bad --mps-shm-size", f"{args.mps_shm_size} is under 1Mi")
     driver_root = Path(args.driver_root)
     return PluginOptions(
         node_name=args.node_name,
@@ -107,6 +119,8 @@ def parse(args: argparse.Namespace) -> PluginOptions:
         imex_binding_conditions=args.imex_binding_conditions,
         imex_port=args.imex_port,
         imex_cmd_port=args.imex_cmd_port,
+        nvlink_domain_label=args.nvlink_domain_label == "on",
+        mps_shm_size=mps_shm_size,
         healthz_address=args.healthz_address,
         healthz_port=args.healthz_port,
         rediscover_period=args.rediscover_period,
@@ -121,7 +135,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--kubeconfig",
         os.environ.get("KUBECONFIG"),
-        help="kubeconfig (default: the in-cluster config)",
+        help="kubeconfig (default: $KUBECONFIG; with none, the pod's service account in a pod, "
+        "else ~/.kube/config)",
     )
     flags.add(
         p,
@@ -215,6 +230,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "50005",
         help="IMEX_CMD_PORT of the IMEX daemons: their command service, for nvidia-imex-ctl",
         type=int,
+    )
+    flags.add(
+        p,
+        "--nvlink-domain-label",
+        "on",
+        help="label the Node gpu.dradriver.io/nvlink-domain=<clusterUuid>.<cliqueId> where its "
+        "GPUs are in a multi-node NVLink fabric clique (a podAffinity topologyKey): on or off "
+        "(off: the plugin never writes to its Node, and needs no patch on nodes)",
+        choices=["on", "off"],
+    )
+    flags.add(
+        p,
+        "--mps-shm-size",
+        "1Gi",
+        help="size of the tmpfs each MPS control daemon and its clients get as /dev/shm "
+        "(a quantity such as 1Gi; the containers' /dev/shm too, charged to their memory)",
     )
     flags.add(p, "--healthz-address", "0.0.0.0", help="address of /healthz, /readyz, /metrics")
     flags.add(

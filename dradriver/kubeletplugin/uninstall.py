@@ -10,6 +10,7 @@ still prepared) keeps everything, with the reason logged.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -126,7 +127,10 @@ def tidy_if_uninstalled(
     for path in on_node:
         try:
             if path.is_dir():
-                path.rmdir()  # only when empty: another instance's socket may be there
+                # A directory mounted into the plugin's pod (the chart mounts the
+                # driver's own under plugins/) is the kubelet's to remove with the pod.
+                if not os.path.ismount(path):
+                    path.rmdir()  # only when empty: another instance's socket may be there
             else:
                 path.unlink(missing_ok=True)
         except OSError:

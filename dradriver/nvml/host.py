@@ -11,6 +11,7 @@ names no device nodes. Nothing else in the driver asks which one it has.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -57,6 +58,14 @@ class GpuHost(Protocol):
         """Starts an MPS control daemon for these GPUs in its own session, with `shm_dir`
         as its /dev/shm (its clients get the same one); its PID. Protocol 3: MPS v3
         (driver r615+), with named servers and namespaces."""
+
+    def make_shm(self, shm_dir: Path, *, size: int) -> None:
+        """Makes `shm_dir` an MPS daemon's /dev/shm: a tmpfs of at most `size` bytes,
+        mode 1777 (every container user may write, only its owner remove), never on the
+        node's disk. Idempotent. SharingError when it cannot be mounted."""
+
+    def drop_shm(self, shm_dir: Path) -> None:
+        """Unmounts and removes what make_shm made (idempotent)."""
 
     def mps_command(self, pipe_dir: Path, command: str) -> str:
         """Gives the daemon of `pipe_dir` one control command; its answer. SharingError
@@ -133,6 +142,38 @@ class RealHost:
             script += " -p 3"
         cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
         return spawn_mps([*cmd, "sh", str(shm_dir)], uuids, pipe_dir, log_dir=log_dir, host=self)
+
+    def make_shm(self, shm_dir: Path, *, size: int) -> None:
+        # A tmpfs, not a directory of the state volume: what a pod writes to /dev/shm is
+        # then memory charged to the pod, within the size, instead of the disk that
+        # holds the checkpoint. The plugin mounts it in its own mount namespace; the
+        # chart mounts the state directory with Bidirectional propagation so that the
+        # runtime, which bind-mounts it into the claim's containers, sees it.
+        shm_dir.mkdir(parents=True, exist_ok=True)
+        if os.path.ismount(shm_dir):
+            return
+        options = f"size={size},mode=1777,nosuid,nodev,noexec"
+        cmd = ["mount", "-t", "tmpfs", "-o", options, "dradriver-mps-shm", str(shm_dir)]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SharingError(f"{' '.join(cmd)}: {exc}", reason="mps") from exc
+        if out.returncode != 0:
+            raise SharingError(
+                f"mounting the MPS daemon's /dev/shm (a tmpfs) at {shm_dir}: "
+                f"{out.stderr.strip() or out.stdout.strip()}; the plugin needs CAP_SYS_ADMIN "
+                "(the chart's nvml mode runs it privileged)",
+                reason="mps",
+            )
+
+    def drop_shm(self, shm_dir: Path) -> None:
+        if os.path.ismount(shm_dir):
+            out = subprocess.run(["umount", str(shm_dir)], capture_output=True, text=True)
+            if out.returncode != 0:
+                # Still open somewhere (a client's process not yet gone): detached now,
+                # freed by the kernel when the last user closes it.
+                subprocess.run(["umount", "-l", str(shm_dir)], capture_output=True)
+        shutil.rmtree(shm_dir, ignore_errors=True)
 
     def mps_command(self, pipe_dir: Path, command: str) -> str:
         env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}

@@ -53,8 +53,8 @@ MAX_COUNTERS_PER_SET = 32
 MAX_CONSUMPTIONS_PER_DEVICE = 2
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_VALUE_LENGTH = 64
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-ATTRIBUTE_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+ATTRIBUTE_ID = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 
 
 @dataclass(frozen=True)
@@ -391,7 +391,7 @@ def check_limits(slices: Sequence[SliceContent], line: Line = OLDEST) -> None:
         per_slice = 0
         for d in s.devices:
             name = d["name"]
-            if not DNS_LABEL.match(name):
+            if not DNS_LABEL.fullmatch(name):
                 raise LimitError(f"{where}: device name {name!r} is not a DNS label")
             if name in names:
                 raise LimitError(f"{where}: device name {name!r} used twice in the pool")
@@ -401,7 +401,7 @@ def check_limits(slices: Sequence[SliceContent], line: Line = OLDEST) -> None:
                 raise LimitError(f"{where}: device {name}: {n} attributes+capacities > 32")
             for key, val in d.get("attributes", {}).items():
                 ident = key.rsplit("/", 1)[-1]
-                if not ATTRIBUTE_ID.match(ident):
+                if not ATTRIBUTE_ID.fullmatch(ident):
                     raise LimitError(f"{where}: device {name}: bad attribute name {key!r}")
                 for kind in ("string", "version"):
                     if kind in val and len(val[kind]) > MAX_VALUE_LENGTH:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import json
 import secrets
 import signal
 import subprocess
@@ -24,7 +25,7 @@ import yaml
 
 from dradriver import cli
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
-from dradriver.k8s.lines import NEWEST
+from dradriver.k8s.lines import LINES, NEWEST
 
 from .helpers import (
     REPO,
@@ -60,10 +61,17 @@ POLICY_SAYS = "may only create, update and delete ResourceSlices whose spec.node
 INERT = {"nodeSelector": {"dradriver.io/e2e": "never"}}
 TEST_VALUES: dict[str, Any] = {
     "devices": "fake:2xH100-80GB",
-    "kubeletPlugin": INERT,
+    # The node label is granted (and its policy rendered) only where a plugin labels.
+    "kubeletPlugin": {**INERT, "nvlinkDomainLabel": True},
     # The webhook's Service has no endpoints here; Ignore keeps claims in other tests
-    # of this module admissible whatever they carry.
-    "controller": {**INERT, "failurePolicy": "Ignore"},
+    # of this module admissible whatever they carry. The NetworkPolicy is applied for the
+    # API server to check it.
+    "controller": {
+        **INERT,
+        "failurePolicy": "Ignore",
+        "networkPolicy": {"enabled": True},
+        "fleetMetrics": {"enabled": True, "period": 1, "page": True},
+    },
 }
 
 
@@ -137,9 +145,10 @@ def check_references(docs: list[dict[str, Any]], ns: str) -> None:
             assert subject["name"] == sa
     vaps = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
-    # Own node's slices, own node's claims' status and own node's clique label (the
-    # plugin); its own webhook's caBundle only (the controller).
-    assert len(vaps) == 4
+    # Own node's slices, own node's claims' status and, where it labels, own node's
+    # clique label (the plugin); its own webhook's caBundle only, and with ComputeDomains
+    # its domains' templates only (the controller).
+    assert 3 <= len(vaps) <= 5
     ctrl_sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     for vap in vaps:
         (cond,) = vap["spec"]["matchConditions"]
@@ -252,7 +261,11 @@ def test_chart_lints_and_renders_consistent_names(helm: Path) -> None:
     plugin = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in plugin["env"]}
     assert env["LD_LIBRARY_PATH"] == "/run/dradriver/lib"
-    assert plugin["securityContext"] == {"privileged": True, "runAsUser": 0}
+    assert plugin["securityContext"] == {
+        "privileged": True,
+        "runAsUser": 0,
+        "readOnlyRootFilesystem": True,
+    }
     ctrl = one(docs, "Deployment")["spec"]["template"]["spec"]
     assert ctrl["securityContext"]["runAsNonRoot"] is True
     assert ctrl["containers"][0]["securityContext"] == {
@@ -324,12 +337,18 @@ def release(helm: Path, kube: Kube) -> Iterator[Release]:
             apply_object(kube, doc)
         yield Release(ns, docs)
     finally:
-        for doc in reversed(docs):
-            # The DeviceClasses are the same ones the other e2e tests use: leave them.
-            if doc["kind"] != "DeviceClass" and "namespace" not in doc["metadata"]:
-                with contextlib.suppress(KubeError):
-                    kube.delete(resource_path(kube, doc), missing_ok=True)
-        kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+        uninstall(kube, docs, ns)
+
+
+def uninstall(kube: Kube, docs: list[dict[str, Any]], ns: str) -> None:
+    """Deletes what the release made outside its namespace (cluster-wide objects, the
+    node-events Role in default), then the namespace with the rest."""
+    for doc in reversed(docs):
+        # The DeviceClasses are the same ones the other e2e tests use: leave them.
+        if doc["kind"] != "DeviceClass" and doc["metadata"].get("namespace") != ns:
+            with contextlib.suppress(KubeError):
+                kube.delete(resource_path(kube, doc), missing_ok=True)
+    kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
 
 
 def test_rendered_objects_are_accepted_by_the_api_server(kube: Kube, release: Release) -> None:
@@ -358,106 +377,184 @@ def test_rendered_objects_are_accepted_by_the_api_server(kube: Kube, release: Re
         )
 
 
-def plugin_rules(kube: Kube, release: Release) -> list[dict[str, Any]]:
-    role = kube.get(
-        path_for(
-            "rbac.authorization.k8s.io/v1",
-            "clusterroles",
-            name=release.named("ClusterRole", "kubelet-plugin"),
-        )
-    )
+def rules(role: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {k: sorted(v) for k, v in r.items() if k in ("apiGroups", "resources", "verbs")}
         for r in role["rules"]
     ]
 
 
-def test_rbac_is_exactly_what_the_code_calls(kube: Kube, release: Release) -> None:
-    """Any added verb must come with the code that needs it (and the report of why)."""
-    assert plugin_rules(kube, release) == [
-        # patch: its fabric-clique label only (the node-label policy).
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-        {
-            "apiGroups": ["resource.k8s.io"],
-            "resources": ["resourceslices"],
-            "verbs": ["create", "delete", "list", "update", "watch"],
-        },
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-        # An IMEX channel's prepare reads its ComputeDomain.
-        {"apiGroups": ["gpu.dradriver.io"], "resources": ["computedomains"], "verbs": ["get"]},
+def plugin_calls(*, compute_domains: bool, imex: bool, node_label: bool) -> list[dict[str, Any]]:
+    """The plugin's API calls in a mode, each with the code that makes it: what its
+    ClusterRole must grant, exactly."""
+
+    def rule(group: str, resource: str, *verbs: str) -> dict[str, Any]:
+        return {"apiGroups": [group], "resources": [resource], "verbs": sorted(verbs)}
+
+    return [
+        # slices/publish.py (its Node's UID as the slices' owner), device_view/health.py.
+        rule("", "nodes", "get"),
+        # device_view/node_label.py, only where the plugin labels its Node.
+        *([rule("", "nodes", "patch")] if node_label else []),
+        # slices/publish.py: list and watch its node's slices, create, replace, delete.
+        rule("resource.k8s.io", "resourceslices", "create", "delete", "list", "update", "watch"),
+        # prepare/claim_devices.py reads the claim the kubelet names.
+        rule("resource.k8s.io", "resourceclaims", "get"),
+        # prepare/channels.py reads an IMEX channel's ComputeDomain.
+        *([rule("gpu.dradriver.io", "computedomains", "get")] if compute_domains else []),
+        # imex_binding/binder.py watches the claims made from domain templates.
+        *([rule("resource.k8s.io", "resourceclaims", "list", "watch")] if imex else []),
         # `dradriver doctor` in the plugin pod reads the DeviceClasses.
-        {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["list"]},
-        {
-            "apiGroups": ["resource.k8s.io"],
-            "resources": ["resourceclaims/status"],
-            "verbs": ["patch"],
-        },
-        # From 1.36: status.devices of its own node's claims (associated-node), for its
-        # own driver only (resourceNames).
-        {
-            "apiGroups": ["resource.k8s.io"],
-            "resources": ["resourceclaims/driver"],
-            "verbs": ["associated-node:patch"],
-        },
-        # The node Event when a GPU turns unhealthy or recovers.
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        rule("resource.k8s.io", "deviceclasses", "list"),
+        # prepare/claim_status.py: status.devices by server-side apply, and from 1.36 the
+        # synthetic subresource for its own node's claims (resourceNames: its driver).
+        rule("resource.k8s.io", "resourceclaims/status", "patch"),
+        rule("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
     ]
-    # Its own DaemonSets, read at stop: deleted means uninstalled (the state is tidied).
-    role = kube.get(
-        path_for(
-            "rbac.authorization.k8s.io/v1",
-            "roles",
-            release.ns,
-            name=release.named("Role", "kubelet-plugin"),
-        )
+
+
+# Each mode the chart grants differently in: ComputeDomains off, on without IMEX (the
+# default), IMEX on everywhere or in one node group, and the node label asked for or
+# refused whatever IMEX says.
+MODES: dict[str, tuple[dict[str, Any], dict[str, bool]]] = {
+    "no-domains": (
+        {"computeDomains": {"enabled": False}},
+        {"compute_domains": False, "imex": False, "node_label": False},
+    ),
+    "default": ({}, {"compute_domains": True, "imex": False, "node_label": False}),
+    "imex": (
+        {"computeDomains": {"imexChannels": True}},
+        {"compute_domains": True, "imex": True, "node_label": True},
+    ),
+    "imex-group": (
+        {
+            "nodeGroups": [
+                {"name": "gb200", "nodeSelector": {"gpu": "gb200"}, "imexChannels": True},
+                {"name": "h100", "nodeSelector": {"gpu": "h100"}},
+            ]
+        },
+        {"compute_domains": True, "imex": True, "node_label": True},
+    ),
+    "label-without-imex": (
+        {"kubeletPlugin": {"nvlinkDomainLabel": True}},
+        {"compute_domains": True, "imex": False, "node_label": True},
+    ),
+    "imex-without-label": (
+        {"computeDomains": {"imexChannels": True}, "kubeletPlugin": {"nvlinkDomainLabel": False}},
+        {"compute_domains": True, "imex": True, "node_label": False},
+    ),
+    "fleet-metrics": (
+        {"controller": {"fleetMetrics": {"enabled": True}}},
+        {"compute_domains": True, "imex": False, "node_label": False},
+    ),
+}
+
+
+@pytest.mark.parametrize("line", [line.release for line in LINES])
+@pytest.mark.parametrize("mode", MODES)
+def test_grants_are_exactly_what_the_code_calls(helm: Path, mode: str, line: str) -> None:
+    """The RBAC rendered in every mode for every line (rendering needs no API server, so
+    this runs once, not per line): any added verb must come with the code that needs it
+    (and the report of why), and a grant a mode does not use is not made."""
+    values, calls = MODES[mode]
+    docs = render(helm, values, kube_version=line)
+    assert rules(one(docs, "ClusterRole", "kubelet-plugin")) == plugin_calls(**calls)
+    daemonsets = [d for d in docs if d["kind"] == "DaemonSet"]
+    labels = {
+        e["value"]
+        for ds in daemonsets
+        for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        if e["name"] == "DRADRIVER_NVLINK_DOMAIN_LABEL"
+    }
+    # A plugin labels its Node only where it may (imex-group: the GB200 group only).
+    assert labels == (
+        {"on", "off"} if mode == "imex-group" else {"on" if calls["node_label"] else "off"}
     )
-    assert role["rules"] == [
+    policies = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    assert (f"{RELEASE}-node-label-own-node" in policies) == calls["node_label"]
+    # health.py's node Event: in default, where Node events go, and nowhere else.
+    events, daemonset_reader = sorted(
+        (d for d in docs if d["kind"] == "Role" and "kubelet-plugin" in d["metadata"]["name"]),
+        key=lambda d: d["metadata"]["name"] != f"{RELEASE}-kubelet-plugin-node-events",
+    )
+    assert events["metadata"]["namespace"] == "default"
+    assert rules(events) == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    # uninstall.py reads its own DaemonSets at stop: deleted means uninstalled.
+    assert daemonset_reader["metadata"]["namespace"] == "gpu-system"
+    assert daemonset_reader["rules"] == [
         {
             "apiGroups": ["apps"],
             "resources": ["daemonsets"],
-            "resourceNames": [release.named("DaemonSet")],
+            "resourceNames": [d["metadata"]["name"] for d in daemonsets],
             "verbs": ["get"],
         }
     ]
-    ctrl = kube.get(
-        path_for(
-            "rbac.authorization.k8s.io/v1",
-            "clusterroles",
-            name=release.named("ClusterRole", "controller"),
-        )
-    )
+    ctrl = one(docs, "ClusterRole", "controller")
+    domains = calls["compute_domains"]
     assert ctrl["rules"] == [
+        # controller/cabundle.py keeps its CA in its own webhook configuration.
         {
             "apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["validatingwebhookconfigurations"],
-            "resourceNames": [release.named("ValidatingWebhookConfiguration")],
+            "resourceNames": [f"{RELEASE}-admission"],
             "verbs": ["list", "watch", "patch"],
         },
-        # ComputeDomains: the domains (their finalizer), their status, the templates it
-        # makes and deletes, the claims made from them and the slices it places by, the
-        # member nodes' addresses.
-        {
-            "apiGroups": ["gpu.dradriver.io"],
-            "resources": ["computedomains"],
-            "verbs": ["get", "list", "watch", "patch"],
-        },
-        {
-            "apiGroups": ["gpu.dradriver.io"],
-            "resources": ["computedomains/status"],
-            "verbs": ["update"],
-        },
-        {
-            "apiGroups": ["resource.k8s.io"],
-            "resources": ["resourceclaimtemplates"],
-            "verbs": ["get", "list", "watch", "create", "delete"],
-        },
-        {
-            "apiGroups": ["resource.k8s.io"],
-            "resources": ["resourceclaims", "resourceslices"],
-            "verbs": ["list", "watch"],
-        },
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        # controller/computedomain/: the domains (their finalizer), their status, the
+        # templates it makes and deletes (the template policy narrows them), the claims
+        # made from them and the slices it places by, the member nodes' addresses.
+        *(
+            [
+                {
+                    "apiGroups": ["gpu.dradriver.io"],
+                    "resources": ["computedomains"],
+                    "verbs": ["get", "list", "watch", "patch"],
+                },
+                {
+                    "apiGroups": ["gpu.dradriver.io"],
+                    "resources": ["computedomains/status"],
+                    "verbs": ["update"],
+                },
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "resources": ["resourceclaimtemplates"],
+                    "verbs": ["get", "list", "watch", "create", "delete"],
+                },
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "resources": ["resourceclaims", "resourceslices"],
+                    "verbs": ["list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+            ]
+            if domains
+            else []
+        ),
+        # controller/fleet.py mirrors what `dradriver fleet` reads (controller.fleetMetrics).
+        *(
+            [
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "resources": ["resourceslices", "resourceclaims", "deviceclasses"],
+                    "verbs": ["list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]},
+            ]
+            if mode == "fleet-metrics"
+            else []
+        ),
     ]
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert ("--fleet-metrics=on" in args) == (mode == "fleet-metrics")
+    assert (f"{RELEASE}-controller-domain-templates-only" in policies) == domains
+
+
+def test_the_installed_rbac_is_the_rendered(kube: Kube, release: Release) -> None:
+    """What the API server keeps is what was rendered (no aggregation or defaulting
+    widens it)."""
+    for doc in release.docs:
+        if doc["kind"] in ("ClusterRole", "Role"):
+            stored = kube.get(resource_path(kube, doc))
+            assert rules(stored) == rules(doc), doc["metadata"]["name"]
 
 
 def sa_pod(kube: Kube, ns: str, name: str, sa: str, node: str | None = None) -> dict[str, Any]:
@@ -598,14 +695,32 @@ def test_plugin_works_with_only_the_chart_rbac(
             "create claims": lambda: as_plugin.create(
                 path_for(RES, "resourceclaims", namespace), {"metadata": {"name": "x"}}
             ),
+            # Node Events go to default; nowhere else.
+            "create events elsewhere": lambda: as_plugin.create(
+                path_for("v1", "events", namespace), node_event(kubelet.node)
+            ),
             "update claim status": lambda: as_plugin.replace(
                 path_for(RES, "resourceclaims", namespace, name="gpu", subresource="status"),
                 kube.get(claim_path),
             ),
         }
         assert {what: status_of(fn) for what, fn in refused.items()} == dict.fromkeys(refused, 403)
+        made = as_plugin.create(path_for("v1", "events", "default"), node_event(kubelet.node))
+        kube.delete(path_for("v1", "events", "default", name=made["metadata"]["name"]))
     finally:
         as_plugin.close()
+
+
+def node_event(node: str) -> dict[str, Any]:
+    """An Event about a Node, as the plugin writes one when a GPU turns unhealthy."""
+    return {
+        "metadata": {"generateName": "gpu-health-"},
+        "involvedObject": {"kind": "Node", "name": node},
+        "reason": "GPUUnhealthy",
+        "message": "e2e",
+        "type": "Warning",
+        "source": {"component": "dradriver"},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -619,11 +734,7 @@ def alpha_release(helm: Path, alpha_kube: Kube) -> Iterator[Release]:
             apply_object(alpha_kube, doc)
         yield Release(ns, docs)
     finally:
-        for doc in reversed(docs):
-            if doc["kind"] != "DeviceClass" and "namespace" not in doc["metadata"]:
-                with contextlib.suppress(KubeError):
-                    alpha_kube.delete(resource_path(alpha_kube, doc), missing_ok=True)
-        alpha_kube.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
+        uninstall(alpha_kube, docs, ns)
 
 
 def test_mig_and_shares_work_with_only_the_chart_rbac(
@@ -752,6 +863,29 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube: Kube, release: Release
         with pytest.raises(NotFound):
             kube.get(f"{slices}/{ours['metadata']['name']}")
 
+        # On its own node, as another driver, or into a pool not named after its node:
+        # refused (it could otherwise publish devices as a driver it is not).
+        for name, spec in (
+            ("driver", {"driver": "other.example.io"}),
+            ("pool", {"pool": {"name": node_b, "generation": 1, "resourceSliceCount": 1}}),
+        ):
+            body = slice_body(f"{node_a}-{name}", node_a)
+            body["spec"].update(spec)
+            err = refusal(lambda body=body: as_plugin.create(slices, body))
+            assert err.status == 403, err
+            assert f"ResourceSlices of driver {DRIVER} in the pool named after its node" in (
+                err.message
+            )
+        # Nor may it take over, or withdraw, another driver's slice on its own node.
+        other = slice_body(f"{node_a}-other", node_a)
+        other["spec"]["driver"] = "other.example.io"
+        other = kube.create(slices, other)
+        created.append(other["metadata"]["name"])
+        err = refusal(lambda: as_plugin.delete(f"{slices}/{other['metadata']['name']}"))
+        assert err.status == 403 and "ResourceSlices of driver" in err.message
+        taken = dict(other, spec={**other["spec"], "driver": DRIVER})
+        refusal(lambda: as_plugin.replace(f"{slices}/{other['metadata']['name']}", taken))
+
         # A token of the plugin's ServiceAccount that no pod holds names no node: nothing.
         unbound = kube.with_token(request_token(kube, release.ns, release.plugin_sa, None))
         try:
@@ -805,6 +939,18 @@ def test_plugin_may_set_only_its_own_nodes_clique_label(kube: Kube, release: Rel
             )
         )
         assert err.status == 403
+        # An owner would have the garbage collector delete the Node with it; a finalizer
+        # nobody removes would keep a deleted Node forever. Neither is the label.
+        owner = {"apiVersion": "v1", "kind": "Node", "name": node_b, "uid": secrets.token_hex(8)}
+        for meta in ({"ownerReferences": [owner]}, {"finalizers": ["example.io/keep"]}):
+            err = refusal(
+                lambda meta=meta: as_plugin.patch(
+                    path_for("v1", "nodes", name=node_a),
+                    {"metadata": {**meta, "labels": {key: clique}}},
+                )
+            )
+            assert err.status == 403, meta
+            assert "only the gpu.dradriver.io/nvlink-domain label" in err.message
         assert key not in label(node_a, {key: None})["metadata"]["labels"]
     finally:
         if as_plugin is not None:
@@ -813,22 +959,9 @@ def test_plugin_may_set_only_its_own_nodes_clique_label(kube: Kube, release: Rel
             kube.delete(path_for("v1", "nodes", name=n), missing_ok=True)
 
 
-def controller_available() -> tuple[bool, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "dradriver.cli", "controller", "--help"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    return proc.returncode == 0, (proc.stderr or proc.stdout).strip()[-300:]
-
-
 def test_controller_works_with_only_the_chart_rbac(
     cluster: Cluster, kube: Kube, release: Release, tmp_path: Path
 ) -> None:
-    ok, why = controller_available()
-    if not ok:
-        pytest.skip(f"`dradriver controller` is not available in this checkout yet: {why}")
     pod = sa_pod(kube, release.ns, "controller", release.controller_sa)
     token = request_token(kube, release.ns, release.controller_sa, pod)
     kcfg = token_kubeconfig(cluster.kubeconfig, token, tmp_path / "controller.kubeconfig")
@@ -878,6 +1011,28 @@ def test_controller_works_with_only_the_chart_rbac(
         assert vwc["webhooks"][0]["clientConfig"].get("caBundle")
         assert vwc["webhooks"][0]["failurePolicy"] == "Ignore"
         compute_domain_with_chart_rbac(kube, release.ns)
+        # The fleet's metrics, from what the chart's RBAC lets it watch.
+        import urllib.request
+
+        def fleet_updated() -> bool:
+            url = f"http://127.0.0.1:{healthz}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                text = r.read().decode()
+            return any(
+                line.startswith("dradriver_fleet_updates_total ") and float(line.split()[1]) >= 1
+                for line in text.splitlines()
+            )
+
+        wait_for(fleet_updated, "the fleet's metrics", 30, interval=0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{healthz}/fleet", timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/html")
+            assert '<table id="fleet">' in r.read().decode()
+        assert "forbidden" not in log_path.read_text().lower()
+        as_controller = kube.with_token(token)
+        try:
+            only_domain_templates(kube, as_controller, release.ns)
+        finally:
+            as_controller.close()
     finally:
         proc.terminate()
         try:
@@ -933,6 +1088,60 @@ def compute_domain_with_chart_rbac(kube: Kube, ns: str) -> None:
     finally:
         kube.delete(path_for(RES, "resourceslices", name=node), missing_ok=True)
         kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
+
+
+def only_domain_templates(kube: Kube, as_controller: Kube, ns: str) -> None:
+    """RBAC lets the controller create and delete templates in every namespace; the
+    chart's policy keeps it to its ComputeDomains' (owned by one, labelled with its UID)."""
+    from dradriver.api import computedomain as cd
+
+    says = "may only write and delete the ResourceClaimTemplates of its ComputeDomains"
+    path = path_for(RES, "resourceclaimtemplates", ns)
+    spec = {
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
+    }
+    users = kube.create(path, {"metadata": {"name": "users"}, "spec": spec})
+    # A real domain to own the templates: one whose owner does not exist is deleted by the
+    # garbage collector, maybe before the controller's own delete is tried (CI 2026-12-06).
+    cds = path_for(cd.API_VERSION, cd.PLURAL, ns)
+    domain = kube.create(
+        cds,
+        {
+            "apiVersion": cd.API_VERSION,
+            "kind": cd.KIND,
+            "metadata": {"name": "owner"},
+            "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "owner-ch"}}},
+        },
+    )
+    uid = domain["metadata"]["uid"]
+    owner = {
+        "apiVersion": cd.API_VERSION,
+        "kind": cd.KIND,
+        "name": "owner",
+        "uid": uid,
+        "controller": True,
+    }
+    for name, meta in (
+        ("planted", {}),
+        ("unlabelled", {"ownerReferences": [owner]}),
+        ("mislabelled", {"ownerReferences": [owner], "labels": {cd.DOMAIN_LABEL: "x"}}),
+    ):
+        err = refusal(
+            lambda name=name, meta=meta: as_controller.create(
+                path, {"metadata": {"name": name, **meta}, "spec": spec}
+            )
+        )
+        assert err.status == 403 and says in err.message, (name, err)
+    err = refusal(lambda: as_controller.delete(f"{path}/users"))
+    assert err.status == 403 and says in err.message, err
+    assert kube.get(f"{path}/users")["metadata"]["uid"] == users["metadata"]["uid"]
+    # A domain's template it may make and delete.
+    meta = {"name": "domains", "ownerReferences": [owner], "labels": {cd.DOMAIN_LABEL: uid}}
+    as_controller.create(path, {"metadata": meta, "spec": spec})
+    as_controller.delete(f"{path}/domains")
+    kube.delete(f"{path}/users")
+    kube.delete(f"{cds}/owner")
+    wait_for(lambda: get_or_none(kube, f"{cds}/owner") is None, "the owning domain gone", 30)
 
 
 CLAIM_POLICY_SAYS = "the dradriver kubelet plugin may"
@@ -1088,7 +1297,12 @@ def test_controller_may_patch_only_its_webhooks_cabundle(kube: Kube, release: Re
         name=release.named("ValidatingWebhookConfiguration"),
     )
     try:
-        policy = release.named("ValidatingAdmissionPolicy", "controller")
+        policy = next(
+            d["metadata"]["name"]
+            for d in release.docs
+            if d["kind"] == "ValidatingAdmissionPolicy"
+            and d["metadata"]["name"].endswith("-webhook-cabundle-only")
+        )
         bad = [{"op": "replace", "path": "/webhooks/0/clientConfig/service/name", "value": "x"}]
 
         def refused() -> KubeError | None:
@@ -1178,12 +1392,25 @@ def test_privilege_follows_the_devices(helm: Path) -> None:
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The registration directory and the driver's own under plugins/, never plugins/ with
+    # every other CSI and DRA driver's socket.
     assert {v["hostPath"]["path"] for v in fake["spec"]["volumes"] if "hostPath" in v} == {
         "/var/lib/kubelet/plugins_registry",
-        "/var/lib/kubelet/plugins",
+        f"/var/lib/kubelet/plugins/{DRIVER}",
         "/var/run/cdi",
         "/var/lib/dradriver",
     }
+    nvidia = one(render(helm, {**legacy, "nvidiaCompatible": True}), "DaemonSet")
+    assert "/var/lib/kubelet/plugins/gpu.nvidia.com" in {
+        v["hostPath"]["path"]
+        for v in nvidia["spec"]["template"]["spec"]["volumes"]
+        if "hostPath" in v
+    }
+    # Everything it writes is in its volumes: the image cannot be changed under it.
+    for container in (c, real["containers"][0]):
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    (tmp,) = [v for v in fake["spec"]["volumes"] if v["name"] == "tmp"]
+    assert tmp["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Mi"}
 
 
 def test_driver_files_follow_their_values(helm: Path) -> None:
@@ -1535,3 +1762,53 @@ def test_the_webhooks_list_of_nvidia_classes_is_the_codes() -> None:
     block = helpers.split('define "dradriver.nvidiaClassesNotServed"')[1].split("{{- end")[0]
     listed = yaml.safe_load(block.strip().removeprefix("-}}").strip())
     assert sorted(listed) == sorted(NVIDIA_CLASSES_NOT_SERVED)
+
+
+def test_the_controllers_network_policy_admits_its_two_ports_only(helm: Path) -> None:
+    """Off by default; on, connections reach the controller's pod on the webhook and
+    health ports only, from the peers the values name (any, when they name none)."""
+    assert not [d for d in render(helm) if d["kind"] == "NetworkPolicy"]
+    block = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    docs = render(helm, {"controller": {"networkPolicy": {"enabled": True, "webhookFrom": block}}})
+    policy = one(docs, "NetworkPolicy")
+    pod = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": "webhook", "protocol": "TCP"}], "from": block},
+        {"ports": [{"port": "healthz", "protocol": "TCP"}]},
+    ]
+    ports = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert {p["name"] for p in ports} == {"webhook", "healthz"}
+
+
+def test_the_monitors_and_the_dashboard_follow_their_values(helm: Path) -> None:
+    """Off by default (the PodMonitor CRD may not be there); on: a PodMonitor per component
+    on the port its probes use, and the dashboard that test_dashboard.py checks against a
+    real Prometheus, byte for byte, in a ConfigMap Grafana's sidecar picks up."""
+    default = render(helm)
+    assert not [d for d in default if d["kind"] in ("PodMonitor", "ConfigMap")]
+    docs = render(
+        helm,
+        {
+            "monitoring": {
+                "podMonitors": {"enabled": True, "labels": {"release": "prometheus"}},
+                "grafanaDashboard": {"enabled": True, "namespace": "grafana"},
+            }
+        },
+    )
+    for component, kind in (("kubelet-plugin", "DaemonSet"), ("controller", "Deployment")):
+        monitor = one(docs, "PodMonitor", component)
+        assert monitor["metadata"]["labels"]["release"] == "prometheus"
+        pods = one(docs, kind)["spec"]["template"]
+        assert (
+            monitor["spec"]["selector"]["matchLabels"].items() <= pods["metadata"]["labels"].items()
+        )
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert (endpoint["port"], endpoint["path"]) == ("healthz", "/metrics")
+        assert "healthz" in {p["name"] for p in pods["spec"]["containers"][0]["ports"]}
+    cm = one(docs, "ConfigMap")
+    assert cm["metadata"]["namespace"] == "grafana"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = REPO / "deploy" / "dashboards" / "fleet.json"
+    assert json.loads(cm["data"]["dradriver-fleet.json"]) == json.loads(dashboard.read_text())

@@ -36,14 +36,17 @@ from fakenvml.host import stop_fake_daemons
 from fakenvml.imexctl import query
 
 from .helpers import (
+    REPO,
     RES,
     Cluster,
     DradriverProcess,
     HollowNode,
     PluginProc,
+    apply_object,
     ensure_device_classes,
     free_port,
     get_or_none,
+    load_yaml,
     wait_for,
 )
 
@@ -500,34 +503,47 @@ def events_of(kube: Kube, ns: str, pod: str) -> str:
 def test_a_two_node_job_runs_in_one_imex_domain(
     kube: Kube, namespace: str, rack: Rack, controllers: Callable[[str], Controller]
 ) -> None:
-    """The real scheduler allocates each pod's channel claim from the domain's template
-    (both pods on the pair, one a node; the other clique never); each node's plugin
-    starts its IMEX daemon once both nodes have joined, with both as peers; the pods run
-    with the channel's device node; the domain reads Ready; deleting the pods stops the
-    daemons and leaves no file behind."""
+    """examples/claims/computedomain-job.yaml as a user applies it: the real scheduler
+    allocates each pod's channel claim from the domain's template (both pods on the pair,
+    one a node; the other clique never) and its four GPUs on the same node; each node's
+    plugin starts its IMEX daemon once both nodes have joined, with both as peers; the
+    pods run with the channel's device node and their GPUs; the domain reads Ready;
+    deleting the pods stops the daemons and leaves no file behind."""
     controllers("sched")
     ns = namespace
-    kube.create(path_for(*CDS, ns), domain("job", 2))
-    wait_reason(kube, ns, "job", "WaitingForPods")
-    for i in range(2):
-        kube.create(path_for("v1", "pods", ns), job_pod(f"job-{i}", "job-channel"))
-    pods = [running(kube, ns, f"job-{i}") for i in range(2)]
+    domain_doc, *rest = load_yaml(REPO / "examples" / "claims" / "computedomain-job.yaml")
+    assert (domain_doc["kind"], domain_doc["metadata"]["name"]) == (cd.KIND, "train")
+    apply_object(kube, domain_doc, ns)
+    # The template the pods name exists from here: made at once, the resourceclaim
+    # controller would retry their claims with a growing backoff until it does.
+    wait_reason(kube, ns, "train", "WaitingForPods")
+    for doc in rest:
+        apply_object(kube, doc, ns)
+    names = [d["metadata"]["name"] for d in rest if d["kind"] == "Pod"]
+    assert names == ["train-0", "train-1"]
+    pods = [running(kube, ns, n) for n in names]
     assert {p["spec"]["nodeName"] for p in pods} == {"cd-a1", "cd-a2"}
-    cond = wait_reason(kube, ns, "job", "NodesReady")
+    cond = wait_reason(kube, ns, "train", "NodesReady")
     assert cond["status"] == "True" and cond["message"] == "2 of 2 nodes ready: cd-a1, cd-a2"
-    claims = kube.list(path_for(RES, "resourceclaims", ns)).get("items", [])
-    devices = sorted(
-        (r["pool"], r["device"])
-        for c in claims
-        for r in c["status"]["allocation"]["devices"]["results"]
-    )
-    assert devices == [("cd-a1", "imex-channel"), ("cd-a2", "imex-channel")]
     for p in pods:
         node = p["spec"]["nodeName"]
+        made = {s["name"]: s["resourceClaimName"] for s in p["status"]["resourceClaimStatuses"]}
+        assert set(made) == {"channel", "gpus"}
+        results = {
+            request: kube.get(path_for(RES, "resourceclaims", ns, name=claim))["status"][
+                "allocation"
+            ]["devices"]["results"]
+            for request, claim in made.items()
+        }
+        assert [(r["pool"], r["device"]) for r in results["channel"]] == [(node, "imex-channel")]
+        gpus = {r["device"] for r in results["gpus"]}
+        assert len(gpus) == 4 and {r["pool"] for r in results["gpus"]} == {node}
         rec = rack.kubelets[node].container(p["metadata"]["uid"], "main")
         assert rec is not None
         assert "/dev/nvidia-caps-imex-channels/channel0" in json.dumps(rec), rec
         assert "DRADRIVER_IMEX_CHANNEL=0" in rec["env"]
+        visible = [e for e in rec["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=GPU-")]
+        assert [len(e.split(",")) for e in visible] == [4], rec["env"]
         # The node's daemon: both nodes as peers, connected to the other.
         (config,) = rack.imex_configs(node)
         assert (config.parent / "nodes_config.cfg").read_text().split() == sorted(
@@ -543,12 +559,12 @@ def test_a_two_node_job_runs_in_one_imex_domain(
         for c in rack.imex_configs(n)
     ]
     assert rack.imex_configs("cd-b1") == []
-    for i in range(2):
-        kube.delete(path_for("v1", "pods", ns, name=f"job-{i}"))
-    for i in range(2):
+    for n in names:
+        kube.delete(path_for("v1", "pods", ns, name=n))
+    for n in names:
         wait_for(
-            lambda i=i: get_or_none(kube, path_for("v1", "pods", ns, name=f"job-{i}")) is None,
-            "pod gone",
+            lambda n=n: get_or_none(kube, path_for("v1", "pods", ns, name=n)) is None,
+            f"pod {n} gone",
             60,
         )
     wait_for(lambda: not any(mps_alive(p) for p in pids), "the IMEX daemons stopped", 30)

@@ -150,16 +150,16 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
     shared_gpu: Callable[..., SharedGpuNode],
 ) -> None:
     node = shared_gpu("memory")
-    names = ["a", "b", "c"]
-    pods = {}
-    for n in names:
-        # One at a time, as in the shares=4 test below: made at once, the 1.37 scheduler
-        # once tried the third while two allocations were in flight, said "cannot
-        # allocate all claims" (60Gi of 79.6Gi) and parked the pod for up to five
-        # minutes (CI, 2026-12-06; the plugin had prepared a and b and never saw c).
-        node.share(n, "20Gi")
-        pods[n] = node.running(n)
-    results = {n: node.result(n) for n in names}
+    # examples/claims/gpu-share-by-memory.yaml: three pods, a 20Gi claim each from one
+    # template. One at a time, as in the shares=4 test below: made at once, the 1.37
+    # scheduler once tried the third while two allocations were in flight, said "cannot
+    # allocate all claims" (60Gi of 79.6Gi) and parked the pod for up to five minutes
+    # (CI, 2026-12-06; the plugin had prepared two shares and never saw the third).
+    names = node.apply("gpu-share-by-memory", each_running=True)
+    assert names == ["share-a", "share-b", "share-c"]
+    pods = {n: node.running(n) for n in names}
+    claims = {n: node.claim_of(n) for n in names}
+    results = {n: node.result(claims[n]) for n in names}
     assert {r["device"] for r in results.values()} == {node.real("gpu-0")}
     share_ids = {r["shareID"] for r in results.values()}
     assert len(share_ids) == 3
@@ -181,7 +181,9 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
     # Each share's status entry, keyed by its shareID.
     for n in names:
         entries = wait_for(
-            lambda n=n: node.claim(n).get("status", {}).get("devices"), f"status of {n}", 30
+            lambda n=n: node.claim(claims[n]).get("status", {}).get("devices"),
+            f"status of {claims[n]}",
+            30,
         )
         assert [(e["device"], e["shareID"]) for e in entries] == [
             (node.real("gpu-0"), results[n]["shareID"])
@@ -212,7 +214,7 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
     (left,) = fleet.stranded
     assert (left.node, left.reason, left.gpus) == (node.kubelet.node, "memory-left", 0)
     assert left.detail.startswith(f"19.6Gi left on {node.real('gpu-0')} beside 3 shares")
-    node.delete("a")
+    node.delete("share-a")
     node.running("big", timeout=90)
     assert node.result("big")["consumedCapacity"]["memory"] == "30Gi"
     # A restart keeps every share prepared: the kubelet's pods keep running and a
@@ -220,7 +222,7 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
     node.plugin.stop()
     node.plugin.start()
     wait_for(node.plugin.ready, "the restarted plugin", 30)
-    for n in ("b", "c", "big"):
+    for n in ("share-b", "share-c", "big"):
         assert node.running(n)["status"]["phase"] == "Running"
     specs = sorted(p.name for p in node.kubelet.cdi_dir.glob("*-claim-*.json"))
     assert len(specs) == 3
@@ -230,7 +232,7 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
         == 3
     )
     # The last share out stops the daemon.
-    node.delete("b", "c", "big")
+    node.delete("share-b", "share-c", "big")
     wait_for(lambda: not mps_alive(daemon), "the shares' MPS daemon to stop", 30)
 
 
@@ -285,14 +287,15 @@ def test_memory_mode_limits_each_pods_cgroup_on_the_gpu(
 def test_shares_mode_refuses_a_fifth_claim(shared_gpu: Callable[..., SharedGpuNode]) -> None:
     node = shared_gpu("shares=4")
     pods = {}
-    for n in ("s1", "s2", "s3", "s4"):
-        # One at a time: four made at once let the scheduler try the fourth while three
-        # allocations were in flight; finding no room, it parked the pod as unschedulable
-        # for up to five minutes (twice in CI: the plugin never saw its claim).
-        node.share(n)
+    for i in range(1, 5):
+        # examples/claims/gpu-share-of-four.yaml four times, one at a time: four made at
+        # once let the scheduler try the fourth while three allocations were in flight;
+        # finding no room, it parked the pod as unschedulable for up to five minutes
+        # (twice in CI: the plugin never saw its claim).
+        (n,) = node.apply("gpu-share-of-four", f"-{i}", each_running=True)
         pods[n] = node.running(n)
     for n, pod in pods.items():
-        r = node.result(n)
+        r = node.result(node.claim_of(n))
         assert r["device"] == node.real("gpu-0") and r["consumedCapacity"]["shares"] == "1"
         env = node.env(pod)
         assert env["DRADRIVER_SHARE_COMPUTE_LIMIT"] == "25"
@@ -301,7 +304,7 @@ def test_shares_mode_refuses_a_fifth_claim(shared_gpu: Callable[..., SharedGpuNo
     node.stays_pending("s5")
 
 
-def test_unlimited_mode_places_ten_claims_that_ask_for_nothing(
+def test_unlimited_mode_places_ten_claims_that_ask_for_nothing_and_one_for_4gi(
     shared_gpu: Callable[..., SharedGpuNode],
 ) -> None:
     node = shared_gpu("unlimited")
@@ -313,3 +316,10 @@ def test_unlimited_mode_places_ten_claims_that_ask_for_nothing(
         assert "DRADRIVER_SHARE_MEMORY_LIMIT" not in env
     assert {node.result(n)["device"] for n in names} == {node.real("gpu-0")}
     assert len({node.result(n)["shareID"] for n in names}) == 10
+    # examples/claims/gpu-share-unlimited.yaml: a share asking for 4Gi, beside the ten.
+    (pod,) = node.apply("gpu-share-unlimited")
+    env = node.env(node.running(pod))
+    assert env["DRADRIVER_SHARE_MEMORY_LIMIT"] == str(4 * GI)
+    r = node.result(node.claim_of(pod))
+    assert (r["device"], r["consumedCapacity"]["memory"]) == (node.real("gpu-0"), "4Gi")
+    assert r["shareID"] not in {node.result(n)["shareID"] for n in names}

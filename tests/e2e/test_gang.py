@@ -149,7 +149,7 @@ class Jobs:
         here, would make it), or straight to the scheduler (with `group`, as a gang: the
         example's PodGroup, named like it, placing all its ranks or none, in one domain of
         the node label `topology` where one is given)."""
-        example = EXAMPLES / f"{'podgroup' if group else 'kueue'}-training-job.yaml"
+        example = EXAMPLES / ("podgroup-training-job.yaml" if group else "kueue-training-job.yaml")
         docs = {d["kind"]: d for d in load_yaml(example)}
         if group:
             pg = docs["PodGroup"]

@@ -66,6 +66,17 @@ class Target:
         p = plugin or self.plugin
         return str(self.kubelet.plugins_dir / DRIVER / f"dra-{p.instance}.sock")
 
+    def instance(self, name: str) -> PluginProc:
+        """Another plugin instance on the node, sharing the state directory (as during a
+        rolling update); not started."""
+        return PluginProc(
+            self.plugin.kubeconfig,
+            self.kubelet,
+            "fake:1xL4",
+            state_dir=self.plugin.state_dir,
+            instance=name,
+        )
+
     def victim_claims(self) -> list[str]:
         # "held" answers from the plugin's checkpoint, "absent" costs an API GET (as
         # any new claim's prepare does) and answers "not found": both paths, each call.
@@ -140,6 +151,13 @@ def _claim_and_pod(kube: Kube, ns: str, node: str, name: str) -> str:
 
 def _module(name: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"tests.support.{name}", *args]
+
+
+def _spawn(cmd: list[str]) -> subprocess.Popen[str]:
+    """A peer or victim in its own process; _json_line reads what it says."""
+    return subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _json_line(proc: subprocess.Popen[str], what: str, timeout: float) -> dict[str, Any]:
@@ -226,29 +244,20 @@ def under_attack(t: Target, name: str, *attacks: list[str], timeout: float = 60)
     settled = settle(t)
     with tempfile.TemporaryDirectory() as d:
         ready = Path(d) / "calling"
-        victim = subprocess.Popen(
+        victim = _spawn(
             _module(
                 "victim",
                 "prepare",
                 t.socket(),
                 *(a for c in t.victim_claims() for a in ("--claim", c)),
                 *("--seconds", "150", "--ready-file", str(ready)),
-            ),
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            )
         )
         try:
             wait_for(ready.exists, "the victim's first call", 30)
             before, threads_before = _sample(t.plugin)
             log_from = len(t.plugin.log())
-            procs = [
-                subprocess.Popen(
-                    cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-                )
-                for cmd in attacks
-            ]
+            procs = [_spawn(cmd) for cmd in attacks]
             peak, threads_peak = before, threads_before
             until = time.monotonic() + timeout
             while time.monotonic() < until and any(p.poll() is None for p in procs):
@@ -439,6 +448,27 @@ def test_a_client_pinging_every_2s_keeps_its_connection(target: Target) -> None:
     out.check()
 
 
+def test_a_burst_of_calls_as_a_connection_opens_is_not_refused(target: Target) -> None:
+    """grpc-go's client (the kubelet's) allows itself 100 concurrent streams until the
+    server's SETTINGS say otherwise, so a burst of pods' prepares on a new connection may
+    open 100 at once; a server limit under that refuses the rest (RST_STREAM
+    REFUSED_STREAM), which grpc-go retries only once, transparently. None of 100 may be
+    refused: all are answered OK with the claim's device."""
+    t = target
+    peer = _spawn(
+        h2peer(
+            "burst-at-connect",
+            t.socket(),
+            *("--ns", t.ns, "--uid", t.claim_uid, "--name", "held", "--streams", "100"),
+        )
+    )
+    out = _json_line(peer, "the burst", 60)
+    print(f"[burst-at-connect] {json.dumps(out)}")
+    assert out["rst_received"] == {}, out
+    assert out["grpc_status"] == {"0": 100}, out
+    assert out["server_max_streams"] >= 100, out
+
+
 # -- stopping --------------------------------------------------------------------------------
 
 
@@ -447,29 +477,19 @@ def test_stop_sends_goaway_and_finishes_the_call_in_flight(target: Target) -> No
     call, completed after it, is answered OK, and the plugin exits well within the
     kubelet's 45 s."""
     t = target
-    second = PluginProc(
-        t.plugin.kubeconfig,
-        t.kubelet,
-        "fake:1xL4",
-        state_dir=t.plugin.state_dir,
-        instance="b",
-    )
+    second = t.instance("b")
     second.start()
     try:
         wait_for(second.ready, "the second instance", 30)
         with tempfile.TemporaryDirectory() as d:
             ready = Path(d) / "in-flight"
-            peer = subprocess.Popen(
+            peer = _spawn(
                 h2peer(
                     "in-flight-at-stop",
                     t.socket(second),
                     *("--ns", t.ns, "--uid", t.claim_uid, "--name", "held"),
                     *("--ready-file", str(ready), "--wait", "50"),
-                ),
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+                )
             )
             wait_for(lambda: ready.exists() or peer.poll() is not None, "the call in flight", 20)
             if not ready.exists():
@@ -501,3 +521,58 @@ def test_stop_sends_goaway_and_finishes_the_call_in_flight(target: Target) -> No
         assert not problems, "\n".join([*problems, json.dumps(seen)])
     finally:
         second.stop()
+
+
+def test_a_stop_under_a_stream_of_calls_finishes_them_and_exits_at_once(target: Target) -> None:
+    """SIGTERM while calls keep arriving (one every 10 ms, some always in flight) and the
+    next instance starts, as in a rolling update: the instance serves on while calls
+    keep coming (up to DRAIN_MAX, 2 s), so that what a kubelet sent before it switched
+    to the newer instance is answered, then exits within a few seconds, not at the end
+    of its grace. Only calls sent after that fail, unprocessed."""
+    t = target
+    second = t.instance("c")
+    second.start()
+    third = None
+    try:
+        wait_for(second.ready, "the second instance", 30)
+        with tempfile.TemporaryDirectory() as d:
+            ready = Path(d) / "calling"
+            victim = _spawn(
+                _module(
+                    "victim",
+                    "prepare",
+                    t.socket(second),
+                    *(a for c in t.victim_claims() for a in ("--claim", c)),
+                    *("--every", "0.01", "--seconds", "30", "--ready-file", str(ready)),
+                )
+            )
+            wait_for(lambda: ready.exists() or victim.poll() is not None, "the calls", 20)
+            time.sleep(1.0)  # a second of calls under way
+            assert second.proc is not None
+            # The handover: the next instance starts (its startup takes the node's state
+            # lock) as this one is told to stop.
+            third = t.instance("d")
+            third.start()
+            signalled, signalled_at = time.monotonic(), time.time()
+            second.proc.send_signal(signal.SIGTERM)
+            code = second.proc.wait(timeout=60)
+            exited_s = time.monotonic() - signalled
+            time.sleep(1.0)  # calls go on arriving at the gone instance
+            victim.send_signal(signal.SIGTERM)
+            seen = _json_line(victim, "the calls", 30)
+        print(f"[stop-under-calls] exited {exited_s:.2f}s after SIGTERM, rc {code}; {seen}")
+        assert code == 0
+        assert exited_s < 5, f"exited {exited_s:.1f}s after SIGTERM"
+        assert seen["answered"] == seen["calls"], seen
+        assert seen["answers"]["held"].get("devices", 0) > 20, seen
+        # What was sent until well after the stop began was answered: the instance
+        # served on while calls kept coming (they never stop here, so for DRAIN_MAX).
+        first_failed = seen["first_failed_at_s"]
+        assert first_failed is not None, "calls to the stopped instance were answered"
+        assert seen["started_at"] + first_failed > signalled_at + 1.5, seen
+        # The rest were refused unprocessed, never cut off while worked on.
+        assert set(seen["by_code"]) <= {"UNAVAILABLE", "CANCELLED"}, seen
+    finally:
+        second.stop()
+        if third is not None:
+            third.stop()

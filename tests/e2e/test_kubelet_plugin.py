@@ -357,6 +357,53 @@ def test_hundred_pods_in_sequence_leave_nothing_behind(gpu_node: GpuNode) -> Non
     assert n.plugin.metric("dradriver_unprepare_duration_seconds_count", result="ok") == 100
 
 
+@pytest.mark.once
+def test_a_burst_of_a_hundred_pods_is_prepared_without_a_failed_call(gpu_node: GpuNode) -> None:
+    """A hundred pods made at once, each with its own claim (adminAccess, so that the 8
+    GPUs take them all): the kubelet's pod workers call the plugin as the pods arrive,
+    many calls at a time on one connection; every pod runs and not one prepare fails (a
+    refused stream would be one: grpc-go does not retry a stream reset past the
+    server's limit), nor does the kubelet warn of one. Once, on the first line: what it
+    checks is the plugin's gRPC server and the kubelet's client, not the API server's."""
+    n = gpu_node
+    n.kube.patch(
+        path_for("v1", "namespaces", name=n.ns),
+        {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}},
+    )
+    exactly = {"deviceClassName": "gpu.dradriver.io", "adminAccess": True}
+    n.kube.create(
+        path_for(RES, "resourceclaimtemplates", n.ns),
+        {
+            "metadata": {"name": "watch"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}},
+        },
+    )
+    names = [f"b{i}" for i in range(100)]
+    for name in names:
+        n.pod(name, template="watch")
+    for name in names:
+        n.running(name, timeout=180)
+    assert n.plugin.metric("dradriver_prepare_duration_seconds_count", result="ok") == 100
+    assert not n.plugin.metric("dradriver_prepare_duration_seconds_count", result="error")
+    # No pod was held up by its claims (a kubelet under load may warn of other things: a
+    # token's configmap cache it syncs late, which is not the plugin's).
+    events = n.kube.list(path_for("v1", "events", n.ns))["items"]
+    dra = [
+        (e["reason"], e["message"])
+        for e in events
+        if e.get("type") == "Warning"
+        and (
+            e.get("reason") == "FailedPrepareDynamicResources"
+            or "resourceclaim" in str(e.get("message", "")).lower()
+            or "prepare" in str(e.get("message", "")).lower()
+        )
+    ]
+    assert dra == []
+    for name in names:
+        n.kube.delete(path_for("v1", "pods", n.ns, name=name))
+    wait_for(lambda: n.checkpoint_claims() == {}, "every claim unprepared", 120)
+
+
 def call(
     node: GpuNode, method: str, claims: list[tuple[str, str, str]], version: str = "v1"
 ) -> Any:

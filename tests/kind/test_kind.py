@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from dradriver.k8s.lines import NEWEST
+from dradriver_dev import addons
 from dradriver_dev.kind.demo import (
     GROUP_LABEL,
     HELM_NAMESPACE,
@@ -166,9 +167,13 @@ def test_chart_comes_up_ready_on_every_node(k: Kind) -> None:
         assert "dra-" in sh(node, f"ls /var/lib/kubelet/plugins/{DRIVER}")
 
 
-def test_webhook_refuses_a_bad_config_at_apply(k: Kind) -> None:
+def test_webhook_refuses_a_bad_config_at_apply(k: Kind, capsys: pytest.CaptureFixture[str]) -> None:
     k.kubectl.run("create", "namespace", "demo", check=False)
-    show_refusal(k.kubectl)  # raises unless kubectl apply was denied, naming the field
+    show_refusal(k.kubectl)  # the demo's step: it raises unless kubectl apply was denied
+    said = capsys.readouterr().out  # what kubectl said, as the demo shows it
+    assert "denied the request" in said, said
+    assert "opaque.parameters.sharing.strategy" in said, said
+    assert f"(got '{addons.BAD_STRATEGY}')" in said, said
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ from tests.support import hpack_literal
 from tests.support.h2wire import (
     CANCEL,
     INITIAL_WINDOW_SIZE,
+    MAX_CONCURRENT_STREAMS,
     PREFACE,
     Peer,
     error_name,
@@ -429,6 +430,37 @@ def slow_pings(path: str, interval: float, seconds: float) -> dict[str, Any]:
     return out
 
 
+def burst_at_connect(path: str, ns: str, uid: str, name: str, streams: int) -> dict[str, Any]:
+    """`streams` whole calls sent the moment the connection opens, before the server's
+    SETTINGS are read: what grpc-go's client (the kubelet's) may do, as it assumes 100
+    concurrent streams until the server says its limit. Each asks for claim `uid`, which
+    the plugin answers from its checkpoint. Reports how each stream ended."""
+    peer = Peer(path)
+    peer.handshake()
+    body = grpc_message(prepare_request([(ns, uid, name)]))
+    frames: list[hf.Frame] = []
+    for i in range(streams):
+        sid = 2 * i + 1
+        frames.append(peer.headers(sid, request_headers(PREPARE)))
+        frames.append(hf.DataFrame(sid, data=body, flags={"END_STREAM"}))
+    t0 = time.monotonic()
+    peer.send(*frames)
+    peer.wait(
+        lambda: sum(1 for s in peer.streams.values() if s.ended or s.rst is not None) >= streams,
+        30.0,
+    )
+    out = {
+        "attack": "burst-at-connect",
+        "streams_sent": streams,
+        "server_max_streams": peer.settings.get(MAX_CONCURRENT_STREAMS),
+        "answered_s": round(time.monotonic() - t0, 3),
+        **_streams_summary(peer),
+        **_ending(peer, t0),
+    }
+    peer.close()
+    return out
+
+
 def in_flight_at_stop(
     path: str, ns: str, uid: str, name: str, ready_file: str, wait: float
 ) -> dict[str, Any]:
@@ -532,6 +564,14 @@ def main(argv: list[str] | None = None) -> int:
     p = attack("slow-pings", lambda a: slow_pings(a.socket, a.interval, a.seconds))
     p.add_argument("--interval", type=float, default=2.0)
     p.add_argument("--seconds", type=float, default=20.0)
+    p = attack(
+        "burst-at-connect",
+        lambda a: burst_at_connect(a.socket, a.ns, a.uid, a.name, a.streams),
+    )
+    p.add_argument("--ns", required=True)
+    p.add_argument("--uid", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--streams", type=int, default=100)
     p = attack(
         "in-flight-at-stop",
         lambda a: in_flight_at_stop(a.socket, a.ns, a.uid, a.name, a.ready_file, a.wait),

@@ -7,8 +7,9 @@ reference gRPC implementation), to measure what an attack on the server costs ot
 `prepare`: one channel, as the kubelet keeps one, starting a NodePrepareResources call
 every 50 ms (answered or not) with a 3 s deadline, until --seconds pass or SIGTERM/SIGINT
 (--ready-file is written once the first call is over); prints one JSON line:
-calls, failures by status code, p50/p99/max latency, what each claim was answered, and
-the slowest calls (offset from start, seconds, status).
+calls, failures by status code, p50/p99/max latency, what each claim was answered, the
+slowest calls (offset from start, seconds, status), and when the first failed call
+started (offset from start; `started_at` is the start on the wall clock).
 
 `keepalive`: a channel that pings every 2 s (grpc.keepalive_time_ms=2000, without calls
 too), calling at the start and at the end only, so that most of its life has no call
@@ -64,8 +65,10 @@ def prepare(
     # Per claim: how many answers carried devices, and the errors (first text, count).
     answers: dict[str, Counter[str]] = {n: Counter() for n in names.values()}
     slow: list[tuple[float, float, str]] = []
+    failed_at: list[float] = []  # when each failed call started, seconds from t0
     done = threading.Semaphore(0)
     t0 = time.monotonic()
+    started_at = time.time()  # t0 on the wall clock, for the caller's own events
 
     def finished(fut: Any, start: float) -> None:
         took = time.monotonic() - start
@@ -83,6 +86,7 @@ def prepare(
             else:
                 failures[code] += 1
                 first_failure.setdefault(code, detail[:300])
+                failed_at.append(round(start - t0, 3))
             latencies.append(took)
             slow.append((round(start - t0, 3), round(took, 3), code))
             slow.sort(key=lambda s: -s[1])
@@ -121,6 +125,8 @@ def prepare(
             "max_s": round(lat[-1], 4),
             "answers": {n: dict(c) for n, c in answers.items()},
             "slowest": slow,
+            "first_failed_at_s": min(failed_at, default=None),
+            "started_at": started_at,
             "ran_s": round(time.monotonic() - t0, 3),
         }
 

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dradriver.api import computedomain as cd
+from dradriver.api.echo import cut
 from dradriver.controller.computedomain.placement import node_cliques
 from dradriver.controller.computedomain.reconcile import Plan, orphans, reconcile
 from dradriver.controller.computedomain.records import Domain, Fleet, Member, Template, member_of
@@ -39,23 +40,33 @@ def utcnow() -> str:
 
 def node_address(node: Obj) -> str | None:
     """The node's IMEX address: its gpu.dradriver.io/imex-address label when that is an
-    IP address, else its InternalIP."""
-    import ipaddress
-
-    label = ((node.get("metadata") or {}).get("labels") or {}).get(cd.IMEX_ADDRESS_LABEL)
+    IP address, else its first InternalIP that is one. Each node's peers write it into
+    their IMEX daemon's nodes_config, a line per address: nothing else may get there."""
+    meta = node.get("metadata") or {}
+    label = (meta.get("labels") or {}).get(cd.IMEX_ADDRESS_LABEL)
     if isinstance(label, str):
-        try:
-            return str(ipaddress.ip_address(label))
-        except ValueError:
-            log.warning(
-                "ignoring a node's IMEX address label: not an IP address",
-                node=(node.get("metadata") or {}).get("name"),
-                label=cd.IMEX_ADDRESS_LABEL,
-                value=label,
-            )
+        found = cd.ip_address(label)
+        if found is not None:
+            return found
+        log.warning(
+            "ignoring a node's IMEX address label: not an IP address",
+            node=meta.get("name"),
+            label=cd.IMEX_ADDRESS_LABEL,
+            value=cut(label),
+        )
     addrs = (node.get("status") or {}).get("addresses") or []
-    found = next((a.get("address") for a in addrs if a.get("type") == "InternalIP"), None)
-    return str(found) if found else None
+    for a in addrs:
+        if not isinstance(a, dict) or a.get("type") != "InternalIP":
+            continue
+        found = cd.ip_address(a.get("address"))
+        if found is not None:
+            return found
+        log.warning(
+            "ignoring a node's InternalIP: not an IP address",
+            node=meta.get("name"),
+            value=cut(str(a.get("address"))),
+        )
+    return None
 
 
 class ComputeDomainController:

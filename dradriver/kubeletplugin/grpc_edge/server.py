@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +50,23 @@ MAX_MESSAGE = 4 << 20
 
 # The kubelet waits this long for calls in flight when it replaces a plugin.
 STOP_GRACE = 30.0
+# At a stop, the registration goes first (the kubelet then sends its calls to the other
+# instance, if one runs) and calls are still taken until none has come for DRAIN_QUIET
+# seconds, DRAIN_MAX at most: what the kubelet sent before it switched is answered, not
+# failed. Calls that still arrive once the server stops are failed unprocessed, as grpc
+# does during a shutdown (UNAVAILABLE, or CANCELLED in the moment its GOAWAY is sent).
+DRAIN_QUIET = 0.2
+DRAIN_MAX = 2.0
 
 SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
     # Streams one connection may hold open at once. A reset stream frees its slot at
-    # once, but never runs its handler (servicers.Work); beyond the limit the client
-    # waits (grpc-go queues streams), it is not refused.
-    ("grpc.max_concurrent_streams", 32),
+    # once, but never runs its handler (servicers.Work). Once a client has our SETTINGS
+    # it queues streams beyond the limit; until then grpc-go (the kubelet's client)
+    # allows itself 100 (defaultMaxStreamsClient), so a burst of pods' prepares on a new
+    # connection opens up to 100 at once, and grpc core resets those past the limit
+    # (ENHANCE_YOUR_CALM, which grpc-go does not retry: the pod's prepare fails). Hence
+    # above 100; calls past the worker threads wait in Work's queue either way.
+    ("grpc.max_concurrent_streams", 128),
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     # The kubelet may turn keepalives on: pings at least a second apart are answered,
     # even between calls. A peer pinging faster is struck, then sent a GOAWAY
@@ -178,6 +190,13 @@ class PluginServers:
             raise
         return _Served(server, path, inode)
 
+    def _drain(self) -> None:
+        """Serves on while calls keep coming, until DRAIN_QUIET passes without one
+        (DRAIN_MAX at most)."""
+        end = time.monotonic() + DRAIN_MAX
+        while (now := time.monotonic()) < end and now - self._work.last_call < DRAIN_QUIET:
+            time.sleep(0.02)
+
     def _stop_served(self, served: _Served, grace: float | None, wait: bool) -> None:
         assert self._loop is not None
         future = asyncio.run_coroutine_threadsafe(served.server.stop(grace), self._loop.loop)
@@ -231,6 +250,8 @@ class PluginServers:
         for served, g in ((self._reg, None), (self._dra, grace)):
             if served is None:
                 continue
+            if served is self._dra:
+                self._drain()
             self._stop_served(served, g, wait=True)
             if self._alive(served):
                 served.path.unlink(missing_ok=True)

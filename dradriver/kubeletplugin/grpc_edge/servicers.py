@@ -10,6 +10,7 @@ cancels while it waits (a reset stream, a deadline passed) never reaches the dri
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -53,10 +54,12 @@ class Work:
         self.size = size
         self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix=name)
         self._slots: asyncio.Semaphore | None = None  # made on the loop, at first use
+        self.last_call = 0.0  # when the latest call came (time.monotonic())
 
     async def run(self, context: Context, fn: Callable[[], T]) -> T:
         """fn() on the pool, once a slot is free. A call that ended before its turn
         came is cancelled (grpcio's answer to a cancelled handler: nothing is sent)."""
+        self.last_call = time.monotonic()
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.size)
         async with self._slots:

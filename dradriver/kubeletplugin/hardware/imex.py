@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dradriver.api import computedomain as cd
 from dradriver.errors import ImexError
 from dradriver.kubeletplugin.state.records import ClaimRecord, ImexDaemon
 from dradriver.logs import get_logger
@@ -83,6 +84,14 @@ def peers_of(domain: Obj, node: str, uid: str) -> tuple[str, tuple[str, ...]] | 
     missing = [str(n.get("name")) for n in nodes if not n.get("address")]
     if missing:
         return f"no IMEX address known for {', '.join(missing)}"
+    # Each address becomes a line of the daemon's nodes_config: only an IP address may.
+    bad = [str(n.get("name")) for n in nodes if cd.ip_address(n["address"]) is None]
+    if bad:
+        return (
+            f"the ComputeDomain's status gives {', '.join(bad)} an address that is not an IP "
+            "address; the controller writes it from each Node's InternalIP or its "
+            f"{cd.IMEX_ADDRESS_LABEL} label"
+        )
     return str(mine["address"]), tuple(sorted(str(n["address"]) for n in nodes))
 
 

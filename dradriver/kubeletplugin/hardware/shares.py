@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 from dradriver.errors import SharingError
+from dradriver.kubeletplugin.hardware.sharing import MPS_SHM_SIZE
 from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice, Share
 from dradriver.kubeletplugin.state.sharing_ledger import SharedDaemon, SharingLedger
 from dradriver.logs import get_logger
@@ -66,6 +67,7 @@ class ShareSteps:
     mps_root: Path
     ledger: SharingLedger
     protocol: Callable[[], int] = lambda: 2
+    shm_size: int = MPS_SHM_SIZE  # bytes: the device daemon's /dev/shm (a tmpfs)
 
     def _dirs(self, device: str) -> tuple[Path, Path, Path]:
         base = self.mps_root / ("shared-" + "".join(c if c.isalnum() else "-" for c in device))
@@ -122,8 +124,9 @@ class ShareSteps:
             # A daemon whose PID a crash did not let us record is found by its pipe
             # directory and told to quit; then what it left goes: a new one starts clean.
             self.host.stop_mps(0, pipe)
+            self.host.drop_shm(shm)
             shutil.rmtree(pipe.parent)
-        shm.mkdir(parents=True, mode=0o1777)
+        self.host.make_shm(shm, size=self.shm_size)
         protocol = self.protocol()
         pid = self.host.start_mps([device], pipe, logs, shm_dir=shm, protocol=protocol)
         self.ledger.shared_daemon(device, pid, str(pipe), gpu=gpu, mode_before=known.mode_before)
@@ -192,6 +195,7 @@ class ShareSteps:
             self.host.stop_mps(known.pid, Path(known.pipe_dir))
         if known.gpu and known.mode_before is not None:
             set_compute_mode(self.nvml, known.gpu, known.mode_before)
+        self.host.drop_shm(Path(known.pipe_dir).parent / "shm")
         shutil.rmtree(Path(known.pipe_dir).parent, ignore_errors=True)
         self.ledger.shared_stopped(device)
         log.info("MPS control daemon of a device's shares stopped", device=device, pid=known.pid)

@@ -26,6 +26,12 @@ log = get_logger("kubeletplugin.sharing")
 Save = Callable[[ClaimRecord], None]  # makes a record durable
 
 
+# The /dev/shm of an MPS daemon and its clients: CUDA's MPS client and server exchange
+# memory there, and the application's own use (a data loader's) comes out of it too. A
+# container's default is 64 MiB; this is what `--mps-shm-size` sets otherwise.
+MPS_SHM_SIZE = 1 << 30
+
+
 def mps_groups(rec: ClaimRecord) -> dict[str, list[int]]:
     """Where the claim's MPS devices are among its devices, by limits group: one daemon
     per group."""
@@ -53,6 +59,7 @@ class SharingSteps:
     nvml: ModuleType  # compute mode goes through NVML
     host: GpuHost  # time-slicing and the MPS daemon lie outside it
     mps_root: Path  # <state dir>/mps: one directory per daemon
+    shm_size: int = MPS_SHM_SIZE  # bytes: the daemon's and its clients' /dev/shm (a tmpfs)
     # Beside the MPS root, in the state directory: <state dir>/sharing-ledger.json (the
     # shares' daemons are recorded there too, hardware/shares.py).
     ledger: SharingLedger = field(init=False)
@@ -85,7 +92,7 @@ class SharingSteps:
         key = f"{rec.uid}-{index}"
         base = self.mps_root / key
         pipe, logs, shm = base / "pipe", base / "log", base / "shm"
-        shm.mkdir(parents=True, exist_ok=True, mode=0o1777)
+        self.host.make_shm(shm, size=self.shm_size)  # the claim's own, no other's
         for i in members:
             d = rec.devices[i]
             before = None
@@ -172,7 +179,7 @@ class SharingSteps:
                     assert before is not None
                     set_compute_mode(self.nvml, str(d.uuid), before)
                     self.ledger.mode_restored(str(d.uuid))
-                shutil.rmtree(Path(sh.pipe_dir).parent, ignore_errors=True)
+                self._remove_dirs(Path(sh.pipe_dir).parent)
             except SharingError as exc:
                 errors.append(f"device {d.device}: {exc}")
         if migrated:
@@ -188,6 +195,12 @@ class SharingSteps:
                 )
         if errors:
             raise SharingError("; ".join(errors), reason="undo")
+
+    def _remove_dirs(self, base: Path) -> None:
+        """A daemon's directory: its /dev/shm unmounted first (removing the files of a
+        mounted tmpfs would leave the mount behind)."""
+        self.host.drop_shm(base / "shm")
+        shutil.rmtree(base, ignore_errors=True)
 
     def report_forgotten(self, known_claims: set[str]) -> None:
         """Startup: says what the ledger holds for claims the checkpoint does not (it was
@@ -220,7 +233,7 @@ class SharingSteps:
             except SharingError as exc:
                 errors.append(f"MPS daemon {daemon.pid}: {exc}")
                 continue
-            shutil.rmtree(Path(daemon.pipe_dir).parent, ignore_errors=True)
+            self._remove_dirs(Path(daemon.pipe_dir).parent)
             self.ledger.daemon_stopped(key)
             log.info("MPS daemon of a forgotten claim stopped", claim_uid=claim, pid=daemon.pid)
         for gpu, change in e.compute_mode.items():

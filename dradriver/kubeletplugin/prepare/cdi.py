@@ -43,26 +43,26 @@ CDI_VERSIONS: Final = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "1.1.0")
 # A CDI vendor (the driver name) must start with a letter, end with a letter or digit and
 # hold only letters, digits, "-", "_" and "."; a DNS subdomain starting with a letter is
 # that and also what Kubernetes requires of a driver name.
-_DRIVER = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DRIVER = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # Kubernetes UIDs are UUIDs. Letters, digits and inner dashes keep a UID from escaping the
 # spec directory and keep `<device>-<uid>` a valid CDI device name (which must end in a
 # letter or digit).
-_UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,126}[A-Za-z0-9])?$")
+_UID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,126}[A-Za-z0-9])?")
 # The CDI library's device-name rule.
-_DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_DEVICE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 _ENV_NAME = re.compile(r"[^A-Z0-9_]")
 
 
 @functools.cache  # pure; once per driver name, not once per spec
 def _check_driver(driver: str) -> None:
-    if len(driver) > 63 or not _DRIVER.match(driver):
+    if len(driver) > 63 or not _DRIVER.fullmatch(driver):
         raise ValueError(
             f"CDI: driver name {driver!r} is not a DNS subdomain starting with a letter"
         )
 
 
 def _check_uid(claim_uid: str) -> None:
-    if not _UID.match(claim_uid):
+    if not _UID.fullmatch(claim_uid):
         raise ValueError(
             f"CDI: claim UID {claim_uid!r} is not a Kubernetes UID (letters, "
             "digits and inner dashes only)"
@@ -232,7 +232,7 @@ def _other(dev: CdiDevice, claim_uid: str) -> dict[str, Any]:
 
 
 def _check_device(dev: CdiDevice, seen: set[str]) -> None:
-    if not _DEVICE.match(dev.name):
+    if not _DEVICE.fullmatch(dev.name):
         raise ValueError(f"CDI: device name {dev.name!r} is not a valid CDI device name")
     if dev.name in seen:
         raise ValueError(f"CDI: device {dev.name} listed twice")
@@ -390,6 +390,6 @@ class CdiWriter:
         for name in names:
             if name.startswith(prefix) and name.endswith(".json"):
                 uid = name[len(prefix) : -len(".json")]
-                if _UID.match(uid):
+                if _UID.fullmatch(uid):
                     uids.append(uid)
         return sorted(uids)

@@ -11,8 +11,8 @@ from typing import Any
 from dradriver.errors import ClaimStateError, RequestError
 from dradriver.kubeletplugin.claimref import ClaimRef
 
-UID = re.compile(r"^[0-9a-fA-F-]{1,64}$")
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+UID = re.compile(r"[0-9a-fA-F-]{1,64}")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def check_ref(ref: ClaimRef) -> None:
@@ -20,12 +20,12 @@ def check_ref(ref: ClaimRef) -> None:
     name or UID is refused before use."""
     if not ref.uid:
         raise RequestError("request layer: the claim has an empty UID", reason="bad_request")
-    if not UID.match(ref.uid):
+    if not UID.fullmatch(ref.uid):
         raise RequestError(
             f"request layer: claim UID {ref.uid!r} is not a Kubernetes UID", reason="bad_request"
         )
     for what, v in (("namespace", ref.namespace), ("name", ref.name)):
-        if not v or len(v) > 253 or not DNS_SUBDOMAIN.match(v):
+        if not v or len(v) > 253 or not DNS_SUBDOMAIN.fullmatch(v):
             raise RequestError(
                 f"request layer: claim {what} {v!r} is not a valid Kubernetes "
                 "name (no slashes, dots at the ends or upper case)",

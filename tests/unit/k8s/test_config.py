@@ -380,4 +380,7 @@ def test_importing_the_package_imports_neither_the_library_nor_urllib3(
         f"Kube.from_kubeconfig({str(path)!r})\n"
         "assert 'kubernetes.config.kube_config' in sys.modules and 'urllib3' in sys.modules\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[3]
+    )
+    assert done.returncode == 0, done.stderr  # the child's own assert says what it found

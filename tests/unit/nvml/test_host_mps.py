@@ -52,3 +52,28 @@ def test_the_recorded_pid_is_the_daemons_and_quit_ends_it(
     finally:
         if mps_alive(pid):
             os.kill(pid, 9)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_the_daemons_shm_is_a_sized_tmpfs_anyone_may_write(tmp_path: Path) -> None:
+    """Not a directory of the state volume: a tmpfs of the size asked, mode 1777 whatever
+    the umask, and gone (unmounted, removed) after drop_shm."""
+    shm = tmp_path / "mps" / "claim-0" / "shm"
+    host = RealHost()
+    old = os.umask(0o022)
+    try:
+        host.make_shm(shm, size=8 << 20)
+        host.make_shm(shm, size=8 << 20)  # idempotent: one mount
+    finally:
+        os.umask(old)
+    try:
+        assert os.path.ismount(shm)
+        mounts = [m.split() for m in Path("/proc/self/mounts").read_text().splitlines()]
+        (mine,) = [m for m in mounts if m[1] == str(shm)]
+        assert mine[2] == "tmpfs"
+        options = set(mine[3].split(","))
+        assert {"size=8192k", "nosuid", "nodev", "noexec"} <= options, options
+        assert stat.S_IMODE(shm.stat().st_mode) == 0o1777
+    finally:
+        host.drop_shm(shm)
+    assert not os.path.ismount(shm) and not shm.exists()

@@ -97,14 +97,51 @@ def test_dynamic_mig_is_refused_naming_both_flags() -> None:
     assert "--mig-mode=dynamic" in str(e.value)
 
 
+MIXED = "1xH100-80GB+1xH100-80GB:mig=on+1xL4"  # whole GPUs, and a MIG device in static mode
+SHARING = {"allowMultipleAllocations"}  # the only field a mode adds to a device
+
+
 def test_off_publishes_what_it_always_did() -> None:
-    inv = inventory("2xH100-80GB+1xL4")
+    """Off, in every MIG mode: one claim a device, and each capacity a bare value that a
+    claim takes whole, as before consumable capacity existed."""
+    inv = inventory(MIXED, mig_3g40gb=True)
     for mode in (MigMode.NONE, MigMode.STATIC, MigMode.DYNAMIC):
-        assert build(inv, mode).slices == build(inv, mode, consumable=OFF).slices
-    for s in build(inv, MigMode.NONE).slices:
-        for d in s.devices:
-            assert "allowMultipleAllocations" not in d
-            assert all("requestPolicy" not in c for c in d["capacity"].values())
+        devices = [d for s in build(inv, mode).slices for d in s.devices]
+        assert devices, mode
+        for d in devices:
+            assert not SHARING & set(d), (mode, d["name"])
+            assert all(set(c) == {"value"} for c in d["capacity"].values()), (mode, d["name"])
+
+
+@pytest.mark.parametrize("text", ["memory", "shares=1", "shares=4", "unlimited"])
+def test_a_mode_changes_capacities_and_sharing_and_nothing_else(text: str) -> None:
+    """What a claim selects by stays as off publishes it: the slices, the device names,
+    their order and attributes, and the value of every capacity. A mode adds only
+    allowMultipleAllocations, a requestPolicy to each capacity, and capacities a share
+    is counted in."""
+    c = parse_mode(text)
+    inv = inventory(MIXED, mig_3g40gb=True)
+    for mode in (MigMode.NONE, MigMode.STATIC):
+        off, on = build(inv, mode).slices, build(inv, mode, consumable=c).slices
+        assert [s.key for s in on] == [s.key for s in off]
+        assert [s.shared_counters for s in on] == [s.shared_counters for s in off]
+        pairs = [
+            (a, b)
+            for s, t in zip(on, off, strict=True)
+            for a, b in zip(s.devices, t.devices, strict=True)
+        ]
+        assert len(pairs) == sum(len(s.devices) for s in off) > 0
+        for shared, alone in pairs:
+            where = (mode, alone["name"])
+            assert shared["allowMultipleAllocations"] is True, where
+            rest = {k: v for k, v in shared.items() if k not in SHARING | {"capacity"}}
+            assert rest == {k: v for k, v in alone.items() if k != "capacity"}, where
+            cap, was = shared["capacity"], alone["capacity"]
+            assert {k: cap[k]["value"] for k in was} == {k: v["value"] for k, v in was.items()}
+            assert all("requestPolicy" in v for v in cap.values()), where
+            added = set(cap) - set(was)
+            assert "compute" in added and added <= {"compute", "multiprocessors", "shares"}
+            assert ("shares" in added) == (c.mode is ConsumableMode.SHARES), where
 
 
 @pytest.mark.parametrize("mode", ["memory", "shares=1", "shares=4", "unlimited"])
@@ -161,3 +198,10 @@ def test_whole_gpus_and_existing_mig_devices_are_shared_partitions_never() -> No
         assert Fraction(parse(d["capacity"]["memory"]["requestPolicy"]["default"])) <= int(
             d["capacity"]["memory"]["value"]
         )
+    # Partitions never, even where build is asked to share them (the flags refuse dynamic
+    # MIG beside consumable capacity): a partition's counters are not counted once shared.
+    dynamic = [d for s in build(inv, MigMode.DYNAMIC, consumable=c).slices for d in s.devices]
+    parts = [
+        d for d in dynamic if "consumesCounters" in d and d["attributes"]["type"]["string"] == "mig"
+    ]
+    assert parts and not any(SHARING & set(d) for d in parts)

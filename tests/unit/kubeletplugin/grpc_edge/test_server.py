@@ -288,23 +288,41 @@ def test_a_stop_sends_goaway_lets_calls_under_way_finish_and_removes_the_sockets
     assert "b" not in driver.prepared
 
 
+def closed_by_peer(s: socket.socket, timeout: float) -> bool:
+    """Whether the peer closes the connection within `timeout`: end of stream (whatever
+    it says first is read and dropped) or a reset; False when it is still open."""
+    s.settimeout(timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        while s.recv(4096):
+            if time.monotonic() > deadline:
+                return False  # it keeps talking: not closed
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
 def test_garbage_on_the_socket_closes_that_connection_only(served: Served) -> None:
     path = str(served.servers.dra_socket)
-    for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x00" * 64, b""):
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(path)
-        s.sendall(junk)
-        s.shutdown(socket.SHUT_WR)
-        s.settimeout(5)
-        try:
-            while s.recv(4096):
-                pass
-        except OSError:
-            pass
-        s.close()
     with grpc.insecure_channel(served.dra) as ch:
         stub = kapi.dra_v1_grpc.DRAPluginStub(ch)
-        assert stub.NodePrepareResources(claims(V1, "a"), timeout=5).claims
+        assert stub.NodePrepareResources(claims(V1, "before"), timeout=5).claims
+        states: list[grpc.ChannelConnectivity] = []
+        record = states.append
+        ch.subscribe(record)
+        for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x00" * 64, b""):
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(path)
+                s.sendall(junk)
+                s.shutdown(socket.SHUT_WR)
+                assert closed_by_peer(s, 5), f"the connection that sent {junk!r} is still open"
+        # The well-behaved connection opened before the garbage was never dropped, and
+        # still serves calls.
+        assert stub.NodePrepareResources(claims(V1, "after"), timeout=5).claims
+        ch.unsubscribe(record)
+        assert states and set(states) == {grpc.ChannelConnectivity.READY}, states
 
 
 def test_removed_sockets_are_recreated_and_calls_under_way_finish(served: Served) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -246,8 +247,10 @@ def test_a_reboot_starts_the_daemon_again(node: ImexNode) -> None:
     assert node.prepare(ref) == ""
     (pid,) = node.daemons()
     os.kill(pid, 9)  # as a reboot would end it
+    deadline = time.monotonic() + 10
     while mps_alive(pid):
-        pass
+        assert time.monotonic() < deadline, f"IMEX daemon {pid} still alive 10 s after SIGKILL"
+        time.sleep(0.01)
     node.start()
     node.driver.reconcile()
     (d,) = node.record(ref).devices

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 import uuid as uuidlib
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 
 from dradriver.errors import DriverError
 from dradriver.inventory.node_devices import MigMode
+from dradriver.kubeletplugin.hardware.sharing import MPS_SHM_SIZE
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.nvml.host import mps_alive
 from dradriver.slices.consumable import parse_mode
@@ -148,6 +150,12 @@ def test_three_shares_run_under_one_daemon_each_in_its_own_namespace(node: Share
         assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
         assert env["DRADRIVER_SHARE_MEMORY_LIMIT"] == str(20 * GI)
     assert len({node.env(r)["CUDA_MPS_PIPE_DIRECTORY"] for r in (a, b, c)}) == 3
+    # MPS server and clients exchange memory in /dev/shm, so a device's shares have its
+    # daemon's: a tmpfs (on a real node) of the configured size, mode 1777.
+    shm = node.pipe().parent / "shm"
+    assert all(node.mounts(r)["/dev/shm"] == str(shm) for r in (a, b, c))
+    assert stat.S_IMODE(shm.stat().st_mode) == 0o1777
+    assert (shm.parent / "shm-size").read_text() == str(MPS_SHM_SIZE)
     assert node.client(a).limits() == (20 * GI, 30)
     assert node.client(b).limits() == (20 * GI, None)
 

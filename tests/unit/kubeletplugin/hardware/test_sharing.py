@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from dradriver.errors import DriverError
+from dradriver.kubeletplugin.hardware.sharing import MPS_SHM_SIZE
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.records import Mps
 from dradriver.nvml.host import mps_alive
@@ -74,10 +76,23 @@ def test_mps_daemon_compute_mode_and_limits(node: Node) -> None:
     assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in env
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
     assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}=10240M" in env
+    # The claim's own /dev/shm, made (as a tmpfs on a real node) with mode 1777 whatever
+    # the umask: a container's non-root user must be able to write it.
+    assert stat.S_IMODE(os.stat(shm).st_mode) == 0o1777
+    assert (Path(shm).parent / "shm-size").read_text() == str(MPS_SHM_SIZE)
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
     assert not mps_alive(pid) and node.daemons() == []
     assert node.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
-    assert not Path(pipe).exists()
+    assert not Path(pipe).exists() and not Path(shm).exists()
+
+
+def test_each_mps_claim_has_its_own_shm(node: Node) -> None:
+    """Never one /dev/shm for two claims: what one pod leaves there another would read."""
+    mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
+    (a,) = node.prepare(node.claim("a", "gpu-0", mps))
+    (b,) = node.prepare(node.claim("b", "gpu-1", mps))
+    assert isinstance(a.sharing, Mps) and isinstance(b.sharing, Mps)
+    assert a.sharing.shm_dir and b.sharing.shm_dir and a.sharing.shm_dir != b.sharing.shm_dir
 
 
 def test_a_failed_prepare_leaves_no_daemon_and_no_compute_mode(node: Node) -> None:

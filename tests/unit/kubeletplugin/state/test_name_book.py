@@ -77,7 +77,7 @@ def test_names_come_from_the_uuid_and_stay_dns_labels() -> None:
     gpu = Gpu(0, u, 0, "NVIDIA H100", 1, "0000:18:00.0", "9.0.0", "Hopper", "Nvidia", name=longest)
     # The longest name a device can have: a full UUID and the longest profile token.
     worst = mig_device_name(gpu, "1g.24gb+me.all", 6) + "-ci7"
-    assert DNS_LABEL.match(worst) and len(worst) <= 63, worst
+    assert DNS_LABEL.fullmatch(worst) and len(worst) <= 63, worst
 
 
 def test_the_fakes_uuids_differ_by_product_and_match_the_cluster(

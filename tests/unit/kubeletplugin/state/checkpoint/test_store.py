@@ -704,9 +704,13 @@ def test_lock_is_freed_when_its_holder_dies(tmp_path: Path) -> None:
     lock_path = tmp_path / "plugin.lock"
     proc = hold_in_subprocess(lock_path)
     proc.send_signal(signal.SIGKILL)
+    assert f"pid {proc.pid} " in lock_path.read_text()
     proc.wait(timeout=30)
-    with FileLock(lock_path, timeout=5):
-        pass
+    # Taken at once (LockTimeout after 5 s had the kernel kept the dead holder's lock),
+    # and the note beside it now names this process.
+    with FileLock(lock_path, timeout=5) as lock:
+        assert lock.locked
+        assert f"pid {os.getpid()} " in lock_path.read_text()
 
 
 def test_lock_excludes_a_second_fd_in_this_process(tmp_path: Path) -> None:
