@@ -28,7 +28,7 @@ DRA_TEST_LINES := 1.35 1.36
 KIND_K8S ?= $(lastword $(LINES))
 kind-demo kind-down kind-test: K8S = $(KIND_K8S)
 
-.PHONY: all venv bytecode controlplane hollow-node lines cdi-tool nvcdi helm kueue proto schema lint format \
+.PHONY: all venv bytecode controlplane hollow-node lines cdi-tool nvcdi helm kueue prometheus chromium proto schema lint format \
         typecheck unit test e2e cluster-up cluster-down demo bench clean kind-demo kind-down kind-test gpu-check
 
 all: test
@@ -83,6 +83,11 @@ helm:
 kueue:
 	@bash tools/kueue/build.sh >/dev/null
 
+# Debian's prometheus and chromium, unpacked into the cache (never installed): the fleet
+# dashboard's queries are checked against a real Prometheus, its picture in a real browser.
+prometheus chromium:
+	@bash tools/debian/fetch.sh $@ >/dev/null
+
 schema: venv
 	$(PY) -c "import json; from dradriver.api.config import json_schema; print(json.dumps(json_schema(), indent=2, sort_keys=True))" > api/config/v1alpha1.schema.json
 
@@ -104,7 +109,7 @@ unit: venv
 	$(PY) -m pytest tests/unit $(XDIST) $(PYTEST_ARGS)
 
 # The unit tests once (they talk to no Kubernetes); the end-to-end tests on each line.
-test: venv bytecode lines cdi-tool nvcdi helm kueue lint typecheck
+test: venv bytecode lines cdi-tool nvcdi helm kueue prometheus chromium lint typecheck
 	@set -e; for line in $(WHOLE_SUITE_LINES); do \
 	  what=$$([ $$line = $(firstword $(WHOLE_SUITE_LINES)) ] && echo "tests" || echo "tests/e2e"); \
 	  echo "== Kubernetes $$line: $$what"; \
@@ -113,7 +118,7 @@ test: venv bytecode lines cdi-tool nvcdi helm kueue lint typecheck
 	  echo "== Kubernetes $$line: tests/e2e -m lines"; \
 	  K8S=$$line $(PY) -m pytest tests/e2e -m lines $(XDIST) $(PYTEST_ARGS); done
 
-e2e: venv bytecode controlplane hollow-node cdi-tool nvcdi helm kueue
+e2e: venv bytecode controlplane hollow-node cdi-tool nvcdi helm kueue prometheus chromium
 	$(PY) -m pytest tests/e2e $(XDIST) $(PYTEST_ARGS)
 
 cluster-up: venv controlplane

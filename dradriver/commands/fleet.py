@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -14,6 +16,7 @@ if TYPE_CHECKING:
 
     from dradriver.diagnose.fleet import FleetReport
     from dradriver.diagnose.gang import Gang
+    from dradriver.diagnose.world import World
     from dradriver.k8s import Kube
 
     Obj = Mapping[str, Any]
@@ -45,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "default: every namespace's",
     )
     p.add_argument(
+        "--html",
+        default=None,
+        metavar="FILE",
+        help="also write the fleet's picture to FILE: one self-contained HTML page, a row per "
+        "node and a cell per GPU coloured by its state (hover names the claim and pod)",
+    )
+    p.add_argument(
         "--quota-classes",
         action="store_true",
         help="print the Helm values (quotaClasses) for a DeviceClass per product and MIG "
@@ -58,7 +68,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Gathered:
+    """The report, and what it was made from that the picture needs too (which claim holds
+    each device)."""
+
+    report: FleetReport
+    world: World
+    claims: list[Obj]
+
+
 def gather(kube: Kube, price: float | None, namespace: str | None = None) -> FleetReport:
+    return gather_all(kube, price, namespace).report
+
+
+def gather_all(kube: Kube, price: float | None, namespace: str | None = None) -> Gathered:
     from dradriver.commands.cluster_facts import cluster_lists, items
     from dradriver.diagnose.fleet import fleet, held_by_finished, partial_gangs, pending_requests
     from dradriver.diagnose.world import build_world
@@ -78,7 +102,7 @@ def gather(kube: Kube, price: float | None, namespace: str | None = None) -> Fle
     )
     report.held = held_by_finished(lists["claims"], finished)
     report.stranded += partial_gangs(world, _gangs(kube, namespace, pending=pods))
-    return report
+    return Gathered(report, world, lists["claims"])
 
 
 def _gangs(kube: Kube, namespace: str | None, *, pending: list[Obj]) -> list[Gang]:
@@ -224,11 +248,21 @@ def run(args: argparse.Namespace) -> int:
         try:
             if args.quota_classes or args.kueue:
                 return _print_quota_classes(kube, args.quota_classes, args.kueue)
-            report = gather(kube, args.price_per_gpu_hour, args.namespace)
+            got = gather_all(kube, args.price_per_gpu_hour, args.namespace)
         finally:
             kube.close()
     except FactsError as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    if args.html:
+        from dradriver.diagnose.fleet_page import page
+        from dradriver.diagnose.fleet_picture import picture
+
+        try:
+            Path(args.html).write_text(page(picture(got.world, got.report, got.claims), got.report))
+        except OSError as exc:
+            print(f"cannot write the picture to {args.html}: {exc}", file=sys.stderr)
+            return 2
+    report = got.report
     print(json.dumps(as_dict(report), indent=2) if args.output == "json" else render(report))
     return 0

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING
 from dradriver import DEFAULT_DRIVER_NAME, flags, logs
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from dradriver.controller.computedomain.leader import Election
+    from dradriver.controller.fleet import FleetMetrics
     from dradriver.controller.tls import ServingTLS
     from dradriver.k8s import Kube
 
@@ -79,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--kubeconfig",
         os.environ.get("KUBECONFIG"),
-        help="kubeconfig (default: the in-cluster config)",
+        help="kubeconfig (default: $KUBECONFIG; with none, the pod's service account in a pod, "
+        "else ~/.kube/config)",
     )
     flags.add(
         p,
@@ -105,6 +109,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--leader-election-id",
         os.environ.get("POD_NAME") or socket.gethostname(),
         help="this replica's identity in the Lease ($POD_NAME when set, else the host name)",
+    )
+    flags.add(
+        p,
+        "--fleet-metrics",
+        "off",
+        help="export the fleet's GPUs (allocated, free, stranded by reason, tainted, shared, "
+        "MIG, Pending claims by reason) on /metrics of --healthz-port, as dradriver fleet "
+        "counts them: on or off (on watches slices, claims, classes, nodes, Pending pods)",
+        choices=["on", "off"],
+    )
+    flags.add(
+        p,
+        "--fleet-period",
+        "30",
+        help="seconds between recomputations of the fleet's metrics (when something changed)",
+        type=float,
+    )
+    flags.add(
+        p,
+        "--fleet-page",
+        "off",
+        help="with --fleet-metrics on: serve the fleet's picture at /fleet of --healthz-port "
+        "(read-only; the claims and pods holding each GPU are named in it): on or off",
+        choices=["on", "off"],
+    )
+    flags.add(
+        p,
+        "--fleet-group-label",
+        "node.kubernetes.io/instance-type",
+        help="the Node label whose value is a node's group in the fleet's metrics",
     )
     flags.add(p, "--log-level", "info", help="debug, info, warning or error")
 
@@ -134,6 +168,17 @@ def _compute_domains(kube: Kube, args: argparse.Namespace, stop: threading.Event
     return election
 
 
+def _fleet(kube: Kube | None, args: argparse.Namespace) -> tuple[CollectorRegistry, FleetMetrics]:
+    from prometheus_client import CollectorRegistry
+
+    from dradriver.controller.fleet import FleetMetrics
+
+    assert kube is not None
+    return CollectorRegistry(), FleetMetrics(
+        kube, period=args.fleet_period, group_label=args.fleet_group_label
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from dradriver.controller import server, tls
     from dradriver.controller.cabundle import CaBundleSyncer
@@ -148,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
 
     syncer: CaBundleSyncer | None = None
     kube: Kube | None = None
-    if serving.ca_pem is not None or args.compute_domains == "on":
+    fleet_on = args.fleet_metrics == "on"
+    if serving.ca_pem is not None or args.compute_domains == "on" or fleet_on:
         try:
             kube = Kube.from_kubeconfig(args.kubeconfig)
         except KubeconfigError as exc:  # whatever the library's loaders refused, one line
@@ -172,6 +218,14 @@ def run(args: argparse.Namespace) -> int:
 
     checks: dict[str, server.Check] = {"process": lambda: (True, "serving")}
     ready = {"tls": lambda: (True, serving.describe()), "caBundle": ca_check}
+    registry, fleet = _fleet(kube, args) if fleet_on else (None, None)
+    pages: dict[str, server.Page] = {}
+    if registry is not None:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        pages["/metrics"] = lambda: (generate_latest(registry), CONTENT_TYPE_LATEST)
+        if fleet is not None and args.fleet_page == "on":
+            pages["/fleet"] = fleet.page
     try:
         webhook = server.Server(
             args.webhook_address,
@@ -183,7 +237,12 @@ def run(args: argparse.Namespace) -> int:
             name="webhook",
         )
         probes = server.Server(
-            args.webhook_address, args.healthz_port, checks=checks, ready=ready, name="healthz"
+            args.webhook_address,
+            args.healthz_port,
+            checks=checks,
+            ready=ready,
+            name="healthz",
+            pages=pages,
         )
     except OSError as exc:
         log.error("cannot listen", error=str(exc), address=args.webhook_address)
@@ -197,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
     if syncer is not None:
         # Daemon: a watch blocks for a minute at a time and must not hold up the exit.
         threading.Thread(target=syncer.run, args=(stop,), name="cabundle", daemon=True).start()
+    if fleet is not None and registry is not None:
+        fleet.start(stop, registry)
     election = None
     if kube is not None and args.compute_domains == "on":
         election = _compute_domains(kube, args, stop)

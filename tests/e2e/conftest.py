@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dradriver.k8s import Kube, KubeError, path_for
+from dradriver.k8s.lines import OLDEST
 from dradriver_dev import cluster as devcluster
 
 from .helpers import REPO, Cluster, HollowNode, new_namespace
@@ -38,16 +39,27 @@ LINES_MODULES = frozenset(
         "test_extended_resource", "test_skew",
     }
 )  # fmt: skip
+# What no line changes (the plugin's gRPC server under attack and bursts, the dashboard's
+# queries over the fleet's metrics, the fleet's page in a browser): run once, in the first
+# line's whole-suite pass, not again in the newest line's (a single test of a module that
+# runs on every line says so with @pytest.mark.once). DRADRIVER_E2E_EVERY_LINE=1 runs them on
+# whatever line $K8S names, as a change to what they check asks.
+ONCE_MODULES = frozenset({"test_hostile_peers", "test_dashboard", "test_fleet_picture"})
 # Of the chart's tests, those that meet each line's API server and authorization.
 LINES_CHART_TESTS = ("accepted_by_the_api_server", "rbac", "may_write_only", "may_set_only")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = devcluster.current_line() == OLDEST or os.environ.get("DRADRIVER_E2E_EVERY_LINE") == "1"
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         chart = module == "test_chart" and any(t in item.name for t in LINES_CHART_TESTS)
         if module in LINES_MODULES or chart:
             item.add_marker(pytest.mark.lines)
+        if (module in ONCE_MODULES or item.get_closest_marker("once")) and not first:
+            item.add_marker(
+                pytest.mark.skip(reason=f"no line changes it: runs once, in {OLDEST.name}'s pass")
+            )
 
 
 def _start_cluster(alpha: bool, *, gang: bool = False) -> Iterator[Cluster]:

@@ -441,8 +441,11 @@ class NodeUnderTest:
         """This node's name for `device`, written by NVML index ("gpu-0-mig-3g40gb-4")."""
         return gpu_names.real(device, self.gpu_names())
 
-    def apply(self, example: str, suffix: str = "") -> list[str]:
-        """Creates examples/claims/<example>.yaml pinned to this node; returns its pods."""
+    def apply(self, example: str, suffix: str = "", *, each_running: bool = False) -> list[str]:
+        """Creates examples/claims/<example>.yaml pinned to this node; returns its pods.
+        `each_running`: each pod once the one before it runs (shares of a GPU: made at
+        once, the scheduler may try one while others' allocations are in flight, find
+        no room and park it for minutes; see test_consumable.py)."""
 
         def pin(doc: dict[str, Any]) -> None:
             if suffix:
@@ -453,10 +456,14 @@ class NodeUnderTest:
             if doc["kind"] == "Pod":
                 doc["spec"]["nodeSelector"] = {"kubernetes.io/hostname": self.kubelet.node}
 
-        docs = create_objects(
-            self.kube, load_yaml(REPO / "examples" / "claims" / f"{example}.yaml"), self.ns, pin
-        )
-        return [str(d["metadata"]["name"]) for d in docs if d["kind"] == "Pod"]
+        pods = []
+        for doc in load_yaml(REPO / "examples" / "claims" / f"{example}.yaml"):
+            (made,) = create_objects(self.kube, [doc], self.ns, pin)
+            if made["kind"] == "Pod":
+                pods.append(str(made["metadata"]["name"]))
+                if each_running:
+                    self.running(pods[-1])
+        return pods
 
     def claim_and_pod(
         self,
@@ -590,6 +597,19 @@ class NodeUnderTest:
 
 class HelmError(Exception):
     pass
+
+
+def debian_package(name: str) -> Path:
+    """Where Debian's package `name` (and what it needs here) is unpacked, fetched into the
+    cache by tools/debian/fetch.sh the first time (`make prometheus chromium` does it)."""
+    out = subprocess.run(
+        ["bash", str(REPO / "tools" / "debian" / "fetch.sh"), name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return Path(out.stdout.strip().splitlines()[-1])
 
 
 def run_helm(helm: Path, *args: str, values: dict[str, Any] | None = None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Callable
 from contextlib import redirect_stdout
 from typing import Any
@@ -62,11 +63,11 @@ def pod(name: str, node: str) -> dict[str, Any]:
     }
 
 
-def report(kubeconfig: str, ns: str) -> dict[str, Any]:
+def report(kubeconfig: str, ns: str, *more: str) -> dict[str, Any]:
     """The report judged by the Pending pods of `ns`, or of every namespace with "" (where
     another test's, still going away, may want the same GPUs)."""
     out = io.StringIO()
-    scope = ["-n", ns] if ns else []
+    scope = ["-n", ns, *more] if ns else list(more)
     with redirect_stdout(out):
         assert (
             main(
@@ -142,8 +143,16 @@ def test_fleet_says_what_the_scheduler_then_does(
             assert everyone == [], everyone
         finally:
             kube.delete(path_for("v1", "namespaces", name=other), missing_ok=True)
-        r = report(cluster.kubeconfig, ns)
+        picture = kubelet.root.parent / "fleet.html"
+        r = report(cluster.kubeconfig, ns, "--html", str(picture))
         stranded = [s for s in r["stranded"] if s["node"] == node]
+        # The picture says the same of this node: GPUs 0 and 2 held by their pods' claims,
+        # 1 and 3 stranded.
+        row = re.search(rf'<tr data-node="{node}">(.*?)</tr>', picture.read_text(), re.S)
+        assert row is not None, picture.read_text()[-3000:]
+        cells = re.findall(r'data-state="(\w+)" title="([^"]*)"', row.group(1))
+        assert [state for state, _ in cells] == ["allocated", "stranded", "allocated", "stranded"]
+        assert f"{ns}/first" in cells[0][1] and f"{ns}/third" in cells[2][1]
         assert [(s["gpus"], s["reason"]) for s in stranded] == [(2, "fragmented-nvlink")], stranded
         assert f"claim {ns}/pair needs 2 in one" in stranded[0]["detail"]
         assert r["costPerHour"] >= 6.0

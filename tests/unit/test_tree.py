@@ -18,6 +18,7 @@ WHOLE = {
     "test_package_graph.py",
     "test_packaging.py",
     "test_style.py",
+    "test_tests.py",
     "test_tree.py",
 }
 WHOLE_IN = {"kubeletplugin/test_layout.py"}

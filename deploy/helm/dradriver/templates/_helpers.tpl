@@ -178,3 +178,26 @@ The settings of one DaemonSet (the top-level values, or a node group's over them
 {{- define "dradriver.webhookPolicy.name" -}}
 {{- printf "%s-webhook-cabundle-only" (include "dradriver.fullname" .) -}}
 {{- end -}}
+
+{{/* Whether a group's plugin labels its Node with its NVLink domain: the value where
+     set, else where the group runs IMEX channels (the GB200 / GH200 nodes, where a
+     fabric clique exists). "true" or "". Takes (dict "root" $ "imex" <bool>). */}}
+{{- define "dradriver.nodeLabel" -}}
+{{- $v := .root.Values.kubeletPlugin.nvlinkDomainLabel -}}
+{{- if kindIs "invalid" $v -}}{{- if .imex -}}true{{- end -}}{{- else if $v -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether any group's plugin labels its Node: then, and only then, it may patch nodes. */}}
+{{- define "dradriver.anyNodeLabel" -}}
+{{- $root := . -}}
+{{- $any := "" -}}
+{{- range $group := (.Values.nodeGroups | default (list (dict))) -}}
+{{- $imex := and $root.Values.computeDomains.enabled (ternary $group.imexChannels $root.Values.computeDomains.imexChannels (hasKey $group "imexChannels")) -}}
+{{- if include "dradriver.nodeLabel" (dict "root" $root "imex" $imex) -}}{{- $any = "true" -}}{{- end -}}
+{{- end -}}
+{{- $any -}}
+{{- end -}}
+
+{{- define "dradriver.templatePolicy.name" -}}
+{{- printf "%s-controller-domain-templates-only" (include "dradriver.fullname" .) -}}
+{{- end -}}
