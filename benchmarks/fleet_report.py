@@ -19,7 +19,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dradriver.diagnose.fleet import fleet, pending_requests  # noqa: E402
+from dradriver.diagnose.fleet import fleet  # noqa: E402
+from dradriver.diagnose.fleet_claims import pending_requests  # noqa: E402
 from dradriver.diagnose.world import build_world  # noqa: E402
 from tests.unit.diagnose.test_explain import CLASSES, node, slices  # noqa: E402
 from tests.unit.diagnose.test_fleet import claim, gpu_names, pending_pod  # noqa: E402

@@ -17,21 +17,35 @@ the allowed values, and nothing is shared unless a config says so.
         defaultPinnedDeviceMemoryLimit: 10Gi         # a quantity
         defaultPerDevicePinnedMemoryLimit:           # by device UUID or index
           "0": 5Gi
+
+The objects themselves are in config_models.py, what a refusal says in
+config_messages.py; this module is where configs are read (decode, effective).
 """
 
 from __future__ import annotations
 
-import re
-import typing
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
+from pydantic import ValidationError
 
+from dradriver.api.config_messages import refusal
+
+# The kinds are re-exported (__all__): callers know them as the config API's names.
+from dradriver.api.config_models import (
+    KIND_FOR_TYPE,
+    KINDS,
+    USER_KINDS,
+    ComputeDomainChannelConfig,
+    DeviceConfig,
+    GpuConfig,
+    MigDeviceConfig,
+)
+
+# The Makefile's `schema` target calls dradriver.api.config.json_schema: a contract.
+from dradriver.api.config_models import json_schema as json_schema
 from dradriver.api.depth import nesting_message, too_deep
-from dradriver.api.echo import MAX_MESSAGE, bounded, cut, echo
-from dradriver.api.suggest import did_you_mean, nearest
-from dradriver.api.units import WHOLE
+from dradriver.api.echo import MAX_MESSAGE, bounded, echo
+from dradriver.api.suggest import nearest
 from dradriver.errors import ConfigError
 
 __all__ = [
@@ -58,237 +72,6 @@ NVIDIA_UNSUPPORTED = {
     "ComputeDomainDaemonConfig": "dradriver runs a ComputeDomain's IMEX daemon itself; "
     "there is no daemon device to configure",
 }
-QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-
-# Kubernetes quantities stop at 2^63 - 1; so do ours (no float on the way: "9" * 400
-# must be an error, not an OverflowError or inf).
-MAX_QUANTITY = 2**63 - 1
-# MPS takes pinned-memory limits in whole MiB ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=512M").
-MIN_PINNED = 2**20
-
-
-def quantity_bytes(q: str) -> int:
-    m = QUANTITY.fullmatch(q) if isinstance(q, str) and len(q) <= 64 else None
-    if not m:
-        raise ValueError(f"{echo(q)} is not a quantity such as 512Mi or 10Gi")
-    whole, _, frac = m.group(1).partition(".")
-    unit = WHOLE[m.group(3) or ""]
-    value = int(whole) * unit + (int(frac) * unit // 10 ** len(frac) if frac else 0)
-    if value > MAX_QUANTITY:
-        raise ValueError(f"{echo(q)} is larger than a quantity can be (2^63-1 bytes)")
-    return value
-
-
-def pinned_bytes(q: str) -> int:
-    """A pinned-memory limit: a quantity of at least 1Mi."""
-    n = quantity_bytes(q)
-    if n < MIN_PINNED:
-        raise ValueError(
-            f"{echo(q)}: a pinned memory limit must be at least 1Mi (MPS counts in MiB)"
-        )
-    return n
-
-
-# A per-device limit key: an index, or a GPU-/MIG- UUID (MIG-GPU-<uuid>/<gi>/<ci> included).
-# Nothing else: the key is written into CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, where ",", "="
-# or a newline would forge another entry.
-DEVICE_KEY = re.compile(r"^(?:[0-9]{1,3}|(?:GPU|MIG)-[A-Za-z0-9/-]{1,80})$")
-
-
-class _Strict(BaseModel):
-    # strict: "50", 50.0 and true are not 50; a config says what it means.
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False, strict=True)
-
-
-class TimeSlicingConfig(_Strict):
-    interval: Literal["Default", "Short", "Medium", "Long"] = "Default"
-
-
-Quantity = Annotated[str, Field(description="a quantity such as 512Mi or 10Gi")]
-
-
-class MpsConfig(_Strict):
-    defaultActiveThreadPercentage: Annotated[int, Field(ge=1, le=100)] | None = None
-    defaultPinnedDeviceMemoryLimit: Quantity | None = None
-    defaultPerDevicePinnedMemoryLimit: dict[str, Quantity] | None = None
-
-    @field_validator("defaultPinnedDeviceMemoryLimit")
-    @classmethod
-    def _q(cls, v: str | None) -> str | None:
-        if v is not None:
-            pinned_bytes(v)
-        return v
-
-    @field_validator("defaultPerDevicePinnedMemoryLimit")
-    @classmethod
-    def _per_device(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        for key, q in (v or {}).items():
-            if not DEVICE_KEY.fullmatch(key):
-                raise ValueError(
-                    f"key {echo(key)} must be a device index or a GPU-/MIG- UUID "
-                    "(letters, digits, '-' and '/' only)"
-                )
-            pinned_bytes(q)
-        return v
-
-
-class Sharing(_Strict):
-    strategy: Literal["TimeSlicing", "MPS"]
-    timeSlicingConfig: TimeSlicingConfig | None = None
-    mpsConfig: MpsConfig | None = None
-
-    @model_validator(mode="after")
-    def _matches_strategy(self) -> Sharing:
-        if self.strategy == "TimeSlicing" and self.mpsConfig is not None:
-            raise ValueError("mpsConfig is only allowed with strategy MPS")
-        if self.strategy == "MPS" and self.timeSlicingConfig is not None:
-            raise ValueError("timeSlicingConfig is only allowed with strategy TimeSlicing")
-        return self
-
-
-class GpuConfig(_Strict):
-    apiVersion: Literal["gpu.dradriver.io/v1alpha1", "resource.nvidia.com/v1beta1"]
-    kind: Literal["GpuConfig"]
-    sharing: Sharing | None = None
-
-
-class MigDeviceConfig(_Strict):
-    apiVersion: Literal["gpu.dradriver.io/v1alpha1", "resource.nvidia.com/v1beta1"]
-    kind: Literal["MigDeviceConfig"]
-    sharing: Sharing | None = None
-
-    @model_validator(mode="after")
-    def _no_interval(self) -> MigDeviceConfig:
-        # A time-slice interval is a whole GPU's setting; refused here, so that
-        # `kubectl apply` refuses it too, not only prepare.
-        ts = self.sharing.timeSlicingConfig if self.sharing else None
-        if ts is not None and ts.interval != "Default":
-            raise ValueError(
-                "sharing.timeSlicingConfig.interval: a time-slice interval applies to whole "
-                "GPUs; MIG devices are time-sliced by the driver without one (use interval "
-                "Default, or MPS)"
-            )
-        return self
-
-
-# A ComputeDomain's metadata.uid: what the API server generates (RFC 4122, lowercase).
-UID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-
-
-class ComputeDomainChannelConfig(_Strict):
-    """The IMEX channel a claim asks for belongs to this ComputeDomain. The controller
-    writes it into the domain's ResourceClaimTemplate; a claim's spec cannot change
-    afterwards, so the node trusts it over labels anyone with edit rights may change."""
-
-    apiVersion: Literal["gpu.dradriver.io/v1alpha1"]
-    kind: Literal["ComputeDomainChannelConfig"]
-    domain: Annotated[str, Field(min_length=1, max_length=253)]
-    domainUID: Annotated[str, Field(pattern=UID)]
-    # The domain's IMEX channel: the same number on every node of it.
-    channel: Annotated[int, Field(ge=0, le=2047)]
-
-    @property
-    def sharing(self) -> None:
-        """A channel is never shared between domains and has no sharing settings."""
-        return None
-
-
-DeviceConfig = GpuConfig | MigDeviceConfig | ComputeDomainChannelConfig
-KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig] | type[ComputeDomainChannelConfig]] = {
-    "GpuConfig": GpuConfig,
-    "MigDeviceConfig": MigDeviceConfig,
-    "ComputeDomainChannelConfig": ComputeDomainChannelConfig,
-}
-# The kinds a user writes: the channel config is the controller's, never suggested.
-USER_KINDS = ("GpuConfig", "MigDeviceConfig")
-# Which config kind fits which device type attribute.
-KIND_FOR_TYPE = {
-    "gpu": "GpuConfig",
-    "mig": "MigDeviceConfig",
-    "imex-channel": "ComputeDomainChannelConfig",
-}
-
-
-STRICT_TYPES = ("int_type", "int_from_float", "bool_type", "string_type", "dict_type")
-# A config has a handful of fields: past this many problems the rest are counted, not
-# listed (500 unknown keys made a 37 KB message).
-MAX_PROBLEMS = 5
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        # A string part may be any key the user wrote (a per-device limit's, an unknown one).
-        name = cut(str(part))
-        out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else name)
-    return out or "(top level)"
-
-
-def _submodel(annotation: Any) -> type[BaseModel] | None:
-    """The config object a field holds (`MpsConfig | None` -> MpsConfig), if any."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _submodel(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The object whose fields are allowed at `loc` (a path of field names)."""
-    cur: type[BaseModel] | None = model
-    for part in loc:
-        field = cur.model_fields.get(part) if cur is not None and isinstance(part, str) else None
-        if field is None:
-            return None
-        cur = _submodel(field.annotation)
-    return cur
-
-
-def _homes(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
-    """Every field name of the API -> the object it belongs under ("mpsConfig" ->
-    "sharing"), for a field written at the wrong level."""
-    out: dict[str, str] = {}
-    for name, field in model.model_fields.items():
-        out.setdefault(name, prefix or "the top level")
-        sub = _submodel(field.annotation)
-        if sub is not None:
-            for k, v in _homes(sub, f"{prefix}.{name}" if prefix else name).items():
-                out.setdefault(k, v)
-    return out
-
-
-def _unknown_field(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
-    """ "unknown field" with what is allowed there and the field it most likely means."""
-    name = str(loc[-1]) if loc else ""
-    here = _model_at(model, loc[:-1])
-    if here is None:
-        return "unknown field"
-    allowed = list(here.model_fields)
-    hint = did_you_mean(name, allowed)
-    if not hint:
-        home = _homes(model).get(name)
-        where = ".".join(str(p) for p in loc[:-1]) or "the top level"
-        if home is not None and home != where:
-            hint = f"; {name} belongs under {home}"
-    return f"unknown field{hint} (allowed here: {', '.join(allowed)})"
-
-
-def _literal(model: type[BaseModel], loc: tuple[int | str, ...], value: Any) -> str:
-    """ "; did you mean MPS?" for a value spelt in another case or slightly wrong."""
-    here = _model_at(model, loc[:-1])
-    field = here.model_fields.get(str(loc[-1])) if here is not None and loc else None
-    if field is None or not isinstance(value, str):
-        return ""
-    choices = [a for a in _literals(field.annotation) if isinstance(a, str)]
-    return did_you_mean(value, choices)
-
-
-def _literals(annotation: Any) -> list[Any]:
-    if typing.get_origin(annotation) is Literal:
-        return list(typing.get_args(annotation))
-    return [x for a in typing.get_args(annotation) for x in _literals(a)]
 
 
 def _from_nvidia(params: dict[str, Any], where: str) -> dict[str, Any]:
@@ -309,65 +92,6 @@ def _from_nvidia(params: dict[str, Any], where: str) -> dict[str, Any]:
         )
     rest = {k: v for k, v in mps.items() if k != "multiUser"}
     return {**params, "sharing": {**sharing, "mpsConfig": rest}}
-
-
-def _field_infos(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[FieldInfo]:
-    """The declarations of the field at `loc` or holding it (a per-device limit's key is
-    in the dict field's), with those of the types it is annotated with."""
-    for end in range(len(loc), 0, -1):
-        here = _model_at(model, loc[: end - 1])
-        field = here.model_fields.get(str(loc[end - 1])) if here is not None else None
-        if field is not None:
-            return [field, *_annotated_infos(field.annotation)]
-    return []
-
-
-def _annotated_infos(annotation: Any) -> list[FieldInfo]:
-    out = []
-    if typing.get_origin(annotation) is Annotated:
-        out += [a for a in typing.get_args(annotation)[1:] if isinstance(a, FieldInfo)]
-    for arg in typing.get_args(annotation):
-        out += _annotated_infos(arg)
-    return out
-
-
-def _whole_number(infos: list[FieldInfo]) -> str:
-    """ "a whole number from 1 to 100", with the field's bounds where it has them."""
-    metadata = [m for info in infos for m in info.metadata]
-    # pydantic keeps Field(ge=, le=) as annotated_types' Ge and Le, each with one attribute.
-    ge = next((m.ge for m in metadata if hasattr(m, "ge")), None)
-    le = next((m.le for m in metadata if hasattr(m, "le")), None)
-    return "a whole number" + (f" from {ge} to {le}" if ge is not None and le is not None else "")
-
-
-def _wrong_type(
-    model: type[BaseModel], loc: tuple[int | str, ...], *, kind: str, value: Any
-) -> str:
-    """What to write instead of a value of the wrong type, for the type it has: strict
-    decoding refuses "50", 50.0 and true alike, but each is a different slip."""
-    got = f"got {echo(value)}"
-    infos = _field_infos(model, loc)
-    if kind in ("int_type", "int_from_float"):
-        whole = _whole_number(infos)
-        if isinstance(value, bool):
-            return f"{got}: true and false are not numbers; write {whole}"
-        if isinstance(value, float) and value.is_integer():
-            return f"{got}: write {whole}, {int(value)} rather than {value}"
-        if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
-            return f"{got}: write the number itself, unquoted"
-        return f"{got}: write {whole}"
-    if kind == "string_type":
-        quantity = next((i.description for i in infos if i.description), None)
-        if quantity is None:
-            return f"{got}: write a string, quoted where it looks like a number or true/false"
-        if isinstance(value, bool):
-            return f"{got}: true and false are not quantities; write {quantity}"
-        if isinstance(value, int):
-            return f"{got}: write {quantity}, or a number of bytes in quotes"
-        return f"{got}: write {quantity}"
-    if kind == "bool_type":
-        return f"{got}: write true or false, unquoted"
-    return f"{got}: write an object of key: value pairs"
 
 
 def decode(params: Any, where: str = "parameters") -> DeviceConfig:
@@ -416,22 +140,7 @@ def _decode(params: Any, where: str) -> DeviceConfig:
     try:
         return model.model_validate(params)
     except ValidationError as exc:
-        problems = []
-        errors = exc.errors()
-        for e in errors[:MAX_PROBLEMS]:
-            msg = e["msg"].removeprefix("Value error, ")
-            if e["type"] == "extra_forbidden":
-                msg = _unknown_field(model, e["loc"])
-            elif e["type"] == "literal_error":
-                hint = _literal(model, e["loc"], e.get("input"))
-                msg = f"{msg} (got {echo(e.get('input'))}{hint})"
-            elif e["type"] in STRICT_TYPES:
-                hint = _wrong_type(model, e["loc"], kind=e["type"], value=e.get("input"))
-                msg = f"{msg} ({hint})"
-            problems.append(f"{where}.{_path(e['loc'])}: {msg}" if e["loc"] else f"{where}: {msg}")
-        if len(errors) > MAX_PROBLEMS:
-            problems.append(f"and {len(errors) - MAX_PROBLEMS} more")
-        raise ConfigError("; ".join(problems), reason="config") from exc
+        raise ConfigError(refusal(model, exc, where), reason="config") from exc
 
 
 def effective(configs: list[dict[str, Any]], device_type: str, request: str) -> DeviceConfig | None:
@@ -451,18 +160,3 @@ def effective(configs: list[dict[str, Any]], device_type: str, request: str) -> 
             f"{device_type} device; use {want}"
         )
     return None
-
-
-def json_schema() -> dict[str, Any]:
-    """The API's JSON Schema (api/config/v1alpha1.schema.json is generated from this)."""
-    from pydantic.json_schema import models_json_schema
-
-    _, schema = models_json_schema(
-        [
-            (GpuConfig, "validation"),
-            (MigDeviceConfig, "validation"),
-            (ComputeDomainChannelConfig, "validation"),
-        ],
-        title="gpu.dradriver.io/v1alpha1 device configuration",
-    )
-    return schema

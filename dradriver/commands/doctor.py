@@ -1,10 +1,10 @@
 """`dradriver doctor`: gathers each layer's facts (NVML and the CDI directory when run on
-the node, the plugin's /readyz, the API server's objects and gates) and prints the walk."""
+the node, see node_facts.py; the plugin's /readyz, the API server's objects and gates)
+and prints the walk."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
@@ -27,9 +27,6 @@ OLD_PLUGIN_RETRIES = 3
 STATE_DIR = "/var/lib/dradriver"
 CDI_DIR = "/var/run/cdi"
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
-# What the cdi layer says of a dev node's runtime: the hollow node's CRI resolves CDI
-# devices from the directory its plugin writes to, and no containerd is involved.
-HOLLOW_RUNTIME = "the hollow node's runtime resolves CDI devices from it"
 
 
 def _env(flag: str, default: str | None = None) -> str | None:
@@ -105,70 +102,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _nvml(args: argparse.Namespace) -> tuple[Layer, set[str] | None, str]:
-    """The nvml layer, the GPUs' UUIDs and the driver's version as NVML says it."""
-    from dradriver.diagnose import doctor as judge
-
-    if not args.devices:
-        return judge.nvml(None, None, ""), None, ""
-    from dradriver.nvml.library import open_nvml
-
-    try:
-        # Only a state directory the plugin made: doctor must not create one.
-        state = Path(args.state_dir) if Path(args.state_dir).is_dir() else None
-        backend = open_nvml(args.devices, node=args.node, state_dir=state)
-        found = backend.discover()
-    except Exception as exc:  # NVML raises its own error classes, one per return code
-        return judge.nvml(args.devices, None, f"{type(exc).__name__}: {exc}"), None, ""
-    inv = found.inventory
-    layer = judge.nvml(
-        args.devices, (inv.driver_version, inv.cuda_driver_version, len(inv.gpus)), ""
-    )
-    return layer, {g.uuid for g in inv.gpus}, inv.driver_release
-
-
-def _driver_files(args: argparse.Namespace, release: str) -> Layer:
-    import json
-
-    from dradriver.diagnose import doctor as judge
-    from dradriver.diagnose.doctor import Layer, State
-
-    if not args.devices:
-        return Layer("driver-files", State.SKIP, "not on the node")
-    path = Path(args.cdi_dir) / f"{args.driver_name}-driver.json"
-    spec = None
-    with contextlib.suppress(OSError, ValueError):
-        spec = json.loads(path.read_text())
-    return judge.driver_files(args.driver_files, release, str(path), spec=spec)
-
-
-def _cdi(args: argparse.Namespace) -> Layer:
-    from dradriver.diagnose import doctor as judge
-    from dradriver.diagnose.doctor import Layer, State
-
-    if not args.devices:
-        return Layer("cdi", State.SKIP, "not on the node (pass --devices to check it here)")
-    error: str | None = None
-    d = Path(args.cdi_dir)
-    if not d.is_dir():
-        error = "it does not exist"
-    else:
-        import tempfile
-
-        try:
-            with tempfile.NamedTemporaryFile(dir=d, prefix=".dradriver-doctor-"):
-                pass
-        except OSError as exc:
-            error = exc.strerror or str(exc)
-    if args.containerd_config is None:  # a dev node
-        return judge.cdi(str(d), error, None, runtime_reads=HOLLOW_RUNTIME)
-    runtime = None
-    conf = Path(args.containerd_config)
-    with contextlib.suppress(OSError):  # not on this machine, or not ours to read
-        runtime = (str(conf), conf.read_text())
-    return judge.cdi(str(d), error, runtime)
-
-
 def _http(url: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
@@ -184,7 +117,7 @@ def _http(url: str) -> tuple[int, str]:
 
 def _plugin(args: argparse.Namespace, kube: Kube) -> Layer:
     from dradriver.commands.cluster_facts import items
-    from dradriver.diagnose import doctor as judge
+    from dradriver.diagnose import doctor_plugin as judge
     from dradriver.diagnose.doctor import Layer, State
     from dradriver.k8s import KubeError, path_for
 
@@ -258,6 +191,7 @@ def _uses(args: argparse.Namespace) -> set[str]:
 
 
 def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
+    from dradriver.commands import node_facts
     from dradriver.commands.cluster_facts import (
         RES,
         FactsError,
@@ -266,7 +200,7 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
         get,
         items,
     )
-    from dradriver.diagnose import doctor as judge
+    from dradriver.diagnose import doctor_cluster as judge
     from dradriver.diagnose.doctor import Layer, State
     from dradriver.k8s import NotFound, path_for
 
@@ -274,10 +208,10 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
         emit(layer)
         return layer.state is not State.FAIL
 
-    nvml_layer, uuids, release = _nvml(args)
-    if not step(nvml_layer) or not step(_cdi(args)):
+    nvml_layer, uuids, release = node_facts.nvml(args)
+    if not step(nvml_layer) or not step(node_facts.cdi(args)):
         return 1
-    step(_driver_files(args, release))  # a container without the driver still starts
+    step(node_facts.driver_files(args, release))  # a container without the driver still starts
     try:
         kube = connect(args.kubeconfig)
     except FactsError as exc:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 # The CEL runtime and the Kubernetes client load when the command runs, not whenever the
 # parser is built (every `dradriver` start, the kubelet plugin's included).
 if TYPE_CHECKING:
-    from dradriver.diagnose.explain import ClaimRef, Finding, Report
+    from dradriver.diagnose.explain_report import ClaimRef, Finding, Report
     from dradriver.diagnose.gang import Gang
     from dradriver.k8s import Kube
 
@@ -76,7 +76,7 @@ def _webhooks(kube: Kube, ns: str, resource: str) -> list[str] | None:
 
 def _pod_claims(kube: Kube, pod: Obj, ns: str, *, events: list[Obj]) -> list[ClaimRef]:
     from dradriver.commands.cluster_facts import RES, get
-    from dradriver.diagnose.explain import ClaimRef
+    from dradriver.diagnose.explain_report import ClaimRef
     from dradriver.diagnose.missing import missing_claim, missing_template, not_generated
     from dradriver.k8s import NotFound, path_for
 
@@ -121,7 +121,8 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
         get,
         items,
     )
-    from dradriver.diagnose.explain import ClaimRef, explain
+    from dradriver.diagnose.explain import explain
+    from dradriver.diagnose.explain_report import ClaimRef
     from dradriver.diagnose.world import build_world
     from dradriver.k8s import NotFound, path_for
 
@@ -215,7 +216,7 @@ def _extended(
     or the one it would make; and a finding for a resource nothing serves."""
     from dradriver.commands.cluster_facts import RES, get
     from dradriver.diagnose import extended
-    from dradriver.diagnose.explain import ClaimRef
+    from dradriver.diagnose.explain_report import ClaimRef
     from dradriver.k8s import NotFound, path_for
 
     made = (pod.get("status", {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from dradriver.diagnose.fleet import FleetReport
+    from dradriver.diagnose.fleet_report import FleetReport
     from dradriver.diagnose.gang import Gang
     from dradriver.diagnose.world import World
     from dradriver.k8s import Kube
@@ -84,7 +84,8 @@ def gather(kube: Kube, price: float | None, namespace: str | None = None) -> Fle
 
 def gather_all(kube: Kube, price: float | None, namespace: str | None = None) -> Gathered:
     from dradriver.commands.cluster_facts import cluster_lists, items
-    from dradriver.diagnose.fleet import fleet, held_by_finished, partial_gangs, pending_requests
+    from dradriver.diagnose.fleet import fleet, partial_gangs
+    from dradriver.diagnose.fleet_claims import held_by_finished, pending_requests
     from dradriver.diagnose.world import build_world
     from dradriver.k8s import path_for
 
@@ -217,7 +218,7 @@ def _print_quota_classes(kube: Kube, helm_values: bool, kueue: bool) -> int:
     import yaml
 
     from dradriver.commands.cluster_facts import cluster_lists
-    from dradriver.diagnose.fleet import kueue_mappings, quota_class_names, quota_classes
+    from dradriver.diagnose.fleet_quota import kueue_mappings, quota_class_names, quota_classes
     from dradriver.diagnose.world import build_world
 
     lists = cluster_lists(kube)
@@ -241,7 +242,7 @@ def _print_quota_classes(kube: Kube, helm_values: bool, kueue: bool) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from dradriver.commands.cluster_facts import FactsError, connect
-    from dradriver.diagnose.fleet import as_dict
+    from dradriver.diagnose.fleet_report import as_dict
 
     try:
         kube = connect(args.kubeconfig)

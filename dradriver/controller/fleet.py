@@ -21,7 +21,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dradriver.diagnose import fleet_metrics as fm
-from dradriver.diagnose.fleet import FleetReport, fleet, pending_requests
+from dradriver.diagnose.fleet import fleet
+from dradriver.diagnose.fleet_claims import pending_requests
+from dradriver.diagnose.fleet_report import FleetReport
 from dradriver.diagnose.world import World, build_world
 from dradriver.k8s import Kube, path_for
 from dradriver.k8s.mirror import Mirror

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.api.quantity import parse
-from dradriver.diagnose.explain import Finding
+from dradriver.diagnose.explain_report import Finding
 
 Obj = Mapping[str, Any]
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"

@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.diagnose.explain import ClaimRef, explain_claim
-from dradriver.diagnose.fleet import SHAPES, FleetReport
+from dradriver.diagnose.explain import explain_claim
+from dradriver.diagnose.explain_report import ClaimRef
+from dradriver.diagnose.fleet_report import SHAPES, FleetReport
 from dradriver.diagnose.world import World, claim_names
 
 Obj = Mapping[str, Any]

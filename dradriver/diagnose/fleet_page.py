@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Sequence
 from html import escape
 
-from dradriver.diagnose.fleet import FleetReport
 from dradriver.diagnose.fleet_picture import STATES, Cell, Row
+from dradriver.diagnose.fleet_report import FleetReport
 
 # Colours a colour-blind reader can tell apart (Okabe and Ito's palette), named by state.
 COLOURS = {

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.diagnose.fleet import DRIVER, FleetReport
+from dradriver.diagnose.fleet import DRIVER
+from dradriver.diagnose.fleet_report import FleetReport
 from dradriver.diagnose.world import Published, World, blocked_by_counters, remaining_counters
 
 Obj = Mapping[str, Any]

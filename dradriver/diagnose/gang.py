@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dradriver.diagnose.explain import Finding, Report, RequestReport
+from dradriver.diagnose.explain_report import Finding, Report, RequestReport
 from dradriver.diagnose.world import claim_names
 
 Obj = Mapping[str, object]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dradriver.diagnose.explain import Finding
+from dradriver.diagnose.explain_report import Finding
 
 Obj = Mapping[str, Any]
 

@@ -29,7 +29,8 @@ from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instanc
 from dradriver.kubeletplugin.state.name_book import NameBook, prepared_names
 from dradriver.nvml.library import DevicesSpecError, open_nvml
 from dradriver.slices.consumable import ConsumableMode
-from dradriver.slices.publish import PublishLoop, SlicePublisher
+from dradriver.slices.publish import SlicePublisher
+from dradriver.slices.publish_loop import PublishLoop
 from dradriver.slices.watch import SliceWatch
 
 if TYPE_CHECKING:

@@ -1647,7 +1647,7 @@ def test_quota_classes_select_exactly_their_product_or_profile(helm: Path) -> No
     dynamic MIG mode, L4s), rendered by the chart: each class's CEL selects exactly the
     devices it is named for, evaluated as the scheduler does (diagnose/cel.py)."""
     from dradriver.diagnose.cel import Selector
-    from dradriver.diagnose.fleet import quota_class_names, quota_classes
+    from dradriver.diagnose.fleet_quota import quota_class_names, quota_classes
     from dradriver.diagnose.world import build_world
     from dradriver.inventory.node_devices import MigMode
     from dradriver.nvml.library import open_nvml

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from dradriver.cli import main
-from dradriver.diagnose.fleet import class_name
+from dradriver.diagnose.fleet_quota import class_name
 from dradriver.k8s import Kube, KubeError, path_for
 from dradriver_dev import kueue
 

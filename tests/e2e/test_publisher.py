@@ -13,7 +13,8 @@ from dradriver.k8s import Kube, path_for
 from dradriver.nvml.library import open_nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import MigMode, build
-from dradriver.slices.publish import PublishLoop, SlicePublisher
+from dradriver.slices.publish import SlicePublisher
+from dradriver.slices.publish_loop import PublishLoop
 from fakenvml import load
 from tests.support.gpu_names import fake_names, real
 

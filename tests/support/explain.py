@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from dradriver.diagnose.explain import ClaimRef, Report, explain
+from dradriver.diagnose.explain import explain
+from dradriver.diagnose.explain_report import ClaimRef, Report
 from dradriver.diagnose.world import build_world
 from dradriver.inventory.node_devices import MigMode
 from dradriver.nvml.library import open_nvml

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.diagnose.fleet import FleetReport, fleet, pending_requests
+from dradriver.diagnose.fleet import fleet
+from dradriver.diagnose.fleet_claims import pending_requests
+from dradriver.diagnose.fleet_report import FleetReport
 from dradriver.diagnose.world import World, build_world
 from tests.support.explain import CLASSES, D, node, slices
 

@@ -1,5 +1,6 @@
 """House rules a reader relies on, checked over all of dradriver/: a function with more
-than three parameters takes the rest by keyword, so a call says what each value is."""
+than three parameters takes the rest by keyword, so a call says what each value is; and
+no module is longer than a reader holds in mind at once (MAX_LINES)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ POSITIONAL = {
     # Rows of a table of CEL overloads, one line each.
     "diagnose/cel.py:_overload",
 }
+
+MAX_LINES = 400
 
 
 def test_past_three_parameters_they_are_keywords() -> None:
@@ -31,3 +34,13 @@ def test_past_three_parameters_they_are_keywords() -> None:
             if len(names) > 3 and node.args.vararg is None and where not in POSITIONAL:
                 found.append(f"{where}({', '.join(names)})")
     assert found == [], "put `*` after the third parameter: " + "; ".join(found)
+
+
+def test_no_module_is_over_max_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in sorted(ROOT.rglob("*.py"))
+        if "gen" not in path.relative_to(ROOT).parts
+        and (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}, f"split by purpose, each under {MAX_LINES} lines: {long}"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from dradriver.logs import get_logger
 
 if TYPE_CHECKING:
-    from dradriver.slices.publish import PublishLoop
+    from dradriver.slices.publish_loop import PublishLoop
     from dradriver.slices.watch import SliceWatch
 
 log = get_logger("kubeletplugin")

@@ -306,7 +306,7 @@ def _mps(d: PreparedDevice) -> Mps:
 def _mps_quantity(q: str) -> str:
     """MPS wants its limits in M or G: Kubernetes quantities are converted."""
     # Only a claim with an MPS config gets here: the config models load with it.
-    from dradriver.api.config import quantity_bytes
+    from dradriver.api.config_models import quantity_bytes
 
     mib = quantity_bytes(q) // 2**20
     return f"{mib}M"

@@ -65,7 +65,7 @@ def sharing_for(dev: NodeDevice, cfg: DeviceConfig | None) -> Sharing | None:
     mps = s.mpsConfig
     if mps is None:
         return Mps(MpsLimits())
-    from dradriver.api.config import quantity_bytes
+    from dradriver.api.config_models import quantity_bytes
 
     pinned = dict(mps.defaultPerDevicePinnedMemoryLimit or {})
     for q in [mps.defaultPinnedDeviceMemoryLimit, *pinned.values()]:

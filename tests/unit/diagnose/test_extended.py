@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dradriver.diagnose import extended
-from dradriver.diagnose.explain import ClaimRef, explain
+from dradriver.diagnose.explain import explain
+from dradriver.diagnose.explain_report import ClaimRef
 from dradriver.diagnose.world import build_world
 
 D = "gpu.dradriver.io"

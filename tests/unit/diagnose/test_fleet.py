@@ -6,14 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dradriver.diagnose.fleet import (
-    as_dict,
-    fleet,
-    held_by_finished,
-    kueue_mappings,
-    pending_requests,
-    quota_class_names,
-)
+from dradriver.diagnose.fleet import fleet
+from dradriver.diagnose.fleet_claims import held_by_finished, pending_requests
+from dradriver.diagnose.fleet_report import as_dict
 from dradriver.diagnose.world import build_world
 from dradriver.inventory.node_devices import MigMode
 from tests.support.explain import CLASSES, D, node, slices
@@ -177,27 +172,6 @@ def test_a_pending_pod_asking_for_the_integer_is_judged_as_its_claim_would_be() 
     r = fleet(build_world(all_slices, list(classes.values()), claims, nodes=nodes), reqs)
     assert r.stranded_gpus == 6
     assert {s.reason for s in r.stranded} == {"too-few-free"}
-
-
-def test_kueue_charges_each_quota_class_as_a_resource_of_its_name() -> None:
-    values = {
-        "products": [{"name": "h100-80gb-hbm3", "productName": "NVIDIA H100 80GB HBM3"}],
-        "migProfiles": [
-            {"profile": "1g.10gb+me"},
-            {"name": "3g40gb-h100", "profile": "3g.40gb", "productName": "x"},
-        ],
-    }
-    names = quota_class_names(values)
-    assert names == [
-        "h100-80gb-hbm3.gpu.dradriver.io",
-        "1g10gb-me.mig.dradriver.io",
-        "3g40gb-h100.mig.dradriver.io",
-    ]
-    (first, *_) = kueue_mappings(names)["resources"]["deviceClassMappings"]
-    assert first == {
-        "name": "h100-80gb-hbm3.gpu.dradriver.io",
-        "deviceClassNames": ["h100-80gb-hbm3.gpu.dradriver.io"],
-    }
 
 
 def test_shared_gpus_show_their_shares_and_the_memory_no_pending_share_fits_in() -> None:

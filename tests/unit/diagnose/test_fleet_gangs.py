@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dradriver.diagnose.fleet import fleet, partial_gangs, pending_requests
+from dradriver.diagnose.fleet import fleet, partial_gangs
+from dradriver.diagnose.fleet_claims import pending_requests
 from dradriver.diagnose.gang import gangs
 from dradriver.diagnose.world import build_world
 from tests.support.explain import CLASSES, D, node, slices

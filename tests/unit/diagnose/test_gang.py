@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dradriver.diagnose.explain import Finding, NodeRow, Report, RequestReport
+from dradriver.diagnose.explain_report import Finding, NodeRow, Report, RequestReport
 from dradriver.diagnose.gang import Gang, gang, gang_size, group_name, job_name, room, with_gang
 
 

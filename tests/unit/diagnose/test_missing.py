@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dradriver.diagnose.explain import ClaimRef, explain
+from dradriver.diagnose.explain import explain
+from dradriver.diagnose.explain_report import ClaimRef
 from dradriver.diagnose.missing import (
     checking_webhooks,
     creation_failures,
