@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         chart = module == "test_chart" and any(t in item.name for t in LINES_CHART_TESTS)
-        if module in LINES_MODULES or chart:
+        if (module in LINES_MODULES or chart) and not item.get_closest_marker("whole_suite"):
             item.add_marker(pytest.mark.lines)
         if (module in ONCE_MODULES or item.get_closest_marker("once")) and not first:
             item.add_marker(

@@ -317,6 +317,7 @@ def test_unprepare_works_after_the_claim_was_deleted(gpu_node: GpuNode) -> None:
     assert n.checkpoint_claims() == {}
 
 
+@pytest.mark.whole_suite  # 47 s: on the oldest and the newest line, whose kubelets bracket the rest
 def test_hundred_pods_in_sequence_leave_nothing_behind(gpu_node: GpuNode) -> None:
     n = gpu_node
     n.kube.create(
