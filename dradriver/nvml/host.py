@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -106,6 +107,18 @@ IMEX_CTL = "nvidia-imex-ctl"
 IMEX_CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
 
 
+def _run(cmd: list[str], *, reason: str, failed: Callable[[str], str] | None = None) -> None:
+    """Runs a node command that must succeed; a SharingError with what it said (`failed`
+    words it, else the command line leads) when it does not."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SharingError(f"{' '.join(cmd)}: {exc}", reason=reason) from exc
+    if out.returncode != 0:
+        said = out.stderr.strip() or out.stdout.strip()
+        raise SharingError(failed(said) if failed else f"{' '.join(cmd)}: {said}", reason=reason)
+
+
 class RealHost:
     """A node with the NVIDIA driver: nvidia-smi, nvidia-cuda-mps-control, nvidia-imex,
     /dev, /proc."""
@@ -119,14 +132,7 @@ class RealHost:
     def set_timeslice(self, uuid: str, interval: str) -> None:
         cmd = ["nvidia-smi", "compute-policy", "-i", uuid, "--set-timeslice"]
         cmd.append(str(TIMESLICE[interval]))
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SharingError(f"{' '.join(cmd)}: {exc}", reason="timeslice") from exc
-        if out.returncode != 0:
-            raise SharingError(
-                f"{' '.join(cmd)}: {out.stderr.strip() or out.stdout.strip()}", reason="timeslice"
-            )
+        _run(cmd, reason="timeslice")
 
     def start_mps(
         self, uuids: list[str], pipe_dir: Path, log_dir: Path, *, shm_dir: Path, protocol: int = 2
@@ -154,17 +160,14 @@ class RealHost:
             return
         options = f"size={size},mode=1777,nosuid,nodev,noexec"
         cmd = ["mount", "-t", "tmpfs", "-o", options, "dradriver-mps-shm", str(shm_dir)]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SharingError(f"{' '.join(cmd)}: {exc}", reason="mps") from exc
-        if out.returncode != 0:
-            raise SharingError(
+        _run(
+            cmd,
+            reason="mps",
+            failed=lambda said: (
                 f"mounting the MPS daemon's /dev/shm (a tmpfs) at {shm_dir}: "
-                f"{out.stderr.strip() or out.stdout.strip()}; the plugin needs CAP_SYS_ADMIN "
-                "(the chart's nvml mode runs it privileged)",
-                reason="mps",
-            )
+                f"{said}; the plugin needs CAP_SYS_ADMIN (the chart's nvml mode runs it privileged)"
+            ),
+        )
 
     def drop_shm(self, shm_dir: Path) -> None:
         if os.path.ismount(shm_dir):
