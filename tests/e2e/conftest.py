@@ -22,6 +22,7 @@ from dradriver.k8s import Kube, KubeError, path_for
 from dradriver.k8s.lines import OLDEST
 from dradriver_dev import cluster as devcluster
 
+from . import helpers
 from .helpers import REPO, Cluster, HollowNode, new_namespace
 
 pytestmark = pytest.mark.e2e
@@ -60,6 +61,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(
                 pytest.mark.skip(reason=f"no line changes it: runs once, in {OLDEST.name}'s pass")
             )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def status_patches_accepted() -> Iterator[None]:
+    """Fails the module when a hollow node's kubelet logged a status patch the API server
+    refused while it ran (set up before, and torn down after, the module's fixtures)."""
+    for path in list(helpers.KUBELET_LOGS):
+        helpers.KUBELET_LOGS[path] = path.stat().st_size if path.exists() else 0
+    helpers.REFUSED_PATCHES.clear()
+    yield
+    for path in list(helpers.KUBELET_LOGS):
+        helpers.read_refused_patches(path)
+    refused, helpers.REFUSED_PATCHES[:] = list(helpers.REFUSED_PATCHES), []
+    if refused:
+        pytest.fail("the API server refused a kubelet's pod status patches:\n" + "\n".join(refused))
 
 
 def _start_cluster(alpha: bool, *, gang: bool = False) -> Iterator[Cluster]:

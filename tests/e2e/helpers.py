@@ -114,6 +114,33 @@ class DradriverProcess:
 STARTUP_WIPE = '"Deleted ResourceSlices" logger="DRA registration handler.startup"'
 
 
+# The kubelet's status manager when the API server refuses a pod's status (syncPod in
+# pkg/kubelet/status/status_manager.go): the pod then never shows what its containers do
+# (Q14b: a duplicate resourceID in allocatedResourcesStatus kept pods Pending).
+REFUSED_STATUS = "Failed to update status for pod"
+# What is no refusal: the pod deleted between the kubelet's read and its patch, or an API
+# server a test stopped.
+NOT_REFUSED = ("not found", "connection refused", "http2: client connection lost")
+# Every hollow node's log, with how far it has been read for refused status patches, and
+# what was found; conftest.py fails an e2e module that leaves any.
+KUBELET_LOGS: dict[Path, int] = {}
+REFUSED_PATCHES: list[str] = []
+
+
+def read_refused_patches(path: Path) -> None:
+    """Adds what the kubelet logged into `path` since the last read that is a refused
+    status patch to REFUSED_PATCHES."""
+    with contextlib.suppress(OSError), path.open("rb") as log:
+        log.seek(KUBELET_LOGS.get(path, 0))
+        for raw in log:
+            line = raw.decode(errors="replace")
+            if REFUSED_STATUS in line and not any(w in line for w in NOT_REFUSED):
+                line = line.strip()  # the API server's reason is at its end
+                short = line if len(line) < 700 else f"{line[:200]} ... {line[-450:]}"
+                REFUSED_PATCHES.append(f"{path.name}: {short}")
+        KUBELET_LOGS[path] = log.tell()
+
+
 class HollowNode(DradriverProcess):
     """`dradriver dev kubelet`: the kubelet's own code ($K8S's line, or --kubernetes in
     extra_args) as a node, in its own process, as a developer runs it (see
@@ -140,6 +167,9 @@ class HollowNode(DradriverProcess):
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        KUBELET_LOGS.setdefault(
+            self.log_path, self.log_path.stat().st_size if self.log_path.exists() else 0
+        )
         self._spawn(
             [
                 "dev",
@@ -155,6 +185,10 @@ class HollowNode(DradriverProcess):
                 *self.extra_args,
             ]
         )
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        super().stop(sig)
+        read_refused_patches(self.log_path)  # before a test's tmp directory goes
 
     def restart(self, sig: int = signal.SIGTERM) -> None:
         self.stop(sig)

@@ -401,3 +401,95 @@ def test_without_the_gate_the_taints_are_dropped_and_publishing_goes_on(
         assert not any(d.get("taints") for d in stored["spec"]["devices"])
     finally:
         pub.delete_all()
+
+
+def test_pods_with_several_gpus_or_claims_run_in_the_api(health_node: Start) -> None:
+    """Q14b: with ResourceHealthStatus on (each line's DRA gates as `make demo` has them),
+    the kubelet writes one allocatedResourcesStatus entry per device of a claim, named by
+    the device's first CDI ID, and the API server refuses a status with a duplicate. A
+    pod with a two-GPU claim, and one with two claims, must reach Running in the API (not
+    only in the runtime), each device reported once, the driver's files given once."""
+    n = health_node("8xH100-80GB")
+    res = path_for(RES, "resourceclaims", n.ns)
+
+    def spec(count: int) -> dict[str, Any]:
+        exactly = {"deviceClassName": "gpu.dradriver.io", "count": count}
+        return {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}
+
+    def pod(name: str, claims: list[dict[str, str]]) -> None:
+        container = {
+            "name": "main",
+            "image": "registry.k8s.io/pause:3.10",
+            "resources": {"claims": [{"name": c["name"]} for c in claims]},
+        }
+        body = {
+            "nodeSelector": {"kubernetes.io/hostname": n.kubelet.node},
+            "resourceClaims": claims,
+            "containers": [container],
+        }
+        n.kube.create(path_for("v1", "pods", n.ns), {"metadata": {"name": name}, "spec": body})
+
+    # Which claims a kubelet reports differs by line (see the test above): 1.34 those the
+    # pod names by their own name ("pair", "solo"), 1.35 those made from a template
+    # ("tmpl"), 1.36 on all; each line so meets a claim of two GPUs.
+    n.kube.create(res, {"metadata": {"name": "pair"}, "spec": spec(2)})
+    n.kube.create(res, {"metadata": {"name": "solo"}, "spec": spec(1)})
+    n.kube.create(
+        path_for(RES, "resourceclaimtemplates", n.ns),
+        {"metadata": {"name": "duo"}, "spec": {"spec": spec(2)}},
+    )
+
+    def running(name: str) -> bool:
+        """The API server holds the pod Running, its container running and ready (the
+        kubelet's status patches accepted)."""
+        st = (n.pod(name) or {}).get("status", {})
+        cs = st.get("containerStatuses") or [{}]
+        up = all("running" in c.get("state", {}) and c.get("ready") for c in cs)
+        return st.get("phase") == "Running" and up
+
+    def reported() -> dict[str, list[dict[str, str]]]:
+        """Both pods' health entries by pod claim (claim:<name>)."""
+        return {
+            e["name"]: e["resources"]
+            for pod_name in ("pair", "duo")
+            for cs in (n.pod(pod_name) or {}).get("status", {}).get("containerStatuses") or []
+            for e in cs.get("allocatedResourcesStatus") or []
+        }
+
+    pod("pair", [{"name": "pair", "resourceClaimName": "pair"}])
+    wait_for(lambda: running("pair"), "pod pair Running in the API", 60)
+    # Made once the first is placed (the scheduler may park a pod whose claims it tried
+    # while another allocation was in flight: test_consumable.py).
+    pod(
+        "duo",
+        [
+            {"name": "solo", "resourceClaimName": "solo"},
+            {"name": "tmpl", "resourceClaimTemplateName": "duo"},
+        ],
+    )
+    wait_for(lambda: running("duo"), "pod duo Running in the API", 60)
+    entries = wait_for(
+        lambda: (
+            (got := reported())
+            and any(len(rs) == 2 for rs in got.values())
+            and all(r["health"] == "Healthy" for rs in got.values() for r in rs)
+            and got
+        ),
+        "a claim of two GPUs reported Healthy in a pod's status",
+        30,
+    )
+    claims = {"claim:pair": "pair", "claim:solo": "solo", "claim:tmpl": n.claim_of("duo")}
+    for entry, resources in entries.items():
+        ids = [r["resourceID"] for r in resources]
+        # One entry per device, each named by the device's own CDI ID.
+        assert len(ids) == len(set(ids)) == len(n.allocated(claims[entry])), entries
+        assert all(i.startswith(f"{D}/claim=gpu-") for i in ids), ids
+
+    # The container of two claims got all three GPUs' devices, and the driver's files
+    # (the node's driver spec, named by each GPU) once.
+    rec = n.record(n.pod("duo") or {})
+    assert sum(1 for i in rec["cdiDevices"] if i.startswith(f"{D}/claim=")) == 3
+    assert f"{D}/driver=files" in rec["cdiDevices"]
+    paths = [m["containerPath"] for m in rec["mounts"]]
+    assert "/usr/bin/nvidia-smi" in paths and len(paths) == len(set(paths))
+    assert sum(1 for h in rec["hooks"] if "update-ldcache" in h["args"]) == 1

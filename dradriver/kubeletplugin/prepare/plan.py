@@ -195,11 +195,13 @@ def admin_device(
 
 
 def _cdi_ids(driver: str, name: str, claim_uid: str, *, driver_files: bool) -> list[str]:
-    # The driver's ID first: the CDI library applies the spec-level edits of each spec
-    # once, whichever of its devices comes first, so the order changes nothing but reads
-    # as what a container gets: the driver, then the device.
+    # The device's own ID first: the kubelet names a device by its first CDI ID in the
+    # pod's allocatedResourcesStatus (pkg/kubelet/cm/dra/manager.go, 1.34 to 1.37), where
+    # the API server refuses a duplicate within a claim, and 1.36+ keeps the first of
+    # each; the driver's ID, the same for every GPU, must not come first. The runtime
+    # applies the driver spec's edits once per container whatever the order.
     own = qualified_name(driver, name, claim_uid)
-    return [driver_device_id(driver), own] if driver_files else [own]
+    return [own, driver_device_id(driver)] if driver_files else [own]
 
 
 def plan(

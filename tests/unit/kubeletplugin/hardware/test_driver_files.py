@@ -104,10 +104,10 @@ def test_the_runtime_gives_a_container_the_drivers_files_once(tmp_path: Path, he
     resolver = reference_resolver()
     assert resolver.validate([specs]) == []
     ids = [
-        driver_device_id(D),
         qualified_name(D, "gpu-9b3c2810", UID),
         driver_device_id(D),
         qualified_name(D, "gpu-1f2e3d4c", other),
+        driver_device_id(D),
     ]
     got = resolver.resolve([specs], ids)
     smi = [m for m in got.mounts if m["containerPath"] == "/usr/bin/nvidia-smi"]

@@ -149,11 +149,38 @@ def test_with_driver_files_each_device_also_names_the_nodes_driver_spec() -> Non
     rec = plan(c, REF, checkpoint=Checkpoint(), driver_files=True, **kw)
     for d in rec.devices:
         assert d.cdi_device_ids == [
-            f"{DRIVER}/driver=files",
             f"{DRIVER}/claim={d.cdi_name}-{REF.uid}",
+            f"{DRIVER}/driver=files",
         ]
     plain = plan(c, REF, checkpoint=Checkpoint(), **kw)
-    assert [d.cdi_device_ids[1:] for d in rec.devices] == [d.cdi_device_ids for d in plain.devices]
+    assert [d.cdi_device_ids[:1] for d in rec.devices] == [d.cdi_device_ids for d in plain.devices]
+
+
+def test_each_device_of_a_claim_is_first_named_by_an_id_of_its_own() -> None:
+    """The kubelet names a device by its first CDI ID in the pod's allocatedResources-
+    Status and the API server refuses a duplicate within a claim (Q14b: every GPU first
+    named the node's driver spec, and a pod with two GPUs never reported Running)."""
+    devices = h100_devices()
+    c = claim(
+        [
+            result(named("gpu-1")),
+            result(named("gpu-0-mig-3g40gb-0"), "mig"),
+            result(named("gpu-0-mig-3g40gb-4"), "mig"),
+        ]
+    )
+    rec = plan(
+        c,
+        REF,
+        driver=DRIVER,
+        node=POOL,
+        devices=devices,
+        now=5.0,
+        checkpoint=Checkpoint(),
+        driver_files=True,
+    )
+    first = [d.cdi_device_ids[0] for d in rec.devices]
+    assert len(first) == 3 and len(set(first)) == 3
+    assert all("/driver=" not in i for i in first)
 
 
 def test_plan_records_the_sharing_setup_without_applying_it() -> None:
