@@ -86,6 +86,13 @@ class ImexError(DriverError):
     layer = "IMEX"
 
 
+class DaemonError(DriverError):
+    """A daemon a claim depends on (MPS, IMEX), which runs as a pod of its own, could not
+    be created, did not start, or could not be stopped."""
+
+    layer = "daemon"
+
+
 class CdiError(DriverError, OSError):
     """A CDI spec could not be written or removed."""
 

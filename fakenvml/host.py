@@ -5,12 +5,14 @@ machine without GPUs.
 - time-slice intervals: recorded in <state dir>/fake-sharing-<node>.json, as nvidia-smi
   would have set them;
 - the MPS control daemon: a real stand-in process (fakenvml.mpsd) with the daemon's
-  lifecycle;
+  lifecycle, run as the real one is (kubeletplugin/daemons/: a pod of its own);
 - device nodes: none (they do not exist here); the CDI spec then names the GPUs by
   environment only; an IMEX channel is named with the fake's own major number (the
   kernel assigns the real one: /proc/devices);
 - the IMEX daemon and its ctl: real stand-in processes (fakenvml.imexd, imexctl), with
   a never-ready fault from <state dir>/fake-imex-faults.json ({"neverReady": true});
+- stand-ins run in the plugin's image (or, on a dev node, its interpreter), never in the
+  driver root: no chroot, no device node, nothing privileged;
 - PCIe roots: one per pair of buses, as the switches of an HGX board group them.
 """
 
@@ -20,7 +22,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -29,13 +30,10 @@ from pathlib import Path
 from dradriver.nvml.host import (
     IMEX_CHANNELS_DIR,
     TIMESLICE,
+    DaemonCommand,
     DeviceNode,
-    finish_mps,
     imex_query,
-    mps_alive,
-    spawn_imex,
-    spawn_mps,
-    stop_daemon,
+    mps_env,
 )
 
 # The fake's nvidia-caps-imex-channels major (a real one is the kernel's choice).
@@ -75,21 +73,23 @@ class FakeHost:
         data: dict[str, dict[str, int]] = json.loads(self.record.read_text())
         return data
 
-    def start_mps(
-        self, uuids: list[str], pipe_dir: Path, log_dir: Path, shm_dir: Path, protocol: int = 2
-    ) -> int:
-        cmd = [sys.executable, "-m", "fakenvml.mpsd", "--pipe-dir", str(pipe_dir)]
-        cmd += ["--log-dir", str(log_dir), "--devices", ",".join(uuids)]
-        cmd += ["--shm-dir", str(shm_dir), "--protocol", str(protocol)]
-        return spawn_mps(cmd, uuids, pipe_dir, log_dir=log_dir, host=self)
+    def mps_daemon(
+        self, uuids: list[str], pipe_dir: Path, log_dir: Path, *, shm_dir: Path, protocol: int = 2
+    ) -> DaemonCommand:
+        argv = [sys.executable, "-m", "fakenvml.mpsd", "--pipe-dir", str(pipe_dir)]
+        argv += ["--log-dir", str(log_dir), "--devices", ",".join(uuids)]
+        argv += ["--shm-dir", str(shm_dir), "--protocol", str(protocol)]
+        return DaemonCommand(tuple(argv), mps_env(uuids, pipe_dir, log_dir))
 
-    def make_shm(self, shm_dir: Path, *, size: int) -> None:
+    def make_shm(self, shm_dir: Path, *, size: int) -> bool:
         # No tmpfs without privileges: the directory, with the mode the real one is
         # mounted with (set explicitly: mkdir's mode is cut by the umask), and the size
         # recorded beside it for the tests.
+        fresh = not shm_dir.exists()
         shm_dir.mkdir(parents=True, exist_ok=True)
         shm_dir.chmod(0o1777)
         (shm_dir.parent / "shm-size").write_text(str(size))
+        return fresh
 
     def drop_shm(self, shm_dir: Path) -> None:
         shutil.rmtree(shm_dir, ignore_errors=True)
@@ -103,17 +103,6 @@ class FakeHost:
         except (mps_v3.MpsCommandError, OSError) as exc:
             raise SharingError(f"MPS control `{command}`: {exc}", reason="mps") from exc
 
-    def stop_mps(self, pid: int, pipe_dir: Path) -> None:
-        if pid <= 0:
-            # As `echo quit | nvidia-cuda-mps-control` does: the pipe directory finds it.
-            try:
-                pid = int((pipe_dir / "control").read_text().strip())
-            except (OSError, ValueError):
-                return
-        if mps_alive(pid):
-            os.kill(pid, signal.SIGTERM)
-        finish_mps(pid)
-
     def device_nodes(
         self, gpu_minor: int | None, mig_ids: tuple[int, int] | None
     ) -> list[DeviceNode]:
@@ -125,35 +114,16 @@ class FakeHost:
     def imex_channel_node(self, channel: int) -> DeviceNode:
         return DeviceNode(f"{IMEX_CHANNELS_DIR}/channel{channel}", "c", FAKE_IMEX_MAJOR, channel)
 
-    def start_imex(self, config: Path, log: Path) -> int:
+    def imex_daemon(self, config: Path) -> DaemonCommand:
         faults = self.record.with_name("fake-imex-faults.json")
         try:
             never = bool(json.loads(faults.read_text()).get("neverReady"))
         except (OSError, ValueError, AttributeError):
             never = False
-        if never:
+        if never and "FAKE_NEVER_READY=1" not in config.read_text():
             with open(config, "a") as f:
                 f.write("FAKE_NEVER_READY=1\n")
-        return spawn_imex([sys.executable, "-m", "fakenvml.imexd", "-c", str(config)], log)
+        return DaemonCommand((sys.executable, "-m", "fakenvml.imexd", "-c", str(config)))
 
     def imex_ready(self, config: Path) -> tuple[bool, str]:
         return imex_query([sys.executable, "-m", "fakenvml.imexctl", "-c", str(config), "-q"])
-
-    def stop_imex(self, pid: int) -> None:
-        stop_daemon(pid)
-
-
-def stop_fake_daemons(root: Path) -> int:
-    """Stops every stand-in MPS and IMEX daemon whose pipe or config directory lies under
-    `root` (they run in their own sessions by design, so tearing down a dev cluster must
-    find them)."""
-    stopped = 0
-    for control in [*root.glob("**/pipe/control"), *root.glob("**/imex/*/daemon.pid")]:
-        try:
-            pid = int(control.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if mps_alive(pid):
-            os.kill(pid, signal.SIGTERM)
-            stopped += 1
-    return stopped

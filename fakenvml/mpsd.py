@@ -1,6 +1,7 @@
 """A stand-in for nvidia-cuda-mps-control in fake mode: a real process with the daemon's
-observable lifecycle (pipe and log directories, a control file while it runs, a clean
-exit on quit), so tests can prove a daemon is started, survives the plugin, and stops."""
+observable lifecycle (pipe and log directories, a control file while it runs, a
+heartbeat its clients see, a clean exit on SIGTERM), so tests can prove a daemon is
+started, survives the plugin, and stops."""
 
 from __future__ import annotations
 
@@ -41,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.shm_dir, "cuda.shm.mps-server").write_text(f"{os.getpid()}\n")
     with open(log, "a") as f:
         f.write(f"started pid={os.getpid()} devices={args.devices} protocol={args.protocol}\n")
+    beats = 0
     while running:
+        # What its clients can see of it (they share the pipe directory): a counter that
+        # goes on while the daemon serves, and stops the moment it dies.
+        beats += 1
+        (pipe / "heartbeat").write_text(str(beats))
         time.sleep(0.1)
     control.unlink(missing_ok=True)
     with open(log, "a") as f:

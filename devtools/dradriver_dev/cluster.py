@@ -546,10 +546,11 @@ def down(state_dir: Path, *, remove: bool = True) -> bool:
             if _alive(pid):
                 os.killpg(pid, signal.SIGKILL)
     if state_dir.exists():
-        # `KEEP=1 make demo` leaves MPS daemons of prepared claims (fake ones) running.
-        from fakenvml.host import stop_fake_daemons
+        # The daemons of prepared claims (`KEEP=1 make demo`), which the hollow nodes run
+        # as processes of their own.
+        from dradriver_dev.hollow_node import stop_host_processes
 
-        stopped = stop_fake_daemons(state_dir) > 0 or stopped
+        stopped = stop_host_processes(state_dir) > 0 or stopped
     if remove and state_dir.exists():
         shutil.rmtree(state_dir, ignore_errors=True)
     return stopped

@@ -166,6 +166,9 @@ def start_node(
             "127.0.0.1",
             "--healthz-port",
             str(healthz_port),
+            # Its MPS and IMEX daemons as pods the hollow node runs as host processes.
+            "--daemon-image",
+            hollow.HOST_IMAGE,
             *PLUGIN_ARGS.get(name, []),
             *(domains.plugin_args(imex_ports()) if name in domains.TRAYS else []),
         ],

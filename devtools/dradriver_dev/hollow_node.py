@@ -11,15 +11,21 @@ What a test or the demo can read from a node's root directory:
   cdi/                            the CDI spec directory the runtime resolves from
   cri/pods/<pod-uid>/<ctr>.json   what each running container received (env, device
                                   nodes, mounts, hooks, CDI IDs), gone with the pod
+  cri/processes/<ctr-id>.log      the output of the containers run as host processes
+                                  (--exec-image: the driver's daemon pods)
   dra_manager_state               the kubelet's own DRA checkpoint
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from dradriver.k8s.lines import OLDEST, Line, line
@@ -35,6 +41,13 @@ KUBELET_ALPHA_GATES = cluster.ALPHA_GATES
 
 # klog verbosity: 3 is where the DRA manager logs its slice wipes and plugin changes.
 LOG_VERBOSITY = {"debug": 3, "info": 2, "warning": 0, "error": 0}
+
+
+# The image of the daemons a plugin on a dev node runs as pods of their own (its
+# --daemon-image): the hollow node's runtime runs such containers as processes of this
+# host, so an MPS or IMEX daemon really runs, and outlives the plugin, as it does on a
+# real node. Every other container only pretends to run.
+HOST_IMAGE = "dradriver.dev/host-process:dev"
 
 
 class HollowNodeError(RuntimeError):
@@ -62,6 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="CDI spec directory the runtime resolves devices from; repeatable, later ones "
         "take priority (default: <root>/cdi)",
+    )
+    p.add_argument(
+        "--exec-image",
+        action="append",
+        default=None,
+        metavar="IMAGE",
+        help="an image whose containers run as processes of this host, with their command "
+        f"and environment; repeatable (default: {HOST_IMAGE}, a dev plugin's --daemon-image)",
     )
     p.add_argument(
         "--label",
@@ -157,6 +178,7 @@ def argv(args: argparse.Namespace, binary: Path, ln: Line = OLDEST) -> list[str]
         f"--v={LOG_VERBOSITY[args.log_level]}",
     ]
     out += [f"--cdi-dir={Path(d).resolve()}" for d in args.cdi_dir or []]
+    out += [f"--exec-image={i}" for i in args.exec_image or [HOST_IMAGE]]
     out += [f"--label={kv}" for kv in args.label]
     if gates:
         out.append(f"--feature-gates={','.join(gates)}")
@@ -178,3 +200,47 @@ def run(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     # The process becomes the kubelet: a test's SIGKILL kills the kubelet, not a wrapper.
     os.execv(cmd[0], cmd)
+
+
+def host_processes(root: Path) -> list[tuple[int, int]]:
+    """(PID, start time) of every process the hollow nodes under `root` run for their
+    --exec-image containers that still runs (cri/state.json names them; a PID alone may
+    have been reused)."""
+    procs: list[tuple[int, int]] = []
+    for state in root.glob("**/cri/state.json"):
+        try:
+            saved = json.loads(state.read_text()).get("processes") or {}
+            procs += [(int(p["pid"]), int(p["start"])) for p in saved.values()]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return [(pid, start) for pid, start in procs if _started_at(pid) == start]
+
+
+def stop_host_processes(root: Path, grace: float = 10.0) -> int:
+    """Stops what host_processes finds, as a node's shutdown ends its containers; how
+    many ran. They outlive their node by design (containerd's shims outlive the kubelet),
+    so tearing down a dev cluster or a test's node must end them."""
+    running = host_processes(root)
+    for pid, _ in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(_started_at(p) == s for p, s in running) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid, start in running:
+        if _started_at(pid) == start:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+    return len(running)
+
+
+def _started_at(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), None when it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    return int(fields[19])

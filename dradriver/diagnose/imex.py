@@ -22,10 +22,10 @@ FIXES = (
     ),
     (
         "did not answer READY",
-        "look at the node's IMEX daemon log (named in the message) and `nvidia-imex-ctl -N` "
-        "on the node; the kubelet retries",
+        "look at the node's IMEX daemon pod (`kubectl logs` and `kubectl describe` of the pod "
+        "the message names) and `nvidia-imex-ctl -N` on the node; the kubelet retries",
     ),
-    ("exited at start", "the node's IMEX daemon log (named in the message) says why"),
+    ("is not serving", "the daemon pod the message names says why (`kubectl describe pod`)"),
     (
         "fabric clique",
         "the domain's pods must run in its clique: delete the pods, whose new claims are "

@@ -9,8 +9,10 @@ inwards:
   reconcile at startup, claim status, CDI specs;
 - state/: what the node keeps on disk: the checkpoint, the MIG and sharing ledgers, the
   journal of steps, the node and GPU locks; imports no other package here;
+- daemons/: the daemons prepared claims depend on (MPS, IMEX), each a pod of its own on
+  the node, so that it outlives the plugin's container;
 - hardware/: the MIG and sharing (time-slicing, MPS) steps the executor runs, over NVML
-  (dradriver.nvml) and the ledgers in state/;
+  (dradriver.nvml), the ledgers in state/ and the daemons' pods;
 - imex_binding/: before a pod is bound, a ComputeDomain's IMEX daemon started while the
   scheduler waits on the channel device's binding conditions, and what the node says
   of it in the claim's status; over prepare's plan and hardware/imex.py;

@@ -313,6 +313,8 @@ def _preparer(
 ) -> Preparer:
     """The prepare side: the hardware steps the options turn on, the executor, the
     preparer over the checkpoint and the node lock."""
+    from dradriver.kubeletplugin.daemons.pods import DaemonPods
+    from dradriver.kubeletplugin.daemons.spec import PodSite
     from dradriver.kubeletplugin.hardware.shares import ShareSteps, mps_protocol
     from dradriver.kubeletplugin.hardware.sharing import SharingSteps
     from dradriver.kubeletplugin.prepare import cdi, wiring
@@ -334,7 +336,14 @@ def _preparer(
         )
     writer = cdi.CdiWriter(opts.cdi_dir, opts.driver_name)
     mps_root = opts.state_dir / "mps"
-    sharing = SharingSteps(nvml.module, nvml.host, mps_root, shm_size=opts.mps_shm_size)
+    site = PodSite(
+        opts.node_name,
+        opts.daemon_namespace,
+        opts.daemon_image,
+        host_driver_root=str(opts.host_driver_root),
+    )
+    daemons = DaemonPods(kube, site)
+    sharing = SharingSteps(nvml.module, nvml.host, daemons, mps_root, shm_size=opts.mps_shm_size)
     executor = Executor(
         driver=opts.driver_name,
         cdi_writer=writer,
@@ -345,13 +354,14 @@ def _preparer(
         shares=ShareSteps(
             nvml.module,
             nvml.host,
+            daemons,
             mps_root,
             sharing.ledger,
             lambda: mps_protocol(view.driver_version),
             shm_size=opts.mps_shm_size,
         ),
         pod_memory=pod_memory,
-        imex=wiring.imex_steps(opts, kube, nvml.host, clique=lambda: view.clique),
+        imex=wiring.imex_steps(opts, kube, nvml.host, daemons=daemons, clique=lambda: view.clique),
         driver_spec=wiring.driver_spec(opts, writer, lambda: view.driver_release),
     )
     return Preparer(

@@ -60,6 +60,8 @@ class PluginOptions:
     imex_cmd_port: int
     nvlink_domain_label: bool
     mps_shm_size: int  # bytes
+    daemon_image: str  # the image of the daemons' pods; empty: none can be started
+    daemon_namespace: str
     healthz_address: str
     healthz_port: int
     rediscover_period: float
@@ -121,6 +123,8 @@ def parse(args: argparse.Namespace) -> PluginOptions:
         imex_cmd_port=args.imex_cmd_port,
         nvlink_domain_label=args.nvlink_domain_label == "on",
         mps_shm_size=mps_shm_size,
+        daemon_image=args.daemon_image,
+        daemon_namespace=args.daemon_namespace,
         healthz_address=args.healthz_address,
         healthz_port=args.healthz_port,
         rediscover_period=args.rediscover_period,
@@ -246,6 +250,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "1Gi",
         help="size of the tmpfs each MPS control daemon and its clients get as /dev/shm "
         "(a quantity such as 1Gi; the containers' /dev/shm too, charged to their memory)",
+    )
+    flags.add(
+        p,
+        "--daemon-image",
+        "",
+        help="the image of the pods that run the daemons prepared claims depend on (MPS control "
+        "daemons, IMEX daemons), so that they outlive this process (the chart sets its own "
+        "image); empty: such claims fail to prepare, saying so",
+    )
+    flags.add(
+        p,
+        "--daemon-namespace",
+        os.environ.get("POD_NAMESPACE") or "default",
+        help="the namespace of the daemons' pods (default: $POD_NAMESPACE, the chart's; else "
+        "default)",
     )
     flags.add(p, "--healthz-address", "0.0.0.0", help="address of /healthz, /readyz, /metrics")
     flags.add(

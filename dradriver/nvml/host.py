@@ -2,25 +2,24 @@
 that exist only where the NVIDIA driver is installed.
 
 `GpuHost` is the one seam between real and fake GPUs beyond NVML itself. `RealHost`
-(here) runs nvidia-smi and nvidia-cuda-mps-control and names the /dev nodes a container
-needs; the fake backend (package fakenvml, chosen only by `--devices fake:...` in
-dradriver.nvml.library) records what it would have run, starts a stand-in MPS daemon and
-names no device nodes. Nothing else in the driver asks which one it has.
+(here) runs nvidia-smi and nvidia-cuda-mps-control, says how the driver's daemons are
+run and names the /dev nodes a container needs; the fake backend (package fakenvml,
+chosen only by `--devices fake:...` in dradriver.nvml.library) records what it would
+have run, names stand-in daemons and no device nodes. Nothing else in the driver asks
+which one it has.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from dradriver.errors import ImexError, SharingError
+from dradriver.errors import SharingError
 from dradriver.logs import get_logger
 from dradriver.nvml.discover import sysfs_pcie_root
 from dradriver.nvml.mig import caps_access, caps_major, device_major
@@ -46,6 +45,30 @@ class DeviceNode:
     file_mode: int | None = None
 
 
+@dataclass(frozen=True)
+class DaemonCommand:
+    """A daemon a prepared claim depends on, as its node runs it: the command and its
+    environment, and whether it runs in the host's driver root (chroot: the driver's own
+    binaries and libraries, as NVIDIA runs them) with the GPUs' device nodes
+    (privileged). kubeletplugin/daemons/ turns it into a pod of its own."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    in_driver_root: bool = False
+    privileged: bool = False
+    # Run before the daemon is sent SIGTERM (MPS: `quit`, as NVIDIA's documentation stops it).
+    pre_stop: tuple[str, ...] = ()
+
+
+def mps_env(uuids: list[str], pipe_dir: Path, log_dir: Path) -> tuple[tuple[str, str], ...]:
+    """What an MPS control daemon reads: its GPUs, its pipe and log directories."""
+    return (
+        ("CUDA_VISIBLE_DEVICES", ",".join(uuids)),
+        ("CUDA_MPS_PIPE_DIRECTORY", str(pipe_dir)),
+        ("CUDA_MPS_LOG_DIRECTORY", str(log_dir)),
+    )
+
+
 class GpuHost(Protocol):
     def pcie_root(self, bus_id: str) -> str | None:
         """The PCIe root complex of a GPU ("pci0000:00"), or None if unknown."""
@@ -53,17 +76,18 @@ class GpuHost(Protocol):
     def set_timeslice(self, uuid: str, interval: str) -> None:
         """Sets a GPU's time-slice interval ("Default", "Short", "Medium", "Long")."""
 
-    def start_mps(
+    def mps_daemon(
         self, uuids: list[str], pipe_dir: Path, log_dir: Path, *, shm_dir: Path, protocol: int = 2
-    ) -> int:
-        """Starts an MPS control daemon for these GPUs in its own session, with `shm_dir`
-        as its /dev/shm (its clients get the same one); its PID. Protocol 3: MPS v3
-        (driver r615+), with named servers and namespaces."""
+    ) -> DaemonCommand:
+        """The MPS control daemon for these GPUs (kubeletplugin/daemons/ runs it in a pod
+        of its own), with `shm_dir` as its /dev/shm, shared with its clients. Protocol 3:
+        MPS v3 (driver r615+), with named servers and namespaces."""
 
-    def make_shm(self, shm_dir: Path, *, size: int) -> None:
+    def make_shm(self, shm_dir: Path, *, size: int) -> bool:
         """Makes `shm_dir` an MPS daemon's /dev/shm: a tmpfs of at most `size` bytes,
         mode 1777 (every container user may write, only its owner remove), never on the
-        node's disk. Idempotent. SharingError when it cannot be mounted."""
+        node's disk. Idempotent: True when it was made now. SharingError when it cannot
+        be mounted."""
 
     def drop_shm(self, shm_dir: Path) -> None:
         """Unmounts and removes what make_shm made (idempotent)."""
@@ -71,9 +95,6 @@ class GpuHost(Protocol):
     def mps_command(self, pipe_dir: Path, command: str) -> str:
         """Gives the daemon of `pipe_dir` one control command; its answer. SharingError
         when it refuses."""
-
-    def stop_mps(self, pid: int, pipe_dir: Path) -> None:
-        """Stops the daemon (idempotent); with pid 0, the one its pipe directory finds."""
 
     def device_nodes(
         self, gpu_minor: int | None, mig_ids: tuple[int, int] | None
@@ -88,16 +109,12 @@ class GpuHost(Protocol):
         """/dev/nvidia-caps-imex-channels/channel<N>: what a container of a ComputeDomain
         gets to import and export memory over NVLink within its IMEX domain."""
 
-    def start_imex(self, config: Path, log: Path) -> int:
-        """Starts an IMEX daemon (`nvidia-imex -c config`, DAEMONIZE=0 in it) in its own
-        session, its output to `log`; its PID. ImexError when it cannot be started."""
+    def imex_daemon(self, config: Path) -> DaemonCommand:
+        """The IMEX daemon of `config` (`nvidia-imex -c config`, DAEMONIZE=0 in it)."""
 
     def imex_ready(self, config: Path) -> tuple[bool, str]:
         """Whether the daemon of `config` answers READY (`nvidia-imex-ctl -c config -q`),
         and what it said."""
-
-    def stop_imex(self, pid: int) -> None:
-        """Stops the daemon (SIGTERM: it tells its peers; idempotent)."""
 
 
 # The IMEX package's commands (NVIDIA IMEX guide: "Getting Started with IMEX").
@@ -134,22 +151,22 @@ class RealHost:
         cmd.append(str(TIMESLICE[interval]))
         _run(cmd, reason="timeslice")
 
-    def start_mps(
+    def mps_daemon(
         self, uuids: list[str], pipe_dir: Path, log_dir: Path, *, shm_dir: Path, protocol: int = 2
-    ) -> int:
-        # MPS server and clients talk through shared memory in /dev/shm, so both must see
-        # the same one: the daemon gets the claim's directory as /dev/shm in a mount
-        # namespace of its own (the plugin runs privileged), the clients through CDI.
-        # `-f` keeps the daemon in the foreground: every exec here keeps the PID we
-        # spawn, so the PID recorded is the daemon's (`-d` forks, and the recorded
-        # parent is gone at once). The man page lists -f from driver R510 on.
-        script = 'mount --bind "$1" /dev/shm && exec nvidia-cuda-mps-control -f'
-        if protocol == 3:
-            script += " -p 3"
-        cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
-        return spawn_mps([*cmd, "sh", str(shm_dir)], uuids, pipe_dir, log_dir=log_dir, host=self)
+    ) -> DaemonCommand:
+        # `-f` keeps the daemon in the foreground, as a container's process must stay;
+        # the man page lists it from driver R510 on. Its server is found beside it in the
+        # driver root, hence the chroot; `quit` before SIGTERM lets it end its servers.
+        argv = ("nvidia-cuda-mps-control", "-f", *(("-p", "3") if protocol == 3 else ()))
+        return DaemonCommand(
+            argv,
+            mps_env(uuids, pipe_dir, log_dir),
+            in_driver_root=True,
+            privileged=True,
+            pre_stop=("sh", "-c", "echo quit | nvidia-cuda-mps-control"),
+        )
 
-    def make_shm(self, shm_dir: Path, *, size: int) -> None:
+    def make_shm(self, shm_dir: Path, *, size: int) -> bool:
         # A tmpfs, not a directory of the state volume: what a pod writes to /dev/shm is
         # then memory charged to the pod, within the size, instead of the disk that
         # holds the checkpoint. The plugin mounts it in its own mount namespace; the
@@ -157,7 +174,7 @@ class RealHost:
         # runtime, which bind-mounts it into the claim's containers, sees it.
         shm_dir.mkdir(parents=True, exist_ok=True)
         if os.path.ismount(shm_dir):
-            return
+            return False
         options = f"size={size},mode=1777,nosuid,nodev,noexec"
         cmd = ["mount", "-t", "tmpfs", "-o", options, "dradriver-mps-shm", str(shm_dir)]
         _run(
@@ -168,6 +185,7 @@ class RealHost:
                 f"{said}; the plugin needs CAP_SYS_ADMIN (the chart's nvml mode runs it privileged)"
             ),
         )
+        return True
 
     def drop_shm(self, shm_dir: Path) -> None:
         if os.path.ismount(shm_dir):
@@ -199,21 +217,6 @@ class RealHost:
             )
         return answer
 
-    def stop_mps(self, pid: int, pipe_dir: Path) -> None:
-        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}
-        try:
-            subprocess.run(
-                ["nvidia-cuda-mps-control"],
-                input="quit\n",
-                text=True,
-                env=env,
-                capture_output=True,
-                timeout=30,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("MPS quit command failed; signalling the daemon", pid=pid, error=str(exc))
-        finish_mps(pid)
-
     def device_nodes(
         self, gpu_minor: int | None, mig_ids: tuple[int, int] | None
     ) -> list[DeviceNode]:
@@ -243,32 +246,11 @@ class RealHost:
         major = device_major(self.proc_root, "nvidia-caps-imex-channels")
         return DeviceNode(path) if major is None else DeviceNode(path, "c", major, channel)
 
-    def start_imex(self, config: Path, log: Path) -> int:
-        return spawn_imex([IMEX_DAEMON, "-c", str(config)], log)
+    def imex_daemon(self, config: Path) -> DaemonCommand:
+        return DaemonCommand((IMEX_DAEMON, "-c", str(config)), in_driver_root=True, privileged=True)
 
     def imex_ready(self, config: Path) -> tuple[bool, str]:
         return imex_query([IMEX_CTL, "-c", str(config), "-q"])
-
-    def stop_imex(self, pid: int) -> None:
-        stop_daemon(pid)
-
-
-def spawn_imex(cmd: list[str], log: Path) -> int:
-    """An IMEX daemon in its own session (it outlives a plugin restart, as the pods
-    using it do), its output appended to `log`."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-    except OSError as exc:
-        raise ImexError(f"starting the IMEX daemon ({cmd[0]}): {exc}", reason="imex_start") from exc
-    return proc.pid
 
 
 def imex_query(cmd: list[str]) -> tuple[bool, str]:
@@ -278,80 +260,3 @@ def imex_query(cmd: list[str]) -> tuple[bool, str]:
         return False, f"{' '.join(cmd)}: {exc}"
     said = (out.stdout.strip() or out.stderr.strip())[:300]
     return out.stdout.strip() == "READY", said
-
-
-def stop_daemon(pid: int, grace: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds; nothing for a process gone."""
-    if mps_alive(pid):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-    finish_mps(pid, grace)
-
-
-def spawn_mps(
-    cmd: list[str], uuids: list[str], pipe_dir: Path, *, log_dir: Path, host: GpuHost
-) -> int:
-    """Starts an MPS control daemon command in its own session (so it outlives a plugin
-    restart) and waits for its control pipe."""
-    for d in (pipe_dir, log_dir):
-        d.mkdir(parents=True, exist_ok=True)
-    env = {
-        **os.environ,
-        "CUDA_VISIBLE_DEVICES": ",".join(uuids),
-        "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir),
-        "CUDA_MPS_LOG_DIRECTORY": str(log_dir),
-    }
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        raise SharingError(
-            f"starting the MPS control daemon ({cmd[0]}): {exc}", reason="mps"
-        ) from exc
-    control = pipe_dir / "control"
-    deadline = time.monotonic() + 10
-    while not control.exists():
-        if proc.poll() is not None and proc.returncode != 0:
-            raise SharingError(
-                f"the MPS control daemon exited with {proc.returncode}", reason="mps"
-            )
-        if time.monotonic() > deadline:
-            host.stop_mps(proc.pid, pipe_dir)
-            raise SharingError(
-                f"the MPS control daemon did not come up in {pipe_dir}", reason="mps"
-            )
-        time.sleep(0.02)
-    return proc.pid
-
-
-def finish_mps(pid: int, grace: float = 10.0) -> None:
-    """Waits for a daemon to exit after it was asked to, then makes sure it has."""
-    deadline = time.monotonic() + grace
-    while mps_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if mps_alive(pid):
-        os.kill(pid, signal.SIGKILL)
-
-
-def mps_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -21,11 +21,14 @@ import yaml
 from dradriver.k8s import Conflict, Kube, NotFound, path_for
 from dradriver.k8s.lines import FEATURES, OLDEST, Line
 from dradriver_dev.driver_files import plugin_env
+from dradriver_dev.hollow_node import HOST_IMAGE, host_processes, stop_host_processes
 from dradriver_dev.ports import free_port
 from tests.support import gpu_names
 
 T = TypeVar("T")
 RES = "resource.k8s.io/v1"
+# Where a plugin run as a process puts its daemons' pods (--daemon-namespace's default).
+DAEMON_NAMESPACE = "default"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -80,11 +83,14 @@ class DradriverProcess:
 
     proc: subprocess.Popen[bytes] | None
     log_path: Path
+    # A command it runs under, such as `unshare --pid --fork`: a PID namespace of its own,
+    # as a container's (stop() then signals the wrapper, which passes SIGKILL on).
+    prefix: tuple[str, ...] = ()
 
     def _spawn(self, args: list[str]) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dradriver.cli", *args],
+                [*self.prefix, sys.executable, "-m", "dradriver.cli", *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
@@ -186,12 +192,22 @@ class HollowNode(DradriverProcess):
             ]
         )
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
+    def stop(self, sig: int = signal.SIGTERM, *, processes: bool = True) -> None:
+        """Stops the kubelet; with `processes`, also what its runtime runs as host
+        processes (the driver's daemon pods), as a node that goes away ends them."""
         super().stop(sig)
         read_refused_patches(self.log_path)  # before a test's tmp directory goes
+        if processes:
+            stop_host_processes(self.root)
+
+    def host_processes(self) -> list[int]:
+        """The PIDs of the containers its runtime runs as processes (the driver's daemon
+        pods) that still run."""
+        return [pid for pid, _ in host_processes(self.root)]
 
     def restart(self, sig: int = signal.SIGTERM) -> None:
-        self.stop(sig)
+        """The kubelet stopped and started again; its containers run on, as containerd's do."""
+        self.stop(sig, processes=False)
         self.start()
 
     def wait_node_ready(self, kube: Kube, timeout: float = 60) -> None:
@@ -352,6 +368,9 @@ class PluginProc(DradriverProcess):
                 str(self.port),
                 "--log-level",
                 "debug",
+                # Its MPS and IMEX daemons as pods, which the hollow node runs as processes.
+                "--daemon-image",
+                HOST_IMAGE,
                 *self.extra_args,
             ]
         )
@@ -460,6 +479,20 @@ class NodeUnderTest:
 
     def __init__(self, kube: Kube, ns: str, kubelet: HollowNode, plugin: PluginProc) -> None:
         self.kube, self.ns, self.kubelet, self.plugin = kube, ns, kubelet, plugin
+
+    def daemon_pods(self, role: str = "") -> list[dict[str, Any]]:
+        """The plugin's daemon pods on this node (MPS, IMEX: kubeletplugin/daemons/), as
+        the API server holds them; `role`: "mps" or "imex" only."""
+        selector = "app.kubernetes.io/managed-by=kubelet-plugin"
+        if role:
+            selector += f",app.kubernetes.io/component={role}-daemon"
+        return list(
+            self.kube.list(
+                path_for("v1", "pods", DAEMON_NAMESPACE),
+                labelSelector=selector,
+                fieldSelector=f"spec.nodeName={self.kubelet.node}",
+            )["items"]
+        )
 
     def checkpoint_claims(self) -> dict[str, Any]:
         """The claims the plugin's checkpoint holds, by UID."""

@@ -31,11 +31,11 @@ import pytest
 from dradriver.api import computedomain as cd
 from dradriver.cli import main
 from dradriver.k8s import Kube, KubeError, path_for
-from dradriver.nvml.host import mps_alive
-from fakenvml.host import stop_fake_daemons
 from fakenvml.imexctl import query
+from tests.support.local_daemons import process_alive
 
 from .helpers import (
+    DAEMON_NAMESPACE,
     REPO,
     RES,
     Cluster,
@@ -174,11 +174,10 @@ def rack_of(
         out.update(cliques)
         yield out
     finally:
+        # Plugins first, then each kubelet with what its runtime runs (the IMEX daemons'
+        # pods of a test that failed before its pods ended).
         for p in reversed(procs):
             p.stop()
-        # The nodes' IMEX daemons run in their own sessions, as on a node; a test that
-        # failed before its pods ended leaves them to this.
-        stop_fake_daemons(tmp)
         for node in nodes:
             with contextlib.suppress(KubeError):
                 kube.delete(path_for("v1", "nodes", name=node), missing_ok=True)
@@ -553,11 +552,12 @@ def test_a_two_node_job_runs_in_one_imex_domain(
             lambda config=config: all(n["connected"] for n in query(config)["nodes"]),
             f"{node}'s IMEX daemon connected to its peer",
         )
-    pids = [
-        int((c.parent / "daemon.pid").read_text())
-        for n in ("cd-a1", "cd-a2")
-        for c in rack.imex_configs(n)
-    ]
+    # Each node's daemon is a pod of its own there, in the node's network.
+    daemons = {n: imex_pods(kube, n) for n in ("cd-a1", "cd-a2", "cd-b1")}
+    assert [len(daemons[n]) for n in daemons] == [1, 1, 0]
+    assert all(p["spec"].get("hostNetwork") for n in ("cd-a1", "cd-a2") for p in daemons[n])
+    pids = rack.kubelets["cd-a1"].host_processes() + rack.kubelets["cd-a2"].host_processes()
+    assert len(pids) == 2
     assert rack.imex_configs("cd-b1") == []
     for n in names:
         kube.delete(path_for("v1", "pods", ns, name=n))
@@ -567,7 +567,8 @@ def test_a_two_node_job_runs_in_one_imex_domain(
             f"pod {n} gone",
             60,
         )
-    wait_for(lambda: not any(mps_alive(p) for p in pids), "the IMEX daemons stopped", 30)
+    wait_for(lambda: not any(process_alive(p) for p in pids), "the IMEX daemons stopped", 30)
+    assert imex_pods(kube, "cd-a1") == imex_pods(kube, "cd-a2") == []
     assert rack.imex_configs("cd-a1") == rack.imex_configs("cd-a2") == []
 
 
@@ -614,3 +615,14 @@ def test_a_daemon_that_never_gets_ready_keeps_its_pod_from_starting_and_says_why
     finally:
         faults.unlink()
     wait_for(lambda: rack.imex_configs("cd-b1") == [], "no daemon left on cd-b1", 30)
+
+
+def imex_pods(kube: Kube, node: str) -> list[dict[str, Any]]:
+    """The IMEX daemon pods on `node` (kubeletplugin/daemons/), as the API server holds them."""
+    return list(
+        kube.list(
+            path_for("v1", "pods", DAEMON_NAMESPACE),
+            labelSelector="app.kubernetes.io/component=imex-daemon",
+            fieldSelector=f"spec.nodeName={node}",
+        )["items"]
+    )

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from dradriver.k8s import Kube, path_for
-from dradriver.nvml.host import mps_alive
 from fakenvml import dmem, load
 from fakenvml.mps_v3 import Client, CudaError, namespaces
+from tests.support.local_daemons import process_alive
 
 from .helpers import (
     RES,
@@ -177,6 +177,12 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
         with pytest.raises(CudaError):
             client.allocate(1)
     (daemon,) = node.daemons()
+    # One pod for the device's shares, named after the device, on this node.
+    (pod,) = node.daemon_pods("mps")
+    assert (
+        pod["metadata"]["name"]
+        == "mps-" + node.env(pods[names[0]])["NVIDIA_VISIBLE_DEVICES"].lower()
+    )
     assert len({node.env(pods[n])["CUDA_MPS_PIPE_DIRECTORY"] for n in names}) == 3
     # Each share's status entry, keyed by its shareID.
     for n in names:
@@ -226,14 +232,16 @@ def test_memory_mode_packs_three_20gi_shares_onto_one_gpu(
         assert node.running(n)["status"]["phase"] == "Running"
     specs = sorted(p.name for p in node.kubelet.cdi_dir.glob("*-claim-*.json"))
     assert len(specs) == 3
-    assert node.daemons() == [daemon] and mps_alive(daemon)
+    assert node.daemons() == [daemon] and process_alive(daemon)
+    assert [p["metadata"]["uid"] for p in node.daemon_pods("mps")] == [pod["metadata"]["uid"]]
     assert (
         len(namespaces(Path(node.env(node.running("big"))["CUDA_MPS_PIPE_DIRECTORY"]).parents[1]))
         == 3
     )
     # The last share out stops the daemon.
     node.delete("share-b", "share-c", "big")
-    wait_for(lambda: not mps_alive(daemon), "the shares' MPS daemon to stop", 30)
+    wait_for(lambda: not process_alive(daemon), "the shares' MPS daemon to stop", 30)
+    assert node.daemon_pods() == []
 
 
 def test_memory_mode_limits_each_pods_cgroup_on_the_gpu(

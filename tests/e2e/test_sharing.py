@@ -5,6 +5,7 @@ compute-mode change or CDI file remains."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 
 from dradriver.k8s import Kube, path_for
-from dradriver.nvml.host import mps_alive
 from fakenvml import load
+from tests.support.local_daemons import process_alive
 
 from .helpers import (
     Cluster,
@@ -37,13 +38,16 @@ class SharedNode(NodeUnderTest):
         return load(self.spec, node=self.kubelet.node, state_dir=self.plugin.state_dir).machine
 
     def daemons(self) -> list[int]:
-        return [int(p.read_text()) for p in (self.plugin.state_dir / "mps").glob("*/pipe/control")]
+        """The MPS daemons' processes that run (the stand-in writes its PID as its control
+        file), whoever started them."""
+        pids = [int(p.read_text()) for p in (self.plugin.state_dir / "mps").glob("*/pipe/control")]
+        return [p for p in pids if process_alive(p)]
 
     def leftovers(self) -> dict[str, Any]:
         m = self.machine()
         return {
             "cdi": sorted(p.name for p in self.kubelet.cdi_dir.glob("*-claim-*.json")),
-            "daemons": [p for p in self.daemons() if mps_alive(p)],
+            "daemons": self.daemons() + [p["metadata"]["name"] for p in self.daemon_pods()],
             "compute modes": [g.compute_mode for g in m.gpus if g.compute_mode != 0],
             "MIG devices": [gi.profile.name for g in m.gpus for gi in g.gpu_instances.values()],
         }
@@ -113,17 +117,61 @@ def test_mps_with_limits_shared_by_two_pods(node: SharedNode) -> None:
     assert mounts["/dev/shm"] == others["/dev/shm"]
     assert (Path(mounts["/dev/shm"]) / "cuda.shm.mps-server").exists()
     (pid,) = node.daemons()
-    assert mps_alive(pid)
+    # The daemon is a pod of its own on the node, which its runtime runs.
+    (pod,) = node.daemon_pods("mps")
+    assert pod["status"]["phase"] == "Running" and pod["spec"]["nodeName"] == node.kubelet.node
     assert 3 in [g.compute_mode for g in node.machine().gpus]  # EXCLUSIVE_PROCESS
-    # The daemon outlives a plugin restart.
+    # The daemon outlives a plugin restart: the same pod, the same process.
     node.plugin.stop()
-    assert mps_alive(pid)
+    assert process_alive(pid)
     node.plugin.start()
     wait_for(node.plugin.ready, "the restarted plugin", 30)
     assert node.daemons() == [pid]
+    assert [p["metadata"]["uid"] for p in node.daemon_pods("mps")] == [pod["metadata"]["uid"]]
     node.delete(*pods)
-    assert not mps_alive(pid)
+    assert not process_alive(pid)
     assert node.leftovers() == {"cdi": [], "daemons": [], "compute modes": [], "MIG devices": []}
+
+
+UNSHARE = ("unshare", "--pid", "--fork", "--kill-child")
+
+
+def test_mps_daemon_outlives_a_plugin_killed_in_its_own_pid_namespace(node: SharedNode) -> None:
+    """Q20: the plugin as the chart runs it, the init of its own PID namespace (a
+    container's), killed with SIGKILL: the kernel ends everything in that namespace, and
+    a daemon the plugin had started itself went with it. Its daemon pod runs on, the same
+    process with its client's connection (the stand-in's heartbeat counts on); the next
+    instance, in a new namespace, adopts it by the pod's UID and stops exactly it."""
+    node.plugin.stop()
+    node.plugin.prefix = UNSHARE
+    node.plugin.start()
+    wait_for(node.plugin.ready, "the plugin in its own PID namespace", 30)
+    pods = node.apply("mps-gpu")
+    a = node.running(pods[0])
+    node.running(pods[1])
+    pipe = Path(node.env(a)["CUDA_MPS_PIPE_DIRECTORY"])
+    (pid,) = node.daemons()
+    (pod,) = node.daemon_pods("mps")
+    beats = heartbeat(pipe)
+    node.plugin.stop(signal.SIGKILL)
+    assert process_alive(pid)
+    wait_for(lambda: heartbeat(pipe) > beats, "the daemon's heartbeat going on", 10)
+    node.plugin.start()
+    wait_for(node.plugin.ready, "the plugin in a new PID namespace", 30)
+    assert node.daemons() == [pid] and process_alive(pid)
+    assert [p["metadata"]["uid"] for p in node.daemon_pods("mps")] == [pod["metadata"]["uid"]]
+    assert "MPS control daemon of a prepared claim is not serving" not in node.plugin.log()
+    node.delete(*pods)
+    assert not process_alive(pid)
+    assert node.leftovers() == {"cdi": [], "daemons": [], "compute modes": [], "MIG devices": []}
+
+
+def heartbeat(pipe: Path) -> int:
+    """What the stand-in MPS daemon's clients see of it: a counter it raises while it runs."""
+    try:
+        return int((pipe / "heartbeat").read_text() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def test_mig_device_shared_by_two_containers(

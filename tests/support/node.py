@@ -29,6 +29,7 @@ from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import build
 from dradriver.slices.consumable import OFF, Consumable
 from fakenvml import open_backend
+from tests.support.local_daemons import LocalDaemons
 
 DRIVER, NODE = "gpu.dradriver.io", "node-a"
 
@@ -80,7 +81,8 @@ def fake_preparer(
     names = NameBook(tmp / "device-names.json")
     names.learn(inv.gpus)
 
-    sharing = SharingSteps(nvml.module, nvml.host, tmp / "mps")
+    daemons = LocalDaemons(tmp)
+    sharing = SharingSteps(nvml.module, nvml.host, daemons, tmp / "mps")
     executor = Executor(
         driver=DRIVER,
         cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
@@ -93,7 +95,7 @@ def fake_preparer(
         mig=MigPreparer(MigCarver(nvml.module), ledger, switching),
         sharing=sharing,
         shares=ShareSteps(
-            nvml.module, nvml.host, tmp / "mps", sharing.ledger, lambda: mps_protocol
+            nvml.module, nvml.host, daemons, tmp / "mps", sharing.ledger, lambda: mps_protocol
         ),
     )
     if cgroup_root is not None:

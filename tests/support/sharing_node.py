@@ -12,6 +12,7 @@ from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from fakenvml import FakeNvml
 from fakenvml.host import FakeHost
 from tests.support.gpu_names import names_of, real
+from tests.support.local_daemons import LocalDaemons
 from tests.support.node import DRIVER, NODE, fake_preparer
 
 V = "gpu.dradriver.io/v1alpha1"
@@ -30,6 +31,8 @@ class Node:
         assert isinstance(nvml.host, FakeHost)
         # What nvidia-smi would have been asked to set (the fake host records it).
         self.sharing = nvml.host
+        # The daemons' "pods", as the preparer's own view of them (state in `tmp`).
+        self.local = LocalDaemons(tmp)
 
     def claim(
         self, name: str, device: str, sharing: dict[str, Any] | None, kind: str = "GpuConfig"
@@ -83,5 +86,6 @@ class Node:
     def mode(self, i: int) -> int:
         return int(self.fake.machine.gpus[i].compute_mode)
 
-    def daemons(self) -> list[int]:
-        return [int(p.read_text()) for p in (self.tmp / "mps").glob("*/pipe/control")]
+    def daemons(self) -> list[str]:
+        """The MPS daemons running, by pod name."""
+        return self.local.names()

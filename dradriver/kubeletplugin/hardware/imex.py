@@ -9,8 +9,10 @@ it. So the daemon starts once every node of the domain is known (the controller 
 them in the domain's status as their claims are allocated), never with half a list;
 until then prepare fails with what it waits for, and the kubelet retries.
 
-Each step is recorded before it is taken (the intent: the config directory; then the
-daemon's PID), so a crash leaves nothing the startup reconcile cannot stop.
+The daemon runs in a pod of its own (kubeletplugin/daemons/), in the node's network, so
+it outlives the plugin's container. Each step is recorded before it is taken (the intent:
+the config directory and the claim file in it; then the pod, by name and UID), so a
+crash leaves nothing the startup reconcile cannot stop.
 """
 
 from __future__ import annotations
@@ -18,23 +20,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dradriver.api import computedomain as cd
-from dradriver.errors import ImexError
+from dradriver.errors import DaemonError, ImexError
+from dradriver.kubeletplugin.daemons import Daemons
+from dradriver.kubeletplugin.daemons.spec import (
+    CLAIM,
+    DOMAIN,
+    DaemonRef,
+    DaemonSpec,
+    imex_name,
+)
 from dradriver.kubeletplugin.state.records import ClaimRecord, ImexDaemon
 from dradriver.logs import get_logger
-from dradriver.nvml.host import GpuHost, mps_alive
+from dradriver.nvml.host import GpuHost
 
 log = get_logger("kubeletplugin.imex")
 
 DEFAULT_PORT = 50000  # the IMEX guide's SERVER_PORT default
 DEFAULT_CMD_PORT = 50005
-READY_TIMEOUT = 10.0
+# The daemon's pod started and READY: the image is the plugin's own, already on the node.
+READY_TIMEOUT = 20.0
 # The reason of the one ImexError that is a wait, not a failure: the domain's other
 # nodes have not joined yet (imex_binding/ reports it as a False condition, not a failure).
 WAITING = "imex_waiting"
@@ -43,13 +53,6 @@ KUBELET_RETRIES = "the kubelet retries"
 SCHEDULER_WAITS = "the scheduler holds the pod until then"
 SCHEDULER_RETRIES = "the scheduler places the pod again"
 Obj = dict[str, Any]
-
-
-def _pid_in(cfg_dir: Path) -> int | None:
-    try:
-        return int((cfg_dir / "daemon.pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def config_text(d: ImexDaemon, nodes_file: Path, port: int, *, cmd_port: int) -> str:
@@ -111,6 +114,7 @@ def _saving(rec: ClaimRecord, i: int, save: Callable[[ClaimRecord], None]) -> Re
 @dataclass
 class ImexSteps:
     host: GpuHost
+    daemons: Daemons  # where the IMEX daemons run (their pods)
     node: str
     state_dir: Path
     # GET of the claim's ComputeDomain (namespace, name); raises ImexError.
@@ -190,26 +194,21 @@ class ImexSteps:
         config = cfg_dir / "config.cfg"
         nodes = cfg_dir / "nodes_config.cfg"
         text = config_text(im, nodes, self.port, cmd_port=self.cmd_port)
-        running = _pid_in(cfg_dir)
-        if running is not None and self._same(cfg_dir, uid, im, text=text) and mps_alive(running):
-            # Started before the pod was bound, for this claim, with these peers.
-            im = dataclasses.replace(im, config_dir=str(cfg_dir), pid=running)
-            record(im)
-            log.info(
-                "IMEX daemon adopted", claim=ref, claim_uid=uid, channel=im.channel, pid=running
-            )
-            self._wait_ready(im, config, where, then=then)
-            return im
-        if running is not None:
-            self.host.stop_imex(running)  # an older start's, with another peer list
-        im = dataclasses.replace(im, config_dir=str(cfg_dir))
-        record(im)  # the intent: a crash from here leaves a directory to clean
-        cfg_dir.mkdir(parents=True, exist_ok=True)
-        # Whose daemon this is, should the checkpoint be lost (forgotten() finds it).
-        (cfg_dir / "claim").write_text(f"{uid}\n")
-        nodes.write_text("".join(f"{p}\n" for p in im.peers))
-        config.write_text(text)
-        im = self._start(uid, ref, im, config=config, record=record, said="IMEX daemon started")
+        said = "IMEX daemon adopted"  # started before the pod was bound, for this claim
+        if not self._same(cfg_dir, uid, im, text=text):
+            # The daemon reads its config once: one of an older start, with another
+            # peer list, goes before the new config is written.
+            self._stop(DaemonRef(imex_name(im.domain_uid, self.node)))
+            im = dataclasses.replace(im, config_dir=str(cfg_dir), daemon=None)
+            record(im)  # the intent: a crash from here leaves a directory to clean
+            cfg_dir.mkdir(parents=True, exist_ok=True)
+            # Whose daemon this is, should the checkpoint be lost (forgotten() finds it).
+            (cfg_dir / "claim").write_text(f"{uid}\n")
+            nodes.write_text("".join(f"{p}\n" for p in im.peers))
+            config.write_text(text)
+            said = "IMEX daemon started"
+        im = self._start(uid, ref, dataclasses.replace(im, config_dir=str(cfg_dir)), said=said)
+        record(im)
         self._wait_ready(im, config, where, then=then)
         return im
 
@@ -224,19 +223,23 @@ class ImexSteps:
         except OSError:
             return False
 
-    def _start(
-        self,
-        uid: str,
-        ref: str,
-        im: ImexDaemon,
-        *,
-        config: Path,
-        record: Record,
-        said: str,
-    ) -> ImexDaemon:
-        im = dataclasses.replace(im, pid=self.host.start_imex(config, config.parent / "imex.log"))
-        (config.parent / "daemon.pid").write_text(f"{im.pid}\n")
-        record(im)
+    def _start(self, uid: str, ref: str, im: ImexDaemon, *, said: str) -> ImexDaemon:
+        """The daemon's pod, made, or found running (and then adopted)."""
+        assert im.config_dir is not None
+        config = Path(im.config_dir) / "config.cfg"
+        spec = DaemonSpec(
+            name=imex_name(im.domain_uid, self.node),
+            role="imex",
+            serves=((CLAIM, uid), (DOMAIN, im.domain_uid)),
+            command=self.host.imex_daemon(config),
+            dirs=(im.config_dir,),
+            host_network=True,
+        )
+        try:
+            pod = self.daemons.start(spec)
+        except DaemonError as exc:
+            raise ImexError(f"IMEX daemon: {exc}", reason=exc.reason) from exc
+        im = dataclasses.replace(im, daemon=pod)
         log.info(
             said,
             claim=ref,
@@ -245,72 +248,65 @@ class ImexSteps:
             channel=im.channel,
             address=im.address,
             peers=",".join(im.peers),
-            pid=im.pid,
+            pod=pod.name,
+            pod_uid=pod.uid,
         )
         return im
 
     def _wait_ready(self, im: ImexDaemon, config: Path, where: str, *, then: str) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        said = ""
-        while time.monotonic() < deadline:
-            if im.pid is not None and not mps_alive(im.pid):
-                raise ImexError(
-                    f"{where}: this node's IMEX daemon exited at start; see "
-                    f"{Path(config).parent / 'imex.log'}",
-                    reason="imex_exited",
-                )
-            ready, said = self.host.imex_ready(config)
-            if ready:
-                return
-            time.sleep(0.1)
-        raise ImexError(
-            f"{where}: this node's IMEX daemon did not answer READY within "
-            f"{self.ready_timeout:.0f} s (nvidia-imex-ctl -q: {said or 'no answer'}); it is "
-            f"stopped and {then}; see {Path(config).parent / 'imex.log'}",
-            reason="imex_not_ready",
-        )
+        assert im.daemon is not None
+        said = ["no answer"]
+
+        def ready() -> bool:
+            ok, said[0] = self.host.imex_ready(config)
+            return ok
+
+        try:
+            self.daemons.wait(im.daemon, ready, timeout=self.ready_timeout)
+        except DaemonError as exc:
+            raise ImexError(
+                f"{where}: this node's IMEX daemon did not answer READY (nvidia-imex-ctl -q: "
+                f"{said[0] or 'no answer'}): {exc}; it is stopped and {then}",
+                reason="imex_not_ready",
+            ) from exc
+
+    def _stop(self, pod: DaemonRef) -> None:
+        try:
+            self.daemons.stop(pod)
+        except DaemonError as exc:
+            raise ImexError(f"IMEX daemon: {exc}", reason=exc.reason) from exc
 
     def ensure(self, rec: ClaimRecord, save: Callable[[ClaimRecord], None]) -> ClaimRecord:
-        """A prepared claim whose daemon is gone (the node rebooted; someone killed it):
-        started again from its config, at startup and on the kubelet's repeated
-        prepare. Not waited for: IMEX is ready at once after starting (the guide), and
-        this may run under the node lock. The record after."""
+        """A prepared claim whose daemon's pod is gone (deleted by hand; the Node was
+        deleted and made again): started again from its config, at startup and on the
+        kubelet's repeated prepare. Not waited for: IMEX is ready at once after starting
+        (the guide), and this may run under the node lock. The record after."""
         for i, d in enumerate(rec.devices):
             im = d.imex
-            if im is None or im.config_dir is None or (im.pid is not None and mps_alive(im.pid)):
+            if im is None or im.config_dir is None:
                 continue
-            config = Path(im.config_dir) / "config.cfg"
-            if not config.exists():
+            if im.daemon is not None and self.daemons.serving(im.daemon):
+                continue
+            if not (Path(im.config_dir) / "config.cfg").exists():
                 continue  # interrupted before its config: the startup reconcile undoes it
-            started = self._start(
-                rec.uid,
-                rec.ref,
-                im,
-                config=config,
-                record=_saving(rec, i, save),
-                said="IMEX daemon started again",
-            )
+            started = self._start(rec.uid, rec.ref, im, said="IMEX daemon started again")
             rec = _with_imex(rec, i, started)
+            save(rec)
         return rec
 
     def undo(self, rec: ClaimRecord) -> None:
-        """Stops the claim's daemons and removes their files (idempotent). The PID file
-        beside the config finds a daemon whose PID a crash kept out of the record. The
-        record's PID counts only while its config directory is there: once that is gone
-        the daemon was stopped, and the number may be another process's by now."""
+        """Stops the claim's daemons and removes their files (idempotent). A daemon a
+        crash kept out of the record is found by its name (one per domain and node)."""
         for d in rec.devices:
             im = d.imex
-            if im is None or im.config_dir is None or not Path(im.config_dir).exists():
+            if im is None or im.config_dir is None:
                 continue
-            pids = {im.pid} if im.pid is not None else set()
-            with contextlib.suppress(OSError, ValueError):
-                pids.add(int((Path(im.config_dir) / "daemon.pid").read_text().strip()))
-            for pid in pids:
-                self.host.stop_imex(pid)
-                log.info("IMEX daemon stopped", claim=rec.ref, claim_uid=rec.uid, pid=pid)
+            pod = im.daemon or DaemonRef(imex_name(im.domain_uid, self.node))
+            self._stop(pod)
+            log.info("IMEX daemon stopped", claim=rec.ref, claim_uid=rec.uid, pod=pod.name)
             shutil.rmtree(im.config_dir, ignore_errors=True)
 
-    def daemons(self) -> dict[str, Path]:
+    def configs(self) -> dict[str, Path]:
         """claim uid -> the config directory of its daemon, for every one on disk."""
         out = {}
         for claim in sorted((self.state_dir / "imex").glob("*/claim")):
@@ -329,12 +325,20 @@ class ImexSteps:
         return out
 
     def undo_forgotten(self, uid: str) -> None:
-        """Stops and removes the daemons of a claim the checkpoint does not know."""
+        """Stops and removes the daemons of a claim the checkpoint does not know: its pods
+        by their claim label, its config directories by their claim file."""
+        try:
+            pods = [p for p, _ in self.daemons.find("imex", **{CLAIM: uid})]
+        except DaemonError as exc:
+            raise ImexError(f"IMEX daemons: {exc}", reason=exc.reason) from exc
         for cfg_dir in self.forgotten(uid):
-            with contextlib.suppress(OSError, ValueError):
-                pid = int((cfg_dir / "daemon.pid").read_text().strip())
-                self.host.stop_imex(pid)
-                log.info(
-                    "IMEX daemon of a claim the checkpoint had lost stopped", claim_uid=uid, pid=pid
-                )
+            pods.append(DaemonRef(imex_name(cfg_dir.name, self.node)))
+        for pod in dict.fromkeys(pods):
+            self._stop(pod)
+            log.info(
+                "IMEX daemon of a claim the checkpoint had lost stopped",
+                claim_uid=uid,
+                pod=pod.name,
+            )
+        for cfg_dir in self.forgotten(uid):
             shutil.rmtree(cfg_dir, ignore_errors=True)

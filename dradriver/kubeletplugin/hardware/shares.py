@@ -1,7 +1,8 @@
 """Shares of a device (consumable capacity) held to their limits: the shares of one device
-run under one MPS control daemon for that device, started by the first share's prepare
-and stopped by the last one's unprepare (the sharing ledger's `shareDaemons` counts them,
-so a lost checkpoint still stops it).
+run under one MPS control daemon for that device (a pod of its own, named after the
+device: kubeletplugin/daemons/), started by the first share's prepare and stopped by the
+last one's unprepare (the sharing ledger's `shareDaemons` counts them, so a lost
+checkpoint still stops it).
 
 Where the driver has MPS v3 (r615+) the limits are set on the server side: the daemon runs
 with `-p 3`, one server for the device (`--allowed-devices` = the device alone) and one
@@ -24,13 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from dradriver.errors import SharingError
-from dradriver.kubeletplugin.hardware.sharing import MPS_SHM_SIZE
+from dradriver.errors import DaemonError, SharingError
+from dradriver.kubeletplugin.daemons import Daemons
+from dradriver.kubeletplugin.daemons.spec import DEVICE, DaemonRef, DaemonSpec, shares_name
+from dradriver.kubeletplugin.hardware.sharing import DAEMON_START_TIMEOUT, MPS_SHM_SIZE
 from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice, Share
 from dradriver.kubeletplugin.state.sharing_ledger import SharedDaemon, SharingLedger
 from dradriver.logs import get_logger
 from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
-from dradriver.nvml.host import GpuHost, mps_alive
+from dradriver.nvml.host import GpuHost
 
 log = get_logger("kubeletplugin.shares")
 Save = Callable[[ClaimRecord], None]  # makes a record durable
@@ -64,10 +67,12 @@ def _share(d: PreparedDevice) -> Share:
 class ShareSteps:
     nvml: ModuleType
     host: GpuHost
+    daemons: Daemons  # where the devices' MPS daemons run (their pods)
     mps_root: Path
     ledger: SharingLedger
     protocol: Callable[[], int] = lambda: 2
     shm_size: int = MPS_SHM_SIZE  # bytes: the device daemon's /dev/shm (a tmpfs)
+    start_timeout: float = DAEMON_START_TIMEOUT
 
     def _dirs(self, device: str) -> tuple[Path, Path, Path]:
         base = self.mps_root / ("shared-" + "".join(c if c.isalnum() else "-" for c in device))
@@ -82,11 +87,11 @@ class ShareSteps:
         pipe, logs, shm = self._dirs(device)
         known = self.ledger.load().shared.get(device)
         if known is None:
-            known = self.ledger.shared_daemon(device, 0, str(pipe), gpu="", mode_before=None)
+            known = self.ledger.shared_daemon(device, str(pipe), gpu="", mode_before=None)
         # A member before the daemon starts and before its namespace is made: a crash
         # anywhere after leaves an entry whose undo (the last member out) stops it.
         self.ledger.member(device, share.share_id, rec.uid)
-        if not mps_alive(known.pid):
+        if not self.daemons.serving(DaemonRef(shares_name(device))):
             self._start(d, pipe, logs, shm=shm)
         client, server_side = pipe, False
         if (pipe / SERVER / "control").exists():
@@ -117,22 +122,43 @@ class ShareSteps:
         gpu = device if d.kind == "gpu" else ""  # a MIG device's GPU keeps its mode
         before = get_compute_mode(self.nvml, gpu) if gpu else None
         # In the ledger before anything changes; an earlier entry keeps the first mode.
-        known = self.ledger.shared_daemon(device, 0, str(pipe), gpu=gpu, mode_before=before)
+        self.ledger.shared_daemon(device, str(pipe), gpu=gpu, mode_before=before)
         if gpu:
             set_compute_mode(self.nvml, gpu, exclusive_process(self.nvml))
+        ref = DaemonRef(shares_name(device))
         if pipe.parent.exists():
-            # A daemon whose PID a crash did not let us record is found by its pipe
-            # directory and told to quit; then what it left goes: a new one starts clean.
-            self.host.stop_mps(0, pipe)
+            # A daemon that is not serving (it exited, or a reboot ended it): what it
+            # left goes first, so a new one starts clean, its namespaces made again.
+            self.daemons.stop(ref)
             self.host.drop_shm(shm)
             shutil.rmtree(pipe.parent)
         self.host.make_shm(shm, size=self.shm_size)
+        for p in (pipe, logs):
+            p.mkdir(parents=True, exist_ok=True)
         protocol = self.protocol()
-        pid = self.host.start_mps([device], pipe, logs, shm_dir=shm, protocol=protocol)
-        self.ledger.shared_daemon(device, pid, str(pipe), gpu=gpu, mode_before=known.mode_before)
+        spec = DaemonSpec(
+            name=ref.name,
+            role="mps",
+            serves=((DEVICE, _label(device)),),
+            command=self.host.mps_daemon([device], pipe, logs, shm_dir=shm, protocol=protocol),
+            dirs=(str(pipe), str(logs)),
+            shm=str(shm),
+        )
+        ref = self.daemons.start(spec)
+        try:
+            self.daemons.wait(ref, (pipe / "control").exists, timeout=self.start_timeout)
+        except DaemonError as exc:
+            raise SharingError(
+                f"MPS control daemon of {device}: {exc}; the kubelet retries", reason=exc.reason
+            ) from exc
         if protocol == 3:
             self.host.mps_command(pipe, f"server create {SERVER} --allowed-devices={device}")
-        log.info("MPS control daemon for a device's shares started", device=device, pid=pid)
+        log.info(
+            "MPS control daemon for a device's shares serving",
+            device=device,
+            pod=ref.name,
+            pod_uid=ref.uid,
+        )
 
     def _namespace(self, pipe: Path, share: Share) -> Path:
         ns = share.namespace
@@ -182,7 +208,9 @@ class ShareSteps:
         if share_id in known.members:
             pipe = Path(known.pipe_dir)
             ns = Share(share_id).namespace
-            if mps_alive(known.pid) and (pipe / SERVER / ns / "control").exists():
+            if (pipe / SERVER / ns / "control").exists() and self.daemons.serving(
+                DaemonRef(shares_name(device))
+            ):
                 self.host.mps_command(pipe, f"namespace delete {ns} --server={SERVER}")
             left = self.ledger.member(device, share_id, None)
         else:
@@ -191,14 +219,16 @@ class ShareSteps:
             self._stop(device, left)
 
     def _stop(self, device: str, known: SharedDaemon) -> None:
-        if known.pid or Path(known.pipe_dir).exists():
-            self.host.stop_mps(known.pid, Path(known.pipe_dir))
+        try:
+            self.daemons.stop(DaemonRef(shares_name(device)))
+        except DaemonError as exc:
+            raise SharingError(f"MPS control daemon of {device}: {exc}", reason=exc.reason) from exc
         if known.gpu and known.mode_before is not None:
             set_compute_mode(self.nvml, known.gpu, known.mode_before)
         self.host.drop_shm(Path(known.pipe_dir).parent / "shm")
         shutil.rmtree(Path(known.pipe_dir).parent, ignore_errors=True)
         self.ledger.shared_stopped(device)
-        log.info("MPS control daemon of a device's shares stopped", device=device, pid=known.pid)
+        log.info("MPS control daemon of a device's shares stopped", device=device)
 
     def forget(self, claim: str) -> list[str]:
         """Undoes the shares the ledger holds for `claim`, whose record is gone; errors."""
@@ -220,7 +250,7 @@ class ShareSteps:
             d = rec.devices[i]
             share = _share(d)
             known = self.ledger.load().shared.get(str(d.uuid))
-            alive = known is not None and mps_alive(known.pid)
+            alive = known is not None and self.daemons.serving(DaemonRef(shares_name(str(d.uuid))))
             if not alive or not (share.pipe_dir and Path(share.pipe_dir, "control").exists()):
                 log.warning(
                     "the MPS daemon of a prepared share is gone; setting it up again",
@@ -248,3 +278,8 @@ def share_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]]:
     if share.shm_dir:
         mounts.append((share.shm_dir, "/dev/shm"))
     return env, mounts
+
+
+def _label(device: str) -> str:
+    """A device UUID as a label value (GPU-..., MIG-...: at most 63 characters)."""
+    return device[:63]

@@ -1,8 +1,10 @@
 """The sharing steps of prepare and unprepare: a time-slice interval, or an MPS control
 daemon with limits, applied as the claim's record says (prepare/plan.py decided it) and undone
-exactly. Every change is written to the sharing ledger (state/sharing_ledger.py) before it is
-made and saved in the record right after, so a failed or interrupted prepare, a restart,
-or even a lost checkpoint leaves no daemon and no changed compute mode behind.
+exactly. Every compute-mode and interval change is written to the sharing ledger
+(state/sharing_ledger.py) before it is made and saved in the record right after; the
+daemon is a pod of its own (kubeletplugin/daemons/), labelled with its claim. So a failed
+or interrupted prepare, a restart, or even a lost checkpoint leaves no daemon and no
+changed compute mode behind.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dradriver.errors import SharingError
+from dradriver.errors import DaemonError, SharingError
+from dradriver.kubeletplugin.daemons import Daemons
+from dradriver.kubeletplugin.daemons.spec import CLAIM, DaemonRef, DaemonSpec, mps_name
 from dradriver.kubeletplugin.state.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
 from dradriver.kubeletplugin.state.sharing_ledger import SharingLedger
 from dradriver.logs import get_logger
 from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
-from dradriver.nvml.host import GpuHost, mps_alive
+from dradriver.nvml.host import GpuHost
 
 log = get_logger("kubeletplugin.sharing")
 Save = Callable[[ClaimRecord], None]  # makes a record durable
@@ -30,6 +34,9 @@ Save = Callable[[ClaimRecord], None]  # makes a record durable
 # memory there, and the application's own use (a data loader's) comes out of it too. A
 # container's default is 64 MiB; this is what `--mps-shm-size` sets otherwise.
 MPS_SHM_SIZE = 1 << 30
+# How long a prepare waits for a daemon's pod to serve: the image is the plugin's own,
+# already on the node, so a start takes seconds; past this the kubelet retries.
+DAEMON_START_TIMEOUT = 30.0
 
 
 def mps_groups(rec: ClaimRecord) -> dict[str, list[int]]:
@@ -50,16 +57,24 @@ def _with_mps(rec: ClaimRecord, i: int, **changes: Any) -> ClaimRecord:
 
 
 def daemon_key(sh: Mps) -> str:
-    """The daemon's name in the ledger: its directory under the MPS root."""
+    """<claim uid>-<group index>: the daemon's directory under the MPS root."""
     return Path(str(sh.pipe_dir)).parent.name
+
+
+def daemon_of(sh: Mps) -> DaemonRef:
+    """The daemon's pod: as recorded, or by the name its directory gives (a crash came
+    between its creation and the record)."""
+    return sh.daemon or DaemonRef("mps-" + daemon_key(sh))
 
 
 @dataclass
 class SharingSteps:
     nvml: ModuleType  # compute mode goes through NVML
     host: GpuHost  # time-slicing and the MPS daemon lie outside it
+    daemons: Daemons  # where the MPS daemons run (their pods)
     mps_root: Path  # <state dir>/mps: one directory per daemon
     shm_size: int = MPS_SHM_SIZE  # bytes: the daemon's and its clients' /dev/shm (a tmpfs)
+    start_timeout: float = DAEMON_START_TIMEOUT
     # Beside the MPS root, in the state directory: <state dir>/sharing-ledger.json (the
     # shares' daemons are recorded there too, hardware/shares.py).
     ledger: SharingLedger = field(init=False)
@@ -92,7 +107,7 @@ class SharingSteps:
         key = f"{rec.uid}-{index}"
         base = self.mps_root / key
         pipe, logs, shm = base / "pipe", base / "log", base / "shm"
-        self.host.make_shm(shm, size=self.shm_size)  # the claim's own, no other's
+        fresh = self.host.make_shm(shm, size=self.shm_size)  # the claim's own, no other's
         for i in members:
             d = rec.devices[i]
             before = None
@@ -117,28 +132,47 @@ class SharingSteps:
                 rec = _with_mps(rec, i, compute_mode_set=True)
         save(rec)
         devs = [rec.devices[i] for i in members]
-        known = self.ledger.load().daemons.get(key)
-        if known is not None and mps_alive(known.pid):
-            # Never a second daemon for one group: the one running is the group's.
-            pid = known.pid
-            log.info("MPS control daemon already running", claim_uid=rec.uid, pid=pid)
-        else:
-            # Recorded (without a PID yet) before it starts: a crash right after still
-            # leaves its pipe directory known, through which it can be told to quit.
-            self.ledger.daemon_started(key, 0, str(pipe), claim=rec.uid)
-            pid = self.host.start_mps([str(d.uuid) for d in devs], pipe, logs, shm_dir=shm)
-            self.ledger.daemon_started(key, pid, str(pipe), claim=rec.uid)
+        for d_ in (pipe, logs):
+            d_.mkdir(parents=True, exist_ok=True)
+        spec = DaemonSpec(
+            name=mps_name(rec.uid, index),
+            role="mps",
+            serves=((CLAIM, rec.uid),),
+            command=self.host.mps_daemon([str(d.uuid) for d in devs], pipe, logs, shm_dir=shm),
+            dirs=(str(pipe), str(logs)),
+            shm=str(shm),
+        )
+        if fresh:
+            # A new /dev/shm (a reboot took the old tmpfs): a daemon still running on the
+            # old one would share nothing with the clients started now.
+            self.daemons.stop(DaemonRef(spec.name))
+        # The pod is found by its name (one per group: never a second daemon for it), or
+        # made; recorded before it is waited for, so a crash leaves it known.
+        ref = self.daemons.start(spec)
         for i in members:
-            rec = _with_mps(rec, i, pid=pid, applied=True)
+            rec = _with_mps(rec, i, daemon=ref)
+        save(rec)
+        self._wait(ref, pipe)
+        for i in members:
+            rec = _with_mps(rec, i, applied=True)
         save(rec)
         log.info(
-            "MPS control daemon started",
+            "MPS control daemon serving",
             claim_uid=rec.uid,
-            pid=pid,
+            pod=ref.name,
+            pod_uid=ref.uid,
             devices=",".join(d.device for d in devs),
             pipe_dir=str(pipe),
         )
         return rec
+
+    def _wait(self, ref: DaemonRef, pipe: Path) -> None:
+        try:
+            self.daemons.wait(ref, (pipe / "control").exists, timeout=self.start_timeout)
+        except DaemonError as exc:
+            raise SharingError(
+                f"MPS control daemon: {exc}; the kubelet retries", reason=exc.reason
+            ) from exc
 
     def undo(self, rec: ClaimRecord) -> None:
         """Stops daemons, restores compute modes and intervals; idempotent. A record
@@ -164,12 +198,10 @@ class SharingSteps:
                     continue
                 key = daemon_key(sh)
                 if key not in stopped:
-                    known = ledger.daemons.get(key)
-                    pid = sh.pid or (known.pid if known else 0)
-                    if pid or known is not None:
-                        self.host.stop_mps(pid, Path(sh.pipe_dir))
-                        log.info("MPS control daemon stopped", claim_uid=rec.uid, pid=pid)
-                    self.ledger.daemon_stopped(key)
+                    self.daemons.stop(daemon_of(sh))
+                    log.info(
+                        "MPS control daemon stopped", claim_uid=rec.uid, pod=daemon_of(sh).name
+                    )
                     stopped.add(key)
                 change = ledger.compute_mode.get(str(d.uuid))
                 if change is not None or (
@@ -180,7 +212,7 @@ class SharingSteps:
                     set_compute_mode(self.nvml, str(d.uuid), before)
                     self.ledger.mode_restored(str(d.uuid))
                 self._remove_dirs(Path(sh.pipe_dir).parent)
-            except SharingError as exc:
+            except (SharingError, DaemonError) as exc:
                 errors.append(f"device {d.device}: {exc}")
         if migrated:
             try:
@@ -207,12 +239,19 @@ class SharingSteps:
         lost or moved aside). Left running: the claim's pods may still use it; the
         kubelet's unprepare of the claim undoes it (undo_forgotten_claim)."""
         e = self.ledger.load()
-        for claim in sorted(e.claims() - known_claims):
+        pods: dict[str, list[str]] = {}
+        try:
+            for ref, labels in self.daemons.find("mps"):
+                if CLAIM in labels:
+                    pods.setdefault(labels[CLAIM], []).append(ref.name)
+        except DaemonError as exc:
+            log.warning("could not list this node's MPS daemon pods", error=str(exc))
+        for claim in sorted((e.claims() | set(pods)) - known_claims):
             log.warning(
                 "sharing setup of a claim the checkpoint does not hold: kept until the "
                 "kubelet unprepares the claim",
                 claim_uid=claim,
-                daemons=",".join(str(d.pid) for d in e.daemons.values() if d.claim == claim),
+                daemons=",".join(pods.get(claim, [])),
                 compute_mode_gpus=",".join(
                     g for g, m in e.compute_mode.items() if m.claim == claim
                 ),
@@ -225,17 +264,14 @@ class SharingSteps:
         (the kubelet retries) if something could not be undone."""
         e = self.ledger.load()
         errors: list[str] = []
-        for key, daemon in e.daemons.items():
-            if daemon.claim != claim:
-                continue
-            try:
-                self.host.stop_mps(daemon.pid, Path(daemon.pipe_dir))
-            except SharingError as exc:
-                errors.append(f"MPS daemon {daemon.pid}: {exc}")
-                continue
-            self._remove_dirs(Path(daemon.pipe_dir).parent)
-            self.ledger.daemon_stopped(key)
-            log.info("MPS daemon of a forgotten claim stopped", claim_uid=claim, pid=daemon.pid)
+        try:
+            for ref, _ in self.daemons.find("mps", **{CLAIM: claim}):
+                self.daemons.stop(ref)
+                log.info("MPS daemon of a forgotten claim stopped", claim_uid=claim, pod=ref.name)
+            for base in sorted(self.mps_root.glob(f"{claim}-*")):
+                self._remove_dirs(base)
+        except DaemonError as exc:
+            errors.append(f"MPS daemons: {exc}")
         for gpu, change in e.compute_mode.items():
             if change.claim != claim:
                 continue
@@ -262,12 +298,12 @@ class SharingSteps:
         """Startup: a completed claim's MPS daemon must be running (a reboot ends it).
         The record after."""
         for group, members in mps_groups(rec).items():
-            pid = _mps(rec.devices[members[0]]).pid or 0
-            if not mps_alive(pid):
+            sh = _mps(rec.devices[members[0]])
+            if sh.pipe_dir is None or not self.daemons.serving(daemon_of(sh)):
                 log.warning(
-                    "MPS control daemon of a prepared claim is gone; starting it again",
+                    "MPS control daemon of a prepared claim is not serving; starting it again",
                     claim_uid=rec.uid,
-                    old_pid=pid,
+                    pod=daemon_of(sh).name if sh.pipe_dir else "",
                 )
                 rec = self._start_mps(rec, group, members, save=save)
         return rec

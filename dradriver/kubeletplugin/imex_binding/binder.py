@@ -95,11 +95,11 @@ class Binder:
         return busy
 
     def _sweep(self, claims: list[plan.Obj]) -> None:
-        if not self.steps.daemons():
+        if not self.steps.configs():
             return
         with self.lock:
             keep = self.prepared() | plan.allocated_here(claims, self.driver, self.node)
-            for uid in plan.to_sweep(self.steps.daemons(), keep):
+            for uid in plan.to_sweep(self.steps.configs(), keep):
                 log.info(
                     "stopping the IMEX daemon of a claim no longer allocated here", claim_uid=uid
                 )
@@ -151,7 +151,6 @@ class Binder:
             claim=str(ref),
             claim_uid=ref.uid,
             domain=domain,
-            pid=im.pid,
         )
         self._write(
             ref,

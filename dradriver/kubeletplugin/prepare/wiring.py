@@ -19,13 +19,19 @@ DEFAULT_HOOK = "/usr/bin/nvidia-cdi-hook"
 log = get_logger("kubeletplugin.wiring")
 
 if TYPE_CHECKING:
+    from dradriver.kubeletplugin.daemons import Daemons
     from dradriver.kubeletplugin.hardware.imex import ImexSteps
     from dradriver.kubeletplugin.options import PluginOptions
     from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
 
 
 def imex_steps(
-    opts: PluginOptions, kube: Kube, host: GpuHost, *, clique: Callable[[], str | None]
+    opts: PluginOptions,
+    kube: Kube,
+    host: GpuHost,
+    *,
+    daemons: Daemons,
+    clique: Callable[[], str | None],
 ) -> ImexSteps | None:
     """ComputeDomains' channels and IMEX daemons, where channels are published."""
     if not opts.imex_channels:
@@ -52,6 +58,7 @@ def imex_steps(
 
     return ImexSteps(
         host,
+        daemons,
         opts.node_name,
         opts.state_dir,
         domain_of,

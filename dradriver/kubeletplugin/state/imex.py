@@ -1,6 +1,6 @@
 """An IMEX channel's record: which ComputeDomain it serves, and the node's IMEX daemon
-started for it (hardware/imex.py), as the checkpoint keeps it under a prepared device's
-"imex". A channel device is allocated once per node, so one claim a node holds a
+started for it (hardware/imex.py: a pod of its own), as the checkpoint keeps it under a
+prepared device's "imex". A channel device is allocated once per node, so one claim a node holds a
 domain's channel, and the daemon is that claim's: started at its prepare, stopped at
 its unprepare."""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dradriver.kubeletplugin.state.daemon import DaemonRef
 from dradriver.kubeletplugin.state.decode import CheckpointCorrupt, get, obj, optional
 
 
@@ -23,7 +24,7 @@ class ImexDaemon:
     address: str = ""
     peers: tuple[str, ...] = ()
     config_dir: str | None = None  # recorded before the daemon starts
-    pid: int | None = None
+    daemon: DaemonRef | None = None  # its pod (kubeletplugin/daemons/)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -38,8 +39,8 @@ class ImexDaemon:
             out["peers"] = list(self.peers)
         if self.config_dir is not None:
             out["configDir"] = self.config_dir
-        if self.pid is not None:
-            out["pid"] = self.pid
+        if self.daemon is not None:
+            out["daemon"] = self.daemon.to_json()
         return out
 
     @classmethod
@@ -56,5 +57,5 @@ class ImexDaemon:
             optional(d, "address", str, default="", where=where),
             tuple(peers),
             optional(d, "configDir", str, default=None, where=where),
-            optional(d, "pid", int, default=None, where=where),
+            DaemonRef.from_json(d["daemon"], f"{where}.daemon") if d.get("daemon") else None,
         )

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from dradriver.kubeletplugin.state.daemon import DaemonRef
 from dradriver.kubeletplugin.state.decode import CheckpointCorrupt, get, obj, optional
 
 
@@ -55,15 +56,16 @@ class MpsLimits:
 
 @dataclass(frozen=True)
 class Mps:
-    """An MPS control daemon shared by the claim's devices of one limits group. Every
-    change is recorded before it is made, so the undo knows what to restore."""
+    """An MPS control daemon shared by the claim's devices of one limits group (its pod:
+    kubeletplugin/daemons/). Every change is recorded before it is made, so the undo
+    knows what to restore."""
 
     limits: MpsLimits
     applied: bool = False
     pipe_dir: str | None = None
     log_dir: str | None = None
     shm_dir: str | None = None  # the daemon's and its clients' /dev/shm
-    pid: int | None = None
+    daemon: DaemonRef | None = None
     compute_mode_before: int | None = None
     compute_mode_set: bool = False
 
@@ -82,11 +84,12 @@ class Mps:
             ("pipeDir", self.pipe_dir),
             ("logDir", self.log_dir),
             ("shmDir", self.shm_dir),
-            ("pid", self.pid),
             ("computeModeBefore", self.compute_mode_before),
         ):
             if value is not None:
                 out[key] = value
+        if self.daemon is not None:
+            out["daemon"] = self.daemon.to_json()
         if self.compute_mode_set:
             out["computeModeSet"] = True
         return out
@@ -112,7 +115,9 @@ def sharing_from_json(value: Any, where: str) -> Sharing:
             pipe_dir=optional(s, "pipeDir", str, default=None, where=where),
             log_dir=optional(s, "logDir", str, default=None, where=where),
             shm_dir=optional(s, "shmDir", str, default=None, where=where),
-            pid=optional(s, "pid", int, default=None, where=where),
+            daemon=(
+                DaemonRef.from_json(s["daemon"], f"{where}.daemon") if s.get("daemon") else None
+            ),
             compute_mode_before=optional(s, "computeModeBefore", int, default=None, where=where),
             compute_mode_set=optional(s, "computeModeSet", bool, default=False, where=where),
         )

@@ -3,18 +3,18 @@
 A claim's record says what its prepare did, but a record can be lost (a corrupt
 checkpoint moved aside) or rewritten (a restart re-applying a setup), and a lost "mode
 before" leaves a GPU in EXCLUSIVE_PROCESS for good. So every sharing change is written
-here first, per GPU and per daemon, and only ever removed once undone:
+here first, per GPU, and only ever removed once undone (the MPS daemons themselves are
+pods, kubeletplugin/daemons/: the API is their record, found by their claim's label):
 
 - computeMode: GPU -> the compute mode it had before this driver first changed it, and
   the claim it was changed for. Written once: setting the mode again for the same claim
   (a daemon restarted after a reboot) never overwrites what the GPU had before;
 - timeSlice: GPU -> the claim whose interval is set (undone by setting Default);
-- mpsDaemons: daemon key -> PID and pipe directory, so a second daemon is never started
-  for the same group and a daemon whose claim is forgotten is still stopped;
-- shareDaemons: device UUID -> the one MPS daemon the device's shares (consumable
-  capacity) run under, the compute mode the GPU had before it, and its members (share ID
-  -> claim): a member is added before its namespace is made and removed after it is
-  gone, so the last one out stops the daemon, also for a claim the checkpoint lost.
+- shareDaemons: device UUID -> the pipe directory of the one MPS daemon the device's
+  shares (consumable capacity) run under, the compute mode the GPU had before it, and
+  its members (share ID -> claim): a member is added before its namespace is made and
+  removed after it is gone, so the last one out stops the daemon, also for a claim the
+  checkpoint lost.
 
 Startup undoes every entry whose claim the checkpoint no longer holds. Loading never
 raises: an unreadable ledger is moved aside and reported, like the checkpoint. Each
@@ -48,15 +48,7 @@ class ModeChange:
 
 
 @dataclass(frozen=True)
-class Daemon:
-    pid: int
-    pipe_dir: str
-    claim: str
-
-
-@dataclass(frozen=True)
 class SharedDaemon:
-    pid: int  # 0 while it starts
     pipe_dir: str
     gpu: str  # the GPU whose compute mode it changed; "" for a MIG device
     mode_before: int | None  # that GPU's mode before; None when unchanged
@@ -67,14 +59,12 @@ class SharedDaemon:
 class Entries:
     compute_mode: dict[str, ModeChange] = field(default_factory=dict)
     time_slice: dict[str, str] = field(default_factory=dict)  # GPU -> claim
-    daemons: dict[str, Daemon] = field(default_factory=dict)
     shared: dict[str, SharedDaemon] = field(default_factory=dict)  # device UUID -> daemon
 
     def claims(self) -> set[str]:
         return (
             {m.claim for m in self.compute_mode.values()}
             | set(self.time_slice.values())
-            | {d.claim for d in self.daemons.values()}
             | {c for d in self.shared.values() for c in d.members.values()}
         )
 
@@ -124,13 +114,8 @@ class SharingLedger:
                 g: {"before": m.before, "claim": m.claim} for g, m in sorted(e.compute_mode.items())
             },
             "timeSlice": {g: {"claim": c} for g, c in sorted(e.time_slice.items())},
-            "mpsDaemons": {
-                k: {"pid": d.pid, "pipeDir": d.pipe_dir, "claim": d.claim}
-                for k, d in sorted(e.daemons.items())
-            },
             "shareDaemons": {
                 k: {
-                    "pid": d.pid,
                     "pipeDir": d.pipe_dir,
                     "gpu": d.gpu,
                     "modeBefore": d.mode_before,
@@ -169,27 +154,17 @@ class SharingLedger:
     def slice_restored(self, gpu: str) -> None:
         self._update(lambda e: e.time_slice.pop(gpu, None) is not None)
 
-    def daemon_started(self, key: str, pid: int, pipe_dir: str, *, claim: str) -> None:
-        def change(e: Entries) -> bool:
-            e.daemons[key] = Daemon(pid, pipe_dir, claim)
-            return True
-
-        self._update(change)
-
-    def daemon_stopped(self, key: str) -> None:
-        self._update(lambda e: e.daemons.pop(key, None) is not None)
-
     def shared_daemon(
-        self, device: str, pid: int, pipe_dir: str, *, gpu: str, mode_before: int | None
+        self, device: str, pipe_dir: str, *, gpu: str, mode_before: int | None
     ) -> SharedDaemon:
-        """Records the device's shared daemon (before it starts: pid 0; then its PID),
-        keeping its members and the first mode recorded for its GPU."""
+        """Records the device's shared daemon before it starts, keeping its members and
+        the first mode recorded for its GPU."""
 
         def change(e: Entries) -> bool:
             old = e.shared.get(device)
             before = old.mode_before if old is not None and old.gpu == gpu else mode_before
             members = dict(old.members) if old is not None else {}
-            e.shared[device] = SharedDaemon(pid, pipe_dir, gpu, before, members)
+            e.shared[device] = SharedDaemon(pipe_dir, gpu, before, members)
             return True
 
         return self._update(change).shared[device]
@@ -209,7 +184,7 @@ class SharingLedger:
                 return False
             else:
                 members[share] = claim
-            e.shared[device] = SharedDaemon(d.pid, d.pipe_dir, d.gpu, d.mode_before, members)
+            e.shared[device] = SharedDaemon(d.pipe_dir, d.gpu, d.mode_before, members)
             return True
 
         return self._update(change).shared.get(device)
@@ -231,12 +206,9 @@ def _decode(doc: Any) -> Entries:
         e.compute_mode[str(g)] = ModeChange(int(m["before"]), str(m["claim"]))
     for g, t in dict(doc.get("timeSlice") or {}).items():
         e.time_slice[str(g)] = str(t["claim"])
-    for k, d in dict(doc.get("mpsDaemons") or {}).items():
-        e.daemons[str(k)] = Daemon(int(d["pid"]), str(d["pipeDir"]), str(d["claim"]))
     for k, d in dict(doc.get("shareDaemons") or {}).items():
         before = d.get("modeBefore")
         e.shared[str(k)] = SharedDaemon(
-            int(d["pid"]),
             str(d["pipeDir"]),
             str(d.get("gpu") or ""),
             None if before is None else int(before),

@@ -246,8 +246,9 @@ def _held(conditions: list[dict[str, Any]]) -> dict[str, Any]:
 
 FAILED = (
     "IMEX layer: ComputeDomain default/train: this node's IMEX daemon did not answer READY "
-    "within 10 s (nvidia-imex-ctl -q: UNAVAILABLE); it is stopped and the scheduler places "
-    "the pod again; see /var/lib/dradriver/imex/u/imex.log"
+    "(nvidia-imex-ctl -q: UNAVAILABLE): daemon pod dradriver/imex-u-1 on node n1 is not "
+    "serving (running) after 20 s: `kubectl -n dradriver logs imex-u-1` and `describe pod "
+    "imex-u-1` say why; it is stopped and the scheduler places the pod again"
 )
 
 
@@ -278,7 +279,7 @@ def test_a_pod_held_at_binding_is_told_what_its_node_waits_for() -> None:
     assert r.finding is not None
     text = r.finding.line()
     assert "n1's plugin is starting it" in text and "an earlier try failed" in text
-    assert "nvidia-imex-ctl -N" in text and text.count("imex.log") == 1
+    assert "nvidia-imex-ctl -N" in text and text.count("kubectl -n dradriver logs imex-u-1") == 1
     # Failed: the node gave up; the same when the scheduler has deallocated the claim.
     c = _held([{"type": "IMEXDaemonFailed", "status": "True", "message": FAILED}])
     r = explain("x", [ClaimRef("default/c", c)], world, pod=pod("p", "c"), events=[])

@@ -9,16 +9,20 @@ from pathlib import Path
 from tests.support.pyimports import module_imports
 
 PLUGIN = Path(__file__).resolve().parents[3] / "dradriver" / "kubeletplugin"
-PACKAGES = ("grpc_edge", "prepare", "state", "hardware", "device_view", "endpoints", "imex_binding")
+PACKAGES = (
+    "grpc_edge", "prepare", "state", "daemons", "hardware", "device_view", "endpoints",
+    "imex_binding",
+)  # fmt: skip
 # What each package may import of the plugin's other packages.
 ALLOWED = {
     "grpc_edge": set(),
     "state": set(),
-    "hardware": {"state"},
+    "daemons": {"state"},
+    "hardware": {"state", "daemons"},
     "device_view": set(),
     "endpoints": set(),
-    "prepare": {"state", "hardware", "endpoints"},
-    "imex_binding": {"prepare", "state", "hardware"},
+    "prepare": {"state", "hardware", "endpoints", "daemons"},
+    "imex_binding": {"prepare", "state", "hardware", "daemons"},
 }
 # Off the registration path: the gRPC edge binds the sockets before any of these loads.
 HEAVY = ("dradriver.k8s", "dradriver.nvml", "dradriver.slices", "kubernetes", "pynvml", "fakenvml")

@@ -1,7 +1,5 @@
-"""RealHost's MPS daemon handling, with a stand-in `nvidia-cuda-mps-control` on PATH
-that behaves as the real one does with `-d` (fork; the parent exits at once) and `-f`
-(stay in the foreground): the PID the driver records must be the daemon's own, and
-`quit` through the pipe directory must end it."""
+"""RealHost's MPS daemon: the command its pod runs (the driver's own control daemon, in
+the foreground, in the driver root) and the tmpfs its /dev/shm is."""
 
 from __future__ import annotations
 
@@ -11,47 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from dradriver.nvml.host import RealHost, mps_alive
-
-STAND_IN = """#!/bin/sh
-# -d: daemonize (fork, parent exits); -f: foreground; no argument: read commands.
-case "$1" in
-  -d) (sh "$0" -f &) ; exit 0 ;;
-  -f) echo $$ > "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid"
-      : > "$CUDA_MPS_PIPE_DIRECTORY/control"
-      [ -e /dev/shm/.bound ] && echo bound > "$CUDA_MPS_PIPE_DIRECTORY/shm-seen"
-      exec sleep 300 ;;
-  *) read cmd; [ "$cmd" = quit ] && kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/daemon.pid")" ;;
-esac
-"""
+from dradriver.nvml.host import RealHost
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="unshare --mount needs root")
-def test_the_recorded_pid_is_the_daemons_and_quit_ends_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tool = bin_dir / "nvidia-cuda-mps-control"
-    tool.write_text(STAND_IN)
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    (shm / ".bound").write_text("")
-    pipe, logs = tmp_path / "pipe", tmp_path / "log"
-    host = RealHost()
-    pid = host.start_mps(["GPU-x"], pipe, logs, shm_dir=shm)
-    try:
-        assert int((pipe / "daemon.pid").read_text()) == pid  # the daemon, not a parent
-        assert mps_alive(pid)
-        # The daemon saw the claim's directory as its /dev/shm.
-        assert (pipe / "shm-seen").read_text().strip() == "bound"
-        host.stop_mps(pid, pipe)
-        assert not mps_alive(pid)
-    finally:
-        if mps_alive(pid):
-            os.kill(pid, 9)
+def test_the_daemon_runs_the_drivers_control_daemon_in_the_foreground(tmp_path: Path) -> None:
+    pipe, logs, shm = tmp_path / "pipe", tmp_path / "log", tmp_path / "shm"
+    cmd = RealHost().mps_daemon(["GPU-a", "GPU-b"], pipe, logs, shm_dir=shm)
+    # -f: a container's process must stay (-d forks, and the container would end).
+    assert cmd.argv == ("nvidia-cuda-mps-control", "-f")
+    assert dict(cmd.env) == {
+        "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+        "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+        "CUDA_MPS_LOG_DIRECTORY": str(logs),
+    }
+    assert cmd.in_driver_root and cmd.privileged
+    # NVIDIA's documentation stops the daemon with `quit` through its pipe directory.
+    assert cmd.pre_stop == ("sh", "-c", "echo quit | nvidia-cuda-mps-control")
+    v3 = RealHost().mps_daemon(["GPU-a"], pipe, logs, shm_dir=shm, protocol=3)
+    assert v3.argv == ("nvidia-cuda-mps-control", "-f", "-p", "3")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")

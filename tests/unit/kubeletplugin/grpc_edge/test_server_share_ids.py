@@ -21,8 +21,8 @@ from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 from dradriver.slices.consumable import parse_mode
-from fakenvml.host import stop_fake_daemons
 from tests.support.gpu_names import names_of
+from tests.support.local_daemons import LocalDaemons
 from tests.support.node import DRIVER, NODE, fake_preparer
 
 S1, S2 = (str(uuidlib.uuid4()) for _ in range(2))
@@ -91,7 +91,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
     yield n
     n.servers.stop(grace=1)
     shutil.rmtree(n.root, ignore_errors=True)
-    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
+    LocalDaemons(tmp_path).stop_all()  # never leave a daemon behind, even when a test fails
 
 
 def test_each_share_of_a_device_is_its_own_entry_with_its_share_id(node: Node) -> None:

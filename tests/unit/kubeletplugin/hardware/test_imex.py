@@ -6,9 +6,7 @@ and unprepare, a failed prepare, a crash and a reboot leave no daemon or file be
 from __future__ import annotations
 
 import json
-import os
 import socket
-import time
 import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,15 +17,15 @@ import pytest
 from dradriver.api import computedomain as cd
 from dradriver.errors import ImexError
 from dradriver.inventory.node_devices import MigMode
+from dradriver.kubeletplugin.daemons.spec import DaemonRef
 from dradriver.kubeletplugin.hardware.imex import ImexSteps
 from dradriver.kubeletplugin.prepare.channels import channel_device
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.records import ClaimRecord
-from dradriver.nvml.host import mps_alive
 from dradriver.slices.imex import node_clique
-from fakenvml.host import stop_fake_daemons
 from fakenvml.imexctl import query
 from tests.support.crash import Crash, crash_at
+from tests.support.local_daemons import LocalDaemons
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 TRAY = Path(__file__).resolve().parents[3] / "data" / "gb200-clique-1.yaml"
@@ -60,8 +58,10 @@ class ImexNode:
         )
         self.clique = node_clique(self.nvml.discover().inventory)
         assert self.clique is not None
+        self.local = LocalDaemons(self.tmp)
         self.driver.executor.imex = ImexSteps(
             self.nvml.host,
+            self.local,
             NODE,
             self.tmp,
             self.domain_of,
@@ -134,8 +134,9 @@ class ImexNode:
     def record(self, ref: ClaimRef) -> ClaimRecord:
         return self.driver.store.load().claims[ref.uid]
 
-    def daemons(self) -> list[int]:
-        return [int(p.read_text()) for p in (self.tmp / "imex").glob("*/daemon.pid")]
+    def daemons(self) -> list[str]:
+        """The IMEX daemons running, by pod name."""
+        return self.local.names()
 
     def faults(self, **kw: Any) -> None:
         (self.tmp / "fake-imex-faults.json").write_text(json.dumps(kw))
@@ -151,7 +152,7 @@ class ImexNode:
 def node(tmp_path: Path) -> Iterator[ImexNode]:
     n = ImexNode(tmp_path)
     yield n
-    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
+    n.local.stop_all()  # never leave a daemon behind, even when a test fails
 
 
 def test_a_channel_gets_the_domains_daemon_and_its_device_node(node: ImexNode) -> None:
@@ -161,7 +162,8 @@ def test_a_channel_gets_the_domains_daemon_and_its_device_node(node: ImexNode) -
     (d,) = node.record(ref).devices
     assert d.kind == "imex-channel" and d.imex is not None
     assert (d.imex.address, d.imex.peers, d.imex.channel) == (ADDRESS, (ADDRESS,), 0)
-    assert d.imex.pid is not None and mps_alive(d.imex.pid)
+    assert d.imex.daemon is not None and node.local.serving(d.imex.daemon)
+    assert node.local.find("imex", **{"dradriver.io/claim-uid": ref.uid})
     config = Path(str(d.imex.config_dir)) / "config.cfg"
     assert f"BIND_INTERFACE_IP={ADDRESS}" in config.read_text()
     assert (config.parent / "nodes_config.cfg").read_text() == f"{ADDRESS}\n"
@@ -173,9 +175,9 @@ def test_a_channel_gets_the_domains_daemon_and_its_device_node(node: ImexNode) -
         "type": "c",
         "minor": 0,
     }.items() <= nodes[0].items()
-    pid = d.imex.pid
+    pod = d.imex.daemon
     assert node.driver.unprepare([ref])[ref.uid] == ""
-    assert not mps_alive(pid) and not config.parent.exists()
+    assert not node.local.serving(pod) and not config.parent.exists()
 
 
 def test_until_every_node_has_joined_nothing_starts(node: ImexNode) -> None:
@@ -214,7 +216,7 @@ def test_a_daemon_that_never_gets_ready_is_stopped_and_named(node: ImexNode) -> 
     node.domain("stuck")
     ref = node.claim("stuck-0", "stuck")
     err = node.prepare(ref)
-    assert "did not answer READY within 1 s (nvidia-imex-ctl -q: UNAVAILABLE)" in err
+    assert "did not answer READY (nvidia-imex-ctl -q: UNAVAILABLE)" in err
     assert node.daemons() == [] and list((node.tmp / "imex").glob("*/config.cfg")) == []
     assert ref.uid not in node.driver.store.load().claims
 
@@ -233,43 +235,57 @@ def test_a_crash_after_the_daemon_started_is_undone_at_startup(node: ImexNode) -
     ref = node.claim("crash-0", "crash")
     with crash_at("imex-started"), pytest.raises(Crash):
         node.driver.prepare([ref])
-    (pid,) = node.daemons()
-    assert mps_alive(pid)
+    (pod,) = node.daemons()
     node.start()
     node.driver.reconcile()
-    assert not mps_alive(pid) and node.daemons() == []
+    assert node.daemons() == [] and not node.local.serving(DaemonRef(pod))
     assert ref.uid not in node.driver.store.load().claims
 
 
-def test_a_reboot_starts_the_daemon_again(node: ImexNode) -> None:
+def test_a_daemon_that_died_runs_again_in_its_pod(node: ImexNode) -> None:
+    """Its process killed (an OOM kill): the pod, and so its UID, stays; the kubelet (here
+    the next start) runs it again."""
     node.domain("long")
     ref = node.claim("long-0", "long")
     assert node.prepare(ref) == ""
-    (pid,) = node.daemons()
-    os.kill(pid, 9)  # as a reboot would end it
-    deadline = time.monotonic() + 10
-    while mps_alive(pid):
-        assert time.monotonic() < deadline, f"IMEX daemon {pid} still alive 10 s after SIGKILL"
-        time.sleep(0.01)
+    (d,) = node.record(ref).devices
+    assert d.imex is not None and d.imex.daemon is not None
+    pod = d.imex.daemon
+    old = node.local.pid(pod.name)
+    node.local.kill(pod.name)
     node.start()
     node.driver.reconcile()
     (d,) = node.record(ref).devices
-    assert d.imex is not None and d.imex.pid != pid and d.imex.pid is not None
-    assert mps_alive(d.imex.pid) and node.daemons() == [d.imex.pid]
-    assert d.kind == cd.CHANNEL_TYPE
+    assert d.imex is not None and d.imex.daemon == pod and node.local.serving(pod)
+    assert node.local.pid(pod.name) != old and d.kind == cd.CHANNEL_TYPE
+
+
+def test_a_daemon_pod_deleted_by_hand_is_made_again_at_startup(node: ImexNode) -> None:
+    node.domain("gone")
+    ref = node.claim("gone-0", "gone")
+    assert node.prepare(ref) == ""
+    (d,) = node.record(ref).devices
+    assert d.imex is not None and d.imex.daemon is not None
+    node.local.stop(d.imex.daemon)
+    node.start()
+    node.driver.reconcile()
+    (again,) = node.record(ref).devices
+    assert again.imex is not None and again.imex.daemon is not None
+    assert again.imex.daemon.name == d.imex.daemon.name
+    assert again.imex.daemon.uid != d.imex.daemon.uid and node.local.serving(again.imex.daemon)
 
 
 def test_a_daemon_whose_claim_a_lost_checkpoint_forgot_goes_at_unprepare(node: ImexNode) -> None:
     node.domain("lost")
     ref = node.claim("lost-0", "lost")
     assert node.prepare(ref) == ""
-    (pid,) = node.daemons()
+    (pod,) = node.daemons()
     lose_checkpoint(node.tmp)
     node.start()
     node.driver.reconcile()
-    assert mps_alive(pid)  # kept for its pod until the kubelet unprepares the claim
+    assert node.daemons() == [pod]  # kept for its pod until the kubelet unprepares the claim
     assert node.driver.unprepare([ref])[ref.uid] == ""
-    assert not mps_alive(pid) and node.daemons() == []
+    assert node.daemons() == []
 
 
 def _prebind(node: ImexNode, ref: ClaimRef) -> None:
@@ -291,28 +307,31 @@ def test_a_daemon_started_before_binding_is_adopted_at_prepare(node: ImexNode) -
     node.domain("early")
     ref = node.claim("early-0", "early")
     _prebind(node, ref)
-    (pid,) = node.daemons()
-    assert mps_alive(pid) and ref.uid not in node.driver.store.load().claims
+    (pod,) = node.daemons()
+    assert ref.uid not in node.driver.store.load().claims
     steps = node.driver.executor.imex
-    assert steps is not None and set(steps.daemons()) == {ref.uid}
+    assert steps is not None and set(steps.configs()) == {ref.uid}
+    pid = node.local.pid(pod)
     assert node.prepare(ref) == ""
     (d,) = node.record(ref).devices
-    assert d.imex is not None and d.imex.pid == pid and node.daemons() == [pid]
+    assert d.imex is not None and d.imex.daemon is not None and d.imex.daemon.name == pod
+    assert node.local.pid(pod) == pid and node.daemons() == [pod]  # the same process
     assert node.driver.unprepare([ref])[ref.uid] == ""
-    assert not mps_alive(pid) and node.daemons() == []
+    assert node.daemons() == []
 
 
 def test_a_daemon_started_with_other_peers_is_replaced_at_prepare(node: ImexNode) -> None:
     node.domain("moved")
     ref = node.claim("moved-0", "moved")
     _prebind(node, ref)
-    (old,) = node.daemons()
+    (old,) = node.local.find("imex")
     # The node's IMEX address changed before its pod was bound: a new peer list.
     node.domains[("team", "moved")]["status"]["nodes"][0]["address"] = "127.0.0.23"
     assert node.prepare(ref) == ""
     (d,) = node.record(ref).devices
     assert d.imex is not None and d.imex.peers == ("127.0.0.23",)
-    assert not mps_alive(old) and node.daemons() == [d.imex.pid]
+    assert d.imex.daemon is not None and d.imex.daemon.uid != old[0].uid
+    assert not node.local.serving(old[0]) and node.daemons() == [d.imex.daemon.name]
 
 
 def test_a_daemon_that_never_gets_ready_before_binding_leaves_nothing(node: ImexNode) -> None:

@@ -30,9 +30,9 @@ from dradriver.kubeletplugin.state.records import (
 from dradriver.nvml.memory_limits import get_memory_limit, set_memory_limit
 from dradriver.slices.consumable import parse_mode
 from fakenvml import dmem, load
-from fakenvml.host import stop_fake_daemons
 from fakenvml.mps_v3 import Client, CudaError
 from tests.support.gpu_names import names_of, real
+from tests.support.local_daemons import LocalDaemons
 from tests.support.node import DRIVER, NODE, fake_preparer
 
 GI = 2**30
@@ -285,7 +285,7 @@ def node(tmp_path: Path) -> Iterator[CgroupNode]:
     fails, rather than left running."""
     n = CgroupNode(tmp_path)
     yield n
-    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
+    LocalDaemons(tmp_path).stop_all()  # never leave a daemon behind, even when a test fails
 
 
 def test_each_pods_cgroup_is_limited_to_its_share_across_its_processes(node: CgroupNode) -> None:

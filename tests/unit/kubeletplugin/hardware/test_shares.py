@@ -21,13 +21,12 @@ from dradriver.errors import DriverError
 from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.hardware.sharing import MPS_SHM_SIZE
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
-from dradriver.nvml.host import mps_alive
 from dradriver.slices.consumable import parse_mode
 from fakenvml import FakeNvml
-from fakenvml.host import stop_fake_daemons
 from fakenvml.mps_v3 import CUDA_ERROR_OUT_OF_MEMORY, Client, CudaError, namespaces
 from tests.support.crash import Crash, crash_at
 from tests.support.gpu_names import names_of, real
+from tests.support.local_daemons import LocalDaemons, process_alive
 from tests.support.node import DRIVER, NODE, fake_preparer, lose_checkpoint
 
 GI = 2**30
@@ -123,13 +122,13 @@ def restart(node: SharedNode, boot_id: str = "boot") -> SharedNode:
 def node(tmp_path: Path) -> Iterator[SharedNode]:
     n = SharedNode(tmp_path)
     yield n
-    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
+    LocalDaemons(tmp_path).stop_all()  # never leave a daemon behind, even when a test fails
 
 
 def test_three_shares_run_under_one_daemon_each_in_its_own_namespace(node: SharedNode) -> None:
     a, b, c = (node.share(n, "20Gi", pct) for n, pct in (("a", "30"), ("b", "0"), ("c", "50")))
     (pid,) = node.daemons()
-    assert mps_alive(pid) and node.mode(0) == 3  # EXCLUSIVE_PROCESS: one MPS server
+    assert process_alive(pid) and node.mode(0) == 3  # EXCLUSIVE_PROCESS: one MPS server
     assert node.mode(1) == 0
     limits = namespaces(node.pipe())
     assert sorted(limits.values(), key=str) == sorted(
@@ -185,14 +184,14 @@ def test_unpreparing_one_share_leaves_the_others_and_the_last_stops_the_daemon(
     a, b = node.share("a", "20Gi"), node.share("b", "10Gi")
     (pid,) = node.daemons()
     node.unprepare(a)
-    assert mps_alive(pid) and node.mode(0) == 3
+    assert process_alive(pid) and node.mode(0) == 3
     assert list(namespaces(node.pipe()).values()) == [{"pinned": 10 * GI}]
     node.client(b).allocate(10 * GI)
     (entry,) = node.ledger().values()
     assert list(entry["members"].values()) == [b.uid]
     node.unprepare(b)
     node.unprepare(b)  # the kubelet may repeat
-    assert not mps_alive(pid) and node.daemons() == []
+    assert not process_alive(pid) and node.daemons() == []
     assert node.mode(0) == 0 and node.ledger() == {}
     assert list((node.tmp / "mps").iterdir()) == []
 
@@ -206,11 +205,11 @@ def test_the_daemon_and_limits_survive_a_restart_and_come_back_after_a_reboot(
     restarted = restart(node)
     assert restarted.daemons() == [pid] and namespaces(restarted.pipe()) == before
     os.kill(pid, 15)  # as a reboot would end it
-    while mps_alive(pid):
+    while process_alive(pid):
         time.sleep(0.01)
     rebooted = restart(node, boot_id="boot-2")
     (again,) = rebooted.daemons()
-    assert again != pid and mps_alive(again)
+    assert again != pid and process_alive(again)
     assert namespaces(rebooted.pipe()) == before  # every share's limits, set again
     assert rebooted.client(a).limits() == (20 * GI, 25)
     rebooted.unprepare(a, b)
@@ -222,11 +221,11 @@ def test_a_lost_checkpoint_still_stops_the_daemon(node: SharedNode) -> None:
     (pid,) = node.daemons()
     lose_checkpoint(node.tmp)
     restarted = restart(node)
-    assert mps_alive(pid)  # kept for the pods that may still use it
+    assert process_alive(pid)  # kept for the pods that may still use it
     restarted.unprepare(a)
-    assert mps_alive(pid)
+    assert process_alive(pid)
     restarted.unprepare(b)
-    assert not mps_alive(pid) and restarted.mode(0) == 0 and restarted.ledger() == {}
+    assert not process_alive(pid) and restarted.mode(0) == 0 and restarted.ledger() == {}
 
 
 def test_shares_of_two_gpus_get_a_daemon_each(node: SharedNode) -> None:
@@ -269,7 +268,7 @@ def test_a_crash_preparing_a_share_is_undone_at_restart_and_its_neighbour_kept(
     assert list(namespaces(restarted.pipe()).values()) == [{"pinned": 20 * GI}]
     (entry,) = restarted.ledger().values()
     assert list(entry["members"].values()) == [first.uid]
-    assert restarted.daemons() == [pid] and mps_alive(pid)
+    assert restarted.daemons() == [pid] and process_alive(pid)
     assert set(restarted.driver.store.load().claims) == {first.uid}
     second = restarted.share("second", "30Gi")  # and it can be prepared again
     assert restarted.client(second).limits() == (30 * GI, None)
@@ -282,7 +281,7 @@ def test_a_crash_preparing_the_first_share_leaves_no_daemon(node: SharedNode) ->
         node.share("only", "20Gi")
     (pid,) = node.daemons()
     restarted = restart(node)
-    assert not mps_alive(pid) and restarted.daemons() == []
+    assert not process_alive(pid) and restarted.daemons() == []
     assert restarted.mode(0) == 0 and restarted.ledger() == {}
 
 
@@ -315,4 +314,4 @@ def test_two_instances_in_a_rolling_update_share_one_daemon(node: SharedNode) ->
     # Unprepared by the instance that did not prepare them, the last one stops it.
     for i, ref in enumerate(refs):
         (other if i % 2 else node).unprepare(ref)
-    assert not mps_alive(pid) and node.daemons() == [] and node.mode(0) == 0
+    assert not process_alive(pid) and node.daemons() == [] and node.mode(0) == 0

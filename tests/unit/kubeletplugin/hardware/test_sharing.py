@@ -6,19 +6,18 @@ from __future__ import annotations
 import json
 import os
 import stat
-import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dradriver.errors import DriverError
+from dradriver.kubeletplugin.daemons.spec import DaemonRef
 from dradriver.kubeletplugin.hardware.sharing import MPS_SHM_SIZE
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.records import Mps
-from dradriver.nvml.host import mps_alive
-from fakenvml.host import stop_fake_daemons
 from tests.support.node import DRIVER, lose_checkpoint
 from tests.support.sharing_node import Node
 
@@ -27,7 +26,7 @@ from tests.support.sharing_node import Node
 def node(tmp_path: Path) -> Iterator[Node]:
     n = Node(tmp_path)
     yield n
-    stop_fake_daemons(tmp_path)  # never leave a daemon behind, even when a test fails
+    n.local.stop_all()  # never leave a daemon behind, even when a test fails
 
 
 def test_no_config_means_exclusive_and_untouched(node: Node) -> None:
@@ -61,11 +60,13 @@ def test_mps_daemon_compute_mode_and_limits(node: Node) -> None:
         },
     )
     (d,) = node.prepare(ref)
-    (pid,) = node.daemons()
-    assert mps_alive(pid)
+    (pod,) = node.daemons()
+    assert pod == f"mps-{ref.uid}-0"
+    pid = node.local.pid(pod)
     assert node.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
     env = node.spec_env(ref)
-    assert isinstance(d.sharing, Mps)
+    assert isinstance(d.sharing, Mps) and d.sharing.daemon is not None
+    assert d.sharing.daemon.name == pod and node.local.serving(d.sharing.daemon)
     pipe = d.sharing.pipe_dir
     # Server and clients exchange memory in /dev/shm: the clients get the daemon's.
     shm = d.sharing.shm_dir
@@ -81,7 +82,7 @@ def test_mps_daemon_compute_mode_and_limits(node: Node) -> None:
     assert stat.S_IMODE(os.stat(shm).st_mode) == 0o1777
     assert (Path(shm).parent / "shm-size").read_text() == str(MPS_SHM_SIZE)
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
-    assert not mps_alive(pid) and node.daemons() == []
+    assert node.daemons() == [] and not node.local.serving(d.sharing.daemon)
     assert node.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
     assert not Path(pipe).exists() and not Path(shm).exists()
 
@@ -115,20 +116,18 @@ def test_a_failed_prepare_leaves_no_daemon_and_no_compute_mode(node: Node) -> No
     assert node.daemons() == [] and node.mode(1) == nv.NVML_COMPUTEMODE_DEFAULT
 
 
-def test_daemon_survives_a_plugin_restart_and_comes_back_after_a_reboot(node: Node) -> None:
+def test_daemon_survives_a_plugin_restart_and_runs_again_when_it_died(node: Node) -> None:
     ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
     node.prepare(ref)
-    (pid,) = node.daemons()
+    (pod,) = node.daemons()
+    pid = node.local.pid(pod)
     restarted = Node(node.tmp)
     restarted.claims = node.claims
     restarted.driver.reconcile()
-    assert restarted.daemons() == [pid] and mps_alive(pid)  # same daemon, untouched
-    os.kill(pid, 15)  # as a reboot would end it
-    while mps_alive(pid):
-        time.sleep(0.01)
+    assert restarted.daemons() == [pod] and node.local.pid(pod) == pid  # untouched
+    node.local.kill(pod)  # an OOM kill: its pod stays, the kubelet runs it again
     restarted.driver.reconcile()
-    (again,) = restarted.daemons()
-    assert again != pid and mps_alive(again)
+    assert restarted.daemons() == [pod] and node.local.pid(pod) != pid
     assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
     assert restarted.daemons() == []
 
@@ -199,18 +198,16 @@ def test_a_restart_with_the_daemon_gone_keeps_the_mode_from_before(node: Node) -
     nv.nvmlDeviceSetComputeMode(h, nv.NVML_COMPUTEMODE_PROHIBITED)
     ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
     node.prepare(ref)
-    (pid,) = node.daemons()
+    (pod,) = node.daemons()
     assert node.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
-    os.kill(pid, 15)
-    while mps_alive(pid):
-        time.sleep(0.01)
+    node.local.stop(DaemonRef(pod))  # its pod deleted by hand
     restarted = Node(node.tmp)
     restarted.claims = node.claims
     restarted.driver.reconcile()
-    (again,) = restarted.daemons()
-    assert again != pid
+    assert restarted.daemons() == [pod]  # made again
+    pid = node.local.pid(pod)
     restarted.driver.reconcile()  # a second restart: the running daemon is kept
-    assert restarted.daemons() == [again]
+    assert restarted.daemons() == [pod] and node.local.pid(pod) == pid
     assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
     assert restarted.mode(0) == nv.NVML_COMPUTEMODE_PROHIBITED
     assert restarted.daemons() == []
@@ -227,40 +224,42 @@ def test_a_lost_checkpoint_loses_no_sharing_change(node: Node) -> None:
     )
     node.prepare(mps_ref)
     node.prepare(ts_ref)
-    (pid,) = node.daemons()
+    (pod,) = node.daemons()
     lose_checkpoint(node.tmp)
     restarted = Node(node.tmp)
     restarted.driver.reconcile()
     uuid1 = node.fake.machine.gpus[1].uuid
-    assert mps_alive(pid) and restarted.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert restarted.daemons() == [pod]
+    assert restarted.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
     assert restarted.sharing.recorded()[uuid1] == {"timeslice": 3}
     assert len(list((node.tmp / "cdi").glob("*.json"))) == 2  # live pods' specs stay
     assert restarted.driver.unprepare([mps_ref, ts_ref]) == {mps_ref.uid: "", ts_ref.uid: ""}
-    assert not mps_alive(pid) and restarted.daemons() == []
+    assert restarted.daemons() == []
     assert restarted.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
     assert restarted.sharing.recorded()[uuid1] == {"timeslice": 0}
     assert not list((node.tmp / "cdi").glob("*.json"))
     ledger = json.loads((node.tmp / "sharing-ledger.json").read_text())
-    assert ledger["computeMode"] == {} and ledger["mpsDaemons"] == {}
-    assert ledger["timeSlice"] == {}
+    assert ledger["computeMode"] == {} and ledger["timeSlice"] == {}
+    assert "mpsDaemons" not in ledger  # the daemons are pods: the API is their record
 
 
 def test_a_daemon_started_but_not_recorded_is_still_stopped(node: Node) -> None:
-    """A daemon whose PID never reached the ledger (written before the start, with PID
-    0) is found through its pipe directory when its claim is unprepared."""
+    """A daemon whose pod a crash kept out of the record (made, not yet saved) is found
+    by the name its directory gives when its claim is unprepared."""
     ref = node.claim("c", "gpu-0", {"strategy": "MPS"})
     node.prepare(ref)
-    (pid,) = node.daemons()
-    ledger_path = node.tmp / "sharing-ledger.json"
-    doc = json.loads(ledger_path.read_text())
-    for d in doc["mpsDaemons"].values():
-        d["pid"] = 0  # as written before the start
-    ledger_path.write_text(json.dumps(doc))
-    (node.tmp / "checkpoint.json").unlink()
+    (pod,) = node.daemons()
+    cp = node.driver.store.load()
+    rec = cp.claims[ref.uid]
+    for i, d in enumerate(rec.devices):
+        assert isinstance(d.sharing, Mps)
+        rec = rec.with_device(i, replace(d, sharing=replace(d.sharing, daemon=None)))
+    cp.claims[ref.uid] = rec
+    node.driver.store.save(cp)
     restarted = Node(node.tmp)
     restarted.driver.reconcile()
     assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
-    assert not mps_alive(pid)
+    assert restarted.daemons() == [] and not node.local.serving(DaemonRef(pod))
 
 
 def test_a_lost_checkpoint_of_a_plain_claim_still_has_its_spec_removed(node: Node) -> None:

@@ -195,7 +195,7 @@ def test_plan_records_the_sharing_setup_without_applying_it() -> None:
         now=0.0,
     )
     (d,) = rec.devices
-    assert isinstance(d.sharing, Mps) and not d.sharing.applied and d.sharing.pid is None
+    assert isinstance(d.sharing, Mps) and not d.sharing.applied and d.sharing.daemon is None
     assert d.sharing.limits.active_thread_percentage == 40
     sliced = {
         **CFG,

@@ -44,8 +44,11 @@ type cdiRuntime struct {
 	mu sync.Mutex
 	// Containers that exit as soon as they start, by container ID: a container whose
 	// command is `true` (exit 0) or `false` (exit 1) "runs" that command. Nothing else
-	// ever exits, as in kubemark; this is what lets init containers complete.
+	// ever exits, as in kubemark (but a host process, below); this is what lets init
+	// containers complete.
 	exitCodes map[string]int32
+	// Containers of the --exec-image images, which run as processes of this host.
+	procs *hostProcs
 }
 
 // ContainerRecord is what a container received from the runtime: the pod's own env
@@ -91,7 +94,7 @@ type hook struct {
 	Timeout  *int     `json:"timeout"`
 }
 
-func newCDIRuntime(cdiDirs []string, recordsDir, stateFile string) *cdiRuntime {
+func newCDIRuntime(cdiDirs []string, recordsDir, stateFile string, procs *hostProcs) *cdiRuntime {
 	r := &cdiRuntime{
 		RemoteRuntime: fakeremote.NewFakeRemoteRuntime(),
 		server:        grpc.NewServer(),
@@ -99,7 +102,9 @@ func newCDIRuntime(cdiDirs []string, recordsDir, stateFile string) *cdiRuntime {
 		recordsDir:    recordsDir,
 		stateFile:     stateFile,
 		exitCodes:     map[string]int32{},
+		procs:         procs,
 	}
+	procs.exited = r.processExited
 	runtimeapi.RegisterRuntimeServiceServer(r.server, r)
 	runtimeapi.RegisterImageServiceServer(r.server, r)
 	return r
@@ -179,7 +184,9 @@ func (r *cdiRuntime) CreateContainer(ctx context.Context, req *runtimeapi.Create
 		return nil, err
 	}
 	command := append(append([]string{}, cfg.GetCommand()...), cfg.GetArgs()...)
-	if len(command) > 0 {
+	if r.procs.created(resp.ContainerId, cfg, spec.Process.Env) {
+		// Runs for real at StartContainer.
+	} else if len(command) > 0 {
 		switch filepath.Base(command[0]) {
 		case "true":
 			r.setExit(resp.ContainerId, 0)
@@ -210,6 +217,10 @@ func (r *cdiRuntime) StartContainer(ctx context.Context, req *runtimeapi.StartCo
 	if err != nil {
 		return nil, err
 	}
+	if err := r.procs.start(req.ContainerId); err != nil {
+		klog.InfoS("Container start failed", "containerID", req.ContainerId, "err", err)
+		r.setExit(req.ContainerId, 128)
+	}
 	r.mu.Lock()
 	code, exits := r.exitCodes[req.ContainerId]
 	r.mu.Unlock()
@@ -219,7 +230,7 @@ func (r *cdiRuntime) StartContainer(ctx context.Context, req *runtimeapi.StartCo
 			c.State = runtimeapi.ContainerState_CONTAINER_EXITED
 			c.ExitCode = code
 			c.FinishedAt = time.Now().UnixNano()
-			c.Reason = map[int32]string{0: "Completed", 1: "Error"}[code]
+			c.Reason = map[int32]string{0: "Completed", 1: "Error", 128: "StartError"}[code]
 		}
 		r.RuntimeService.Unlock()
 	}
@@ -228,6 +239,7 @@ func (r *cdiRuntime) StartContainer(ctx context.Context, req *runtimeapi.StartCo
 }
 
 func (r *cdiRuntime) StopContainer(ctx context.Context, req *runtimeapi.StopContainerRequest) (*runtimeapi.StopContainerResponse, error) {
+	r.procs.stop(req.ContainerId, req.Timeout)
 	resp, err := r.RemoteRuntime.StopContainer(ctx, req)
 	if err == nil {
 		r.save()
@@ -239,6 +251,8 @@ func (r *cdiRuntime) RemoveContainer(ctx context.Context, req *runtimeapi.Remove
 	r.mu.Lock()
 	delete(r.exitCodes, req.ContainerId)
 	r.mu.Unlock()
+	r.procs.stop(req.ContainerId, 0)
+	r.procs.forget(req.ContainerId)
 	resp, err := r.RemoteRuntime.RemoveContainer(ctx, req)
 	if err == nil {
 		r.save()
@@ -311,6 +325,9 @@ type runtimeState struct {
 	Containers map[string]*apitest.FakeContainer  `json:"containers"`
 	Images     map[string]*runtimeapi.Image       `json:"images"`
 	ExitCodes  map[string]int32                   `json:"exitCodes"`
+	// The host processes of --exec-image containers, and their commands not yet started.
+	Processes map[string]hostProc    `json:"processes"`
+	Pending   map[string]hostCommand `json:"pending"`
 }
 
 // save writes the runtime's state atomically. A failed save is logged, not returned:
@@ -337,6 +354,8 @@ func (r *cdiRuntime) save() {
 		{"containers", r.RuntimeService, &r.RuntimeService.Containers},
 		{"images", r.ImageService, &r.ImageService.Images},
 		{"exitCodes", &r.mu, &r.exitCodes},
+		{"processes", &r.procs.mu, &r.procs.running},
+		{"pending", &r.procs.mu, &r.procs.pending},
 	} {
 		if err = encode(p.name, p.lock, p.v); err != nil {
 			break
@@ -390,8 +409,27 @@ func (r *cdiRuntime) load() error {
 		r.exitCodes = st.ExitCodes
 	}
 	r.mu.Unlock()
+	r.procs.mu.Lock()
+	for id, c := range st.Pending {
+		r.procs.pending[id] = c
+	}
+	r.procs.mu.Unlock()
+	r.procs.adopt(st.Processes)
 	klog.InfoS("Runtime state loaded", "sandboxes", len(st.Sandboxes), "containers", len(st.Containers))
 	return nil
+}
+
+// processExited: a host process ended (on its own, or stopped), and so did its container.
+func (r *cdiRuntime) processExited(id string, code int32) {
+	r.RuntimeService.Lock()
+	if c, ok := r.RuntimeService.Containers[id]; ok && c.State == runtimeapi.ContainerState_CONTAINER_RUNNING {
+		c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+		c.ExitCode = code
+		c.FinishedAt = time.Now().UnixNano()
+		c.Reason = map[bool]string{true: "Completed", false: "Error"}[code == 0]
+	}
+	r.RuntimeService.Unlock()
+	r.save()
 }
 
 func (r *cdiRuntime) setExit(id string, code int32) {

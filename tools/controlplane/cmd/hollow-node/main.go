@@ -47,7 +47,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 type flags struct {
 	node, root, kubeconfig, featureGates string
-	cdiDirs, labels                      stringList
+	cdiDirs, labels, execImages          stringList
 }
 
 func main() {
@@ -60,6 +60,7 @@ func main() {
 	fs.Var(&c.cdiDirs, "cdi-dir", "CDI spec directory the runtime resolves devices from; repeatable, later ones take priority (default <root>/cdi)")
 	fs.Var(&c.labels, "label", "extra Node label KEY=VALUE; repeatable")
 	fs.StringVar(&c.featureGates, "feature-gates", "", "kubelet feature gates, e.g. ResourceHealthStatus=true")
+	fs.Var(&c.execImages, "exec-image", "an image whose containers run as processes of this host (their command, their environment); repeatable")
 	showVersion := fs.Bool("version", false, "print the kubelet version and exit")
 	_ = fs.Parse(os.Args[1:])
 	if *showVersion {
@@ -180,7 +181,8 @@ func run(ctx context.Context, c flags) error {
 		return err
 	}
 
-	rt := newCDIRuntime(cdiDirs, filepath.Join(root, "cri", "pods"), filepath.Join(root, "cri", "state.json"))
+	procs := newHostProcs(c.execImages, filepath.Join(root, "cri", "processes"))
+	rt := newCDIRuntime(cdiDirs, filepath.Join(root, "cri", "pods"), filepath.Join(root, "cri", "state.json"), procs)
 	socket := filepath.Join(root, "cri", "cri.sock")
 	if err := rt.Serve(ctx, socket); err != nil {
 		return err

@@ -35,6 +35,7 @@ from dradriver.kubeletplugin.state.checkpoint import (
     reconcile_boot,
 )
 from dradriver.kubeletplugin.state.checkpoint.store import wal_paths
+from dradriver.kubeletplugin.state.daemon import DaemonRef
 from dradriver.kubeletplugin.state.files import FileLock, LockTimeout
 from dradriver.kubeletplugin.state.records import Carve, MigIds, Mps, MpsLimits, TimeSlicing, Unread
 
@@ -105,7 +106,7 @@ def test_round_trip_keeps_every_field(path: Path) -> None:
             applied=True,
             pipe_dir="/p",
             log_dir="/l",
-            pid=42,
+            daemon=DaemonRef("mps-c-0", "6f1b2c3d-0000-4000-8000-000000000001"),
             compute_mode_before=0,
             compute_mode_set=True,
         ),
