@@ -98,6 +98,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"{CONTAINERD_CONFIG}; none for a dev node, whose runtime is the hollow node's)",
     )
     p.add_argument(
+        "--daemon-namespace",
+        default=_env("daemon-namespace"),
+        help="where the plugin runs its MPS and IMEX daemons' pods (default: "
+        "$DRADRIVER_DAEMON_NAMESPACE, set in the plugin pod; else every namespace)",
+    )
+    p.add_argument(
         "-o", "--output", choices=["text", "json"], default="text", help="text or json lines"
     )
 
@@ -172,6 +178,26 @@ def _plugin(args: argparse.Namespace, kube: Kube) -> Layer:
                 f"{meta['name']} -- dradriver doctor",
             )
         return judge.registration(where, 0, exc.message)
+
+
+def _daemons(args: argparse.Namespace, kube: Kube) -> Layer | None:
+    """The node's daemon pods (MPS, IMEX) and whether each serves."""
+    from dradriver.commands.cluster_facts import FactsError, items
+    from dradriver.diagnose import daemons
+    from dradriver.diagnose.doctor import Layer, State
+    from dradriver.k8s import path_for
+
+    ns = getattr(args, "daemon_namespace", None)
+    try:
+        pods = items(
+            kube,
+            path_for("v1", "pods", ns),
+            labelSelector=daemons.SELECTOR,
+            fieldSelector=f"spec.nodeName={args.node}",
+        )
+    except FactsError as exc:
+        return Layer("daemons", State.SKIP, f"cannot list the node's daemon pods: {exc}")
+    return daemons.layer(args.node, pods)
 
 
 def _mig_mode(args: argparse.Namespace, published: list[Obj]) -> str | None:
@@ -249,6 +275,9 @@ def walk(args: argparse.Namespace, emit: Callable[[Layer], None]) -> int:
         imex_layer = judge.imex(published, node_obj)
         if imex_layer is not None:
             step(imex_layer)  # a warning at most: every other layer still counts
+        daemons_layer = _daemons(args, kube)
+        if daemons_layer is not None:
+            step(daemons_layer)  # a warning at most: the node itself serves
         if not step(
             judge.device_classes(args.driver_name, items(kube, path_for(RES, "deviceclasses")))
         ):

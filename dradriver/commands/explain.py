@@ -172,6 +172,8 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
     )
     report = explain(label, refs, world, pod=pod, events=events)
     report.notes[:0] = notes
+    if pod is not None and report.finding is None:
+        report.finding = _daemon_down(kube, refs)
     if unserved is not None:
         report.finding = unserved
     elif pod is not None and (g := _gang(kube, pod, ns)) is not None:
@@ -180,6 +182,25 @@ def gather(kube: Kube, target: str, ns: str) -> Report:
         labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in lists["nodes"]}
         with_gang(report, f"{ns}/{name}", g, labels=labels)
     return report
+
+
+def _daemon_down(kube: Kube, refs: list[ClaimRef]) -> Finding | None:
+    """A daemon one of the pod's claims depends on (MPS, IMEX) that does not serve, where
+    this identity may list the daemons' pods."""
+    from dradriver.commands.cluster_facts import FactsError, items
+    from dradriver.diagnose import daemons
+    from dradriver.diagnose.explain_report import Finding
+    from dradriver.k8s import path_for
+
+    claims = [r.obj for r in refs if r.obj is not None]
+    if not claims:
+        return None
+    try:
+        pods = items(kube, path_for("v1", "pods"), labelSelector=daemons.SELECTOR)
+    except FactsError:
+        return None  # not allowed to list pods everywhere: nothing said of daemons
+    found = daemons.down(pods, claims)
+    return Finding("daemon", *found) if found is not None else None
 
 
 def _gang(kube: Kube, pod: Obj, ns: str) -> Gang | None:

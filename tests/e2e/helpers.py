@@ -21,7 +21,8 @@ import yaml
 from dradriver.k8s import Conflict, Kube, NotFound, path_for
 from dradriver.k8s.lines import FEATURES, OLDEST, Line
 from dradriver_dev.driver_files import plugin_env
-from dradriver_dev.hollow_node import HOST_IMAGE, host_processes, stop_host_processes
+from dradriver_dev.hollow_node import HOST_IMAGE as HOST_IMAGE
+from dradriver_dev.hollow_node import host_processes, stop_host_processes
 from dradriver_dev.ports import free_port
 from tests.support import gpu_names
 

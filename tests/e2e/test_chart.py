@@ -12,9 +12,11 @@ import contextlib
 import io
 import json
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver.k8s.lines import LINES, NEWEST
 
 from .helpers import (
+    HOST_IMAGE,
     REPO,
     RES,
     Cluster,
@@ -61,6 +64,12 @@ POLICY_SAYS = "may only create, update and delete ResourceSlices whose spec.node
 INERT = {"nodeSelector": {"dradriver.io/e2e": "never"}}
 TEST_VALUES: dict[str, Any] = {
     "devices": "fake:2xH100-80GB",
+    # The image of the plugin's daemon pods, which the daemon-pod policy holds them to:
+    # the one the hollow nodes run as host processes, as the test plugins' --daemon-image.
+    "image": {"repository": HOST_IMAGE.split(":")[0], "tag": HOST_IMAGE.split(":")[1]},
+    # Where the plugins of these tests keep their state (a daemon pod's host paths must
+    # be under stateDir).
+    "stateDir": str(Path(tempfile.gettempdir()) / "dradriver-e2e-chart"),
     # The node label is granted (and its policy rendered) only where a plugin labels.
     "kubeletPlugin": {**INERT, "nvlinkDomainLabel": True},
     # The webhook's Service has no endpoints here; Ignore keeps claims in other tests
@@ -487,8 +496,12 @@ def test_grants_are_exactly_what_the_code_calls(helm: Path, mode: str, line: str
             "resources": ["daemonsets"],
             "resourceNames": [d["metadata"]["name"] for d in daemonsets],
             "verbs": ["get"],
-        }
+        },
+        # daemons/pods.py: the MPS and IMEX daemons' pods, in its own namespace only
+        # (daemon-pod-policy.yaml keeps them to its node and their shape).
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "delete"]},
     ]
+    assert f"{RELEASE}-daemon-pods-own-node" in policies
     ctrl = one(docs, "ClusterRole", "controller")
     domains = calls["compute_domains"]
     assert ctrl["rules"] == [
@@ -599,7 +612,8 @@ def test_plugin_works_with_only_the_chart_rbac(
     # The chart's own DaemonSet (rendered with no node to run on) as its owner: at stop
     # the plugin reads it with the chart's Role.
     owner = f"{release.ns}/{release.named('DaemonSet')}"
-    plugin = PluginProc(kcfg, kubelet, "fake:2xH100-80GB", extra_args=["--owner-daemonset", owner])
+    args = ["--owner-daemonset", owner, "--daemon-namespace", release.ns]
+    plugin = PluginProc(kcfg, kubelet, "fake:2xH100-80GB", extra_args=args)
     plugin.start()
     try:
         wait_for(plugin.ready, "the plugin to be ready as its ServiceAccount", 30)
@@ -762,7 +776,11 @@ def test_mig_and_shares_work_with_only_the_chart_rbac(
             kcfg = token_kubeconfig(
                 alpha_cluster.kubeconfig, token, kubelet.root.parent / f"{kubelet.node}.kubeconfig"
             )
-            plugin = PluginProc(kcfg, kubelet, "fake:1xH100-80GB", mode, extra_args=args)
+            args = [*args, "--daemon-namespace", rel.ns]
+            state = Path(TEST_VALUES["stateDir"]) / kubelet.node
+            plugin = PluginProc(
+                kcfg, kubelet, "fake:1xH100-80GB", mode, state_dir=state, extra_args=args
+            )
             started.append(plugin)
             plugin.start()
             wait_for(plugin.ready, f"the {role} plugin ready as its ServiceAccount", 30)
@@ -790,11 +808,28 @@ def test_mig_and_shares_work_with_only_the_chart_rbac(
         entries = wait_for(written, "every claim's status.devices", 30)
         assert {e["pool"] for e in entries} == {n.kubelet.node for n in nodes.values()}
         assert sum(1 for e in entries if e.get("shareID")) == 1
+        # The share's MPS daemon: a pod the plugin made as its ServiceAccount, on its node.
+        (daemon,) = k.list(
+            path_for("v1", "pods", rel.ns),
+            labelSelector="app.kubernetes.io/component=mps-daemon",
+            fieldSelector=f"spec.nodeName={nodes['share'].kubelet.node}",
+        )["items"]
+        assert daemon["status"]["phase"] == "Running"
         for n in nodes.values():
             assert "forbidden" not in n.plugin.log().lower(), n.plugin.log()[-3000:]
+        nodes["share"].delete("share")
+        wait_for(
+            lambda: (
+                get_or_none(k, path_for("v1", "pods", rel.ns, name=daemon["metadata"]["name"]))
+                is None
+            ),
+            "the daemon pod deleted by the plugin at unprepare",
+            30,
+        )
     finally:
         for plugin in started:
             plugin.stop()
+            shutil.rmtree(plugin.state_dir, ignore_errors=True)
         k.delete(path_for("v1", "namespaces", name=ns), missing_ok=True)
 
 
@@ -898,6 +933,98 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube: Kube, release: Release
             as_plugin.close()
         for name in created:
             kube.delete(f"{slices}/{name}", missing_ok=True)
+        for n in (node_a, node_b):
+            kube.delete(path_for("v1", "nodes", name=n), missing_ok=True)
+
+
+DAEMON_POLICY_SAYS = "may create and delete daemon pods only on the node its pod runs on"
+
+
+def daemon_pod(release: Release, node: str, name: str, **change: Any) -> dict[str, Any]:
+    """The pod the plugin makes for an MPS daemon on `node` (daemons/spec.py), with the
+    chart's image and a directory under the chart's state directory; `change` replaces
+    parts of its spec."""
+    from dradriver.kubeletplugin.daemons.spec import CLAIM, DaemonSpec, PodSite, pod_manifest
+    from dradriver.nvml.host import DaemonCommand
+
+    state = TEST_VALUES["stateDir"]
+    spec = DaemonSpec(
+        name=name,
+        role="mps",
+        serves=((CLAIM, "c-uid"),),
+        command=DaemonCommand((sys.executable, "-m", "fakenvml.mpsd")),
+        dirs=(f"{state}/mps/{name}/pipe",),
+    )
+    pod = pod_manifest(spec, PodSite(node, release.ns, HOST_IMAGE))
+    pod["spec"].update(change)
+    return pod
+
+
+def test_plugin_may_run_only_its_own_nodes_daemon_pods(kube: Kube, release: Release) -> None:
+    """RBAC grants pods create and delete in the plugin's namespace; the daemon-pod policy
+    keeps them to its own node's MPS and IMEX daemons of the chart's image and shape."""
+    tag = secrets.token_hex(3)
+    node_a, node_b = f"dmn-a-{tag}", f"dmn-b-{tag}"
+    pods = path_for("v1", "pods", release.ns)
+    for n in (node_a, node_b):
+        kube.create(path_for("v1", "nodes"), {"metadata": {"name": n}})
+    as_plugin = None
+    try:
+        holder = sa_pod(kube, release.ns, f"plugin-{node_a}", release.plugin_sa, node_a)
+        as_plugin = kube.with_token(request_token(kube, release.ns, release.plugin_sa, holder))
+
+        def refused_on_b() -> KubeError | None:
+            assert as_plugin is not None
+            try:
+                as_plugin.create(pods, daemon_pod(release, node_b, f"mps-b-{tag}"))
+            except KubeError as exc:
+                return exc if DAEMON_POLICY_SAYS in exc.message else None
+            kube.delete(f"{pods}/mps-b-{tag}", grace_period=0, missing_ok=True)
+            return None
+
+        err = wait_for(refused_on_b, "the policy to refuse node B's daemon", 30, interval=0.3)
+        assert err is not None and err.status == 403 and f"({node_a})" in err.message
+        # Its own node's daemon, as the plugin makes it: created, and deleted by it.
+        ours = as_plugin.create(pods, daemon_pod(release, node_a, f"mps-a-{tag}"))
+        shape = "a daemon pod of the dradriver kubelet plugin runs one container of"
+        for what, change in (
+            ("another image", {"containers": [{"name": "c", "image": PAUSE}]}),
+            (
+                "a host path elsewhere",
+                {"volumes": [{"name": "dir-0", "hostPath": {"path": "/etc"}}]},
+            ),
+            ("the host network for MPS", {"hostNetwork": True}),
+            ("the host's PIDs", {"hostPID": True}),
+            ("an API token", {"automountServiceAccountToken": True}),
+            (
+                "a privileged container where no group runs on real GPUs",
+                {
+                    "containers": [
+                        {"name": "c", "image": HOST_IMAGE, "securityContext": {"privileged": True}}
+                    ]
+                },
+            ),
+        ):
+            body = daemon_pod(release, node_a, f"mps-x-{tag}", **change)
+            err = refusal(lambda body=body: as_plugin.create(pods, body))
+            assert err.status == 403 and shape in err.message, (what, err.message)
+        plain = daemon_pod(release, node_a, f"plain-{tag}")
+        plain["metadata"]["labels"] = {}
+        err = refusal(lambda: as_plugin.create(pods, plain))
+        assert err.status == 403 and "only its MPS and IMEX daemon pods" in err.message
+        # Another node's daemon, and a pod of its namespace that is no daemon: not its to delete.
+        theirs = kube.create(pods, daemon_pod(release, node_b, f"mps-b-{tag}"))
+        err = refusal(lambda: as_plugin.delete(f"{pods}/{theirs['metadata']['name']}"))
+        assert err.status == 403 and f"({node_a})" in err.message
+        err = refusal(lambda: as_plugin.delete(f"{pods}/{holder['metadata']['name']}"))
+        assert err.status == 403
+        assert status_of(lambda: as_plugin.patch(f"{pods}/{ours['metadata']['name']}", {})) == 403
+        as_plugin.delete(f"{pods}/{ours['metadata']['name']}")
+    finally:
+        if as_plugin is not None:
+            as_plugin.close()
+        for name in (f"mps-a-{tag}", f"mps-b-{tag}"):
+            kube.delete(f"{pods}/{name}", grace_period=0, missing_ok=True)
         for n in (node_a, node_b):
             kube.delete(path_for("v1", "nodes", name=n), missing_ok=True)
 

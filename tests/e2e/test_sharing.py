@@ -4,6 +4,8 @@ compute-mode change or CDI file remains."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import signal
 from collections.abc import Callable, Iterator
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dradriver import cli
 from dradriver.k8s import Kube, path_for
 from fakenvml import load
 from tests.support.local_daemons import process_alive
@@ -164,6 +167,53 @@ def test_mps_daemon_outlives_a_plugin_killed_in_its_own_pid_namespace(node: Shar
     node.delete(*pods)
     assert not process_alive(pid)
     assert node.leftovers() == {"cdi": [], "daemons": [], "compute modes": [], "MIG devices": []}
+
+
+def test_a_deleted_daemon_pod_is_explained_and_made_again(node: SharedNode) -> None:
+    """doctor lists the node's daemon pods; with one deleted by hand, explain on a pod of
+    its claim says so and how to recover, and the plugin's next start makes it again."""
+    pods = node.apply("mps-gpu")
+    for p in pods:
+        node.running(p)
+    (pod,) = node.daemon_pods("mps")
+    name = pod["metadata"]["name"]
+    said = run_cli(
+        "doctor",
+        f"--node={node.kubelet.node}",
+        f"--kubeconfig={node.plugin.kubeconfig}",
+        f"--devices={node.plugin.devices}",
+        f"--state-dir={node.plugin.state_dir}",
+        f"--cdi-dir={node.kubelet.cdi_dir}",
+        f"--readyz=http://127.0.0.1:{node.plugin.port}/readyz",
+        f"--containerd-config={node.kubelet.root / 'none.toml'}",
+    )
+    assert f"ok    daemons: 1 daemon pod on {node.kubelet.node}: default/{name} (MPS" in said
+    node.kube.delete(path_for("v1", "pods", "default", name=name), grace_period=0)
+    wait_for(lambda: node.daemons() == [], "the daemon's process ended with its pod", 30)
+    said = run_cli(
+        "explain", f"pod/{pods[0]}", "-n", node.ns, "--kubeconfig", node.plugin.kubeconfig
+    )
+    assert "=> daemon: the MPS control daemon claim" in said and "has no pod on" in said, said
+    assert "delete its pod" in said
+    node.plugin.stop()
+    node.plugin.start()
+    wait_for(node.plugin.ready, "the restarted plugin", 30)
+    (again,) = node.daemon_pods("mps")
+    assert again["metadata"]["name"] == name and again["metadata"]["uid"] != pod["metadata"]["uid"]
+    assert len(node.daemons()) == 1
+    said = run_cli(
+        "explain", f"pod/{pods[0]}", "-n", node.ns, "--kubeconfig", node.plugin.kubeconfig
+    )
+    assert "daemon:" not in said, said
+    node.delete(*pods)
+    assert node.leftovers() == {"cdi": [], "daemons": [], "compute modes": [], "MIG devices": []}
+
+
+def run_cli(*argv: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        cli.main(list(argv))
+    return out.getvalue()
 
 
 def heartbeat(pipe: Path) -> int:

@@ -26,6 +26,7 @@ COMPONENT = "app.kubernetes.io/component"
 # daemons by them.
 CLAIM = "dradriver.io/claim-uid"
 DEVICE = "dradriver.io/device"
+DEVICE_NAME = "dradriver.io/device-name"  # the DRA device, for explain (with the node)
 DOMAIN = "dradriver.io/computedomain-uid"
 LABELS = {"app.kubernetes.io/name": "dradriver", "app.kubernetes.io/managed-by": "kubelet-plugin"}
 

@@ -27,7 +27,13 @@ from types import ModuleType
 
 from dradriver.errors import DaemonError, SharingError
 from dradriver.kubeletplugin.daemons import Daemons
-from dradriver.kubeletplugin.daemons.spec import DEVICE, DaemonRef, DaemonSpec, shares_name
+from dradriver.kubeletplugin.daemons.spec import (
+    DEVICE,
+    DEVICE_NAME,
+    DaemonRef,
+    DaemonSpec,
+    shares_name,
+)
 from dradriver.kubeletplugin.hardware.sharing import DAEMON_START_TIMEOUT, MPS_SHM_SIZE
 from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice, Share
 from dradriver.kubeletplugin.state.sharing_ledger import SharedDaemon, SharingLedger
@@ -139,7 +145,7 @@ class ShareSteps:
         spec = DaemonSpec(
             name=ref.name,
             role="mps",
-            serves=((DEVICE, _label(device)),),
+            serves=((DEVICE, _label(device)), (DEVICE_NAME, d.device)),
             command=self.host.mps_daemon([device], pipe, logs, shm_dir=shm, protocol=protocol),
             dirs=(str(pipe), str(logs)),
             shm=str(shm),

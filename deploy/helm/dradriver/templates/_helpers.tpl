@@ -201,3 +201,17 @@ The settings of one DaemonSet (the top-level values, or a node group's over them
 {{- define "dradriver.templatePolicy.name" -}}
 {{- printf "%s-controller-domain-templates-only" (include "dradriver.fullname" .) -}}
 {{- end -}}
+
+{{- define "dradriver.daemonPolicy.name" -}}
+{{- printf "%s-daemon-pods-own-node" (include "dradriver.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+"true" where some node group's plugin runs on real GPUs (devices: nvml): only there may
+its daemon pods be privileged (the driver's daemons open the GPUs' device nodes).
+*/}}
+{{- define "dradriver.anyNvml" -}}
+{{- $any := eq .Values.devices "nvml" -}}
+{{- range .Values.nodeGroups }}{{ if eq (.devices | default "") "nvml" }}{{ $any = true }}{{ end }}{{ end -}}
+{{- if $any }}true{{ end -}}
+{{- end -}}
