@@ -36,12 +36,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, quit_)
     mps_v3.started(pipe, args.protocol, args.devices)
-    control.write_text(f"{os.getpid()}\n")
     if args.shm_dir:
         # What the real server keeps there for its clients: proof they share one.
         Path(args.shm_dir, "cuda.shm.mps-server").write_text(f"{os.getpid()}\n")
     with open(log, "a") as f:
         f.write(f"started pid={os.getpid()} devices={args.devices} protocol={args.protocol}\n")
+    # Last, as the real daemon's control pipe: once it is there, the daemon serves.
+    control.write_text(f"{os.getpid()}\n")
     beats = 0
     while running:
         # What its clients can see of it (they share the pipe directory): a counter that

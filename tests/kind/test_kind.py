@@ -35,6 +35,9 @@ DRIVER = "gpu.dradriver.io"
 NS = "kind-e2e"
 # The four-GPU NVLink claim and a dynamic MIG claim: the two the issue names.
 EXAMPLES = {"four-nvlinked-gpus", "mig-1g10gb"}
+# A claim shared by MPS (two pods) and a share by memory: each runs under an MPS daemon,
+# a pod of its own on its node that must outlive the plugin (Q20).
+DAEMON_EXAMPLES = {"mps-a", "mps-b", "share-a"}
 
 
 def sh(node: str, script: str) -> str:
@@ -181,11 +184,13 @@ def claims(k: Kind) -> list[dict[str, Any]]:
     docs = [
         d
         for d in example_docs(f"{IMAGE_REPOSITORY}:dev")
-        if d["kind"] != "Pod" or d["metadata"]["name"] in EXAMPLES
+        if d["kind"] != "Pod" or d["metadata"]["name"] in EXAMPLES | DAEMON_EXAMPLES
     ]
-    # Only the two examples' own templates.
+    # Only the examples' own claims and templates.
     wanted = {
-        rc["resourceClaimTemplateName"] for p in pods_of(docs) for rc in p["spec"]["resourceClaims"]
+        rc.get("resourceClaimTemplateName") or rc.get("resourceClaimName")
+        for p in pods_of(docs)
+        for rc in p["spec"]["resourceClaims"]
     }
     docs = [d for d in docs if d["kind"] == "Pod" or d["metadata"]["name"] in wanted]
     apply(k.kubectl, docs, NS)
@@ -202,6 +207,8 @@ def test_claims_run_with_their_devices_inside_the_container(
     uuids = slice_uuids(k)
     for pod in k.kubectl.json("-n", NS, "get", "pods")["items"]:
         name = pod["metadata"]["name"]
+        if name not in EXAMPLES:
+            continue
         (status,) = pod["status"]["resourceClaimStatuses"]
         claim = k.kubectl.json("-n", NS, "get", "resourceclaim", status["resourceClaimName"])
         results = claim["status"]["allocation"]["devices"]["results"]
@@ -238,10 +245,107 @@ def test_claims_run_with_their_devices_inside_the_container(
         assert f"{DRIVER}-driver.json" in cdi_specs(node)
 
 
+def daemon_pods(k: Kind) -> dict[str, dict[str, Any]]:
+    """The plugin's daemon pods (MPS, IMEX), by name."""
+    pods = k.kubectl.json(
+        "-n", HELM_NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/managed-by=kubelet-plugin"
+    )["items"]
+    return {p["metadata"]["name"]: p for p in pods}
+
+
+def identity(pod: dict[str, Any]) -> tuple[str, str, int]:
+    """What stays the same while a daemon runs on: its pod's UID, its container's ID and
+    restart count (0: the one process since it started)."""
+    (cs,) = pod["status"]["containerStatuses"]
+    return pod["metadata"]["uid"], cs.get("containerID", ""), int(cs.get("restartCount", 0))
+
+
+def heartbeat(k: Kind, pod: str) -> int:
+    """The MPS daemon's heartbeat as its client container sees it, through the pipe
+    directory CDI mounted into it (the stand-in daemon counts while it serves)."""
+    out = k.kubectl.run(
+        "-n", NS, "exec", pod, "--", "sh", "-c", 'cat "$CUDA_MPS_PIPE_DIRECTORY/heartbeat"',
+        timeout=60,
+    ).stdout  # fmt: skip
+    return int(out.strip() or 0)
+
+
+def beating(k: Kind, pods: list[str]) -> dict[str, int]:
+    """Each client's heartbeat, once it has moved on from what it was."""
+    before = {p: heartbeat(k, p) for p in pods}
+    k.kubectl.wait_for(
+        "the daemons' heartbeats going on in their clients",
+        lambda: all(heartbeat(k, p) > before[p] for p in pods),
+        timeout=30,
+    )
+    return before
+
+
+def test_daemons_run_in_pods_of_their_own(k: Kind, claims: list[dict[str, Any]]) -> None:
+    assert wait_running(k.kubectl, sorted(DAEMON_EXAMPLES), namespace=NS), k.kubectl.run(
+        "-n", NS, "describe", "pods"
+    ).stdout
+    daemons = daemon_pods(k)
+    # One for the MPS claim of mps-a and mps-b, one for the shared node's device.
+    assert len(daemons) == 2, sorted(daemons)
+    where = {p["spec"]["nodeName"] for p in daemons.values()}
+    pods = {p["metadata"]["name"]: p for p in k.kubectl.json("-n", NS, "get", "pods")["items"]}
+    assert where == {pods[n]["spec"]["nodeName"] for n in DAEMON_EXAMPLES}
+    for d in daemons.values():
+        assert d["status"]["phase"] == "Running", d["status"]
+        assert d["spec"]["containers"][0]["image"] == f"{IMAGE_REPOSITORY}:dev"
+        assert d["metadata"]["ownerReferences"][0]["kind"] == "Node"
+    beating(k, sorted(DAEMON_EXAMPLES))
+
+
+def test_daemons_outlive_the_plugin_deleted_and_killed(
+    k: Kind, claims: list[dict[str, Any]]
+) -> None:
+    """`kubectl delete pod` of the plugin, then SIGKILL of its process from the node (the
+    container's PID 1, whose namespace the kernel then empties): the daemons' pods run on,
+    the same processes, and their clients' heartbeats go on; the new instances adopt them."""
+    before = {n: identity(p) for n, p in daemon_pods(k).items()}
+    nodes = {p["spec"]["nodeName"] for p in daemon_pods(k).values()}
+    groups = {g: n for g, n in nodes_by_group(k).items() if n in nodes}
+    for group in groups:
+        (pod,) = plugin_pods(k, group)
+        k.kubectl.run("-n", HELM_NAMESPACE, "delete", "pod", pod["metadata"]["name"], timeout=120)
+    for group in groups:
+        k.kubectl.wait_for(
+            f"the {group} plugin back",
+            lambda group=group: [p for p in plugin_pods(k, group) if ready(p)] != [],
+            timeout=120,
+        )
+    assert {n: identity(p) for n, p in daemon_pods(k).items()} == before
+    beating(k, sorted(DAEMON_EXAMPLES))
+    for group, node in groups.items():
+        (pod,) = [p for p in plugin_pods(k, group) if ready(p)]
+        restarts = int(pod["status"]["containerStatuses"][0].get("restartCount", 0))
+        # The pattern's brackets keep it from matching this shell's own command line.
+        sh(node, "pkill -9 -f '[d]radriver kubelet-plugin'")
+        k.kubectl.wait_for(
+            f"the {group} plugin restarted after SIGKILL",
+            lambda group=group, restarts=restarts: any(
+                ready(p)
+                and int(p["status"]["containerStatuses"][0].get("restartCount", 0)) > restarts
+                for p in plugin_pods(k, group)
+            ),
+            timeout=120,
+        )
+    assert {n: identity(p) for n, p in daemon_pods(k).items()} == before
+    beating(k, sorted(DAEMON_EXAMPLES))
+    for group in groups:
+        (pod,) = plugin_pods(k, group)
+        log = k.kubectl.run("-n", HELM_NAMESPACE, "logs", pod["metadata"]["name"]).stdout
+        assert "not serving; starting it again" not in log, log[-3000:]
+
+
 def test_helm_upgrade_rolls_the_plugin_side_by_side_without_losing_a_claim(
     k: Kind, claims: list[dict[str, Any]]
 ) -> None:
     k.image("dev-next", revision="next")
+    daemons = {n: identity(p) for n, p in daemon_pods(k).items()}
+    assert len(daemons) == 2
     seen_together: set[int] = set()
     stop = threading.Event()
 
@@ -275,6 +379,27 @@ def test_helm_upgrade_rolls_the_plugin_side_by_side_without_losing_a_claim(
         )
         (pod,) = plugin_pods(k, group)
         assert pod["spec"]["containers"][0]["image"].endswith(":dev-next") and ready(pod)
+    # The daemons ran on under the upgrade: the same pods and processes, of the old image,
+    # their clients still served; so through a rollback.
+    assert {n: identity(p) for n, p in daemon_pods(k).items()} == daemons
+    beating(k, sorted(DAEMON_EXAMPLES))
+    run_helm_rollback(k)
+    for group in ("h100", "mixed", "shared"):
+        k.kubectl.wait_for(
+            f"the {group} plugin rolled back",
+            lambda group=group: (
+                [
+                    p
+                    for p in plugin_pods(k, group)
+                    if ready(p) and p["spec"]["containers"][0]["image"].endswith(":dev")
+                ]
+                != []
+                and len(plugin_pods(k, group)) == 1
+            ),
+            timeout=180,
+        )
+    assert {n: identity(p) for n, p in daemon_pods(k).items()} == daemons
+    beating(k, sorted(DAEMON_EXAMPLES))
     # The claims prepared by the old instance are the new one's: the pods still run, and
     # unpreparing through the new instance removes their CDI spec and the MIG device.
     assert wait_running(k.kubectl, [p["metadata"]["name"] for p in pods_of(claims)], 30, NS)
@@ -284,10 +409,24 @@ def test_helm_upgrade_rolls_the_plugin_side_by_side_without_losing_a_claim(
     k.kubectl.wait_for("the MIG device destroyed", lambda: not mig_devices(k), timeout=90)
 
 
+def run_helm_rollback(k: Kind) -> None:
+    from dradriver_dev.kind.demo import HELM_RELEASE
+
+    subprocess.run(
+        [k.helm, "rollback", HELM_RELEASE, "--kubeconfig", str(k.kubectl.kubeconfig),
+         "--namespace", HELM_NAMESPACE, "--wait", "--timeout", "5m"],
+        check=True, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+
+
 def test_deleting_the_pods_removes_cdi_specs_and_mig_devices(
     k: Kind, claims: list[dict[str, Any]]
 ) -> None:
     k.kubectl.run("-n", NS, "delete", "pods", "--all", "--wait=true", timeout=180)
+    # Each daemon went with the last claim it served, and its directories with it.
+    k.kubectl.wait_for("the daemons' pods gone", lambda: daemon_pods(k) == {}, timeout=120)
+    for node in nodes_by_group(k).values():
+        assert sh(node, "ls -A /var/lib/dradriver/mps 2>/dev/null || true").split() == [], node
     for node in nodes_by_group(k).values():
         k.kubectl.wait_for(
             f"{node}'s CDI specs removed",

@@ -95,6 +95,10 @@ def pod_manifest(spec: DaemonSpec, site: PodSite) -> dict[str, Any]:
         host(f"dir-{i}", d, DRIVER_ROOT + d if root else d)
     if spec.shm is not None:
         host("shm", spec.shm, DRIVER_ROOT + "/dev/shm" if root else "/dev/shm")
+        if not root:
+            # A stand-in is told its /dev/shm by its host path (the hollow node runs it
+            # as a host process, where /dev/shm is the host's): there too.
+            mounts.append({"name": "shm", "mountPath": spec.shm})
     security: dict[str, Any] = (
         {"privileged": True}
         if cmd.privileged
