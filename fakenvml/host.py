@@ -81,18 +81,19 @@ class FakeHost:
         argv += ["--shm-dir", str(shm_dir), "--protocol", str(protocol)]
         return DaemonCommand(tuple(argv), mps_env(uuids, pipe_dir, log_dir))
 
-    def make_shm(self, shm_dir: Path, *, size: int) -> bool:
+    def make_tmpfs(self, path: Path, *, size: int, mode: int) -> bool:
         # No tmpfs without privileges: the directory, with the mode the real one is
         # mounted with (set explicitly: mkdir's mode is cut by the umask), and the size
-        # recorded beside it for the tests.
-        fresh = not shm_dir.exists()
-        shm_dir.mkdir(parents=True, exist_ok=True)
-        shm_dir.chmod(0o1777)
-        (shm_dir.parent / "shm-size").write_text(str(size))
+        # recorded beside it (<name>-size) for the tests.
+        fresh = not path.exists()
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(mode)
+        (path.parent / f"{path.name}-size").write_text(str(size))
         return fresh
 
-    def drop_shm(self, shm_dir: Path) -> None:
-        shutil.rmtree(shm_dir, ignore_errors=True)
+    def drop_tmpfs(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        (path.parent / f"{path.name}-size").unlink(missing_ok=True)
 
     def mps_command(self, pipe_dir: Path, command: str) -> str:
         from dradriver.errors import SharingError

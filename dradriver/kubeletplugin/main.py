@@ -334,6 +334,14 @@ def _preparer(
         pod_memory.probe(
             next((d.uuid for d in view.devices().values() if d.kind is DeviceKind.GPU), None)
         )
+    if opts.consumable.mode is not ConsumableMode.OFF and mps_protocol(view.driver_version) < 3:
+        log.warning(
+            "shares of a GPU on a driver before r615 (MPS v2): their limits are the "
+            "clients' own variables, and every share's container gets the device daemon's "
+            "whole pipe directory (it can stop the daemon); give one GPU's shares to one "
+            "tenant, or run r615+ (docs/user-guide.md, shares)",
+            driver=view.driver_version,
+        )
     writer = cdi.CdiWriter(opts.cdi_dir, opts.driver_name)
     mps_root = opts.state_dir / "mps"
     site = PodSite(

@@ -83,14 +83,14 @@ class GpuHost(Protocol):
         of its own), with `shm_dir` as its /dev/shm, shared with its clients. Protocol 3:
         MPS v3 (driver r615+), with named servers and namespaces."""
 
-    def make_shm(self, shm_dir: Path, *, size: int) -> bool:
-        """Makes `shm_dir` an MPS daemon's /dev/shm: a tmpfs of at most `size` bytes,
-        mode 1777 (every container user may write, only its owner remove), never on the
-        node's disk. Idempotent: True when it was made now. SharingError when it cannot
-        be mounted."""
+    def make_tmpfs(self, path: Path, *, size: int, mode: int) -> bool:
+        """Makes `path` a tmpfs of at most `size` bytes with `mode` (an MPS daemon's pipe,
+        log and /dev/shm directories, which its clients' containers get too: memory, never
+        the disk that holds the plugin's state). Idempotent: True when it was made now.
+        SharingError when it cannot be mounted."""
 
-    def drop_shm(self, shm_dir: Path) -> None:
-        """Unmounts and removes what make_shm made (idempotent)."""
+    def drop_tmpfs(self, path: Path) -> None:
+        """Unmounts and removes what make_tmpfs made (idempotent)."""
 
     def mps_command(self, pipe_dir: Path, command: str) -> str:
         """Gives the daemon of `pipe_dir` one control command; its answer. SharingError
@@ -166,35 +166,35 @@ class RealHost:
             pre_stop=("sh", "-c", "echo quit | nvidia-cuda-mps-control"),
         )
 
-    def make_shm(self, shm_dir: Path, *, size: int) -> bool:
-        # A tmpfs, not a directory of the state volume: what a pod writes to /dev/shm is
-        # then memory charged to the pod, within the size, instead of the disk that
-        # holds the checkpoint. The plugin mounts it in its own mount namespace; the
-        # chart mounts the state directory with Bidirectional propagation so that the
-        # runtime, which bind-mounts it into the claim's containers, sees it.
-        shm_dir.mkdir(parents=True, exist_ok=True)
-        if os.path.ismount(shm_dir):
+    def make_tmpfs(self, path: Path, *, size: int, mode: int) -> bool:
+        # A tmpfs, not a directory of the state volume: what a pod writes there is then
+        # memory charged to the pod, within the size, instead of the disk that holds the
+        # checkpoint. The plugin mounts it in its own mount namespace; the chart mounts
+        # the state directory with Bidirectional propagation so that the runtime, which
+        # bind-mounts it into the claim's containers and the daemon's pod, sees it.
+        path.mkdir(parents=True, exist_ok=True)
+        if os.path.ismount(path):
             return False
-        options = f"size={size},mode=1777,nosuid,nodev,noexec"
-        cmd = ["mount", "-t", "tmpfs", "-o", options, "dradriver-mps-shm", str(shm_dir)]
+        options = f"size={size},mode={mode:o},nosuid,nodev,noexec"
+        cmd = ["mount", "-t", "tmpfs", "-o", options, "dradriver-mps", str(path)]
         _run(
             cmd,
             reason="mps",
             failed=lambda said: (
-                f"mounting the MPS daemon's /dev/shm (a tmpfs) at {shm_dir}: "
-                f"{said}; the plugin needs CAP_SYS_ADMIN (the chart's nvml mode runs it privileged)"
+                f"mounting a tmpfs for the MPS daemon at {path}: {said}; the plugin needs "
+                "CAP_SYS_ADMIN (the chart's nvml mode runs it privileged)"
             ),
         )
         return True
 
-    def drop_shm(self, shm_dir: Path) -> None:
-        if os.path.ismount(shm_dir):
-            out = subprocess.run(["umount", str(shm_dir)], capture_output=True, text=True)
+    def drop_tmpfs(self, path: Path) -> None:
+        if os.path.ismount(path):
+            out = subprocess.run(["umount", str(path)], capture_output=True, text=True)
             if out.returncode != 0:
                 # Still open somewhere (a client's process not yet gone): detached now,
                 # freed by the kernel when the last user closes it.
-                subprocess.run(["umount", "-l", str(shm_dir)], capture_output=True)
-        shutil.rmtree(shm_dir, ignore_errors=True)
+                subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        shutil.rmtree(path, ignore_errors=True)
 
     def mps_command(self, pipe_dir: Path, command: str) -> str:
         env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)}

@@ -19,7 +19,6 @@ share after), so a crash anywhere leaves nothing the next unprepare cannot find.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,12 @@ from dradriver.kubeletplugin.daemons.spec import (
     DaemonSpec,
     shares_name,
 )
-from dradriver.kubeletplugin.hardware.sharing import DAEMON_START_TIMEOUT, MPS_SHM_SIZE
+from dradriver.kubeletplugin.hardware.sharing import (
+    DAEMON_START_TIMEOUT,
+    MPS_SHM_SIZE,
+    drop_daemon_dirs,
+    make_daemon_dirs,
+)
 from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice, Share
 from dradriver.kubeletplugin.state.sharing_ledger import SharedDaemon, SharingLedger
 from dradriver.logs import get_logger
@@ -136,11 +140,8 @@ class ShareSteps:
             # A daemon that is not serving (it exited, or a reboot ended it): what it
             # left goes first, so a new one starts clean, its namespaces made again.
             self.daemons.stop(ref)
-            self.host.drop_shm(shm)
-            shutil.rmtree(pipe.parent)
-        self.host.make_shm(shm, size=self.shm_size)
-        for p in (pipe, logs):
-            p.mkdir(parents=True, exist_ok=True)
+            drop_daemon_dirs(self.host, pipe.parent)
+        make_daemon_dirs(self.host, pipe.parent, shm_size=self.shm_size)
         protocol = self.protocol()
         spec = DaemonSpec(
             name=ref.name,
@@ -231,8 +232,7 @@ class ShareSteps:
             raise SharingError(f"MPS control daemon of {device}: {exc}", reason=exc.reason) from exc
         if known.gpu and known.mode_before is not None:
             set_compute_mode(self.nvml, known.gpu, known.mode_before)
-        self.host.drop_shm(Path(known.pipe_dir).parent / "shm")
-        shutil.rmtree(Path(known.pipe_dir).parent, ignore_errors=True)
+        drop_daemon_dirs(self.host, Path(known.pipe_dir).parent)
         self.ledger.shared_stopped(device)
         log.info("MPS control daemon of a device's shares stopped", device=device)
 

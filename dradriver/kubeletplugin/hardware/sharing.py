@@ -34,6 +34,31 @@ Save = Callable[[ClaimRecord], None]  # makes a record durable
 # memory there, and the application's own use (a data loader's) comes out of it too. A
 # container's default is 64 MiB; this is what `--mps-shm-size` sets otherwise.
 MPS_SHM_SIZE = 1 << 30
+# The daemon's pipe and log directories, each a tmpfs of its own (the pipe holds its
+# control pipes and, with MPS v3, a directory per namespace; the log its two logs).
+PIPE_SIZE = 4 << 20
+LOG_SIZE = 64 << 20
+
+
+def make_daemon_dirs(host: GpuHost, base: Path, *, shm_size: int) -> bool:
+    """An MPS daemon's pipe, log and /dev/shm directories under `base`, each a tmpfs with
+    an explicit mode (never the disk of the state directory: a container writing there
+    would fill the disk that holds the checkpoint); True when its /dev/shm is new (made
+    now: a reboot took the old one)."""
+    host.make_tmpfs(base / "pipe", size=PIPE_SIZE, mode=0o755)
+    host.make_tmpfs(base / "log", size=LOG_SIZE, mode=0o755)
+    # Mode 1777: every container user may write it, only its owner remove.
+    return host.make_tmpfs(base / "shm", size=shm_size, mode=0o1777)
+
+
+def drop_daemon_dirs(host: GpuHost, base: Path) -> None:
+    """What make_daemon_dirs made, unmounted first (removing the files of a mounted
+    tmpfs would leave the mount behind), then `base`."""
+    for name in ("shm", "log", "pipe"):
+        host.drop_tmpfs(base / name)
+    shutil.rmtree(base, ignore_errors=True)
+
+
 # How long a prepare waits for a daemon's pod to serve: the image is the plugin's own,
 # already on the node, so a start takes seconds; past this the kubelet retries.
 DAEMON_START_TIMEOUT = 30.0
@@ -107,7 +132,7 @@ class SharingSteps:
         key = f"{rec.uid}-{index}"
         base = self.mps_root / key
         pipe, logs, shm = base / "pipe", base / "log", base / "shm"
-        fresh = self.host.make_shm(shm, size=self.shm_size)  # the claim's own, no other's
+        fresh = make_daemon_dirs(self.host, base, shm_size=self.shm_size)  # the claim's own
         for i in members:
             d = rec.devices[i]
             before = None
@@ -132,8 +157,6 @@ class SharingSteps:
                 rec = _with_mps(rec, i, compute_mode_set=True)
         save(rec)
         devs = [rec.devices[i] for i in members]
-        for d_ in (pipe, logs):
-            d_.mkdir(parents=True, exist_ok=True)
         spec = DaemonSpec(
             name=mps_name(rec.uid, index),
             role="mps",
@@ -229,10 +252,7 @@ class SharingSteps:
             raise SharingError("; ".join(errors), reason="undo")
 
     def _remove_dirs(self, base: Path) -> None:
-        """A daemon's directory: its /dev/shm unmounted first (removing the files of a
-        mounted tmpfs would leave the mount behind)."""
-        self.host.drop_shm(base / "shm")
-        shutil.rmtree(base, ignore_errors=True)
+        drop_daemon_dirs(self.host, base)
 
     def report_forgotten(self, known_claims: set[str]) -> None:
         """Startup: says what the ledger holds for claims the checkpoint does not (it was

@@ -32,13 +32,13 @@ def test_the_daemon_runs_the_drivers_control_daemon_in_the_foreground(tmp_path: 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_the_daemons_shm_is_a_sized_tmpfs_anyone_may_write(tmp_path: Path) -> None:
     """Not a directory of the state volume: a tmpfs of the size asked, mode 1777 whatever
-    the umask, and gone (unmounted, removed) after drop_shm."""
+    the umask, and gone (unmounted, removed) after drop_tmpfs."""
     shm = tmp_path / "mps" / "claim-0" / "shm"
     host = RealHost()
     old = os.umask(0o022)
     try:
-        host.make_shm(shm, size=8 << 20)
-        host.make_shm(shm, size=8 << 20)  # idempotent: one mount
+        assert host.make_tmpfs(shm, size=8 << 20, mode=0o1777)
+        assert not host.make_tmpfs(shm, size=8 << 20, mode=0o1777)  # idempotent: one mount
     finally:
         os.umask(old)
     try:
@@ -50,5 +50,5 @@ def test_the_daemons_shm_is_a_sized_tmpfs_anyone_may_write(tmp_path: Path) -> No
         assert {"size=8192k", "nosuid", "nodev", "noexec"} <= options, options
         assert stat.S_IMODE(shm.stat().st_mode) == 0o1777
     finally:
-        host.drop_shm(shm)
+        host.drop_tmpfs(shm)
     assert not os.path.ismount(shm) and not shm.exists()

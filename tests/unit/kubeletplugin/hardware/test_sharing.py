@@ -15,7 +15,7 @@ import pytest
 
 from dradriver.errors import DriverError
 from dradriver.kubeletplugin.daemons.spec import DaemonRef
-from dradriver.kubeletplugin.hardware.sharing import MPS_SHM_SIZE
+from dradriver.kubeletplugin.hardware.sharing import LOG_SIZE, MPS_SHM_SIZE, PIPE_SIZE
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.records import Mps
 from tests.support.node import DRIVER, lose_checkpoint
@@ -81,6 +81,14 @@ def test_mps_daemon_compute_mode_and_limits(node: Node) -> None:
     # the umask: a container's non-root user must be able to write it.
     assert stat.S_IMODE(os.stat(shm).st_mode) == 0o1777
     assert (Path(shm).parent / "shm-size").read_text() == str(MPS_SHM_SIZE)
+    # The pipe and log directories too are memory of a bounded size (tmpfs on a real
+    # node), never the disk that holds the checkpoint, with explicit modes.
+    base = Path(pipe).parent
+    assert (base / "pipe-size").read_text() == str(PIPE_SIZE)
+    assert (base / "log-size").read_text() == str(LOG_SIZE)
+    assert (
+        stat.S_IMODE(os.stat(pipe).st_mode) == stat.S_IMODE(os.stat(base / "log").st_mode) == 0o755
+    )
     assert node.driver.unprepare([ref]) == {ref.uid: ""}
     assert node.daemons() == [] and not node.local.serving(d.sharing.daemon)
     assert node.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
