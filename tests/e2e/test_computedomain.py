@@ -507,9 +507,17 @@ def test_a_two_node_job_runs_in_one_imex_domain(
     one a node; the other clique never) and its four GPUs on the same node; each node's
     plugin starts its IMEX daemon once both nodes have joined, with both as peers; the
     pods run with the channel's device node and their GPUs; the domain reads Ready;
-    deleting the pods stops the daemons and leaves no file behind."""
+    deleting the pods stops the daemons and leaves no file behind. Each daemon is a pod of
+    its own: cd-a1's plugin, run as the init of its own PID namespace as in its
+    container, SIGKILLed under the running job, leaves both daemons running and
+    connected, and its next instance adopts them (Q20)."""
     controllers("sched")
     ns = namespace
+    a1 = rack.plugins["cd-a1"]
+    a1.stop()
+    a1.prefix = ("unshare", "--pid", "--fork", "--kill-child")
+    a1.start()
+    wait_for(a1.ready, "cd-a1's plugin in its own PID namespace", 30)
     domain_doc, *rest = load_yaml(REPO / "examples" / "claims" / "computedomain-job.yaml")
     assert (domain_doc["kind"], domain_doc["metadata"]["name"]) == (cd.KIND, "train")
     apply_object(kube, domain_doc, ns)
@@ -559,6 +567,21 @@ def test_a_two_node_job_runs_in_one_imex_domain(
     pids = rack.kubelets["cd-a1"].host_processes() + rack.kubelets["cd-a2"].host_processes()
     assert len(pids) == 2
     assert rack.imex_configs("cd-b1") == []
+    uids = sorted(p["metadata"]["uid"] for n in ("cd-a1", "cd-a2") for p in daemons[n])
+    a1.stop(signal.SIGKILL)
+    assert all(process_alive(p) for p in pids)
+    a1.start()
+    wait_for(a1.ready, "cd-a1's plugin in a new PID namespace", 30)
+    assert (
+        sorted(p["metadata"]["uid"] for n in ("cd-a1", "cd-a2") for p in imex_pods(kube, n)) == uids
+    )
+    assert sorted(
+        rack.kubelets["cd-a1"].host_processes() + rack.kubelets["cd-a2"].host_processes()
+    ) == sorted(pids)
+    assert "IMEX daemon started again" not in a1.log()
+    for n in ("cd-a1", "cd-a2"):
+        (config,) = rack.imex_configs(n)
+        assert all(peer["connected"] for peer in query(config)["nodes"]), query(config)
     for n in names:
         kube.delete(path_for("v1", "pods", ns, name=n))
     for n in names:
