@@ -73,6 +73,9 @@ class Daemon:
             )
         self.never_ready = config.get("FAKE_NEVER_READY") == "1"
         self.connected: dict[str, bool] = {n: n == self.ip for n in self.nodes}
+        # How often our connection to each peer was made: 1 while the domain has stayed
+        # up since this daemon started (a restarted peer is connected to again).
+        self.connects: dict[str, int] = dict.fromkeys(self.nodes, 0)
         self.stop = threading.Event()
         self.lock = threading.Lock()
 
@@ -135,10 +138,14 @@ class Daemon:
     def _set(self, peer: str, up: bool) -> None:
         with self.lock:
             self.connected[peer] = up
+            self.connects[peer] += up
 
     def status(self) -> dict[str, object]:
         with self.lock:
-            nodes = [{"address": n, "connected": self.connected[n]} for n in self.nodes]
+            nodes = [
+                {"address": n, "connected": self.connected[n], "connects": self.connects[n]}
+                for n in self.nodes
+            ]
         return {"status": "UNAVAILABLE" if self.never_ready else "READY", "nodes": nodes}
 
     def _answer(self, conn: socket.socket) -> None:

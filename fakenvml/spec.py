@@ -2,7 +2,7 @@
 
 Shorthand (the `fake:` prefix is optional here):
 
-    spec    := group ( "+" group )*  |  "@" PATH
+    spec    := [ "driver=" VERSION ";" ] group ( "+" group )*  |  "@" PATH
     group   := [ COUNT "x" ] PRODUCT [ ":" option ( "," option )* ]
     option  := "nvlink=" ( "none" | "pairs" | "quads" | "all" | "fabric" )
              | "mig=" ( "on" | "off" )
@@ -13,6 +13,7 @@ Shorthand (the `fake:` prefix is optional here):
     4xA100-80GB+2xL4                 two groups; GPU indices run on across groups
     4xA100-80GB:nvlink=pairs,mig=on  NVLink bridges between GPU 2k and 2k+1, MIG enabled
     8xH100-80GB:absent=3             the same board with its fourth GPU gone
+    driver=570.158.01;4xGB200        one GB200 tray on that driver (default: 570.86.15)
 
 Products (case-insensitive; facts and sources in products.py): A100-40GB, A100-80GB, A30,
 H100-80GB, H100-NVL, GH200-96GB, GH200-144GB, H200-141GB, H200-NVL, H20, B200, GB200, B300,
@@ -148,8 +149,17 @@ def parse(spec: str) -> MachineSpec:
         raise FakeSpecError("empty device spec: expected e.g. 8xH100-80GB or @fleet.yaml")
     if text.startswith("@"):
         return parse_yaml_file(Path(text[1:]))
+    driver = None
+    if text.startswith("driver="):
+        head, sep, text = text.partition(";")
+        driver = head.removeprefix("driver=").strip()
+        if not sep or not re.fullmatch(r"\d+\.\d+(\.\d+)?", driver):
+            raise FakeSpecError(
+                f"{head!r}: expected driver=VERSION; before the groups, e.g. "
+                "driver=570.158.01;4xGB200"
+            )
     groups = tuple(_parse_group(part.strip(), n) for n, part in enumerate(text.split("+")))
-    return _checked(MachineSpec(groups))
+    return _checked(MachineSpec(groups, driver))
 
 
 _GROUP = re.compile(r"^(?:(?P<count>\d+)\s*[xX]\s*)?(?P<product>[A-Za-z0-9-]+)(?::(?P<opts>.*))?$")

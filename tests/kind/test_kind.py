@@ -24,6 +24,7 @@ from dradriver_dev.kind.demo import (
     IMAGE_REPOSITORY,
     Kind,
     apply,
+    domain_example_docs,
     example_docs,
     inside,
     pods_of,
@@ -38,6 +39,9 @@ EXAMPLES = {"four-nvlinked-gpus", "mig-1g10gb"}
 # A claim shared by MPS (two pods) and a share by memory: each runs under an MPS daemon,
 # a pod of its own on its node that must outlive the plugin (Q20).
 DAEMON_EXAMPLES = {"mps-a", "mps-b", "share-a"}
+# A two-node ComputeDomain on the GB200 trays: an IMEX daemon a node, peers of each other.
+DOMAIN_PODS = {"train-0", "train-1"}
+TRAYS = ("gb200",)
 
 
 def sh(node: str, script: str) -> str:
@@ -49,11 +53,24 @@ def sh(node: str, script: str) -> str:
     return done.stdout
 
 
-def nodes_by_group(k: Kind) -> dict[str, str]:
-    return {
-        n["metadata"]["labels"][GROUP_LABEL]: n["metadata"]["name"]
-        for n in k.kubectl.json("get", "nodes")["items"]
-    }
+def nodes_by_group(k: Kind) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for n in k.kubectl.json("get", "nodes")["items"]:
+        out.setdefault(n["metadata"]["labels"][GROUP_LABEL], []).append(n["metadata"]["name"])
+    return {g: sorted(ns) for g, ns in out.items()}
+
+
+def all_nodes(k: Kind) -> list[str]:
+    return sorted(n for ns in nodes_by_group(k).values() for n in ns)
+
+
+def plugins_on(k: Kind, node: str) -> list[dict[str, Any]]:
+    """The plugin pods on `node` (two while a rolling update runs them side by side)."""
+    pods: list[dict[str, Any]] = k.kubectl.json(
+        "-n", HELM_NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/component=kubelet-plugin",
+        "--field-selector", f"spec.nodeName={node}",
+    )["items"]  # fmt: skip
+    return pods
 
 
 def plugin_pods(k: Kind, group: str) -> list[dict[str, Any]]:
@@ -139,14 +156,16 @@ def test_image_is_what_a_user_runs(k: Kind) -> None:
 def test_chart_comes_up_ready_on_every_node(k: Kind) -> None:
     k.install("dev")
     groups = nodes_by_group(k)
-    assert sorted(groups) == ["h100", "mixed", "shared"]
-    for group, node in groups.items():
-        (pod,) = plugin_pods(k, group)
+    assert sorted(groups) == ["gb200", "h100", "mixed", "shared"]
+    assert [len(groups[g]) for g in sorted(groups)] == [2, 1, 1, 1]
+    for group, nodes in groups.items():
         # Ready means /readyz answered: registered with the kubelet, slices published, and
         # the API server reached with the pod's own ServiceAccount token (in-cluster).
-        assert ready(pod) and pod["spec"]["nodeName"] == node, pod["status"]
+        pods = plugin_pods(k, group)
+        assert sorted(p["spec"]["nodeName"] for p in pods) == nodes
+        assert all(ready(p) for p in pods), [p["status"] for p in pods]
     pools = {s["spec"]["pool"]["name"] for s in k.kubectl.json("get", "resourceslices")["items"]}
-    assert pools == set(groups.values())
+    assert pools == set(all_nodes(k))
     # kind runs the newest line, with no feature gate set: what the driver needs is on by
     # default there, and the dynamic MIG node's counter sets are published apart.
     versions = {
@@ -154,7 +173,7 @@ def test_chart_comes_up_ready_on_every_node(k: Kind) -> None:
     }
     assert versions == {NEWEST.release}
     h100 = k.kubectl.json(
-        "get", "resourceslices", "--field-selector", f"spec.nodeName={groups['h100']}"
+        "get", "resourceslices", "--field-selector", f"spec.nodeName={groups['h100'][0]}"
     )
     assert any(
         s["spec"].get("sharedCounters") and not s["spec"].get("devices") for s in h100["items"]
@@ -165,7 +184,7 @@ def test_chart_comes_up_ready_on_every_node(k: Kind) -> None:
     assert [d["status"].get("readyReplicas") for d in ctrl] == [1]
     # The registration and DRA sockets in the kubelet's directories, on the host paths
     # the chart mounts.
-    for node in groups.values():
+    for node in all_nodes(k):
         assert f"{DRIVER}-" in sh(node, "ls /var/lib/kubelet/plugins_registry")
         assert "dra-" in sh(node, f"ls /var/lib/kubelet/plugins/{DRIVER}")
 
@@ -194,7 +213,21 @@ def claims(k: Kind) -> list[dict[str, Any]]:
     }
     docs = [d for d in docs if d["kind"] == "Pod" or d["metadata"]["name"] in wanted]
     apply(k.kubectl, docs, NS)
-    return docs
+    # The domain first: its template, which the pods name, is the controller's to make.
+    domain, *rest = domain_example_docs(f"{IMAGE_REPOSITORY}:dev")
+    apply(k.kubectl, [domain], NS)
+    k.kubectl.wait_for(
+        "the domain's channel template",
+        lambda: (
+            k.kubectl.run(
+                "-n", NS, "get", "resourceclaimtemplate", "train-channel", check=False
+            ).returncode
+            == 0
+        ),
+        timeout=60,
+    )
+    apply(k.kubectl, rest, NS)
+    return [*docs, domain, *rest]
 
 
 def test_claims_run_with_their_devices_inside_the_container(
@@ -282,20 +315,47 @@ def beating(k: Kind, pods: list[str]) -> dict[str, int]:
 
 
 def test_daemons_run_in_pods_of_their_own(k: Kind, claims: list[dict[str, Any]]) -> None:
-    assert wait_running(k.kubectl, sorted(DAEMON_EXAMPLES), namespace=NS), k.kubectl.run(
+    names = sorted(DAEMON_EXAMPLES | DOMAIN_PODS)
+    assert wait_running(k.kubectl, names, namespace=NS), k.kubectl.run(
         "-n", NS, "describe", "pods"
     ).stdout
     daemons = daemon_pods(k)
-    # One for the MPS claim of mps-a and mps-b, one for the shared node's device.
-    assert len(daemons) == 2, sorted(daemons)
+    # One for the MPS claim of mps-a and mps-b, one for the shared node's device, and the
+    # domain's IMEX daemon on each tray.
+    roles = sorted(d["metadata"]["labels"]["app.kubernetes.io/component"] for d in daemons.values())
+    assert roles == ["imex-daemon", "imex-daemon", "mps-daemon", "mps-daemon"], sorted(daemons)
     where = {p["spec"]["nodeName"] for p in daemons.values()}
     pods = {p["metadata"]["name"]: p for p in k.kubectl.json("-n", NS, "get", "pods")["items"]}
-    assert where == {pods[n]["spec"]["nodeName"] for n in DAEMON_EXAMPLES}
+    assert where == {pods[n]["spec"]["nodeName"] for n in names}
     for d in daemons.values():
         assert d["status"]["phase"] == "Running", d["status"]
         assert d["spec"]["containers"][0]["image"] == f"{IMAGE_REPOSITORY}:dev"
         assert d["metadata"]["ownerReferences"][0]["kind"] == "Node"
     beating(k, sorted(DAEMON_EXAMPLES))
+    # Both trays' daemons connected to each other, each connection made once.
+    assert imex_links(k) == {(n, peer): 1 for n, peer in imex_links(k)}
+    assert len(imex_links(k)) == 2
+
+
+def imex_links(k: Kind) -> dict[tuple[str, str], int]:
+    """(tray, peer address) -> how often the tray's IMEX daemon connected to that peer
+    (fake nvidia-imex-ctl -N -j in the tray's plugin pod, in the host's network): 1 while
+    the domain has stayed up. Only connected peers are listed."""
+    uid = k.kubectl.json("-n", NS, "get", "computedomain", "train")["metadata"]["uid"]
+    out = {}
+    for pod in plugin_pods(k, "gb200"):
+        if not ready(pod):
+            continue
+        said = k.kubectl.run(
+            "-n", HELM_NAMESPACE, "exec", pod["metadata"]["name"], "--", "python3", "-m",
+            "fakenvml.imexctl", "-c", f"/var/lib/dradriver/imex/{uid}/config.cfg", "-N", "-j",
+            timeout=60,
+        ).stdout  # fmt: skip
+        status = json.loads(said)
+        for peer in status["nodes"]:
+            if peer["connected"] and peer.get("connects"):
+                out[(pod["spec"]["nodeName"], peer["address"])] = int(peer["connects"])
+    return out
 
 
 def test_daemons_outlive_the_plugin_deleted_and_killed(
@@ -305,39 +365,42 @@ def test_daemons_outlive_the_plugin_deleted_and_killed(
     container's PID 1, whose namespace the kernel then empties): the daemons' pods run on,
     the same processes, and their clients' heartbeats go on; the new instances adopt them."""
     before = {n: identity(p) for n, p in daemon_pods(k).items()}
-    nodes = {p["spec"]["nodeName"] for p in daemon_pods(k).values()}
-    groups = {g: n for g, n in nodes_by_group(k).items() if n in nodes}
-    for group in groups:
-        (pod,) = plugin_pods(k, group)
+    links = imex_links(k)
+    nodes = sorted({p["spec"]["nodeName"] for p in daemon_pods(k).values()})
+    for node in nodes:
+        (pod,) = plugins_on(k, node)
         k.kubectl.run("-n", HELM_NAMESPACE, "delete", "pod", pod["metadata"]["name"], timeout=120)
-    for group in groups:
+    for node in nodes:
         k.kubectl.wait_for(
-            f"the {group} plugin back",
-            lambda group=group: [p for p in plugin_pods(k, group) if ready(p)] != [],
+            f"the plugin on {node} back",
+            lambda node=node: [p for p in plugins_on(k, node) if ready(p)] != [],
             timeout=120,
         )
     assert {n: identity(p) for n, p in daemon_pods(k).items()} == before
     beating(k, sorted(DAEMON_EXAMPLES))
-    for group, node in groups.items():
-        (pod,) = [p for p in plugin_pods(k, group) if ready(p)]
+    assert imex_links(k) == links
+    for node in nodes:
+        (pod,) = [p for p in plugins_on(k, node) if ready(p)]
         restarts = int(pod["status"]["containerStatuses"][0].get("restartCount", 0))
         # The pattern's brackets keep it from matching this shell's own command line.
         sh(node, "pkill -9 -f '[d]radriver kubelet-plugin'")
         k.kubectl.wait_for(
-            f"the {group} plugin restarted after SIGKILL",
-            lambda group=group, restarts=restarts: any(
+            f"the plugin on {node} restarted after SIGKILL",
+            lambda node=node, restarts=restarts: any(
                 ready(p)
                 and int(p["status"]["containerStatuses"][0].get("restartCount", 0)) > restarts
-                for p in plugin_pods(k, group)
+                for p in plugins_on(k, node)
             ),
             timeout=120,
         )
     assert {n: identity(p) for n, p in daemon_pods(k).items()} == before
     beating(k, sorted(DAEMON_EXAMPLES))
-    for group in groups:
-        (pod,) = plugin_pods(k, group)
+    assert imex_links(k) == links
+    for node in nodes:
+        (pod,) = plugins_on(k, node)
         log = k.kubectl.run("-n", HELM_NAMESPACE, "logs", pod["metadata"]["name"]).stdout
         assert "not serving; starting it again" not in log, log[-3000:]
+        assert "IMEX daemon started again" not in log, log[-3000:]
 
 
 def test_helm_upgrade_rolls_the_plugin_side_by_side_without_losing_a_claim(
@@ -345,7 +408,8 @@ def test_helm_upgrade_rolls_the_plugin_side_by_side_without_losing_a_claim(
 ) -> None:
     k.image("dev-next", revision="next")
     daemons = {n: identity(p) for n, p in daemon_pods(k).items()}
-    assert len(daemons) == 2
+    links = imex_links(k)
+    assert len(daemons) == 4 and len(links) == 2
     seen_together: set[int] = set()
     stop = threading.Event()
 
@@ -369,37 +433,41 @@ def test_helm_upgrade_rolls_the_plugin_side_by_side_without_losing_a_claim(
         watcher.join()
     # maxSurge 1, maxUnavailable 0: the new instance ran beside the old before it went.
     assert 2 in seen_together, seen_together
-    for group in ("h100", "mixed", "shared"):
+    for node in all_nodes(k):
         # The rollout is done when helm returns; the old pod may still be on its way out
         # (its graceful stop), so until it is gone there are two.
+        # helm's --wait counts a DaemonSet done with maxUnavailable pods not ready yet (the
+        # GB200 trays' plugins, in the host's network, are replaced in place).
         k.kubectl.wait_for(
-            f"the old {group} plugin pod gone",
-            lambda group=group: len(plugin_pods(k, group)) == 1,
-            timeout=60,
+            f"the old plugin pod on {node} gone, the new one ready",
+            lambda node=node: len(pods := plugins_on(k, node)) == 1 and ready(pods[0]),
+            timeout=90,
         )
-        (pod,) = plugin_pods(k, group)
-        assert pod["spec"]["containers"][0]["image"].endswith(":dev-next") and ready(pod)
+        (pod,) = plugins_on(k, node)
+        assert pod["spec"]["containers"][0]["image"].endswith(":dev-next")
     # The daemons ran on under the upgrade: the same pods and processes, of the old image,
     # their clients still served; so through a rollback.
     assert {n: identity(p) for n, p in daemon_pods(k).items()} == daemons
     beating(k, sorted(DAEMON_EXAMPLES))
+    assert imex_links(k) == links
     run_helm_rollback(k)
-    for group in ("h100", "mixed", "shared"):
+    for node in all_nodes(k):
         k.kubectl.wait_for(
-            f"the {group} plugin rolled back",
-            lambda group=group: (
+            f"the plugin on {node} rolled back",
+            lambda node=node: (
                 [
                     p
-                    for p in plugin_pods(k, group)
+                    for p in plugins_on(k, node)
                     if ready(p) and p["spec"]["containers"][0]["image"].endswith(":dev")
                 ]
                 != []
-                and len(plugin_pods(k, group)) == 1
+                and len(plugins_on(k, node)) == 1
             ),
             timeout=180,
         )
     assert {n: identity(p) for n, p in daemon_pods(k).items()} == daemons
     beating(k, sorted(DAEMON_EXAMPLES))
+    assert imex_links(k) == links
     # The claims prepared by the old instance are the new one's: the pods still run, and
     # unpreparing through the new instance removes their CDI spec and the MIG device.
     assert wait_running(k.kubectl, [p["metadata"]["name"] for p in pods_of(claims)], 30, NS)
@@ -425,9 +493,9 @@ def test_deleting_the_pods_removes_cdi_specs_and_mig_devices(
     k.kubectl.run("-n", NS, "delete", "pods", "--all", "--wait=true", timeout=180)
     # Each daemon went with the last claim it served, and its directories with it.
     k.kubectl.wait_for("the daemons' pods gone", lambda: daemon_pods(k) == {}, timeout=120)
-    for node in nodes_by_group(k).values():
+    for node in all_nodes(k):
         assert sh(node, "ls -A /var/lib/dradriver/mps 2>/dev/null || true").split() == [], node
-    for node in nodes_by_group(k).values():
+    for node in all_nodes(k):
         k.kubectl.wait_for(
             f"{node}'s CDI specs removed",
             # Claims' specs; the node's driver spec stays while the driver is installed.
@@ -445,7 +513,7 @@ def test_uninstall_leaves_nothing_behind_on_the_nodes(k: Kind) -> None:
         lambda: not k.kubectl.json("-n", HELM_NAMESPACE, "get", "pods")["items"],
         timeout=120,
     )
-    for node in nodes_by_group(k).values():
+    for node in all_nodes(k):
         assert not [f for f in cdi_specs(node) if "dradriver" in f]
         assert DRIVER not in sh(node, "ls /var/lib/kubelet/plugins_registry")
         assert not sh(node, f"ls /var/lib/kubelet/plugins/{DRIVER} 2>/dev/null || true").split()

@@ -243,20 +243,22 @@ def offline_addons(kubectl: Kubectl) -> None:
 FAKE_DRIVER_ROOT = "/opt/fake-nvidia-driver"
 
 
-def install_fake_driver(kind_bin: str) -> None:
+def install_fake_driver(kind_bin: str, versions: dict[str, str]) -> None:
     """The fake GPUs' driver on every node, as NVIDIA's installer lays it out
-    (fakenvml.driver_root): what NVIDIA's toolkit in the plugin finds and containers get."""
+    (fakenvml.driver_root): what NVIDIA's toolkit in the plugin finds and containers get.
+    `versions`: node -> the driver version its fake GPUs report (the default elsewhere)."""
     from dradriver_dev.driver_files import fake_driver_root
+    from fakenvml.machine import DEFAULT_DRIVER_VERSION
 
-    root = fake_driver_root()
     for node in node_containers(kind_bin):
+        root = fake_driver_root(versions.get(node, DEFAULT_DRIVER_VERSION))
         run(["docker", "exec", node, "mkdir", "-p", FAKE_DRIVER_ROOT], what="mkdir", quiet=True)
         run(
             ["docker", "cp", f"{root}/.", f"{node}:{FAKE_DRIVER_ROOT}"],
-            what=f"the fake driver onto {node}",
+            what=f"the fake driver {root.name} onto {node}",
             quiet=True,
         )
-    say(f"fake NVIDIA driver ({root.name}) installed in {FAKE_DRIVER_ROOT} on every node")
+    say(f"fake NVIDIA drivers installed in {FAKE_DRIVER_ROOT} on every node")
 
 
 def load_image(kind_bin: str, image: str) -> None:

@@ -141,10 +141,26 @@ def up(tag: str = "dev", *, fresh: bool = False) -> Kind:
         if cluster.exists(kind):
             cluster.down(kind)
         cluster.create(kind, images, kubectl)
-    cluster.install_fake_driver(kind)
+    cluster.install_fake_driver(kind, driver_versions(kubectl))
     k.image(tag)
     say(f"cluster and image ready in {time.monotonic() - t0:.0f}s")
     return k
+
+
+def driver_versions(kubectl: Kubectl) -> dict[str, str]:
+    """node -> the driver version its node group's fake GPUs report (deploy/kind/values.yaml:
+    the GB200 trays' is newer, the first with IMEX channels for containers)."""
+    from dradriver_dev.driver_files import driver_version
+
+    groups = {
+        g["name"]: driver_version(g["devices"])
+        for g in yaml.safe_load(VALUES.read_text()).get("nodeGroups") or []
+    }
+    return {
+        n["metadata"]["name"]: groups[n["metadata"]["labels"][GROUP_LABEL]]
+        for n in kubectl.json("get", "nodes")["items"]
+        if n["metadata"].get("labels", {}).get(GROUP_LABEL) in groups
+    }
 
 
 def example_docs(image: str) -> list[dict[str, Any]]:
@@ -152,26 +168,34 @@ def example_docs(image: str) -> list[dict[str, Any]]:
     containers running `image` (the examples' CUDA image and its nvidia-smi need a real
     GPU; the driver's own image is on every node already) so that `kubectl exec` can
     look inside."""
-    docs = []
-    for doc in base_demo.example_documents():
-        if doc["kind"] == "Pod":
-            spec = doc["spec"]
-            group = PLACEMENT.get(doc["metadata"]["name"])
-            if group:
-                spec["nodeSelector"] = {GROUP_LABEL: group}
-            else:  # the shared node's GPU is for the shares alone
-                term = {"key": GROUP_LABEL, "operator": "NotIn", "values": ["shared"]}
-                required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
-                spec["affinity"] = {
-                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
-                }
-            for c in spec["containers"]:
-                c["image"] = image
-                c["command"] = ["sleep", "infinity"]
-                c.pop("args", None)
-            spec["terminationGracePeriodSeconds"] = 1
-        docs.append(doc)
-    return docs
+    return [_placed(doc, image) for doc in base_demo.example_documents()]
+
+
+def domain_example_docs(image: str) -> list[dict[str, Any]]:
+    """examples/claims/computedomain-job.yaml, its pods on the GB200 trays and running
+    `image`, as example_docs places the others (`make demo` shows it on its own)."""
+    path = base_demo.REPO / "examples" / "claims" / "computedomain-job.yaml"
+    return [_placed(doc, image, "gb200") for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _placed(doc: dict[str, Any], image: str, group: str | None = None) -> dict[str, Any]:
+    if doc["kind"] == "Pod":
+        spec = doc["spec"]
+        group = group or PLACEMENT.get(doc["metadata"]["name"])
+        if group:
+            spec["nodeSelector"] = {GROUP_LABEL: group}
+        else:  # the shared node's GPU is for the shares alone, the trays' for domains
+            term = {"key": GROUP_LABEL, "operator": "NotIn", "values": ["shared", "gb200"]}
+            required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
+            spec["affinity"] = {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+            }
+        for c in spec["containers"]:
+            c["image"] = image
+            c["command"] = ["sleep", "infinity"]
+            c.pop("args", None)
+        spec["terminationGracePeriodSeconds"] = 1
+    return doc
 
 
 def pods_of(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:

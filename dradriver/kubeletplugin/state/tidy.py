@@ -29,8 +29,10 @@ OWNED_FILE = re.compile(
 # Directories it writes, and what they may hold for the tidy to empty them.
 OWNED_DIRS = {
     "locks": re.compile(r"GPU-[0-9a-fA-F-]+\.lock|MIG-[0-9a-fA-F-]+\.lock|[^/]+\.lock"),
-    # MPS pipe and log directories: empty once every daemon is gone.
+    # MPS pipe and log directories, IMEX daemons' config directories: empty once every
+    # daemon is gone.
     "mps": None,
+    "imex": None,
 }
 
 

@@ -183,3 +183,14 @@ def test_an_absent_gpu_shifts_indices_but_no_identity(tmp_path: Path) -> None:
     fleet.write_text("gpus:\n  - {product: L4, count: 3, absent: [0, 2]}\n")
     (only,) = build(parse(f"@{fleet}"), "n")
     assert (only.index, only.minor) == (0, 1)
+
+
+def test_a_shorthand_spec_may_name_its_driver() -> None:
+    """A node on another driver than the default without a fleet file (kind's GB200 trays:
+    IMEX channels need 570.158.01)."""
+    spec = parse("fake:driver=570.158.01;4xGB200:cluster=rack-7,clique=1")
+    assert spec.driver_version == "570.158.01" and spec.gpu_count == 4
+    assert parse("4xGB200").driver_version is None
+    for bad in ("driver=570;", "driver=abc;4xGB200", "driver=570.1.2 4xGB200"):
+        with pytest.raises(FakeSpecError, match="driver=VERSION"):
+            parse(bad)

@@ -39,7 +39,8 @@ def make(root: Path, files: list[str], dirs: tuple[str, ...] = ()) -> None:
 
 def test_an_uninstall_removes_everything_the_plugin_wrote(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    make(state, WRITTEN, ("mps/claim-0/pipe", "mps/claim-0/log"))
+    # An IMEX node's empty config directory too (read off a kind GB200 tray).
+    make(state, WRITTEN, ("mps/claim-0/pipe", "mps/claim-0/log", "imex"))
     plan = plan_tidy(entries_of(state))
     assert sorted(plan.files) == sorted(WRITTEN)
     assert plan.kept == ()
