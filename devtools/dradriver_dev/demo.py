@@ -169,6 +169,9 @@ def start_node(
             # Its MPS and IMEX daemons as pods the hollow node runs as host processes.
             "--daemon-image",
             hollow.HOST_IMAGE,
+            # The fake GPUs' driver is 570 (MPS v2): the demo's shares, one tenant's.
+            "--mps-v2-shares",
+            "allow",
             *PLUGIN_ARGS.get(name, []),
             *(domains.plugin_args(imex_ports()) if name in domains.TRAYS else []),
         ],

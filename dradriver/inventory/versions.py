@@ -1,4 +1,5 @@
-"""Versions as ResourceSlice `version` attributes need them: strict semver 2.0.0."""
+"""Versions as ResourceSlice `version` attributes need them (strict semver 2.0.0), and what a
+driver version gives."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ def cuda_version(encoded: int) -> str:
 
 def compute_capability(major: int, minor: int) -> str:
     return f"{major}.{minor}.0"
+
+
+# The first driver branch with MPS v3 (servers, namespaces): NVIDIA's MPS documentation.
+MPS_V3_FROM = 615
+
+
+def mps_protocol(driver_version: str) -> int:
+    """The MPS control protocol a driver speaks: 3 from r615 (per-share servers and
+    namespaces), else 2."""
+    major = driver_version.split(".", 1)[0]
+    return 3 if major.isdigit() and int(major) >= MPS_V3_FROM else 2

@@ -99,6 +99,7 @@ def run_plugin(
         profiles=opts.mig_profiles,
         health=health,
         consumable=opts.consumable,
+        mps_v2_shares=opts.mps_v2_shares,
         imex_channels=opts.imex_channels,
         line=server.line,
     )
@@ -313,9 +314,10 @@ def _preparer(
 ) -> Preparer:
     """The prepare side: the hardware steps the options turn on, the executor, the
     preparer over the checkpoint and the node lock."""
+    from dradriver.inventory.versions import mps_protocol
     from dradriver.kubeletplugin.daemons.pods import DaemonPods
     from dradriver.kubeletplugin.daemons.spec import PodSite
-    from dradriver.kubeletplugin.hardware.shares import ShareSteps, mps_protocol
+    from dradriver.kubeletplugin.hardware.shares import ShareSteps
     from dradriver.kubeletplugin.hardware.sharing import SharingSteps
     from dradriver.kubeletplugin.prepare import cdi, wiring
     from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
@@ -333,14 +335,6 @@ def _preparer(
         pod_memory = PodMemory(nvml.module, opts.cgroup_root)
         pod_memory.probe(
             next((d.uuid for d in view.devices().values() if d.kind is DeviceKind.GPU), None)
-        )
-    if opts.consumable.mode is not ConsumableMode.OFF and mps_protocol(view.driver_version) < 3:
-        log.warning(
-            "shares of a GPU on a driver before r615 (MPS v2): their limits are the "
-            "clients' own variables, and every share's container gets the device daemon's "
-            "whole pipe directory (it can stop the daemon); give one GPU's shares to one "
-            "tenant, or run r615+ (docs/user-guide.md, shares)",
-            driver=view.driver_version,
         )
     writer = cdi.CdiWriter(opts.cdi_dir, opts.driver_name)
     mps_root = opts.state_dir / "mps"

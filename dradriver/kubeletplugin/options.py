@@ -60,6 +60,7 @@ class PluginOptions:
     imex_cmd_port: int
     nvlink_domain_label: bool
     mps_shm_size: int  # bytes
+    mps_v2_shares: bool  # shares of a GPU on drivers before r615, without isolation
     daemon_image: str  # the image of the daemons' pods; empty: none can be started
     daemon_namespace: str
     healthz_address: str
@@ -123,6 +124,7 @@ def parse(args: argparse.Namespace) -> PluginOptions:
         imex_cmd_port=args.imex_cmd_port,
         nvlink_domain_label=args.nvlink_domain_label == "on",
         mps_shm_size=mps_shm_size,
+        mps_v2_shares=args.mps_v2_shares == "allow",
         daemon_image=args.daemon_image,
         daemon_namespace=args.daemon_namespace,
         healthz_address=args.healthz_address,
@@ -250,6 +252,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "1Gi",
         help="size of the tmpfs each MPS control daemon and its clients get as /dev/shm "
         "(a quantity such as 1Gi; the containers' /dev/shm too, charged to their memory)",
+    )
+    flags.add(
+        p,
+        "--mps-v2-shares",
+        "refuse",
+        help="with --consumable-capacity on a driver before r615 (MPS v2, no per-share MPS "
+        "server): refuse (publish the GPUs whole: every share's container would get the "
+        "device daemon's whole pipe directory, so one tenant could stop it or retune the "
+        "others) or allow (share all the same, for one tenant's pods)",
+        choices=["refuse", "allow"],
     )
     flags.add(
         p,

@@ -372,6 +372,9 @@ class PluginProc(DradriverProcess):
                 # Its MPS and IMEX daemons as pods, which the hollow node runs as processes.
                 "--daemon-image",
                 HOST_IMAGE,
+                # The fake GPUs' default driver is 570 (MPS v2): shares as the tests ask.
+                "--mps-v2-shares",
+                "allow",
                 *self.extra_args,
             ]
         )

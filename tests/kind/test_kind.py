@@ -332,6 +332,13 @@ def test_daemons_run_in_pods_of_their_own(k: Kind, claims: list[dict[str, Any]])
         assert d["spec"]["containers"][0]["image"] == f"{IMAGE_REPOSITORY}:dev"
         assert d["metadata"]["ownerReferences"][0]["kind"] == "Node"
     beating(k, sorted(DAEMON_EXAMPLES))
+    # A client reads its daemon's log directory but cannot write there (the root daemon
+    # writes its logs there: a planted link would have it write elsewhere).
+    tried = k.kubectl.run(
+        "-n", NS, "exec", "mps-a", "--", "sh", "-c", 'ls "$CUDA_MPS_LOG_DIRECTORY" && '
+        'touch "$CUDA_MPS_LOG_DIRECTORY/planted"', check=False, timeout=60,
+    )  # fmt: skip
+    assert tried.returncode != 0 and "Read-only file system" in tried.stderr, tried
     # Both trays' daemons connected to each other, each connection made once.
     assert imex_links(k) == {(n, peer): 1 for n, peer in imex_links(k)}
     assert len(imex_links(k)) == 2

@@ -9,11 +9,12 @@ from collections.abc import Callable
 
 from dradriver import logs
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
+from dradriver.inventory.versions import mps_protocol
 from dradriver.k8s.lines import OLDEST, Line
 from dradriver.kubeletplugin.device_view.health import NodeHealth
 from dradriver.nvml.library import Nvml
 from dradriver.slices.build import SliceContent, build
-from dradriver.slices.consumable import OFF, Consumable
+from dradriver.slices.consumable import OFF, Consumable, ConsumableMode
 from dradriver.slices.imex import channel_slice, node_clique
 
 log = logs.get_logger("kubeletplugin")
@@ -35,10 +36,15 @@ class DeviceView:
         profiles: frozenset[str] = frozenset(),
         health: NodeHealth | None = None,
         consumable: Consumable = OFF,
+        mps_v2_shares: bool = False,
         imex_channels: bool = False,
         line: Callable[[], Line] = lambda: OLDEST,
     ) -> None:
         self.consumable = consumable
+        # Shares on a driver without MPS v3 (no isolation between their tenants): offered
+        # only when asked for (--mps-v2-shares allow).
+        self.mps_v2_shares = mps_v2_shares
+        self._shares_refused = ""
         # The API server's Kubernetes line, which the slices are laid out for.
         self.line = line
         self.imex_channels = imex_channels
@@ -81,7 +87,7 @@ class DeviceView:
             switching=self.switching,
             held_mig=self.held(owned),
             profiles=self.offered_profiles,
-            consumable=self.consumable,
+            consumable=self._consumable(inv.driver_version),
             line=self.line(),
         )
         slices = built.slices
@@ -119,6 +125,32 @@ class DeviceView:
         self.last_error = ""
         self.discovered.set()
         return slices
+
+    def _consumable(self, driver: str) -> Consumable:
+        """What is shared: nothing on a driver before r615 unless --mps-v2-shares allow
+        (said once per driver)."""
+        if self.consumable.mode is ConsumableMode.OFF or mps_protocol(driver) == 3:
+            return self.consumable
+        said = driver if not self.mps_v2_shares else f"allowed {driver}"
+        if said != self._shares_refused:
+            self._shares_refused = said
+            if self.mps_v2_shares:
+                log.warning(
+                    "shares of a GPU on a driver before r615 (MPS v2): their limits are the "
+                    "clients' own variables, and every share's container gets the device "
+                    "daemon's whole pipe directory (it can stop the daemon); give one GPU's "
+                    "shares to one tenant (docs/user-guide.md, shares)",
+                    driver=driver,
+                )
+            else:
+                log.error(
+                    "no shares of a GPU on this node: its driver is older than r615 (MPS v2), "
+                    "which cannot isolate shares from one another; the GPUs are published "
+                    "whole. Fix: a driver r615+, or --mps-v2-shares allow (Helm "
+                    "kubeletPlugin.mpsV2Shares) to share them within one tenant",
+                    driver=driver,
+                )
+        return self.consumable if self.mps_v2_shares else OFF
 
     def devices(self) -> dict[str, NodeDevice]:
         with self._lock:

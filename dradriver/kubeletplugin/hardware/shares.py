@@ -36,6 +36,7 @@ from dradriver.kubeletplugin.daemons.spec import (
 from dradriver.kubeletplugin.hardware.sharing import (
     DAEMON_START_TIMEOUT,
     MPS_SHM_SIZE,
+    client_mounts,
     drop_daemon_dirs,
     make_daemon_dirs,
 )
@@ -49,13 +50,6 @@ log = get_logger("kubeletplugin.shares")
 Save = Callable[[ClaimRecord], None]  # makes a record durable
 SERVER = "shares"  # the one MPS v3 server of a device's daemon
 MIB = 2**20
-# The first driver branch with MPS v3 (servers, namespaces): NVIDIA's MPS documentation.
-MPS_V3_FROM = 615
-
-
-def mps_protocol(driver_version: str) -> int:
-    major = driver_version.split(".", 1)[0]
-    return 3 if major.isdigit() and int(major) >= MPS_V3_FROM else 2
 
 
 def share_devices(rec: ClaimRecord) -> list[PreparedDevice]:
@@ -267,7 +261,7 @@ class ShareSteps:
         return rec
 
 
-def share_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]]:
+def share_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str, str]]]:
     """(env, mounts) a share's containers need (pure): the pipe directory of its
     namespace (only that one is mounted) or of the daemon, the daemon's log directory and
     /dev/shm, and where MPS v3 is missing the limits as the client's own variables."""
@@ -280,10 +274,7 @@ def share_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]]:
             env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share.compute_limit}")
         if share.memory_limit is not None:
             env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}={share.memory_limit // MIB}M")
-    mounts = [(share.pipe_dir, share.pipe_dir), (str(share.log_dir), str(share.log_dir))]
-    if share.shm_dir:
-        mounts.append((share.shm_dir, "/dev/shm"))
-    return env, mounts
+    return env, client_mounts(share.pipe_dir, str(share.log_dir), share.shm_dir)
 
 
 def _label(device: str) -> str:

@@ -329,7 +329,7 @@ class SharingSteps:
         return rec
 
 
-def container_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]]:
+def container_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str, str]]]:
     """(env, mounts as (host path, container path)) a container needs for the device's
     sharing setup (pure). MPS clients share the daemon's pipe and log directories, and
     its /dev/shm, where server and clients exchange memory."""
@@ -348,10 +348,17 @@ def container_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str]]
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="
             + ",".join(f"{k}={_mps_quantity(v)}" for k, v in sorted(pinned.items()))
         )
-    mounts = [(str(sh.pipe_dir), str(sh.pipe_dir)), (str(sh.log_dir), str(sh.log_dir))]
-    if sh.shm_dir:
-        mounts.append((sh.shm_dir, "/dev/shm"))
-    return env, mounts
+    return env, client_mounts(str(sh.pipe_dir), str(sh.log_dir), sh.shm_dir)
+
+
+def client_mounts(pipe: str, logs: str, shm: str | None) -> list[tuple[str, str, str]]:
+    """What an MPS client's container mounts of its daemon's: the pipe directory (to talk
+    to it), the log directory read-only (the daemon, as root, writes there: a client that
+    could plant a link would have it write elsewhere), and /dev/shm (shared memory)."""
+    mounts = [(pipe, pipe, "rw"), (logs, logs, "ro")]
+    if shm:
+        mounts.append((shm, "/dev/shm", "rw"))
+    return mounts
 
 
 def _mps(d: PreparedDevice) -> Mps:

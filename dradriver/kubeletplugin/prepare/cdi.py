@@ -84,9 +84,9 @@ class CdiDevice:
     device_nodes: Sequence[DeviceNode | str] = ()
     # Further "KEY=VALUE" variables (sharing setup such as MPS pipe directories).
     env: Sequence[str] = ()
-    # Host directories bind-mounted into the container, as (host path, container path):
-    # the MPS pipe and log directories, and the daemon's /dev/shm.
-    mounts: Sequence[tuple[str, str]] = ()
+    # Host directories bind-mounted into the container, as (host path, container path,
+    # "rw" or "ro"): the MPS pipe and log directories, and the daemon's /dev/shm.
+    mounts: Sequence[tuple[str, str, str]] = ()
     # Devices handed to a container together (one request; "" = the whole claim) share a
     # UUID list; see the module docstring.
     group: str = ""
@@ -158,8 +158,8 @@ def claim_spec(
         edits: dict[str, Any] = {"env": env}
         if dev.mounts:
             edits["mounts"] = [
-                {"hostPath": h, "containerPath": c, "options": ["rw", "bind"]}
-                for h, c in dev.mounts
+                {"hostPath": h, "containerPath": c, "options": [mode, "bind"]}
+                for h, c, mode in dev.mounts
             ]
         if dev.device_nodes:
             edits["deviceNodes"] = [_node(n) for n in dev.device_nodes]

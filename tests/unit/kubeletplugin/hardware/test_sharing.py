@@ -74,6 +74,10 @@ def test_mps_daemon_compute_mode_and_limits(node: Node) -> None:
     spec = json.loads((node.tmp / "cdi" / f"{DRIVER}-claim-{ref.uid}.json").read_text())
     mounts = spec["devices"][0]["containerEdits"]["mounts"]
     assert {"hostPath": shm, "containerPath": "/dev/shm", "options": ["rw", "bind"]} in mounts
+    # The daemon's log directory read-only: the daemon writes there as root, so a client
+    # that could plant a link there would have it write elsewhere.
+    logs = d.sharing.log_dir
+    assert {"hostPath": logs, "containerPath": logs, "options": ["ro", "bind"]} in mounts
     assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in env
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
     assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}=10240M" in env
