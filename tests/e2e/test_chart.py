@@ -154,10 +154,10 @@ def check_references(docs: list[dict[str, Any]], ns: str) -> None:
             assert subject["name"] == sa
     vaps = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
-    # Own node's slices, own node's claims' status and, where it labels, own node's
-    # clique label (the plugin); its own webhook's caBundle only, and with ComputeDomains
-    # its domains' templates only (the controller).
-    assert 3 <= len(vaps) <= 5
+    # Own node's slices, own node's claims' status, own node's daemon pods and, where it
+    # labels, own node's clique label (the plugin); its own webhook's caBundle only, and
+    # with ComputeDomains its domains' templates only (the controller).
+    assert 4 <= len(vaps) <= 6
     ctrl_sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     for vap in vaps:
         (cond,) = vap["spec"]["matchConditions"]
@@ -1634,7 +1634,7 @@ def test_mig_profiles_follow_their_value(helm: Path) -> None:
 
 
 def test_node_groups_give_each_group_its_own_daemonset(helm: Path) -> None:
-    """deploy/kind/values.yaml's three groups: a DaemonSet each, on the nodes the group's
+    """deploy/kind/values.yaml's four groups: a DaemonSet each, on the nodes the group's
     selector picks, with the group's devices and modes over the top-level values."""
     values = yaml.safe_load((REPO / "deploy" / "kind" / "values.yaml").read_text())
     values["kubeletPlugin"] = {"nodeSelector": {"gpu": "yes"}}
@@ -1644,6 +1644,7 @@ def test_node_groups_give_each_group_its_own_daemonset(helm: Path) -> None:
         if d["kind"] == "DaemonSet"
     }
     assert sorted(daemonsets) == [
+        "dradriver-kubelet-plugin-gb200",
         "dradriver-kubelet-plugin-h100",
         "dradriver-kubelet-plugin-mixed",
         "dradriver-kubelet-plugin-shared",
@@ -1662,6 +1663,11 @@ def test_node_groups_give_each_group_its_own_daemonset(helm: Path) -> None:
         "none",
         "memory",
     )
+    # The trays: IMEX channels, so in the host's network; the others not.
+    trays = daemonsets["dradriver-kubelet-plugin-gb200"]
+    assert env(trays)["DRADRIVER_IMEX_CHANNELS"] == "on" and trays.get("hostNetwork") is True
+    assert env(trays)["DRADRIVER_DEVICES"].startswith("fake:driver=570.158.01;4xGB200")
+    assert not h100.get("hostNetwork")
     # Without groups the one DaemonSet keeps its name and selector (an upgrade to this
     # chart must not need the DaemonSet recreated: a selector is immutable).
     (ds,) = [d for d in render(helm) if d["kind"] == "DaemonSet"]
