@@ -92,7 +92,10 @@ def fake_preparer(
             for d in known.values()
             if d.gpu.mig_profiles
         },
-        mig=MigPreparer(MigCarver(nvml.module), ledger, switching),
+        # As main.py wires it: MIG carving and mode switching in dynamic mode only.
+        mig=MigPreparer(MigCarver(nvml.module), ledger, switching)
+        if mode is MigMode.DYNAMIC
+        else None,
         sharing=sharing,
         shares=ShareSteps(
             nvml.module, nvml.host, daemons, tmp / "mps", sharing.ledger, lambda: mps_protocol

@@ -20,6 +20,7 @@ WHOLE = {
     "test_style.py",
     "test_tests.py",
     "test_tree.py",
+    "test_walk.py",
 }
 WHOLE_IN = {"kubeletplugin/test_layout.py"}
 

@@ -16,10 +16,15 @@ from dradriver.nvml.host import DeviceNode, GpuHost
 def claim_spec(rec: ClaimRecord, *, driver: str, host: GpuHost) -> dict[str, Any]:
     devices = []
     for d in rec.devices:
-        env, mounts = container_edits(d)
-        more_env, more_mounts = share_edits(d)
-        env += more_env + share_env(d)
-        mounts += more_mounts
+        env: list[str] = []
+        mounts: list[tuple[str, str, str]] = []
+        # What a device of a sharing setup or a share adds; a device held whole, nothing.
+        if d.sharing is not None:
+            env, mounts = container_edits(d)
+        if d.share is not None:
+            more_env, more_mounts = share_edits(d)
+            env += more_env + share_env(d)
+            mounts += more_mounts
         if d.imex is not None:
             devices.append(imex_device(d, host.imex_channel_node(d.imex.channel)))
             continue

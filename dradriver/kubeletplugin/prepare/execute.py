@@ -25,7 +25,7 @@ from dradriver.errors import (
 from dradriver.kubeletplugin.hardware.imex import ImexSteps
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
-from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_devices, share_indices
+from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_indices
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps
 from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.prepare.claim_spec import claim_spec
@@ -79,7 +79,7 @@ class Executor:
             raise MigError(f"claim {rec.ref}: MIG partitions need --mig-mode dynamic")
         if any(d.sharing is not None for d in rec.devices) and self.sharing is None:
             raise SharingError(f"claim {rec.ref}: sharing is not available on this node")
-        if share_devices(rec) and self.shares is None:
+        if _has_shares(rec) and self.shares is None:
             raise SharingError(f"claim {rec.ref}: shares are not available on this node")
         if any(d.imex is not None for d in rec.devices) and self.imex is None:
             raise ImexError(
@@ -117,10 +117,14 @@ class Executor:
 
     def steps(self, rec: ClaimRecord, journal: Journal) -> list[Step]:
         """The claim's hardware work in the order it is applied (steps.py), each step
-        recording in `journal` what the next one needs durable first."""
+        recording in `journal` what the next one needs durable first: only what the claim
+        uses (a whole GPU on a node without dynamic MIG: its CDI spec alone). A record
+        migrated from a format that did not say all gets every step, whose undo then asks
+        the ledgers what was done for it."""
         out: list[Step] = []
+        migrated = rec.migrated_from is not None
         mig = self.mig
-        if mig is not None and rec.migrated_from is not None:
+        if mig is not None and migrated:
             # Migrated from a format without MIG records: the ledger knows what was
             # carved for the claim (the sharing undo asks its own ledger too).
             out.append(Step("MIG", "MIG devices the ledger holds", self._release_migrated))
@@ -137,38 +141,23 @@ class Executor:
         if mig is not None:
             whole = functools.partial(self._whole, mig)
             out.append(Step("MIG", "whole GPUs out of MIG mode", nothing, whole))
-        if (sharing := self.sharing) is not None:
-            shared = any(d.sharing is not None for d in rec.devices)
-            apply = functools.partial(_sharing, sharing, journal=journal)
-            out.append(
-                Step(
-                    "sharing",
-                    "time-slicing and MPS setup",
-                    undo=sharing.undo,
-                    apply=apply if shared else unchanged,
-                )
-            )
-        if (shares := self.shares) is not None:
+        sharing = self.sharing
+        shared = any(d.sharing is not None for d in rec.devices)
+        if sharing is not None and (migrated or shared):
+            apply = functools.partial(_sharing, sharing, journal=journal) if shared else unchanged
+            out.append(Step("sharing", "time-slicing and MPS setup", sharing.undo, apply))
+        shares = self.shares
+        if shares is not None and (migrated or _has_shares(rec)):
             apply = functools.partial(self._shares, shares, journal=journal)
+            if not _has_shares(rec):
+                apply = unchanged
             out.append(
-                Step(
-                    "shares",
-                    "shares under their devices' MPS daemons",
-                    undo=shares.undo,
-                    apply=apply if share_devices(rec) else unchanged,
-                )
+                Step("shares", "shares under their devices' MPS daemons", shares.undo, apply)
             )
-        if (imex := self.imex) is not None:
-            channels = any(d.imex is not None for d in rec.devices)
+        imex = self.imex
+        if imex is not None and any(d.imex is not None for d in rec.devices):
             apply = functools.partial(_imex, imex, journal=journal)
-            out.append(
-                Step(
-                    "IMEX",
-                    "IMEX daemons",
-                    undo=imex.undo,
-                    apply=apply if channels else unchanged,
-                )
-            )
+            out.append(Step("IMEX", "IMEX daemons", undo=imex.undo, apply=apply))
         out.append(
             Step(
                 "CDI",
@@ -363,6 +352,12 @@ class Executor:
         whole = {d.uuid for d in rec.devices if d.kind == "gpu" and d.uuid}
         if whole:
             self.mig.restore_disabled(whole, journal.held_whole(rec.uid))
+
+
+def _has_shares(rec: ClaimRecord) -> bool:
+    """A share (consumable capacity) among the claim's devices, under its device's MPS
+    daemon (an adminAccess one runs under nothing)."""
+    return any(d.share is not None and not d.admin_access for d in rec.devices)
 
 
 def _shared(d: PreparedDevice) -> bool:
