@@ -56,3 +56,37 @@ def test_no_test_module_imports_another() -> None:
                 assert not (node.module.startswith("tests.unit") or node.level), (
                     f"{test.relative_to(ROOT)} imports {target}: shared code goes to tests/support"
                 )
+
+
+def test_every_module_of_the_node_and_the_api_client_has_its_tests_found() -> None:
+    """Each module of dradriver/kubeletplugin/ and dradriver/k8s/ has a test named for it,
+    or a line in tests/README.md ("Modules tested under another name") naming tests that
+    exist (issue Q21)."""
+    readme = (ROOT / "tests" / "README.md").read_text()
+    section = readme.split("## Modules tested under another name", 1)[1].split("\n## ", 1)[0]
+    listed: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        if line.startswith("- `"):
+            module, _, tests = line[3:].partition("`: ")
+            listed[module] = [t.split(" ")[0] for t in tests.split(", ")]
+    missing, stale = [], []
+    for pkg in ("kubeletplugin", "k8s"):
+        for path in sorted((ROOT / "dradriver" / pkg).rglob("*.py")):
+            if path.name == "__init__.py" or "gen" in path.parts:
+                continue
+            rel = path.relative_to(ROOT / "dradriver")
+            folder = UNIT / rel.parent
+            named = [*folder.glob(f"test_{path.stem}.py"), *folder.glob(f"test_{path.stem}_*.py")]
+            if named:
+                continue
+            tests = listed.get(str(rel))
+            if not tests:
+                missing.append(str(rel))
+            stale += [t for t in tests or [] if not (ROOT / t).exists()]
+    assert missing == [], f"no test named for, nor listed in tests/README.md: {missing}"
+    assert stale == [], f"tests/README.md names tests that do not exist: {stale}"
+    assert set(listed) <= {
+        str(p.relative_to(ROOT / "dradriver"))
+        for pkg in ("kubeletplugin", "k8s")
+        for p in (ROOT / "dradriver" / pkg).rglob("*.py")
+    }, "tests/README.md lists a module that is gone"
