@@ -26,7 +26,7 @@ from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_bo
 from dradriver.kubeletplugin.state.checkpoint.store import checkpoint_owned
 from dradriver.kubeletplugin.state.files import FileLock, NodeLock
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
-from dradriver.kubeletplugin.state.name_book import NameBook, prepared_names
+from dradriver.kubeletplugin.state.name_book import NameBook
 from dradriver.nvml.library import DevicesSpecError, open_nvml
 from dradriver.slices.consumable import ConsumableMode
 from dradriver.slices.publish import SlicePublisher
@@ -250,9 +250,6 @@ def run_plugin(
         )
         if view.imex_binding:
             loop.trigger()  # the channel device again, with its binding conditions
-    # What an earlier release published its claims' devices as (by NVML index, before
-    # names followed the UUID): a claim allocated under such a name is refused, naming its GPU.
-    names.seed(prepared_names(store.cached))
     if reconciled:
         # The first discovery saw the checkpoint before the undo: a partition it held
         # then is free now, and a refresh racing the undo may have seen neither.

@@ -1,8 +1,7 @@
 """The kubelet plugin's flags, and the typed options they are parsed into once.
-
-add_arguments builds the CLI parser: it must not import what the plugin runs (its
-registration socket is up before that is loaded), so parse() imports the types it
-checks the flags against when it is called, after the sockets.
+add_arguments builds the CLI parser without importing what the plugin runs (its
+registration socket is up before that is loaded): parse() imports the types it checks
+the flags against when it is called, after the sockets.
 """
 
 from __future__ import annotations

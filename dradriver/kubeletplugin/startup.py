@@ -1,8 +1,8 @@
 """`dradriver kubelet-plugin` from the process's first instant: the kubelet's two sockets
 are up before anything heavy is imported (NVML, the API client, the config models), so
 the kubelet finds the plugin within a few tenths of a second; a call that arrives before
-the rest is ready waits for it (see grpc_edge.late.LateDriver). Then main.py wires the
-rest."""
+the rest is ready waits for it (grpc_edge.late.LateDriver). Then main.py wires the rest.
+"""
 
 from __future__ import annotations
 

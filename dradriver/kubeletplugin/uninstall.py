@@ -1,11 +1,6 @@
-"""At a graceful stop: was the driver uninstalled from this node? Then tidy its state.
-
-A DaemonSet's pod is stopped the same way for a restart, an upgrade, a drain and an
-uninstall; only the DaemonSet tells them apart: deleted (or being deleted) means the
-driver is leaving (`helm uninstall`, `kubectl delete daemonset`). The plugin then removes
-what it wrote in its state directory (state/tidy.py says what, and when not), so an
-uninstall leaves nothing on the node. Any doubt (no answer from the API server, a claim
-still prepared) keeps everything, with the reason logged.
+"""At a graceful stop: was the driver uninstalled from this node (its DaemonSet deleted or
+being deleted)? Then tidy its state directory (state/tidy.py says what); any doubt keeps
+everything. See docs/design.md, "Startup and restart".
 """
 
 from __future__ import annotations

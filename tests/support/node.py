@@ -22,7 +22,7 @@ from dradriver.kubeletplugin.prepare.preparer import Preparer
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.files import FileLock, NodeLock
 from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
-from dradriver.kubeletplugin.state.name_book import NameBook, prepared_names
+from dradriver.kubeletplugin.state.name_book import NameBook
 from dradriver.kubeletplugin.state.records import owned_partitions
 from dradriver.nvml.library import Nvml
 from dradriver.nvml.mig import MigCarver
@@ -117,7 +117,6 @@ def fake_preparer(
         consumable=consumable,
         names=names.snapshot,
     )
-    names.seed(prepared_names(store.load()))
     return preparer, nvml
 
 

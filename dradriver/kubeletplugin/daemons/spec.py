@@ -1,10 +1,6 @@
-"""A daemon a prepared claim depends on, as the pod that runs it (pure).
-
-The plugin's container is the init of its own PID namespace: whatever it starts itself
-dies with it at an upgrade, a crash or an OOM kill. So each daemon runs in a pod of its
-own on the plugin's node, which the kubelet keeps running whatever happens to the plugin
-and which the next plugin finds by name. The pod's UID is the daemon's identity, never a
-PID (docs/design.md, "Daemons").
+"""A daemon a prepared claim depends on, as the pod that runs it (pure): a pod of its own on
+the plugin's node, found again by name, whose UID is the daemon's identity, never a PID.
+Why a pod: docs/design.md, "Daemons".
 """
 
 from __future__ import annotations

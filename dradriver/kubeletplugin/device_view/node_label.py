@@ -1,11 +1,7 @@
 """The Node's fabric-clique label (gpu.dradriver.io/nvlink-domain=<clusterUuid>.<cliqueId>),
 so that a job's pods can share a clique through podAffinity's topologyKey; kept in step
-with discovery, written only when the clique changes, off the publish path.
-
-A node that had a clique when the plugin last ran and has none now keeps a stale label
-until its clique returns: at start, a node without one is not looked at (every other
-node of a fleet would otherwise spend a request on it). Harmless for ComputeDomains,
-which place by the channels a node publishes, and those need the clique.
+with discovery, written only when the clique changes, off the publish path. When it goes
+stale: docs/design.md, "The Node's fabric-clique label".
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
 """What the kubelet's DRA health streams send (KEP-4680, gate ResourceHealthStatus):
-NodeWatchResources of v1.DRAResourceHealth and v1alpha1.DRAResourceHealth, both on the DRA
-socket, both fed from one HealthFeed (their messages are the same, only their modules
-differ).
-
-What the kubelets do with it (pkg/kubelet/cm/dra):
-- 1.34 to 1.36 open the v1alpha1 stream on every plugin when their gate is on, retrying
-  every 5 s; 1.37 opens one only on a plugin that names a health service in
-  supported_versions, and prefers v1 when both are named;
-- each message replaces their view of the devices it names; a device not heard of for
-  its timeout becomes Unknown. The timeout is 30 s, or from 1.35 the message's
-  health_check_timeout_seconds;
-- from 1.36 the message's `message` goes into the pod's status, cut to 1024 bytes.
-
-So each stream gets the full state at once, again on every change, and again every
-`resend` seconds; each device says it stays good for TRUST_RESENDS resends, so a missed
-resend or two changes nothing, and a plugin that stopped sending (hung, not gone: a
-closed stream clears the kubelet's view at once) turns Unknown within 30 s.
-
-The feed is told of changes from the health monitor's threads; the streams wait on the
-gRPC loop, each on an asyncio.Event that a change sets through its loop, so an open
-stream holds no thread.
+NodeWatchResources of v1 and v1alpha1 DRAResourceHealth, both on the DRA socket, both fed
+from one HealthFeed: the full state at once, on every change and every `resend` seconds.
+What the kubelets do with it, and why so: docs/design.md, "Health".
 """
 
 from __future__ import annotations

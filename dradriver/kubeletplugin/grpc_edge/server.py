@@ -1,16 +1,7 @@
 """The two gRPC endpoints the kubelet talks to: the registration socket in its plugin
 registry and the DRA socket (DRA v1 and v1beta1, and the health stream in v1 and
 v1alpha1, on one server), each served by a grpcio asyncio server on the loop thread.
-
-Socket names carry an instance id so two plugin instances can run side by side during a
-rolling update; the kubelet prefers the newest. If one of our sockets disappears
-(someone cleaned the registry, or the plugin directory), it is recreated within a
-second, so a kubelet restart never leaves the node without the driver.
-
-Each server binds a hidden name beside its socket and renames it into place. The
-kubelet's plugin watcher ignores names that start with a dot, so it never sees a socket
-that does not answer yet; and grpcio removes the path it bound when its server stops,
-which must never be the path a newer server now serves.
+Socket names, sockets recreated, hidden binds: docs/design.md, "The gRPC servers".
 """
 
 from __future__ import annotations

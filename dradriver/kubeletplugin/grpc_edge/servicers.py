@@ -1,11 +1,8 @@
 """The kubelet's services (registration, DRA v1 and v1beta1, health v1 and v1alpha1) as
 grpcio asyncio servicers: each translates messages to and from the driver's plain
-values, and runs the driver's blocking work on a thread pool, never on the loop.
-
-A call first waits for one of the pool's slots on the loop, then runs. A call the client
-cancels while it waits (a reset stream, a deadline passed) never reaches the driver:
-20,000 streams opened and reset at once cost 20,000 cheap wake-ups, not 20,000 API reads.
-"""
+values, and runs the driver's blocking work on a thread pool, never on the loop; a call
+cancelled while it waits for a slot never reaches the driver (docs/design.md, "The gRPC
+servers")."""
 
 from __future__ import annotations
 

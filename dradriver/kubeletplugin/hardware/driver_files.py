@@ -1,11 +1,7 @@
 """The driver's files a container needs (its libraries, commands, GSP firmware and the
 hooks that link them and update the container's ld cache), as NVIDIA's container toolkit
-computes them: tools/nvcdi's dradriver-nvcdi runs the toolkit's nvcdi package over the
-driver root and prints the CDI container edits. Nothing here knows a library's name.
-
-The answer depends only on the driver root and the driver's version, so it is asked once
-per version; a driver upgraded under a running plugin (a new version from NVML's
-discovery) is asked again, and the node's driver spec rewritten with it.
+computes them (tools/nvcdi's dradriver-nvcdi), asked once per driver version.
+See docs/design.md, "CDI specs".
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """The node's IMEX daemon for a ComputeDomain's channel: checked against the domain, then
 started with every node of the domain as its peers, waited for until it answers READY,
-stopped at unprepare.
-
-The IMEX guide says what this leans on: the daemon reads its config and nodes file once
-at start (a change means a restart), is "ready for processing immediately after
-starting", reconnects to peers that come and go, and tells its peers when SIGTERM ends
-it. So the daemon starts once every node of the domain is known (the controller lists
-them in the domain's status as their claims are allocated), never with half a list;
-until then prepare fails with what it waits for, and the kubelet retries.
-
-The daemon runs in a pod of its own (kubeletplugin/daemons/), in the node's network, so
-it outlives the plugin's container. Each step is recorded before it is taken (the intent:
-the config directory and the claim file in it; then the pod, by name and UID), so a
-crash leaves nothing the startup reconcile cannot stop.
+stopped at unprepare. Why only once every node is known, and how each step is recorded:
+docs/design.md, "IMEX channels and daemons".
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """The MIG steps of prepare and unprepare: carve the allocated partition, destroy it
-after, and switch MIG mode on (and back off) where the product allows it.
-
-The planner records the intent (GPU, profile, placement) in the claim's record before
-any of this runs; the carve writes it to the MIG ledger too, before NVML is asked (an
-instance exists from inside that call on, before its ID is known), and the executor saves
-the created instance ids right after. So an instance is owned from the moment it can
-exist: startup destroys it (an interrupted prepare) or hands it back to its claim (a
-lost record), and an undo that fails leaves it recorded for the retry.
+after, and switch MIG mode on (and back off) where the product allows it; an instance is
+recorded before it can exist (docs/design.md, "MIG carved on demand").
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Where the kubelet keeps a pod's cgroup, found by the pod's UID. The kubelet creates it
-before it asks for the pod's claims to be prepared (kubelet.go: the pod cgroup is ensured
-before SyncPod, and kuberuntime prepares resources before the sandbox), so prepare can
-limit it. Both of the kubelet's cgroup drivers are known:
-
-- cgroupfs: `<root>/kubepods[/burstable|/besteffort]/pod<uid>`
-- systemd: `<root>/kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<uid with _>.slice`
-
-and a kubelet run with --cgroup-root (kind's nodes: `kubelet.slice/kubelet-kubepods...`)
-adds its prefix. The walk enters only directories named for the kubelet's tree, a few
-levels deep, so a node's many other cgroups cost nothing.
+"""Where the kubelet keeps a pod's cgroup, found by the pod's UID under either of the
+kubelet's cgroup drivers (cgroupfs, systemd) and any --cgroup-root, walking only the
+kubelet's tree. The layouts: docs/design.md, "Shares by memory and compute".
 """
 
 from __future__ import annotations

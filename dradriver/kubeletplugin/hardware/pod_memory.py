@@ -1,12 +1,6 @@
 """A share's memory as a kernel-enforced limit on its pods' cgroups (r615+ drivers, whole
-GPUs): beside the MPS namespace's per-process pinned-memory limit, the pod cgroup's
-GPU-memory limit on the share's GPU bounds all of the pod's processes together, and no
-environment variable or second process gets past it (nvml/memory_limits.py).
-
-Best effort on top of MPS, never in its way: where the driver, kernel or cgroup layout
-cannot take the limit (probe() says why, once, at startup) or a pod's cgroup is not found,
-the share still runs under its MPS limits and the log and the claim's status say which
-limits hold. Nothing needs undoing: the limit goes with the pod's cgroup.
+GPUs), beside the MPS namespace's limit: best effort, never in MPS's way (probe() says
+why, once, at startup). See docs/design.md, "Shares by memory and compute".
 """
 
 from __future__ import annotations

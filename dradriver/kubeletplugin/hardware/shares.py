@@ -1,19 +1,7 @@
-"""Shares of a device (consumable capacity) held to their limits: the shares of one device
-run under one MPS control daemon for that device (a pod of its own, named after the
-device: kubeletplugin/daemons/), started by the first share's prepare and stopped by the
-last one's unprepare (the sharing ledger's `shareDaemons` counts them, so a lost
-checkpoint still stops it).
-
-Where the driver has MPS v3 (r615+) the limits are set on the server side: the daemon runs
-with `-p 3`, one server for the device (`--allowed-devices` = the device alone) and one
-namespace per share with its pinned-memory limit and active-thread percentage; a
-container gets only its namespace's pipe directory mounted, so it cannot reach another
-share's namespace, and its own environment can only lower what the namespace allows.
-Older drivers (MPS v2: one server per user ID, so no per-share server) get the limits in
-the client's environment only, which a container can unset; docs/user-guide.md says which.
-
-Every step is recorded first (the ledger before the daemon and its members, the record's
-share after), so a crash anywhere leaves nothing the next unprepare cannot find.
+"""Shares of a device (consumable capacity) held to their limits: one MPS control daemon
+per device, started by the first share's prepare and stopped by the last one's
+unprepare, with each share's limits in its own namespace (MPS v3) or in its environment
+(MPS v2). See docs/design.md, "Shares by memory and compute".
 """
 
 from __future__ import annotations
@@ -177,17 +165,13 @@ class ShareSteps:
 
     # -- unprepare -------------------------------------------------------------------------
     def undo(self, rec: ClaimRecord) -> None:
-        """Every share of the claim out of its device's daemon (idempotent). A record
-        migrated from a format before shares were recorded in it says nothing of them:
-        what the ledger holds for its claim is undone as well."""
+        """Every share of the claim out of its device's daemon (idempotent)."""
         errors = []
         for d in share_devices(rec):
             try:
                 self.leave(rec, d)
             except SharingError as exc:
                 errors.append(f"device {d.device}: {exc}")
-        if rec.migrated_from is not None:
-            errors += self.forget(rec.uid)
         if errors:
             raise SharingError("; ".join(errors), reason="undo")
 

@@ -1,10 +1,7 @@
 """The sharing steps of prepare and unprepare: a time-slice interval, or an MPS control
-daemon with limits, applied as the claim's record says (prepare/plan.py decided it) and undone
-exactly. Every compute-mode and interval change is written to the sharing ledger
-(state/sharing_ledger.py) before it is made and saved in the record right after; the
-daemon is a pod of its own (kubeletplugin/daemons/), labelled with its claim. So a failed
-or interrupted prepare, a restart, or even a lost checkpoint leaves no daemon and no
-changed compute mode behind.
+daemon with limits, applied as the claim's record says (prepare/plan.py decided it) and
+undone exactly, each change in the sharing ledger first (docs/design.md, "Sharing:
+time-slicing and MPS").
 """
 
 from __future__ import annotations
@@ -198,11 +195,8 @@ class SharingSteps:
             ) from exc
 
     def undo(self, rec: ClaimRecord) -> None:
-        """Stops daemons, restores compute modes and intervals; idempotent. A record
-        migrated from a format before sharing was recorded in it says nothing of what was
-        set up for it: what the ledger holds for its claim is undone as well."""
-        migrated = rec.migrated_from is not None
-        if not migrated and all(d.sharing is None for d in rec.devices):
+        """Stops daemons, restores compute modes and intervals; idempotent."""
+        if all(d.sharing is None for d in rec.devices):
             # Nothing of it was ever time-sliced or under MPS: no step wrote the ledger
             # for it (a claim's sharing comes from its plan, before any step).
             return
@@ -237,17 +231,6 @@ class SharingSteps:
                 self._remove_dirs(Path(sh.pipe_dir).parent)
             except (SharingError, DaemonError) as exc:
                 errors.append(f"device {d.device}: {exc}")
-        if migrated:
-            try:
-                self.undo_forgotten_claim(rec.uid)
-            except SharingError as exc:
-                errors.append(str(exc))
-            else:
-                log.info(
-                    "sharing setup the ledger held for a migrated record undone",
-                    claim_uid=rec.uid,
-                    migrated_from=rec.migrated_from,
-                )
         if errors:
             raise SharingError("; ".join(errors), reason="undo")
 

@@ -1,14 +1,7 @@
-"""The binder: watches the claims made from ComputeDomain templates (their domain label),
-and for each that holds this node's channel device while the scheduler waits on its
-binding conditions, starts the domain's IMEX daemon here (hardware/imex.py's prebind)
-and says in the claim's status.devices entry how it went: IMEXDaemonReady True lets the
-scheduler bind the pod, IMEXDaemonFailed True makes it place the pod again; a False
-IMEXDaemonReady says what is being waited for (the domain's other nodes).
-
-It also stops the daemons nobody holds any more: one whose claim is neither prepared
-here nor allocated here (deallocated after a failed binding, deleted before its pod
-was bound). That sweep holds the node lock, so a prepare adopting a daemon (whose
-record it saves first) is never swept from under it.
+"""The binder: for each claim made from a ComputeDomain template that holds this node's
+channel device while the scheduler waits on its binding conditions, starts the domain's
+IMEX daemon here and says how it went in the claim's status.devices entry; and stops the
+daemons nobody holds any more. See docs/design.md, "IMEX channels and daemons".
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """What the binder does for the node's IMEX channel claims (pure): which wait for their
-binding conditions, which keep their daemons, and the status entries it writes.
-
-A claim waits when the scheduler allocated this node's channel device with our binding
-condition (the allocation result copies the device's bindingConditions: a claim
-allocated by a scheduler without the gates has none, and prepare does the work), its
-pod is not prepared yet, and the claim's status.devices entry has neither condition
-True yet.
+binding conditions, which keep their daemons, and the status entries it writes. When a
+claim waits: docs/design.md, "IMEX channels and daemons".
 """
 
 from __future__ import annotations

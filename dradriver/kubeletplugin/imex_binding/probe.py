@@ -1,9 +1,6 @@
 """Whether the API server keeps a device's binding conditions: a dry-run create of a
-slice with one, read back. A server without the alpha gates drops the fields on write
-(they are gated, not refused), and a channel device published without them falls back
-to prepare's waiting; with them, the scheduler must have the gates too (a scheduler
-without them never allocates such a device), which the API cannot tell: --imex-binding-
-conditions off is the way out of that split, and docs/user-guide.md says so.
+slice with one, read back. What follows from either answer: docs/design.md, "IMEX
+channels and daemons".
 """
 
 from __future__ import annotations

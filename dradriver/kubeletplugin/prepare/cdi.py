@@ -1,20 +1,7 @@
-"""One CDI spec per prepared claim: what the container runtime injects for its devices.
-
-The spec's kind is `<driver>/claim` and each device is named `<device>-<claim uid>`, so
-specs of different claims never collide and a spec can be written or removed on its own.
-Names start with a letter and nothing needs a newer feature, so the specs are cdiVersion
-0.3.0, which every runtime that knows CDI accepts.
-
-Env merging in CDI replaces a variable by name (the device applied last wins), so a
-per-device list of UUIDs cannot be concatenated by the runtime. Each device therefore
-carries the UUIDs of its group (`CdiDevice.group`) up to and including itself, in spec
-order: the kubelet hands a container a request's (or the whole claim's) devices in the
-order the plugin answered, so the last one applied names them all. The per-device
-`DRADRIVER_DEVICE_<NAME>` variable is exact in every case, e.g. for a container using
-two claims.
-
-Specs live in /var/run/cdi, which a reboot wipes: startup and prepare must rewrite them
-for claims the checkpoint still holds.
+"""One CDI spec per prepared claim: what the container runtime injects for its devices
+(kind `<driver>/claim`, each device `<device>-<claim uid>`, cdiVersion 0.3.0, each device
+carrying its group's UUIDs), and the writer of the specs. Why each: docs/design.md,
+"CDI specs".
 """
 
 from __future__ import annotations
@@ -88,7 +75,7 @@ class CdiDevice:
     # "rw" or "ro"): the MPS pipe and log directories, and the daemon's /dev/shm.
     mounts: Sequence[tuple[str, str, str]] = ()
     # Devices handed to a container together (one request; "" = the whole claim) share a
-    # UUID list; see the module docstring.
+    # UUID list; see docs/design.md, "CDI specs".
     group: str = ""
     # The DRA device, where the CDI name is not it (a share: gpu-9b3c2810-share-<shareID>):
     # DRADRIVER_DEVICE_<NAME> names the device either way.

@@ -1,15 +1,7 @@
-"""Claim status: status.devices entries for our devices, off the prepare path.
-
-Best effort by design: a prepare never waits for or fails on this write. Each prepared
-claim is written once, COALESCE seconds after its prepare (within half that again), and
-only if it is still prepared then: a claim unprepared sooner needs no write at all.
-Nothing is written at unprepare: the API server drops status.devices entries of devices
-that are no longer allocated when the claim is deallocated (dropDeallocatedStatusDevices
-in the resourceclaim registry strategy), and the kubelet unprepares a claim only once no
-pod on the node uses it, which is when the resourceclaim controller deallocates it.
-
-Server-side apply with the driver name as field manager makes the entries ours alone,
-so other drivers' entries in the same claim are left untouched.
+"""Claim status: status.devices entries for our devices, off the prepare path and best
+effort (a prepare never waits for or fails on this write): each prepared claim written
+once, COALESCE seconds after its prepare, by server-side apply; nothing at unprepare.
+Why: docs/design.md, "Prepare: read, plan, apply, record".
 """
 
 from __future__ import annotations

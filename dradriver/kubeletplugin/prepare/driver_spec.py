@@ -1,12 +1,7 @@
 """The node's driver spec (<driver>/driver=files, prepare/cdi.py's driver_spec): what every
 GPU container needs of the NVIDIA driver, as NVIDIA's toolkit computes it
-(hardware/driver_files.py). One spec for the node, named by each claim's GPU devices.
-
-It follows the driver, never the other way: written for the version NVML reports now,
-again when that changes (a driver upgraded under a running plugin, seen at the next
-discovery) and when the file is gone (a reboot wipes /var/run/cdi). A claim's own spec
-names no driver file, so a claim prepared before an upgrade gets the new files the next
-time its container starts.
+(hardware/driver_files.py); one spec for the node, kept for the driver version NVML
+reports now. See docs/design.md, "CDI specs".
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The prepare executor: applies a claim's record (made by plan.py) step by step, and
-releases it at unprepare. Every step that changes the hardware is saved in the record
-before or right after it is taken, so a crash at any point (the crash points below are
-where tests kill the process) leaves a checkpoint from which startup finishes or undoes
-the work. A failed prepare is rolled back at once: nothing it created outlives the error.
+"""The prepare executor: applies a claim's record (made by plan.py) step by step, each
+hardware change saved in the record before or right after it is taken (the crash points
+below are where tests kill the process), and releases it at unprepare; a failed prepare
+is rolled back at once. See docs/design.md, "Prepare: read, plan, apply, record".
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from dradriver.kubeletplugin.prepare.steps import (
     ignoring,
     layered,
     nothing,
-    unchanged,
     undo_all,
 )
 from dradriver.kubeletplugin.state.journal import Journal, Latest
@@ -118,16 +116,9 @@ class Executor:
     def steps(self, rec: ClaimRecord, journal: Journal) -> list[Step]:
         """The claim's hardware work in the order it is applied (steps.py), each step
         recording in `journal` what the next one needs durable first: only what the claim
-        uses (a whole GPU on a node without dynamic MIG: its CDI spec alone). A record
-        migrated from a format that did not say all gets every step, whose undo then asks
-        the ledgers what was done for it."""
+        uses (a whole GPU on a node without dynamic MIG: its CDI spec alone)."""
         out: list[Step] = []
-        migrated = rec.migrated_from is not None
         mig = self.mig
-        if mig is not None and migrated:
-            # Migrated from a format without MIG records: the ledger knows what was
-            # carved for the claim (the sharing undo asks its own ledger too).
-            out.append(Step("MIG", "MIG devices the ledger holds", self._release_migrated))
         for i, d in enumerate(rec.devices):
             if d.carve is not None and mig is not None:
                 out.append(
@@ -142,15 +133,12 @@ class Executor:
             whole = functools.partial(self._whole, mig)
             out.append(Step("MIG", "whole GPUs out of MIG mode", nothing, whole))
         sharing = self.sharing
-        shared = any(d.sharing is not None for d in rec.devices)
-        if sharing is not None and (migrated or shared):
-            apply = functools.partial(_sharing, sharing, journal=journal) if shared else unchanged
+        if sharing is not None and any(d.sharing is not None for d in rec.devices):
+            apply = functools.partial(_sharing, sharing, journal=journal)
             out.append(Step("sharing", "time-slicing and MPS setup", sharing.undo, apply))
         shares = self.shares
-        if shares is not None and (migrated or _has_shares(rec)):
+        if shares is not None and _has_shares(rec):
             apply = functools.partial(self._shares, shares, journal=journal)
-            if not _has_shares(rec):
-                apply = unchanged
             out.append(
                 Step("shares", "shares under their devices' MPS daemons", shares.undo, apply)
             )
@@ -191,12 +179,6 @@ class Executor:
         self.write_spec(rec)
         crashpoint("cdi-written")
         return rec
-
-    def _release_migrated(self, rec: ClaimRecord) -> None:
-        assert self.mig is not None
-        gpus = self.mig.release_forgotten(rec.uid)
-        if gpus:
-            self.mig.restore_modes(gpus, self.profiles())
 
     def write_spec(self, rec: ClaimRecord) -> None:
         """The claim's CDI spec, after the driver spec its devices name."""
@@ -241,16 +223,12 @@ class Executor:
     def simple(self, rec: ClaimRecord) -> bool:
         """Nothing but a CDI spec and the record: no MIG device, MIG mode or sharing
         setup, so it is done in one step under the node lock, with one save."""
-        return (
-            self.mig is None
-            and rec.migrated_from is None  # its record may not say all: the ledgers do
-            and all(
-                d.carve is None
-                and d.sharing is None
-                and d.imex is None
-                and (d.share is None or d.admin_access)
-                for d in rec.devices
-            )
+        return self.mig is None and all(
+            d.carve is None
+            and d.sharing is None
+            and d.imex is None
+            and (d.share is None or d.admin_access)
+            for d in rec.devices
         )
 
     def release(self, journal: Journal, rec: ClaimRecord) -> None:

@@ -1,11 +1,6 @@
-"""Which physical GPU an allocated device name stands for, checked before prepare.
-
-An allocation names a device; the scheduler made it from the slices this node published
-then. Names follow the GPU's UUID (inventory.naming), but the node still checks: the
-name book (state/name_book.py) remembers which GPU each name was published for, so a
-claim is never prepared on another GPU than the one it was allocated, whatever happened
-in between (a GPU lost, a reboot, an upgrade from a release that named GPUs by NVML
-index)."""
+"""Which physical GPU an allocated device name stands for, checked before prepare against
+the name book (state/name_book.py), so that a claim is never prepared on another GPU than
+the one it was allocated. See docs/design.md, "Prepare: read, plan, apply, record"."""
 
 from __future__ import annotations
 
@@ -61,8 +56,8 @@ def check_identity(
     if now is not None:
         raise DeviceError(
             f"claim {ref}: device {device} was published for GPU {published.describe()}, which "
-            f"this node publishes as {gpu_device_name(now)} now (a name from an earlier "
-            f"release, or a GPU published in another mode); {_AGAIN}",
+            f"this node publishes as {gpu_device_name(now)} now (a GPU published in "
+            f"another mode); {_AGAIN}",
             reason="renamed",
         )
     raise DeviceError(

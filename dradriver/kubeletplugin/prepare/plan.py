@@ -1,8 +1,6 @@
-"""The prepare planner: a pure function from what the kubelet sent, the ResourceClaim the
-API server returned, the node's devices and the checkpoint to the record of everything
-prepare will do for the claim (devices, configs, sharing setup, MIG carve intents), or a
-typed per-claim error that tells the user what is wrong. No I/O here; the executor
-(execute.py) applies the record.
+"""The prepare planner (pure): from what the kubelet sent, the ResourceClaim the API server
+returned, the node's devices and the checkpoint to the claim's record (devices, configs,
+sharing setup, MIG carve intents), or a typed per-claim error; execute.py applies it.
 """
 
 from __future__ import annotations
@@ -121,9 +119,9 @@ def check_exclusive(
 
 
 def _same_hardware(od: PreparedDevice, local: Mapping[str, NodeDevice]) -> NodeDevice | None:
-    """The device a record prepared under a name this node no longer publishes (an
-    earlier release's, by NVML index) stands on now: by UUID, or for a carved partition
-    by its GPU, profile and placement, so that a claim prepared before an upgrade still
+    """The device a record prepared under a name this node no longer publishes (a driver
+    upgrade renamed its MIG profile) stands on now: by UUID, or for a carved partition by
+    its GPU, profile and placement, so that a claim prepared before the upgrade still
     keeps its hardware from claims allocated under the new names."""
     for dev in local.values():
         if od.carve is not None:

@@ -1,18 +1,8 @@
-"""Prepare and unprepare: the node component's main job, and where it happens.
-
-For each claim the kubelet names (each one independent: one bad claim fails alone):
-check the reference, answer from the checkpoint if it is prepared already, else read the
-claim, plan (plan.py, pure) and execute (execute.py). The checkpoint is loaded, changed
-and saved under the node lock, which two plugin instances (a rolling update) share with
-the file on disk.
-
-A claim that changes no hardware (a CDI spec and a record) is done in one checkpoint
-step. One that does (a MIG device, MIG mode, sharing) takes three: its intent is
-recorded under the node lock; the hardware work runs outside it, under the locks of the
-GPUs it touches (gpu_locks.py), publishing each step as it goes (journal.py); then the
-completed record. Carving a MIG device or starting MPS on one GPU never holds up a
-prepare on another.
-"""
+"""Prepare and unprepare: the node component's main job. For each claim the kubelet names,
+each one independent: check the reference, answer from the checkpoint if it is prepared
+already, else read the claim, plan (plan.py) and execute (execute.py), under the node
+lock and the locks of the GPUs it touches. See docs/design.md, "Prepare: read, plan,
+apply, record"."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""What one share of a device may use (pure): from the scheduler's consumedCapacity, the
-device and the node's consumable-capacity mode.
-
-- memory: the memory it consumed; compute: the `compute` percentage it consumed, no limit
-  of its own when it consumed none (it runs beside the others, as with time-slicing).
-- shares=N with k shares consumed: k/N of the memory and of the compute, unless the claim
-  asked for memory or compute itself (then that).
-- unlimited: only what it asked for.
+"""What one share of a device may use (pure), from the scheduler's consumedCapacity, the
+device and the node's consumable-capacity mode (memory: what it consumed; shares=N: k/N
+for k shares, unless the claim asked for memory or compute itself; unlimited: only what
+it asked for; no compute consumed, no compute limit); and the node's oversubscription guard.
 """
 
 from __future__ import annotations

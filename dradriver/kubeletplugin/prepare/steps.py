@@ -1,17 +1,7 @@
-"""A claim's hardware work as steps of one shape, and the one runner that undoes them.
-
-Each change a prepare makes (a MIG partition carved, a GPU's MIG mode, time-slicing or
-MPS, a share's limits, an IMEX daemon, the CDI spec) is a Step: how to apply it to the
-claim's record, which returns the record as the change leaves it (records are frozen),
-and how to undo it from the record as it last stood. Every undo is idempotent and finds
-what it undoes through the record or the ledger the apply wrote first, so undoing a step
-that never ran, or ran halfway, is safe.
-That lets one runner serve every path that takes a claim back (a failed prepare, an
-unprepare, a claim the checkpoint lost, an interrupted prepare at startup), with one
-policy: every undo runs, newest first; one that fails is logged and the others still run
-(each undoes its own change); the first failure is the claim's error, naming its layer,
-and the caller keeps the claim recorded so that the kubelet's retry, or the next start,
-finishes it.
+"""A claim's hardware work as steps of one shape (each applied to the claim's record and
+undone, idempotently, from the record as it last stood), and the one runner that undoes
+them on every path that takes a claim back. The runner's policy: docs/design.md,
+"Prepare: read, plan, apply, record".
 """
 
 from __future__ import annotations

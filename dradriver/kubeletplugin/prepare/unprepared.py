@@ -1,10 +1,7 @@
-"""Which claims were unprepared while a prepare was running: the kubelet may give up on a
-prepare stalled on the API server and unprepare the claim, and that prepare must then
-not prepare it after all (it would leave devices nobody releases).
-
-Only unprepares that some running prepare started before can matter, so nothing is kept
-while no prepare runs, and what the oldest running prepare postdates is dropped: memory
-and the cost of each call stay bounded by the prepares in flight, whatever the churn.
+"""Which claims were unprepared while a prepare was running (the kubelet may give up on a
+prepare stalled on the API server), so that the prepare does not prepare them after all;
+kept only for the prepares in flight. See docs/design.md, "Prepare: read, plan, apply,
+record".
 """
 
 from __future__ import annotations

@@ -14,10 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dradriver.inventory.model import Gpu
-from dradriver.inventory.naming import GpuIdentity, gpu_name_of
+from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import gpu_device_name
 from dradriver.kubeletplugin.state.files import atomic_write
-from dradriver.kubeletplugin.state.records import Checkpoint
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.names")
@@ -65,13 +64,6 @@ class NameBook:
         GPU is re-bound (it is what the slices say from now on) and logged."""
         self._add({gpu_device_name(g): GpuIdentity.of(g) for g in gpus})
 
-    def seed(self, names: Mapping[str, str]) -> None:
-        """Names the checkpoint's records were prepared under (name -> GPU UUID), for
-        names the book has not seen: what an older release published."""
-        with self._lock:
-            fresh = {n: GpuIdentity(u) for n, u in names.items() if n not in self._names}
-        self._add(fresh)
-
     def _add(self, found: Mapping[str, GpuIdentity]) -> None:
         with self._lock:
             changed = {n: i for n, i in found.items() if self._names.get(n) != i}
@@ -99,16 +91,3 @@ class NameBook:
             except OSError as exc:
                 # Kept in memory: prepare still checks against it until the next start.
                 log.warning("cannot save the device name book", path=str(self.path), error=str(exc))
-
-
-def prepared_names(cp: Checkpoint | None) -> dict[str, str]:
-    """GPU name -> GPU UUID, as the checkpoint's records were prepared: a whole GPU by
-    its UUID, a carved partition by the GPU it was carved on."""
-    out: dict[str, str] = {}
-    for rec in cp.claims.values() if cp is not None else ():
-        for d in rec.devices:
-            if d.carve is not None:
-                out.setdefault(gpu_name_of(d.device), d.carve.gpu_uuid)
-            elif d.kind == "gpu" and d.uuid:
-                out.setdefault(d.device, d.uuid)
-    return out

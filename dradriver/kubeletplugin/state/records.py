@@ -119,8 +119,7 @@ class MigIds:
 _DEVICE_KEYS = ("requestNames", "pool", "device", "cdiDeviceIds", "uuid", "kind", "extra")
 _EXTRA_KEYS = ("minor", "carve", "mig", "sharing", "adminAccess", "share", "imex")
 _CLAIM_KEYS = (
-    "uid", "namespace", "name", "state", "devices", "updatedAt", "extra", "migratedFrom",
-    "minReader",
+    "uid", "namespace", "name", "state", "devices", "updatedAt", "extra", "minReader",
 )  # fmt: skip
 
 
@@ -230,11 +229,7 @@ class ClaimRecord:
     name: str
     state: str  # PREPARE_STARTED or PREPARE_COMPLETED
     devices: list[PreparedDevice] = field(default_factory=list)
-    updated_at: float = 0.0  # epoch seconds; 0.0 when migrated from a format without it
-    # The checkpoint version this record was migrated from (0: before versioning), kept
-    # through saves: such a record says nothing of the sharing or MIG work done for it,
-    # so its undo must ask the ledgers (execute.py). None: made by a versioned release.
-    migrated_from: int | None = None
+    updated_at: float = 0.0  # epoch seconds
     # The claim's "extra" (this release defines no key in it) and its other keys, as a
     # newer release wrote them.
     extra_unknown: Unread = field(default_factory=Unread, repr=False)
@@ -260,7 +255,6 @@ class ClaimRecord:
             "devices": [d.to_json() for d in self.devices],
             "updatedAt": self.updated_at,
             "extra": self.extra_unknown.fields,
-            **({} if self.migrated_from is None else {"migratedFrom": self.migrated_from}),
         }
 
     @classmethod
@@ -291,7 +285,6 @@ class ClaimRecord:
                 PreparedDevice.from_json(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)
             ],
             updated_at=float(get(obj, "updatedAt", (int, float), where=where)),
-            migrated_from=optional(obj, "migratedFrom", int, default=None, where=where),
             extra_unknown=Unread(dict(optional(obj, "extra", dict, default={}, where=where))),
             unknown=Unread(unknown(obj, _CLAIM_KEYS)),
         )
@@ -299,15 +292,11 @@ class ClaimRecord:
 
 @dataclass
 class Checkpoint:
-    # The format the data was read in (CURRENT_VERSION for a new or saved checkpoint):
-    # lets the caller see that a migration happened.
+    # The format the data was read in (CURRENT_VERSION for a new or saved checkpoint).
     version: int = CURRENT_VERSION
     boot_id: str = ""  # the boot during which the file was last written
     claims: dict[str, ClaimRecord] = field(default_factory=dict)
     unknown: dict[str, Any] = field(default_factory=dict, repr=False)
-    # Which of this release's saves wrote it (store.py); None: another release did, or
-    # nothing yet. Not part of what it records.
-    seq: int | None = field(default=None, compare=False, repr=False)
     # The boot ID of the system that loaded this checkpoint; set by CheckpointStore.load,
     # never stored. It lets reconcile_boot(cp) stay a pure function of its argument.
     running_boot_id: str | None = field(default=None, compare=False, repr=False)

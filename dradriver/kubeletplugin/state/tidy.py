@@ -21,7 +21,7 @@ from pathlib import Path
 
 # The files the plugin writes at the top of its state directory.
 OWNED_FILE = re.compile(
-    r"(checkpoint\.json(\.wal[01])?|device-names\.json|mig-mode\.json(\.lock)?"
+    r"(checkpoint\.json|device-names\.json|mig-mode\.json(\.lock)?"
     r"|sharing-ledger\.json(\.lock)?|health\.json|plugin\.lock"
     # The fake NVML's machine (fake GPUs' MIG and health state) and its fault requests.
     r"|fake-nvml-[^/]+\.(json|requests))"

@@ -2,7 +2,7 @@
 plugin finishes or undoes its work instead of forgetting it.
 
 - records (../records.py): the typed claim and device records and their JSON;
-- codec.py: the file's envelope, checksum and migrations from older formats;
+- codec.py: the file's envelope, checksum and the reading of newer formats;
 - store.py: loading (never crashing on a bad file) and saving;
 - boot.py: what a restart does about the claims it finds.
 """

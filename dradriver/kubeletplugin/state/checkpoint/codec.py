@@ -1,41 +1,6 @@
-"""The checkpoint file format: an envelope every release keeps, a checksum over the
-canonical payload, and migrations from older formats.
-
-File layout (version 1)::
-
-    {"version": 1, "checksum": "sha256:<hex>", "minReader": 1,
-     "payload": {"bootId": ..., "claims": {...}}, "seq": 12}
-
-"seq" counted the saves of the releases that wrote the file in place (store.py reads
-their write-ahead copies once); it lies outside the payload, so a release before it
-neither warned about it nor kept it. This release writes none. Older releases padded the
-file with spaces, which JSON readers skip.
-
-"version", "checksum" and "payload" are the envelope every release must keep, so that an
-older release can still verify and partly read a newer file. The checksum covers the
-canonical JSON of the payload (sorted keys, no spaces, ASCII), so a torn write or a hand
-edit is detected rather than trusted. The records inside are those of records.py.
-
-Who can read a file: "minReader", the oldest format version whose readers can read it.
-A rollback by one release must keep working (a release that refused a newer file left
-every pod with a claim stuck terminating), so a release writes the lowest minReader its
-content allows, and reads a file whose minReader is at most CURRENT_VERSION whatever its
-"version": the fields it does not know are carried through, as always. The rules for
-later releases:
-
-- a change an older reader can skip (a new optional key, a new record type under a key it
-  keeps) bumps "version" at most, never minReader;
-- a change that makes a claim's record mean something else to an older reader (a new
-  state, a new kind of device it would release wrongly) gives that claim its own
-  "minReader" (a key of the claim's record, which an older release carries through): an
-  older release then refuses that claim alone, and prepares and unprepares the others;
-- only a change of the envelope or the payload's layout bumps the file's "minReader": an
-  older release then refuses the whole file and leaves it untouched.
-
-"minReader" lies outside the payload, like "seq": the release before it (it read only
-"version", and refuses a "version" above 1) neither warns about it nor keeps it, so this
-release writes "version": 1. A file without "minReader" was written before it: version
-1 or lower is readable, a higher version is assumed to need its own format.
+"""The checkpoint file's format: an envelope every release keeps ("version", "checksum"
+over the canonical payload, "minReader"), the payload's claims, and the rules by which an
+older release reads a newer file (docs/design.md, "The checkpoint's format").
 """
 
 from __future__ import annotations
@@ -46,15 +11,12 @@ from typing import Any
 
 from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
-    PREPARE_COMPLETED,
     STATES,
     Checkpoint,
     CheckpointCorrupt,
     ClaimRecord,
-    PreparedDevice,
     get,
     optional,
-    str_list,
     unknown,
 )
 
@@ -88,63 +50,15 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
     # envelope's keys in sorted order, as before).
     body = _canonical(payload)
     checksum = "sha256:" + hashlib.sha256(body).hexdigest()
-    seq = b"" if cp.seq is None else b',"seq":' + str(cp.seq).encode()
     return (
         b'{"checksum":"' + checksum.encode() + b'","minReader":' + str(MIN_READER).encode()
-        + b',"payload":' + body + seq
+        + b',"payload":' + body
         + b',"version":' + str(CURRENT_VERSION).encode() + b"}\n"
     )  # fmt: skip
 
 
 def _reject_constant(name: str) -> Any:
     raise CheckpointCorrupt(f"not valid JSON: {name} is not a JSON number")
-
-
-def _from_v0(doc: dict[str, Any], notes: list[str]) -> Checkpoint:
-    """Version 0 (releases before versioning; "version" is 0 or absent):
-
-        {"bootId": "...", "claims": [{"uid", "namespace", "name",
-          "devices": [{"request", "pool", "device", "cdiDeviceIds", "uuid"?}]}]}
-
-    No states (a claim was written only once prepared, so all are completed), no
-    checksum, one request name per device, no timestamps.
-    """
-    claims: dict[str, ClaimRecord] = {}
-    for i, obj in enumerate(get(doc, "claims", list, where="checkpoint")):
-        where = f"claims[{i}]"
-        if not isinstance(obj, dict):
-            raise CheckpointCorrupt(f"{where}: expected an object")
-        devices = []
-        for j, d in enumerate(get(obj, "devices", list, where=where)):
-            dw = f"{where}.devices[{j}]"
-            if not isinstance(d, dict):
-                raise CheckpointCorrupt(f"{dw}: expected an object")
-            devices.append(
-                PreparedDevice(
-                    request_names=[get(d, "request", str, where=dw)],
-                    pool=get(d, "pool", str, where=dw),
-                    device=get(d, "device", str, where=dw),
-                    cdi_device_ids=str_list(d, "cdiDeviceIds", dw),
-                    uuid=optional(d, "uuid", str, default=None, where=dw),
-                )
-            )
-        rec = ClaimRecord(
-            uid=get(obj, "uid", str, where=where),
-            namespace=get(obj, "namespace", str, where=where),
-            name=get(obj, "name", str, where=where),
-            state=PREPARE_COMPLETED,
-            devices=devices,
-            migrated_from=0,
-        )
-        if rec.uid in claims:
-            raise CheckpointCorrupt(f"{where}: claim {rec.uid} listed twice")
-        claims[rec.uid] = rec
-    notes.append(f"migrated {len(claims)} claims from checkpoint version 0")
-    return Checkpoint(
-        version=0,
-        boot_id=optional(doc, "bootId", str, default="", where="checkpoint"),
-        claims=claims,
-    )
 
 
 def _payload(
@@ -167,7 +81,6 @@ def _payload(
     return Checkpoint(
         version=version,
         boot_id=get(payload, "bootId", str, where="payload"),
-        seq=optional(doc, "seq", int, default=None, where="checkpoint"),
         claims=claims,
         unknown=unknown(payload, _PAYLOAD_KEYS),
         unreadable=unreadable,
@@ -177,7 +90,7 @@ def _payload(
 def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     """Decodes a checkpoint file of any version this release knows how to read.
 
-    Returns the checkpoint and notes worth a warning (migration, newer release, unknown
+    Returns the checkpoint and notes worth a warning (a newer release, unknown
     fields). Raises CheckpointCorrupt for anything that cannot be trusted.
     """
     try:
@@ -189,13 +102,9 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     if not isinstance(doc, dict):
         raise CheckpointCorrupt("expected a JSON object at the top level")
     notes: list[str] = []
-    if "version" not in doc:
-        return _from_v0(doc, notes), notes
     version = get(doc, "version", int, where="checkpoint")
-    if version < 0:
+    if version < 1:
         raise CheckpointCorrupt(f"checkpoint.version: {version} is not a version")
-    if version == 0:
-        return _from_v0(doc, notes), notes
     newer = version > CURRENT_VERSION
     # Without "minReader", a newer version is assumed to need its own format.
     min_reader = optional(

@@ -1,39 +1,11 @@
-"""Loading and saving the checkpoint file, which must never take the plugin down: peers
-crash-looped on checkpoints written by another release and on corrupt ones. Here an older
-format is migrated, a newer one is read as far as it is understood, and a damaged one is
-moved aside (kept for a human) while the plugin carries on with an empty state.
-
-A save is an atomic replace: the new state written to a temp file, synced, renamed over
-checkpoint.json (files.atomic_write). A crash leaves the old state or the new one, never
-a mix, and every release reads the file the same way. The directory is not synced after
-the rename, as the kubelet's own checkpoint store (pkg/kubelet/util/store, which the Go
-DRA drivers save through) does not: the rename is in the filesystem journal's next
-commit, which any later fsync on it forces, so only a power loss right after a save can
-bring the state before it back; that is a reboot, after which the kubelet prepares its
-claims again, and the MIG and sharing ledgers (directory synced, written before the
-hardware is changed) still know every change the lost save recorded. A save costs one
-fsync, about 0.3 ms on a node's disk; the directory's would add 0.2 ms to each, under
-the node lock (benchmarks/README.md, 2026-12-05).
-
-Releases before this one saved in place through two write-ahead copies
-(`checkpoint.json.wal0`/`.wal1`, with a save counter "seq" in the envelope): after a crash
-or a power loss, a copy could hold a newer complete state than checkpoint.json. The first
-load of a process takes such a copy once (the newest complete one, when checkpoint.json is
-behind it or damaged), writes it as checkpoint.json and removes the copies.
-
-Readers and writers on one node (two plugin instances during a rolling update) serialize
-through files.FileLock; CheckpointStore itself does no locking. The one exception is
-peek(), for threads that do not hold the node lock (the publish loop): it reads the file
-afresh, never repairs or moves anything.
-
-Something other than a regular file at the checkpoint's path (a directory made by a
-mistaken volume mount) is moved aside and reported like a damaged file: it never
-crash-loops the plugin.
+"""Loading and saving the checkpoint file, which must never take the plugin down: a newer
+format is read as far as it is understood, a damaged file is moved aside (kept for a
+human) and the plugin carries on with an empty state. A save is an atomic replace
+(docs/design.md, "The checkpoint on disk"). Callers hold the node lock, but for peek().
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -61,11 +33,6 @@ class NotARegularFile(OSError):
     path: it can be neither read as the checkpoint nor replaced by one."""
 
 
-def wal_paths(path: Path) -> tuple[Path, Path]:
-    """The write-ahead copies releases before this one kept beside the checkpoint."""
-    return path.with_name(path.name + ".wal0"), path.with_name(path.name + ".wal1")
-
-
 def read_file(path: Path) -> bytes | None:
     """The file's bytes; None if there is none. O_NONBLOCK: a FIFO put there must not
     hang the open (it is refused as not a regular file)."""
@@ -90,8 +57,6 @@ class CheckpointStore:
     def __init__(self, path: Path, boot_id: str) -> None:
         self.path = Path(path)
         self.boot_id = boot_id
-        # Whether this process looked at the older releases' write-ahead copies yet.
-        self._copies_seen = False
         # The last checkpoint read or written, with the file's bytes then: a load that
         # finds the same bytes returns it without parsing. Every change to it is followed
         # by a save, and a failed save forgets it.
@@ -133,10 +98,7 @@ class CheckpointStore:
         except OSError as exc:
             return self._recover(f"unreadable: {exc}")
         if data is None:
-            # None, or moved aside by a human to start afresh: an older release's copies
-            # do not bring it back.
             self._cached = None
-            self._older_copies(newer_than=None)
             return self._empty()
         if self._cached is not None and self._cached[0] == data:
             return self._cached[1]
@@ -145,76 +107,20 @@ class CheckpointStore:
             cp, notes = parse_checkpoint(data)
         except CheckpointCorrupt as exc:
             return self._recover(str(exc))
-        counted = cp.seq is not None and cp.version <= CURRENT_VERSION
-        newer = self._older_copies(newer_than=cp.seq if counted else None)
-        if newer is not None:
-            return self._take_copy(newer, "behind")
         return self._accept(data, cp, notes)
 
     def _accept(self, data: bytes, cp: Checkpoint, notes: list[str]) -> Checkpoint:
         for note in notes:
             log.warning("checkpoint: " + note, path=str(self.path), version=cp.version)
         cp.running_boot_id = self.boot_id
-        if not notes:  # a migrated one is parsed again until it is saved in this format
+        if not notes:  # a newer release's is parsed again until it is saved in this format
             self._cached = (data, cp)
         return cp
 
-    def _older_copies(self, *, newer_than: int | None) -> Parsed | None:
-        """Once a process: the write-ahead copies an older release left, removed; the
-        newest complete one is returned instead when its save counter is above
-        `newer_than` (a crash cut that release's write of checkpoint.json short). None:
-        nothing is taken (no file, or one that release did not write)."""
-        if self._copies_seen:
-            return None
-        self._copies_seen = True
-        copies: list[Parsed] = []
-        for wal in wal_paths(self.path):
-            try:
-                data = read_file(wal)
-            except OSError:
-                continue
-            if data is None:
-                continue
-            with contextlib.suppress(CheckpointCorrupt):  # the torn one
-                copies.append((data, *parse_checkpoint(data)))
-        if not copies:
-            return None
-        newest = max(copies, key=lambda c: c[1].seq or 0)
-        if newer_than is not None and (newest[1].seq or 0) > newer_than:
-            return newest
-        self._remove_copies()
-        return None
-
-    def _remove_copies(self) -> None:
-        for wal in wal_paths(self.path):
-            with contextlib.suppress(FileNotFoundError):
-                wal.unlink()
-
-    def _take_copy(self, copy: Parsed, why: str) -> Checkpoint:
-        data, cp, notes = copy
-        log.warning(
-            f"checkpoint: {self.path.name} was {why}; took the newest complete state from "
-            "an older release's write-ahead copy (a crash or power loss interrupted a save)",
-            path=str(self.path),
-            seq=cp.seq,
-        )
-        try:
-            atomic_write(self.path, data.rstrip() + b"\n")
-            self._remove_copies()
-        except OSError as exc:
-            log.error("could not repair the checkpoint file", path=str(self.path), error=str(exc))
-        return self._accept(data, cp, notes)
-
     def _recover(self, reason: str, moved: bool = False) -> Checkpoint:
-        """checkpoint.json cannot be trusted: an older release's newest complete copy if
-        there is one, else an empty state, the file kept aside for a human (`moved`: it
-        already is)."""
+        """checkpoint.json cannot be trusted: an empty state, the file kept aside for a
+        human (`moved`: it already is)."""
         self._cached = None
-        copy = self._older_copies(newer_than=0)
-        if copy is not None:
-            if not moved:
-                self._move_aside()
-            return self._take_copy(copy, f"damaged ({reason})")
         if moved:
             return self._empty()
         return self._quarantine(reason)
@@ -249,24 +155,15 @@ class CheckpointStore:
 
     def peek(self) -> Checkpoint:
         """The checkpoint as the file holds it now, for a thread that does not hold the
-        node lock: read afresh, never repaired, moved aside or logged. An older release
-        beside this one (a rolling update) writes in place, so a read may be torn: it is
-        read again, and then the last complete view is answered (empty before there was
-        one). The result is this call's own object: the caller may read it at leisure."""
-        for delay in (0.0, 0.001, 0.01):
-            time.sleep(delay)
-            try:
-                data = read_file(self.path)
-            except OSError:
-                break  # unreadable or not a file: load() deals with that
-            if data is None:
-                break
-            try:
-                cp, _ = parse_checkpoint(data)
-            except CheckpointCorrupt:
-                continue
-            self._peeked = cp
-            return cp
+        node lock: read afresh, never repaired, moved aside or logged; a file that cannot
+        be read answers the last view read (empty before there was one). The result is
+        this call's own object: the caller may read it at leisure."""
+        try:
+            data = read_file(self.path)
+            if data is not None:
+                self._peeked = parse_checkpoint(data)[0]
+        except (OSError, CheckpointCorrupt):
+            pass  # load() deals with it, under the node lock
         last = self._peeked
         return last if last is not None else Checkpoint(boot_id=self.boot_id)
 
@@ -277,7 +174,6 @@ class CheckpointStore:
         state dir) with what the last save wrote still the state a load returns."""
         if self.boot_id:
             cp.boot_id = self.boot_id
-        cp.seq = None  # an older release beside this one then never prefers its copies
         try:
             data = encode_checkpoint(cp)
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """The node state's crash gaps (issue Q10, item 7): a MIG instance is owned from the moment
 it can exist, a rollback that cannot finish leaves its leftovers recorded for the retry,
 the unprepare or the next start, a checkpoint path that is not a file is moved aside,
-and a record migrated from version 0 undoes what the ledgers hold for it."""
+and the claims of a lost checkpoint undo what the ledgers hold for them."""
 
 from __future__ import annotations
 
@@ -201,50 +201,21 @@ def test_a_checkpoint_path_that_is_a_directory_is_moved_aside(
     store.save(store.load())  # a plain save works on the regular file made again
 
 
-def to_version_0(path: Path) -> None:
-    """The checkpoint rewritten as a release before versioning wrote it: no sharing, no
-    states, no checksum."""
-    doc = json.loads(path.read_text())
-    claims = [
-        {
-            "uid": c["uid"],
-            "namespace": c["namespace"],
-            "name": c["name"],
-            "devices": [
-                {
-                    "request": d["requestNames"][0],
-                    "pool": d["pool"],
-                    "device": d["device"],
-                    "cdiDeviceIds": d["cdiDeviceIds"],
-                    "uuid": d["uuid"],
-                }
-                for d in c["devices"]
-            ],
-        }
-        for c in doc["payload"]["claims"].values()
-    ]
-    path.write_text(json.dumps({"bootId": doc["payload"]["bootId"], "claims": claims}))
-
-
-def test_records_migrated_from_version_0_undo_what_the_sharing_ledger_holds(
-    tmp_path: Path,
-) -> None:
+def test_claims_of_a_lost_checkpoint_undo_what_the_ledgers_hold(tmp_path: Path) -> None:
     node = SharingNode(tmp_path)
     nv = node.fake.pynvml
     mps = [node.claim("m0", dev("gpu-0", SHARING_SPEC), {"strategy": "MPS"})]
-    # A release before versioning kept no MIG record either: the ledger knows the carve.
     carved = node.claim("k", dev("gpu-1-mig-1g10gb-0", SHARING_SPEC), None)
     for ref in mps:
         node.prepare(ref)
     node.prepare(carved)
     assert len(node.daemons()) == 1
     assert node.mode(0) == nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
-    to_version_0(tmp_path / "checkpoint.json")
+    lose_checkpoint(tmp_path)
     restarted = SharingNode(tmp_path)
     restarted.claims = node.claims
     restarted.driver.reconcile()
-    cp = restarted.driver.store.load()
-    assert all(d.sharing is None for r in cp.claims.values() for d in r.devices)
+    assert restarted.driver.store.load().claims == {}
     out = restarted.driver.unprepare([*mps, carved])
     assert out == {r.uid: "" for r in [*mps, carved]}
     assert restarted.daemons() == []
@@ -256,7 +227,7 @@ def test_records_migrated_from_version_0_undo_what_the_sharing_ledger_holds(
     assert restarted.driver.store.load().claims == {}
 
 
-def test_a_migrated_time_slice_is_restored(tmp_path: Path) -> None:
+def test_a_time_slice_of_a_lost_checkpoint_is_restored(tmp_path: Path) -> None:
     node = SharingNode(tmp_path)
     ref = node.claim(
         "t",
@@ -266,7 +237,7 @@ def test_a_migrated_time_slice_is_restored(tmp_path: Path) -> None:
     node.prepare(ref)
     uuid1 = node.fake.machine.gpus[1].uuid
     assert node.sharing.recorded()[uuid1] == {"timeslice": 3}
-    to_version_0(tmp_path / "checkpoint.json")
+    lose_checkpoint(tmp_path)
     restarted = SharingNode(tmp_path)
     restarted.claims = node.claims
     restarted.driver.reconcile()

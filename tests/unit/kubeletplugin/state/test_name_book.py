@@ -20,7 +20,6 @@ from dradriver.inventory.node_devices import DeviceKind, NodeDevice, mig_device_
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.identity import check_identity
 from dradriver.kubeletplugin.prepare.preparer import Preparer
-from dradriver.kubeletplugin.state.name_book import NameBook
 from dradriver.slices.build import DNS_LABEL
 from tests.support.gpu_names import fake_names
 from tests.support.node import DRIVER, NODE, fake_preparer
@@ -157,37 +156,3 @@ def test_a_name_that_stands_for_another_gpu_now_is_refused_naming_both() -> None
     part = NodeDevice("gpu-x-mig-1g10gb-3", gpu_b, DeviceKind.MIG)
     with pytest.raises(DeviceError, match="another GPU"):
         check_identity(ref, part.name, part, book=book, devices={part.name: part})
-
-
-def _legacy(driver: Preparer) -> None:
-    """What the release before stable names published: `gpu-<NVML index>`."""
-    current = driver.devices()
-    renamed = {
-        f"gpu-{d.gpu.index}": dataclasses.replace(d, name=f"gpu-{d.gpu.index}")
-        for d in current.values()
-        if d.kind is DeviceKind.GPU
-    }
-    driver.devices = lambda: renamed
-
-
-def test_claims_prepared_under_index_names_survive_the_upgrade(tmp_path: Path) -> None:
-    claims, spec = Claims(), "fake:2xH100-80GB"
-    names = fake_names(spec, NODE)
-    old, _ = fake_preparer(tmp_path, spec, lambda r: claims[r.name])
-    _legacy(old)
-    (tmp_path / "device-names.json").unlink()  # the old release kept no name book
-    before = claims.ref("before", "gpu-1")
-    assert old.prepare([before])[before.uid].error == ""
-    # Upgraded: the same GPU is published as names[1] now.
-    new, _ = fake_preparer(tmp_path, spec, lambda r: claims[r.name])
-    assert new.prepare([before])[before.uid].devices[0].device == "gpu-1"  # as prepared
-    twice = claims.ref("twice", names[1])  # the scheduler does not know the two are one
-    assert "already prepared for claim team/before" in _error(new, twice)
-    stale = claims.ref("stale", "gpu-1")  # allocated before the upgrade, prepared after
-    assert f"which this node publishes as {names[1]} now" in _error(new, stale)
-    assert new.unprepare([before])[before.uid] == ""
-    assert not list((tmp_path / "cdi").glob(f"*{before.uid}*"))
-    assert _error(new, twice) == ""  # the GPU is free once the old claim is gone
-    assert NameBook(tmp_path / "device-names.json").snapshot()["gpu-1"].uuid == (
-        new.devices()[names[1]].gpu.uuid
-    )

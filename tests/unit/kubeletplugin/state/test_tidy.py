@@ -16,8 +16,6 @@ from dradriver.kubeletplugin.state.tidy import (
 # (read off a kind node after its pods were deleted).
 WRITTEN = [
     "checkpoint.json",
-    "checkpoint.json.wal0",
-    "checkpoint.json.wal1",
     "device-names.json",
     "fake-nvml-node-a.json",
     "mig-mode.json",

@@ -1,6 +1,5 @@
-"""A rollback by one release keeps working: the previous release's reader (frozen in
-previous_release/) reads what this release writes, and this release, meeting a file or a
-claim a later release marked with a higher "minReader", refuses only what it cannot read."""
+"""A rollback by one release keeps working: this release, meeting a file or a claim a
+later release marked with a higher "minReader", refuses only what it cannot read."""
 
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
-from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, encode_checkpoint
 from dradriver.kubeletplugin.state.checkpoint.codec import payload_checksum
-from tests.support import previous_release
 from tests.support.gpu_names import fake_names, real
 from tests.support.node import DRIVER, NODE, allocated_claim, fake_preparer
 
@@ -44,45 +41,6 @@ def rewrite(path: Path, change: Any) -> None:
     change(doc)
     doc["checksum"] = payload_checksum(doc["payload"])
     path.write_text(json.dumps(doc))
-
-
-def test_the_previous_release_reads_what_this_one_writes(tmp_path: Path) -> None:
-    driver, claims = prepared_node(tmp_path)
-    data = (tmp_path / "checkpoint.json").read_bytes()
-    assert json.loads(data)["minReader"] == 1 and json.loads(data)["version"] == 1
-    old, notes = previous_release.parse_checkpoint(data)
-    assert notes == []  # nothing it does not know, nothing newer: no warning either
-    assert old.version == previous_release.CURRENT_VERSION  # so it serves, not refuses
-    now = driver.store.load()
-    assert set(old.claims) == set(now.claims) == {_ref(c).uid for c in claims.values()}
-    for uid, rec in now.claims.items():
-        assert old.claims[uid].to_json() == rec.to_json()  # every field, as this one has it
-
-
-def test_the_previous_release_reads_a_migrated_record(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path / "checkpoint.json", "boot-1")
-    (tmp_path / "checkpoint.json").write_text(
-        json.dumps(
-            {
-                "bootId": "boot-1",
-                "claims": [
-                    {
-                        "uid": "u0",
-                        "namespace": "team",
-                        "name": "old",
-                        "devices": [
-                            {"request": "r", "pool": NODE, "device": "gpu-0", "cdiDeviceIds": []}
-                        ],
-                    }
-                ],
-            }
-        )
-    )
-    cp = store.load()
-    assert cp.claims["u0"].migrated_from == 0
-    old, _ = previous_release.parse_checkpoint(encode_checkpoint(cp))
-    assert old.claims["u0"].devices[0].device == "gpu-0"
-    assert old.version == previous_release.CURRENT_VERSION
 
 
 def test_a_later_file_this_release_may_read_is_served(tmp_path: Path) -> None:

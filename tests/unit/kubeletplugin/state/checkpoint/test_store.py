@@ -34,7 +34,6 @@ from dradriver.kubeletplugin.state.checkpoint import (
     payload_checksum,
     reconcile_boot,
 )
-from dradriver.kubeletplugin.state.checkpoint.store import wal_paths
 from dradriver.kubeletplugin.state.daemon import DaemonRef
 from dradriver.kubeletplugin.state.files import FileLock, LockTimeout
 from dradriver.kubeletplugin.state.records import Carve, MigIds, Mps, MpsLimits, TimeSlicing, Unread
@@ -288,92 +287,6 @@ def test_a_crash_in_a_save_leaves_the_state_before(path: Path, patch: str) -> No
     assert leftovers(path.parent) == []
 
 
-# -- the write-ahead copies of releases before this one ---------------------------------------
-
-
-def older_release_files(
-    path: Path, main: tuple[int, list[str]], *copies: tuple[int, list[str]]
-) -> None:
-    """The files a release that saved in place left: checkpoint.json and its copies, each
-    (save counter, claims), padded with spaces as it wrote them."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    def body(seq: int, uids: list[str]) -> bytes:
-        cp = checkpoint(*(record(u) for u in uids))
-        cp.seq = seq
-        return ckpt.encode_checkpoint(cp).ljust(4096)
-
-    path.write_bytes(body(*main))
-    for wal, (seq, uids) in zip(wal_paths(path), copies, strict=False):
-        wal.write_bytes(body(seq, uids))
-
-
-def test_an_older_release_copy_newer_than_its_checkpoint_is_taken_once(
-    path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """That release's save made its copy durable, then a crash or a power loss cut its
-    write of checkpoint.json short: the copy is the state, written as checkpoint.json, and
-    the copies are gone."""
-    older_release_files(path, (7, [UID_A]), (8, [UID_A, UID_B]), (7, [UID_A]))
-    with caplog.at_level(logging.WARNING):
-        cp = CheckpointStore(path, BOOT1).load()
-    assert sorted(cp.claims) == sorted([UID_A, UID_B])
-    assert any("write-ahead copy" in r.getMessage() for r in caplog.records)
-    assert not any(p.exists() for p in wal_paths(path))
-    assert sorted(json.loads(path.read_bytes())["payload"]["claims"]) == sorted([UID_A, UID_B])
-
-
-def test_an_older_release_checkpoint_that_is_torn_comes_from_its_copy(path: Path) -> None:
-    older_release_files(path, (7, [UID_A]), (8, [UID_A, UID_B]))
-    torn = path.read_bytes()[:80]
-    path.write_bytes(torn)
-    assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
-    (aside,) = path.parent.glob("checkpoint.json.corrupt-*")
-    assert aside.read_bytes() == torn
-
-
-def test_older_copies_that_are_not_newer_are_removed(path: Path) -> None:
-    older_release_files(path, (8, [UID_A]), (8, [UID_A]), (7, []))
-    store = CheckpointStore(path, BOOT1)
-    assert list(store.load().claims) == [UID_A]
-    assert not any(p.exists() for p in wal_paths(path))
-    cp = store.load()
-    cp.claims[UID_B] = record(UID_B)
-    store.save(cp)
-    assert "seq" not in json.loads(path.read_bytes())  # none for an older release to trust
-
-
-def test_an_older_release_rewriting_the_checkpoint_is_read(path: Path) -> None:
-    """An older release (a rolling update, a rollback) writes checkpoint.json its own
-    way, in place and padded: this instance's next load and a new start read its state."""
-    store = saved(path)
-    doc = json.loads(path.read_bytes())
-    payload = doc["payload"]
-    payload["claims"][UID_B] = dict(payload["claims"][UID_A], uid=UID_B)
-    with open(path, "r+b") as f:
-        f.write(envelope(payload, seq=12).ljust(4096))
-    assert sorted(store.load().claims) == sorted([UID_A, UID_B])
-    assert sorted(CheckpointStore(path, BOOT1).load().claims) == sorted([UID_A, UID_B])
-    cp = store.load()
-    del cp.claims[UID_A]
-    store.save(cp)
-    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_B]
-
-
-def test_a_checkpoint_moved_aside_by_hand_is_not_brought_back(path: Path) -> None:
-    """Moving checkpoint.json aside starts from an empty state (docs/reference.md says so): an
-    older release's copies do not resurrect it."""
-    older_release_files(path, (8, [UID_A]), (8, [UID_A]), (7, [UID_A]))
-    path.rename(path.with_name("aside.json"))
-    store = CheckpointStore(path, BOOT1)
-    assert store.load().claims == {}
-    assert not any(p.exists() for p in wal_paths(path))
-    cp = store.load()
-    cp.claims[UID_B] = record(UID_B)
-    store.save(cp)
-    assert list(CheckpointStore(path, BOOT1).load().claims) == [UID_B]
-
-
 # -- corrupt files ---------------------------------------------------------------------------
 
 
@@ -408,7 +321,8 @@ CORRUPT = {
         devices=[{"requestNames": [1], "pool": "p", "device": "gpu-0", "cdiDeviceIds": []}]
     ),
     "NaN": envelope(_valid_payload()).replace(b"1700000000.25", b"NaN"),
-    "v0 claims not a list": json.dumps({"version": 0, "claims": {}}).encode(),
+    "version 0": json.dumps({"version": 0, "claims": {}}).encode(),
+    "no version": envelope(_valid_payload()).replace(b'"version": 1', b'"v": 1'),
 }
 
 
@@ -472,59 +386,6 @@ def test_unreadable_checkpoint_does_not_raise(path: Path) -> None:
 
 
 # -- other releases --------------------------------------------------------------------------
-
-V0 = {
-    "bootId": BOOT1,
-    "claims": [
-        {
-            "uid": UID_A,
-            "namespace": "team-a",
-            "name": "train",
-            "devices": [
-                {
-                    "request": "gpus",
-                    "pool": "node-a",
-                    "device": "gpu-0",
-                    "cdiDeviceIds": [f"gpu.dradriver.io/claim=gpu-0-{UID_A}"],
-                    "uuid": "GPU-0",
-                },
-                {
-                    "request": "gpus",
-                    "pool": "node-a",
-                    "device": "gpu-1",
-                    "cdiDeviceIds": [f"gpu.dradriver.io/claim=gpu-1-{UID_A}"],
-                },
-            ],
-        },
-        {"uid": UID_B, "namespace": "team-b", "name": "infer", "devices": []},
-    ],
-}
-
-
-@pytest.mark.parametrize("versioned", [True, False], ids=["version-0", "unversioned"])
-def test_version_0_is_migrated(
-    path: Path, versioned: bool, caplog: pytest.LogCaptureFixture
-) -> None:
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"version": 0, **V0} if versioned else V0))
-    store = CheckpointStore(path, BOOT2)
-    with caplog.at_level(logging.WARNING):
-        cp = store.load()
-    assert cp.version == 0
-    assert cp.boot_id == BOOT1
-    assert [r.state for r in cp.claims.values()] == [PREPARE_COMPLETED, PREPARE_COMPLETED]
-    a = cp.claims[UID_A]
-    assert (a.namespace, a.name, a.updated_at) == ("team-a", "train", 0.0)
-    assert [d.request_names for d in a.devices] == [["gpus"], ["gpus"]]
-    assert [d.uuid for d in a.devices] == ["GPU-0", None]
-    assert a.devices[1].cdi_device_ids == [f"gpu.dradriver.io/claim=gpu-1-{UID_A}"]
-    assert any("migrated 2 claims" in r.getMessage() for r in caplog.records)
-    # Saved back in the current format, then read as such.
-    store.save(cp)
-    assert json.loads(path.read_text())["version"] == CURRENT_VERSION
-    again = store.load()
-    assert again.version == CURRENT_VERSION
-    assert again.claims == cp.claims
 
 
 def _v2_payload() -> dict[str, Any]:
