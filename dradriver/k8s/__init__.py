@@ -3,8 +3,8 @@ API server, and its typed errors.
 
 Configuration and credentials come from the official `kubernetes` library's loaders, the
 requests go through urllib3 on the pool that library builds; what it lacks is added
-thinly (config.py lists it). The library is imported when the first Kube is made, never
-by importing this package.
+thinly (config.py and auth.py list it). The library is imported when the first Kube is
+made, never by importing this package.
 
 Any layer may import this package (`from dradriver.k8s import ...`); only this package
 imports `kubernetes` or urllib3, and its modules import nothing of dradriver but

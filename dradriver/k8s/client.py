@@ -9,8 +9,7 @@ ApiClient. The library is imported at the first Kube, not with this module: impo
 `import dradriver.k8s` must not.
 
 Retries live here, in one place: a 429 is sent again after its Retry-After while that
-still fits in the caller's timeout, and a request an exec plugin's credential was refused
-for (401) is sent once more with a fresh one. Nothing else is retried.
+still fits in the caller's timeout. Nothing else is retried.
 """
 
 from __future__ import annotations
@@ -87,9 +86,7 @@ class Kube:
         self._loaded = loaded
         self._timeout = default_timeout
         self._base = str(cfg.host).rstrip("/")
-        self._creds: Credentials = Credentials(
-            cfg, token_file=loaded.token_file, exec_auth=loaded.exec
-        )
+        self._creds: Credentials = Credentials(cfg)
         self._transport: Transport = Transport(cfg)
         self._impersonate = loaded.impersonate
 
@@ -142,10 +139,9 @@ class Kube:
         )
         t = timeout if timeout is not None else self._timeout
         deadline = time.monotonic() + (sum(t) if isinstance(t, tuple) else t)
-        renewed = False
         while True:
             try:
-                authorization, cert = self._creds.current()
+                authorization = self._creds.authorization()
                 if self._creds.cert_files_changed():
                     log.info("client certificate files replaced; reconnecting", server=self._base)
                     self._transport.reconnect()
@@ -160,7 +156,6 @@ class Kube:
                     headers,
                     body=data,
                     timeout=t,
-                    cert=cert,
                     repeated=self._impersonate,
                     stream=stream,
                 )
@@ -171,10 +166,6 @@ class Kube:
             if 200 <= resp.status < 300:
                 return resp
             error = error_from_response(resp.status, str(resp.reason or ""), _body(resp))
-            if resp.status == 401 and self._creds.renewable and not renewed:
-                self._creds.unauthorized()
-                renewed = True
-                continue
             wait = _retry_after(resp) if resp.status == 429 else None
             left = deadline - time.monotonic()
             if wait is None or wait >= left:

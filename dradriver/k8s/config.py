@@ -1,29 +1,35 @@
 """Where the API server is and who we are to it, read by the official library's own
 loaders into its Configuration: a kubeconfig (several files joined by os.pathsep, merged
-by its KubeConfigMerger), or the pod's service account (its InClusterConfigLoader).
+by its KubeConfigMerger), or the pod's service account (its InClusterConfigLoader, which
+reads the rotated token again each minute). The library runs an exec plugin at load, and
+again from the Configuration's refresh hook when the plugin's token expires.
 
-What the loaders lack is added here, thinly:
-- the current-context of merged files is the first file's that names one, as kubectl
-  has it (the merger keeps the last);
+What the library lacks, added here:
+- merged files' current-context is the first file's that names one, as kubectl has it;
 - the user's impersonation fields become headers (impersonation.py);
-- an exec plugin is taken out of the loader's hands (exec_auth.py says why);
-- a token file is read again when it changes (auth.py): the kubeconfig loader reads a
-  tokenFile once, the in-cluster one re-reads the token every minute whether it changed
-  or not, so that re-read is turned off and ours does it;
-- a kubeconfig's proxy-url is used for every request, as client-go does; NO_PROXY from the
-  environment applies to the environment's proxy only;
+- a missing or failing exec plugin is an error naming it (with its installHint when it
+  is missing): the library only logs it and goes on without credentials;
+- a kubeconfig's tokenFile is read again at each refresh, as client-go does (the library
+  reads it once): a projected token is rotated in place;
+- a kubeconfig's proxy-url is used for every request, as client-go does;
 - every failure of a loader is one KubeconfigError naming the file.
+Not added, as no daemon of ours runs on an exec plugin (a command re-run gets a fresh
+credential): renewal after a 401, renewing an exec plugin's client certificate, and
+client-go's interactiveMode and provideClusterInfo details.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import shutil
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from dradriver.k8s import impersonation
-from dradriver.k8s.errors import KubeconfigError, one_line
-from dradriver.k8s.exec_auth import ExecAuth
+from dradriver.k8s.errors import CredentialError, KubeconfigError, one_line
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
 
@@ -33,8 +39,6 @@ class Loaded:
     """A Configuration and what we add to it."""
 
     configuration: Any  # kubernetes.client.Configuration
-    token_file: str | None = None
-    exec: ExecAuth | None = None
     impersonate: impersonation.Headers = ()
 
 
@@ -61,19 +65,17 @@ def load_incluster(environ: dict[str, str] | None = None) -> tuple[Loaded | None
     from kubernetes import client
     from kubernetes.config import incluster_config
 
-    token = incluster_config.SERVICE_TOKEN_FILENAME
     cfg = client.Configuration()
     loader = incluster_config.InClusterConfigLoader(
-        token_filename=token,
+        token_filename=incluster_config.SERVICE_TOKEN_FILENAME,
         cert_filename=incluster_config.SERVICE_CERT_FILENAME,
-        try_refresh_token=False,
         environ=os.environ if environ is None else environ,
     )
     try:
         loader.load_and_set(cfg)
     except Exception as exc:  # ConfigException, or a file that vanished meanwhile
         return None, one_line(exc).rstrip(".")
-    return Loaded(cfg, token_file=token), ""
+    return Loaded(cfg), ""
 
 
 def load_kubeconfig(paths: str) -> Loaded:
@@ -115,43 +117,84 @@ def _load(merger: Any, paths: str) -> Loaded:
     if not server.startswith(("https://", "http://")):
         raise KubeconfigError(f"kubeconfig {paths}: server {server!r} is not an http(s) URL")
     user_name = context.safe_get("user")
-    user = None
+    user: Any = None
     if user_name and merged.safe_get("users"):
         entry = merged["users"].get_with_name(user_name, safe=True)
         user = entry["user"] if entry is not None else None
     where = f"kubeconfig {paths}, user {user_name!r}"
-    token_file: str | None = None
-    exec_auth: ExecAuth | None = None
-    headers: impersonation.Headers = ()
-    if user is not None:
-        body: dict[str, Any] = user.value
-        user_dir = os.path.dirname(os.path.abspath(user.path))
-        # The loader would run the plugin now, once, and log its failure instead of
-        # raising it. A token or an auth-provider wins over exec (the loader's order), so
-        # exec is only ours when it would have been used; the loader never sees it.
-        if body.get("exec") and not any(
-            body.get(k) for k in ("auth-provider", "token", "tokenFile")
-        ):
-            exec_auth = ExecAuth(
-                user["exec"],
-                cwd=user_dir,
-                cluster=cluster.value,
-                cluster_dir=os.path.dirname(os.path.abspath(cluster.path)),
-                where=where,
-            )
-        body.pop("exec", None)
-        if body.get("tokenFile") and not body.get("token"):
-            token_file = os.path.normpath(os.path.join(user_dir, str(body["tokenFile"])))
-        headers = impersonation.headers(body, where)
+    body: dict[str, Any] = user.value if user is not None else {}
+    headers = impersonation.headers(body, where)
 
     cfg = client.Configuration()
     loader = kube_config.KubeConfigLoader(
         config_dict=merged, active_context=current, config_base_path=None
     )
-    loader.load_and_set(cfg)
+    if body.get("exec"):
+        cwd = os.path.dirname(os.path.abspath(cluster.path))  # where the library runs it
+        _raise_exec_failures(loader, user["exec"], cwd)
+    try:
+        loader.load_and_set(cfg)
+    except CredentialError as exc:
+        raise KubeconfigError(f"{where}: {exc}") from exc
+    if body.get("tokenFile") and not any(body.get(k) for k in ("auth-provider", "token")):
+        path = os.path.join(os.path.dirname(os.path.abspath(user.path)), str(body["tokenFile"]))
+        cfg.refresh_api_key_hook = functools.partial(_read_token_file, os.path.normpath(path))
     if cluster.safe_get("proxy-url"):
         cfg.no_proxy = None
-    return Loaded(cfg, token_file=token_file, exec=exec_auth, impersonate=headers)
+    return Loaded(cfg, impersonate=headers)
+
+
+def _raise_exec_failures(loader: Any, exec_node: Any, cwd: str) -> None:
+    """Makes the library's loader raise an exec plugin's failure (CredentialError), at load
+    and at each renewal, where it would log it and go on without credentials."""
+    load = loader._load_from_exec_plugin
+
+    def load_or_raise() -> bool:
+        said = _Said()
+        root = logging.getLogger()
+        root.addHandler(said)
+        try:
+            if load():
+                return True
+        finally:
+            root.removeHandler(said)
+        command = str(exec_node.safe_get("command") or "")
+        why = "; ".join(" ".join(line.split()) for line in said.lines)
+        # The library's own failures start "exec: "; an OSError means it could not start.
+        path = os.path.join(cwd, command) if "/" in command else command
+        if not why.startswith("exec: ") and command and not shutil.which(path):
+            hint = " ".join(str(exec_node.safe_get("installHint") or "").split())
+            why = "not found" + (f" ({hint})" if hint else "")
+        why = why.removeprefix("exec: ") or "gave no credential"
+        raise CredentialError(f"exec plugin {command}: {why}" if command else f"exec: {why}")
+
+    loader._load_from_exec_plugin = load_or_raise
+
+
+class _Said(logging.Handler):
+    """What this thread logs at ERROR while attached to the root logger: the library logs
+    an exec plugin's failure there."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self._thread = threading.get_ident()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self._thread:
+            self.lines.append(record.getMessage())
+
+
+def _read_token_file(path: str, cfg: Any) -> None:
+    """The refresh hook of a kubeconfig's tokenFile (auth.py runs it once a second at most)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CredentialError(f"token file {path}: {one_line(exc)}") from exc
+    if not token:
+        raise CredentialError(f"token file {path} is empty")
+    cfg.api_key["BearerToken"] = f"Bearer {token}"
 
 
 def _current_context(merger: Any) -> str | None:

@@ -42,14 +42,13 @@ class TransportError(Exception):
 
 
 class Transport:
-    """Thread-safe: urllib3's pool is, and a change of certificate swaps the pool whole."""
+    """Thread-safe: urllib3's pool is."""
 
     def __init__(self, cfg: Any) -> None:
         self._cfg = cfg
         self._lock = threading.Lock()
         self._pool: urllib3.PoolManager | None = None
         self._host: Any = None  # the server's HTTP(S)ConnectionPool in self._pool
-        self._cert: tuple[str, str] | None = None
         # scheme://host[:port] of the server: what a request URL starts with.
         scheme, _, rest = str(cfg.host).partition("://")
         self._origin = f"{scheme}://{rest.split('/', 1)[0]}"
@@ -62,14 +61,13 @@ class Transport:
         *,
         body: bytes | None,
         timeout: Timeout,
-        cert: tuple[str, str] | None,
         repeated: Sequence[tuple[str, str]] = (),
         stream: bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        """The response to one request presenting `cert`, with `repeated` headers added
-        (names that may come more than once, each sent apart); its body read unless
-        `stream` (then the caller reads it, and closes it if it stops early)."""
-        pool, target = self._target(cert, url)
+        """The response to one request, with `repeated` headers added (names that may
+        come more than once, each sent apart); its body read unless `stream` (then the
+        caller reads it, and closes it if it stops early)."""
+        pool, target = self._target(url)
         sent: Mapping[str, str] = headers
         if repeated:
             sent = urllib3.HTTPHeaderDict(headers)
@@ -91,8 +89,9 @@ class Transport:
             return resp
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             why = describe(exc)
-            if cert is not None and isinstance(exc, urllib3.exceptions.SSLError | OSError):
-                why = cert_problem(cert) or why
+            cert = self._cfg.cert_file
+            if cert and isinstance(exc, urllib3.exceptions.SSLError | OSError):
+                why = cert_problem(cert, self._cfg.key_file or cert) or why
             raise TransportError(f"{what}: {why}") from exc
 
     def reconnect(self) -> None:
@@ -109,25 +108,18 @@ class Transport:
         if pool is not None:
             pool.clear()
 
-    def _pool_for(self, cert: tuple[str, str] | None) -> urllib3.PoolManager:
+    def _manager(self) -> urllib3.PoolManager:
         with self._lock:
-            if self._pool is not None and cert == self._cert:
-                return self._pool
-            old, self._pool = self._pool, self._build(cert)
-            self._cert = cert
-            self._host = None
-            pool = self._pool
-        if old is not None:
-            # Connections in use are closed when handed back, not reused.
-            old.clear()
-        return pool
+            if self._pool is None:
+                self._pool = self._build()
+            return self._pool
 
-    def _target(self, cert: tuple[str, str] | None, url: str) -> tuple[Any, str]:
+    def _target(self, url: str) -> tuple[Any, str]:
         """Where to send `url`: without a proxy, straight to the server's connection
         pool with the path alone (a PoolManager would parse the URL and look the pool
         up again on every request, a sixth of what urllib3 spends on one); through a
         proxy, to the PoolManager that knows how to reach it."""
-        manager = self._pool_for(cert)
+        manager = self._manager()
         if type(manager) is not urllib3.PoolManager:  # a ProxyManager, SOCKS
             return manager, url
         with self._lock:
@@ -139,11 +131,10 @@ class Transport:
             return manager, url
         return host, url[len(origin) :] or "/"
 
-    def _build(self, cert: tuple[str, str] | None) -> urllib3.PoolManager:
+    def _build(self) -> urllib3.PoolManager:
         from kubernetes.client.rest import RESTClientObject
 
         cfg = copy.copy(self._cfg)  # ours to set; the caller's stays as it was
-        cfg.cert_file, cfg.key_file = cert or (None, None)
         cfg.connection_pool_maxsize = POOL_SIZE
         cfg.retries = False
         # TCP keepalive as client-go sets it: a watch through an idle proxy or load
@@ -186,13 +177,13 @@ def describe(exc: BaseException) -> str:
 _REPRS = ("HTTPConnectionPool(", "HTTPSConnectionPool(", "HTTPConnection(", "HTTPSConnection(")
 
 
-def cert_problem(cert: tuple[str, str]) -> str | None:
+def cert_problem(cert: str, key: str) -> str | None:
     """Why a client certificate cannot be loaded, if it cannot: looked for only after a
     TLS failure, whose own message ("PEM lib") does not say which file is wrong."""
     import ssl
 
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(*cert)
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-        return f"client certificate {cert[0]} (key {cert[1]}): {' '.join(str(exc).split())}"
+        return f"client certificate {cert} (key {key}): {' '.join(str(exc).split())}"
     return None

@@ -1,5 +1,5 @@
-"""Credentials that change under a running client: a client certificate file replaced,
-the pod's service-account token rotated by the kubelet."""
+"""A client certificate file replaced under a running client (the library reads it once;
+the pod's rotated token is the library's, tests/unit/k8s/test_config.py)."""
 
 from __future__ import annotations
 
@@ -38,28 +38,4 @@ def test_a_rotated_client_certificate_file_is_picked_up(
     assert kube.get("/who")["cn"] == "after"
     with mtls_api.lock:
         assert len({s.conn for s in mtls_api.seen}) == 2  # one connection per certificate
-    kube.close()
-
-
-def test_in_cluster_with_a_rotating_token(
-    api: FakeAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from kubernetes.config import incluster_config
-
-    monkeypatch.setattr(auth, "RECHECK_SECONDS", 0.0)
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "ca.crt").write_bytes(api.ca.pem)
-    (sa / "token").write_text("first")
-    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(sa / "token"))
-    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(sa / "ca.crt"))
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", api.url.rsplit(":", 1)[1])
-    kube = Kube.from_kubeconfig(None)
-    assert kube.host == api.url
-    assert kube.get("/version")["auth"] == "Bearer first"
-    # The kubelet's atomic writer: a new directory, the ..data link swapped.
-    (tmp_path / "new").write_text("second")
-    os.replace(tmp_path / "new", sa / "token")
-    assert kube.get("/version")["auth"] == "Bearer second"
     kube.close()

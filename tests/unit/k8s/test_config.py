@@ -4,9 +4,12 @@ loaders, what we add on top, and the credentials each request then carries."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import os
 import subprocess
 import sys
+import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ def b64(data: bytes) -> str:
 
 
 def creds(loaded: Loaded) -> Credentials:
-    return Credentials(loaded.configuration, token_file=loaded.token_file, exec_auth=loaded.exec)
+    return Credentials(loaded.configuration)
 
 
 @pytest.fixture
@@ -44,8 +47,8 @@ def test_token_and_ca_data(write_kubeconfig: WriteKubeconfig) -> None:
     assert cfg.host == "https://10.0.0.1:6443"  # no trailing slash: paths are appended
     assert Path(cfg.ssl_ca_cert).read_bytes() == b"PEM"
     assert cfg.verify_ssl
-    assert creds(loaded).current() == ("Bearer abc", None)
-    assert (loaded.token_file, loaded.exec, loaded.impersonate) == (None, None, ())
+    assert creds(loaded).authorization() == "Bearer abc"
+    assert loaded.impersonate == ()
 
 
 def test_relative_files_are_relative_to_the_kubeconfig(
@@ -61,9 +64,8 @@ def test_relative_files_are_relative_to_the_kubeconfig(
     cfg = loaded.configuration
     assert cfg.ssl_ca_cert == str(tmp_path / "ca.crt")
     assert cfg.tls_server_name == "api"
-    cert = (str(tmp_path / "c.crt"), str(tmp_path / "c.key"))
-    assert (cfg.cert_file, cfg.key_file) == cert
-    assert creds(loaded).current() == (None, cert)
+    assert (cfg.cert_file, cfg.key_file) == (str(tmp_path / "c.crt"), str(tmp_path / "c.key"))
+    assert creds(loaded).authorization() is None
 
 
 def test_client_cert_data(write_kubeconfig: WriteKubeconfig) -> None:
@@ -84,7 +86,7 @@ def test_plain_http_ignores_tls_material(write_kubeconfig: WriteKubeconfig) -> N
     )
     loaded = config.load(str(path))
     assert (loaded.configuration.ssl_ca_cert, loaded.configuration.cert_file) == (None, None)
-    assert creds(loaded).current() == ("Bearer t", None)
+    assert creds(loaded).authorization() == "Bearer t"
 
 
 def test_token_file_is_reread_when_it_changes(
@@ -93,38 +95,15 @@ def test_token_file_is_reread_when_it_changes(
     token = tmp_path / "token"
     token.write_text("one\n")
     path = write_kubeconfig({"server": "https://h"}, {"tokenFile": "token"})
-    loaded = config.load(str(path))
-    assert loaded.token_file == str(token)
-    c = creds(loaded)
-    assert c.current()[0] == "Bearer one"
+    c = creds(config.load(str(path)))
+    assert c.authorization() == "Bearer one"
     # As the kubelet rotates a projected token: a new file renamed over the old one.
     (tmp_path / "token.new").write_text("two")
     os.replace(tmp_path / "token.new", token)
-    assert c.current()[0] == "Bearer two"
+    assert c.authorization() == "Bearer two"
     token.unlink()
-    with pytest.raises(CredentialError, match="token"):
-        c.current()
-
-
-def test_a_token_file_is_looked_at_once_a_second_at_most(
-    write_kubeconfig: WriteKubeconfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    clock = [100.0]
-    monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
-    stats: list[str] = []
-    real_stat = os.stat
-    monkeypatch.setattr(auth.os, "stat", lambda p: stats.append(str(p)) or real_stat(p))
-    (tmp_path / "token").write_text("one")
-    path = write_kubeconfig({"server": "https://h"}, {"tokenFile": "token"})
-    c = creds(config.load(str(path)))
-    stats.clear()
-    for _ in range(50):
-        assert c.current()[0] == "Bearer one"
-    assert stats == []
-    (tmp_path / "token").write_text("rotated")
-    clock[0] += auth.RECHECK_SECONDS
-    assert c.current()[0] == "Bearer rotated"
-    assert len(stats) == 1
+    with pytest.raises(CredentialError, match=f"token file {token}: .*No such file"):
+        c.authorization()
 
 
 def test_token_wins_over_token_file_and_exec(
@@ -143,15 +122,13 @@ def test_token_wins_over_token_file_and_exec(
             },
         },
     )
-    loaded = config.load(str(path))
-    assert (loaded.token_file, loaded.exec) == (None, None)
-    assert creds(loaded).current()[0] == "Bearer t"
+    assert creds(config.load(str(path))).authorization() == "Bearer t"
     assert not ran.exists()  # the loader never ran the plugin
 
 
 def test_basic_auth(write_kubeconfig: WriteKubeconfig) -> None:
     path = write_kubeconfig({"server": "https://h"}, {"username": "u", "password": "p"})
-    assert creds(config.load(str(path))).current()[0] == "Basic " + b64(b"u:p")
+    assert creds(config.load(str(path))).authorization() == "Basic " + b64(b"u:p")
 
 
 def test_contexts_and_merged_files(tmp_path: Path) -> None:
@@ -176,7 +153,7 @@ def test_contexts_and_merged_files(tmp_path: Path) -> None:
     (tmp_path / "b").write_text(yaml.safe_dump(b))
     loaded = config.load(os.pathsep.join(str(tmp_path / n) for n in ("a", "missing", "b")))
     assert loaded.configuration.host == "https://two"
-    assert creds(loaded).current()[0] == "Bearer b"
+    assert creds(loaded).authorization() == "Bearer b"
 
 
 def test_a_context_without_a_user_is_anonymous(tmp_path: Path) -> None:
@@ -186,7 +163,7 @@ def test_a_context_without_a_user_is_anonymous(tmp_path: Path) -> None:
         "contexts": [{"name": "x", "context": {"cluster": "c"}}],
     }
     (tmp_path / "k").write_text(yaml.safe_dump(doc))
-    assert creds(config.load(str(tmp_path / "k"))).current() == (None, None)
+    assert creds(config.load(str(tmp_path / "k"))).authorization() is None
 
 
 @pytest.mark.parametrize(
@@ -272,6 +249,19 @@ def in_a_pod(monkeypatch: pytest.MonkeyPatch, host: str = "10.96.0.1", port: str
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
 
 
+def a_minute_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For the library's in-cluster loader, which reads the token again once a minute."""
+    from kubernetes.config import incluster_config
+
+    class Later(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> Later:
+            return cls.fromtimestamp(time.time() + 61, tz)
+
+    clock = types.SimpleNamespace(datetime=Later, timedelta=dt.timedelta)
+    monkeypatch.setattr(incluster_config, "datetime", clock)
+
+
 def test_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recheck_at_once: None) -> None:
     sa = service_account(tmp_path, monkeypatch)
     in_a_pod(monkeypatch)
@@ -279,12 +269,11 @@ def test_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recheck_at_
     loaded = config.load(None)
     assert loaded.configuration.host == "https://10.96.0.1:443"
     assert loaded.configuration.ssl_ca_cert == str(sa / "ca.crt")
-    assert loaded.configuration.refresh_api_key_hook is None  # ours re-reads the token
-    assert loaded.token_file == str(sa / "token")
     c = creds(loaded)
-    assert c.current()[0] == "Bearer sa-token"
+    assert c.authorization() == "bearer sa-token"
     (sa / "token").write_text("rotated-token")  # bound tokens rotate
-    assert c.current()[0] == "Bearer rotated-token"
+    a_minute_passes(monkeypatch)
+    assert c.authorization() == "bearer rotated-token"
 
 
 def test_not_in_a_pod_without_the_service_account_files(
@@ -328,7 +317,7 @@ def test_with_token_keeps_only_server_and_trust(write_kubeconfig: WriteKubeconfi
     )
     cfg = config.load(str(path)).configuration
     other = config.with_token(cfg, "sa")
-    assert Credentials(other).current() == ("Bearer sa", None)
+    assert Credentials(other).authorization() == "Bearer sa"
     assert (other.host, other.ssl_ca_cert, other.tls_server_name) == (
         "https://h",
         cfg.ssl_ca_cert,
@@ -347,7 +336,7 @@ def test_auth_provider_comes_from_the_library(write_kubeconfig: WriteKubeconfig)
     )
     loaded = config.load(str(path))
     assert loaded.configuration.refresh_api_key_hook is not None
-    assert creds(loaded).current()[0] == f"Bearer {jwt}"
+    assert creds(loaded).authorization() == f"Bearer {jwt}"
 
 
 def test_the_configurations_refresh_hook_runs_once_a_second_at_most(
@@ -361,10 +350,10 @@ def test_the_configurations_refresh_hook_runs_once_a_second_at_most(
     cfg.get_api_key_with_prefix = lambda *a, **kw: calls.append(a) or real(*a, **kw)
     c = Credentials(cfg)
     for _ in range(20):
-        assert c.current()[0] == "Bearer t"
+        assert c.authorization() == "Bearer t"
     assert len(calls) == 1
     clock[0] += auth.RECHECK_SECONDS
-    c.current()
+    c.authorization()
     assert len(calls) == 2
 
 
