@@ -42,7 +42,6 @@ from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,
-    PreparedDevice,
 )
 from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost
@@ -85,26 +84,23 @@ class Executor:
                 "runs with --imex-channels off)"
             )
 
-    def apply(
-        self,
-        journal: Journal,
-        rec: ClaimRecord,
-        now: Callable[[], float],
-        *,
-        intent_recorded: bool = False,
-    ) -> ClaimRecord:
-        """Applies `rec` (in state PrepareStarted) and returns it completed, recording
-        each step in `journal`. On failure everything it did is undone and the error (a
-        DriverError) names the layer. `intent_recorded`: the caller has already made
-        `rec` durable as it is (the intent), so the first hardware step may start."""
+    def changes_hardware(self, rec: ClaimRecord) -> bool:
+        """The one test of a claim's path. True: its prepare and unprepare change the
+        hardware or start a daemon (a MIG instance or mode, a sharing setup, a share, an
+        IMEX daemon), so they run under its GPUs' locks, the prepare's record saved first
+        as its intent. False: a CDI spec and a record, under the node lock, one save."""
+        return self.mig is not None or any(
+            d.carve or d.sharing or d.imex or (d.share and not d.admin_access) for d in rec.devices
+        )
+
+    def apply(self, journal: Journal, rec: ClaimRecord, now: Callable[[], float]) -> ClaimRecord:
+        """Applies `rec` (in state PrepareStarted; recorded already where it changes the
+        hardware) and returns it completed, recording each step in `journal`. On failure
+        everything it did is undone and the error (a DriverError) names the layer."""
         self.check(rec)
         latest = Latest(journal, rec)
         plan = self.steps(rec, latest)
         try:
-            if any(d.carve or d.imex or _shared(d) for d in rec.devices):
-                if not intent_recorded:
-                    latest.record(rec)  # intent first: a crash from here on is recoverable
-                crashpoint("intent-recorded")
             rec = apply_all(plan, rec, latest.seen)
             done = dataclasses.replace(rec, state=PREPARE_COMPLETED, updated_at=now())
             latest.record(done)
@@ -211,26 +207,7 @@ class Executor:
             log.error("rollback could not save the checkpoint", claim_uid=rec.uid, error=str(exc))
         self.restore_mig_modes(rec, journal)
 
-    @staticmethod
-    def needs_intent(rec: ClaimRecord) -> bool:
-        """Whether the claim's hardware work must be recorded before it starts: a carve,
-        a sharing setup, a share, an IMEX daemon (a MIG mode switch is in its ledger)."""
-        return any(
-            d.carve or d.sharing or d.share or d.imex for d in rec.devices if not d.admin_access
-        )
-
     # -- unprepare -------------------------------------------------------------------------
-    def simple(self, rec: ClaimRecord) -> bool:
-        """Nothing but a CDI spec and the record: no MIG device, MIG mode or sharing
-        setup, so it is done in one step under the node lock, with one save."""
-        return self.mig is None and all(
-            d.carve is None
-            and d.sharing is None
-            and d.imex is None
-            and (d.share is None or d.admin_access)
-            for d in rec.devices
-        )
-
     def release(self, journal: Journal, rec: ClaimRecord) -> None:
         """Undoes a prepared (or half-prepared) claim and forgets it. A step that fails
         raises a DriverError and leaves the record, so the kubelet's retry finishes it."""
@@ -336,11 +313,6 @@ def _has_shares(rec: ClaimRecord) -> bool:
     """A share (consumable capacity) among the claim's devices, under its device's MPS
     daemon (an adminAccess one runs under nothing)."""
     return any(d.share is not None and not d.admin_access for d in rec.devices)
-
-
-def _shared(d: PreparedDevice) -> bool:
-    """Time-sliced, under MPS, or a share (an adminAccess share runs under nothing)."""
-    return d.sharing is not None or (d.share is not None and not d.admin_access)
 
 
 def _carve(mig: MigPreparer, i: int, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord:

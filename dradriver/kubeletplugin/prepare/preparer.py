@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dradriver.crashpoints import crashpoint
 from dradriver.errors import CdiError, CheckpointError, ClaimStateError, DriverError
 from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import NodeDevice
@@ -165,8 +166,8 @@ class Preparer:
         local: Mapping[str, NodeDevice],
         began: float,
     ) -> tuple[list[PreparedDevice], ClaimRecord | None]:
-        """Under the node lock: plan; apply a simple claim; record the intent of any
-        other (its hardware work follows outside)."""
+        """Under the node lock: plan; apply a claim that changes no hardware; record the
+        intent of any other (its hardware work follows, under its GPUs' locks)."""
         self._not_unprepared(ref, began)
         check_readable(cp, ref, "preparing")
         done = self._already_prepared(cp, ref)  # the other instance may have been faster
@@ -188,12 +189,9 @@ class Preparer:
             channels=self.executor.imex is not None,
             driver_files=self.executor.driver_spec is not None,
         )
-        if not self.executor.simple(rec):
+        if self.executor.changes_hardware(rec):
             self.executor.check(rec)
             self._in_flight.add(rec.uid)
-            if not self.executor.needs_intent(rec):
-                # A whole GPU in dynamic MIG mode: its MIG ledger is its intent.
-                return rec.devices, rec
             cp.claims[rec.uid] = rec  # the intent
             try:
                 self.store.save(cp)
@@ -202,6 +200,7 @@ class Preparer:
                 raise CheckpointError(
                     f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint"
                 ) from exc
+            crashpoint("intent-recorded")
             self._count(cp)
             return rec.devices, rec
         rec = self.executor.apply(InLock(cp, self.store), rec, time.time)  # undone if it fails
@@ -255,7 +254,7 @@ class Preparer:
         )
         try:
             with self.gpus.hold(record_gpus(rec)):
-                return self.executor.apply(journal, rec, time.time, intent_recorded=True)
+                return self.executor.apply(journal, rec, time.time)
         finally:
             self._in_flight.discard(rec.uid)
 
@@ -330,7 +329,7 @@ class Preparer:
             # The ledgers, just read, hold nothing for it: not read a second time.
             self.executor.remove_forgotten_spec(ref.uid, str(ref))
             return None
-        if not self.executor.simple(rec):
+        if self.executor.changes_hardware(rec):
             return _OnGpus(frozenset(record_gpus(rec)))
         # A failed save leaves it recorded on disk: the kubelet's retry releases it again.
         self.executor.release(InLock(cp, self.store), rec)
