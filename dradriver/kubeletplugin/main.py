@@ -25,7 +25,7 @@ from dradriver.kubeletplugin.options import PluginOptions
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_boot_id
 from dradriver.kubeletplugin.state.checkpoint.store import checkpoint_owned
 from dradriver.kubeletplugin.state.files import FileLock, NodeLock
-from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
+from dradriver.kubeletplugin.state.ledger import Ledger, held_instances
 from dradriver.kubeletplugin.state.name_book import NameBook
 from dradriver.nvml.library import DevicesSpecError, open_nvml
 from dradriver.slices.consumable import ConsumableMode
@@ -82,7 +82,7 @@ def run_plugin(
     store = CheckpointStore(opts.state_dir / "checkpoint.json", current_boot_id())
     # Published partitions must include the ones our claims hold (they exist as MIG
     # devices now, but they are ours, not foreign).
-    mig_ledger = MigModeLedger(opts.state_dir / "mig-mode.json")
+    ledger = Ledger.of(opts.state_dir)
     health = NodeHealth(
         nvml.module,
         driver=opts.driver_name,
@@ -95,7 +95,7 @@ def run_plugin(
         opts.mig_mode,
         checkpoint_owned(store),  # the publish thread: never load() without the lock
         switching=opts.mig_mode_switching,
-        held=lambda owned: held_instances(mig_ledger, owned),
+        held=lambda owned: held_instances(ledger, owned),
         profiles=opts.mig_profiles,
         health=health,
         consumable=opts.consumable,
@@ -218,7 +218,7 @@ def run_plugin(
         nvml=nvml,
         view=view,
         store=store,
-        mig_ledger=mig_ledger,
+        ledger=ledger,
         names=names,
         metrics=metrics,
     )
@@ -305,7 +305,7 @@ def _preparer(
     nvml: Nvml,
     view: DeviceView,
     store: CheckpointStore,
-    mig_ledger: MigModeLedger,
+    ledger: Ledger,
     names: NameBook,
     metrics: Metrics,
 ) -> Preparer:
@@ -324,7 +324,7 @@ def _preparer(
 
     mig = None
     if opts.mig_mode is MigMode.DYNAMIC:
-        mig = MigPreparer(MigCarver(nvml.module), mig_ledger, opts.mig_mode_switching)
+        mig = MigPreparer(MigCarver(nvml.module), ledger, opts.mig_mode_switching)
     pod_memory = None
     if opts.consumable.mode is not ConsumableMode.OFF:
         from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
@@ -342,7 +342,9 @@ def _preparer(
         host_driver_root=str(opts.host_driver_root),
     )
     daemons = DaemonPods(kube, site)
-    sharing = SharingSteps(nvml.module, nvml.host, daemons, mps_root, shm_size=opts.mps_shm_size)
+    sharing = SharingSteps(
+        nvml.module, nvml.host, daemons, mps_root, ledger, shm_size=opts.mps_shm_size
+    )
     executor = Executor(
         driver=opts.driver_name,
         cdi_writer=writer,
@@ -355,7 +357,7 @@ def _preparer(
             nvml.host,
             daemons,
             mps_root,
-            sharing.ledger,
+            ledger,
             lambda: mps_protocol(view.driver_version),
             shm_size=opts.mps_shm_size,
         ),

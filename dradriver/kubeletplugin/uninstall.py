@@ -13,8 +13,7 @@ from dradriver import logs
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver.kubeletplugin.state.checkpoint.store import CheckpointStore
 from dradriver.kubeletplugin.state.files import FileLock
-from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger
-from dradriver.kubeletplugin.state.sharing_ledger import SharingLedger
+from dradriver.kubeletplugin.state.ledger import Ledger
 from dradriver.kubeletplugin.state.tidy import (
     Leftovers,
     apply_tidy,
@@ -71,18 +70,17 @@ def leftovers(
     # empty and removed.
     with FileLock(state_dir / "plugin.lock", timeout=ASK_TIMEOUT):
         checkpoint = store.load()
-    mig = MigModeLedger(state_dir / "mig-mode.json")
+    ledger = Ledger.of(state_dir).load()
     mig_changes = (
-        [f"MIG mode on {g}" for g in sorted(mig.load())]
-        + [f"MIG mode off {g}" for g in sorted(mig.load_disabled())]
-        + [f"instance {i.gpu_instance_id} on {i.gpu_uuid}" for i in mig.instances()]
+        [f"MIG mode on {g}" for g in sorted(ledger.mig_enabled)]
+        + [f"MIG mode off {g}" for g in sorted(ledger.mig_disabled)]
+        + [f"instance {i.gpu_instance_id} on {i.gpu_uuid}" for i in ledger.instances]
     )
-    sharing = SharingLedger(state_dir / "sharing-ledger.json").load()
     others = sorted(p.name for p in registry_dir.glob(f"{driver}*-reg.sock"))
     return Leftovers(
         claims=tuple(sorted(checkpoint.claims)),
         mig_changes=tuple(mig_changes),
-        sharing_claims=tuple(sorted(sharing.claims())),
+        sharing_claims=tuple(sorted(ledger.sharing_claims())),
         other_instances=tuple(others),
     )
 

@@ -21,7 +21,7 @@ from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.prepare.preparer import Preparer
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.files import FileLock, NodeLock
-from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
+from dradriver.kubeletplugin.state.ledger import Ledger, held_instances
 from dradriver.kubeletplugin.state.name_book import NameBook
 from dradriver.kubeletplugin.state.records import owned_partitions
 from dradriver.nvml.library import Nvml
@@ -63,7 +63,7 @@ def fake_preparer(
     store = CheckpointStore(tmp / "checkpoint.json", boot_id)
     # Discovered once, as the plugin does at start (and then on a period, never per call).
     inv = nvml.discover().inventory
-    ledger = MigModeLedger(tmp / "mig-mode.json")
+    ledger = Ledger.of(tmp)
     owned = owned_partitions(store.load())
     known = build(
         inv,
@@ -82,7 +82,7 @@ def fake_preparer(
     names.learn(inv.gpus)
 
     daemons = LocalDaemons(tmp)
-    sharing = SharingSteps(nvml.module, nvml.host, daemons, tmp / "mps")
+    sharing = SharingSteps(nvml.module, nvml.host, daemons, tmp / "mps", ledger)
     executor = Executor(
         driver=DRIVER,
         cdi_writer=CdiWriter(tmp / "cdi", DRIVER),
@@ -98,7 +98,7 @@ def fake_preparer(
         else None,
         sharing=sharing,
         shares=ShareSteps(
-            nvml.module, nvml.host, daemons, tmp / "mps", sharing.ledger, lambda: mps_protocol
+            nvml.module, nvml.host, daemons, tmp / "mps", ledger, lambda: mps_protocol
         ),
     )
     if cgroup_root is not None:
@@ -110,7 +110,7 @@ def fake_preparer(
         kube=None,
         store=store,
         executor=executor,
-        lock=NodeLock(FileLock(tmp / "lock")),
+        lock=NodeLock(FileLock(tmp / "plugin.lock")),  # as main.py names it
         devices=devices,
         metrics=Metrics(),
         read_claim=read_claim,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import MigError
 from dradriver.inventory.node_devices import MigSwitching
-from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, OwnedInstance
+from dradriver.kubeletplugin.state.ledger import Ledger, OwnedInstance
 from dradriver.kubeletplugin.state.records import Carve, PreparedDevice
 from dradriver.logs import get_logger
 from dradriver.nvml.mig import Created, Instance, MigCarver
@@ -38,7 +38,7 @@ def _carved(d: PreparedDevice, made: Created) -> PreparedDevice:
 @dataclass
 class MigPreparer:
     carver: MigCarver
-    ledger: MigModeLedger
+    ledger: Ledger
     switching: MigSwitching = MigSwitching.ON_DEMAND
 
     def ensure_whole(
@@ -59,7 +59,7 @@ class MigPreparer:
             )
         # Recorded first: if the switch half-happens, unprepare and startup still know
         # the mode is ours to switch back on.
-        self.ledger.disabling(gpu_uuid, claim)
+        self.ledger.mig_disabling(gpu_uuid, claim)
         self.carver.set_mig_mode(gpu_uuid, False)
         log.info("MIG mode switched off for a whole-GPU claim", gpu=gpu_uuid, device=device)
 
@@ -69,10 +69,9 @@ class MigPreparer:
         """Switch MIG mode back on where this driver switched it off and no claim holds
         the GPU whole any more; not where it was switched off for a claim in `keep_for`
         (one whose record was lost but whose pod may still use the GPU)."""
-        disabled = self.ledger.load_disabled()
-        owners = self.ledger.disabled_for()
-        for gpu in sorted((gpus & disabled) - held_whole):
-            if keep_for and owners.get(gpu) in keep_for:
+        owners = self.ledger.load().mig_disabled
+        for gpu in sorted((gpus & owners.keys()) - held_whole):
+            if keep_for and owners[gpu] in keep_for:
                 log.warning(
                     "MIG mode kept off: switched off for a claim the checkpoint does not "
                     "hold; switched back on when the kubelet unprepares it",
@@ -85,7 +84,7 @@ class MigPreparer:
             except MigError as exc:
                 log.error("could not switch MIG mode back on", gpu=gpu, error=str(exc))
                 continue
-            self.ledger.disabled_restored(gpu)
+            self.ledger.mig_disabled_restored(gpu)
             log.info("MIG mode restored to on", gpu=gpu)
 
     def carve(self, d: PreparedDevice, claim: str = "") -> PreparedDevice:
@@ -96,7 +95,7 @@ class MigPreparer:
         if not self.carver.mig_enabled(c.gpu_uuid):
             # Recorded first, like every change we make: if switching fails half-way,
             # rollback and startup still know the mode is ours to switch back.
-            self.ledger.enabling(c.gpu_uuid)
+            self.ledger.mig_enabling(c.gpu_uuid)
             self.carver.set_mig_mode(c.gpu_uuid, True)
             log.info("MIG mode enabled", gpu=c.gpu_uuid, device=d.device)
         crashpoint("mig-before-create")
@@ -151,7 +150,7 @@ class MigPreparer:
         lost: the claim's pods may be using it, so it is taken back as it is (same MIG
         UUID), never carved anew. One carved for another lost claim is refused."""
         slot = (c.gpu_uuid, c.profile_id, c.placement_start)
-        held = next((i for i in self.ledger.instances() if i.slot == slot), None)
+        held = next((i for i in self.ledger.load().instances if i.slot == slot), None)
         if held is None:
             return None
         gi_id = held.gpu_instance_id
@@ -200,13 +199,14 @@ class MigPreparer:
             # before the create). Anything else there (another claim's, an admin's) was
             # never ours to destroy.
             slot = (c.gpu_uuid, c.profile_id, c.placement_start)
-            intended = self.ledger.intended_for(slot)
+            known = self.ledger.load()
+            intended = known.intended_for(slot)
             inst = self.find(c)
             if inst is None:
                 if intended == claim:
                     self.ledger.intent_dropped(slot)
                 return
-            owner = self.ledger.owner(c.gpu_uuid, inst.gpu_instance_id) or intended
+            owner = known.owner(c.gpu_uuid, inst.gpu_instance_id) or intended
             if owner != claim:
                 log.info(
                     "not destroying a MIG device this attempt did not create",
@@ -233,7 +233,7 @@ class MigPreparer:
         """Destroys the MIG instances the ledger says were made for `claim`, whose record
         is gone (a lost checkpoint); returns their GPUs. Raises MigError to be retried."""
         gpus: set[str] = set()
-        for i in self.ledger.instances():
+        for i in self.ledger.load().instances:
             if i.claim != claim:
                 continue
             if i.gpu_instance_id is None:
@@ -288,7 +288,7 @@ class MigPreparer:
 
     def restore_modes(self, gpus: set[str], all_profiles: dict[str, list[int]]) -> None:
         """Switch MIG mode back off where we switched it on and nothing is left."""
-        enabled = self.ledger.load()
+        enabled = self.ledger.load().mig_enabled
         for gpu in sorted(gpus & enabled):
             if self.carver.instances(gpu, all_profiles.get(gpu, [])):
                 continue
@@ -297,5 +297,5 @@ class MigPreparer:
             except MigError as exc:
                 log.error("could not switch MIG mode back off", gpu=gpu, error=str(exc))
                 continue
-            self.ledger.enabled_restored(gpu)
+            self.ledger.mig_enabled_restored(gpu)
             log.info("MIG mode restored to off", gpu=gpu)

@@ -1,12 +1,12 @@
 """What a start does about MIG: the partitions of prepared claims carved again where a
-reboot cleared them, carves a crash interrupted settled from the MIG ledger, and
+reboot cleared them, carves a crash interrupted settled from the ledger, and
 instances this driver did not make reported and left alone."""
 
 from __future__ import annotations
 
 from dradriver.errors import MigError
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
-from dradriver.kubeletplugin.state.mig_ledger import OwnedInstance
+from dradriver.kubeletplugin.state.ledger import OwnedInstance
 from dradriver.kubeletplugin.state.records import ClaimRecord
 from dradriver.logs import get_logger
 
@@ -48,7 +48,7 @@ def reconcile(
         for inst in mig.carver.instances(gpu, pids)
         if (gpu, inst.gpu_instance_id) not in owned
     ]
-    ours = {(i.gpu_uuid, i.gpu_instance_id): i.claim for i in mig.ledger.instances()}
+    ours = {(i.gpu_uuid, i.gpu_instance_id): i.claim for i in mig.ledger.load().instances}
     for f in foreign:
         claim = ours.get((f.gpu_uuid, f.gpu_instance_id))
         if claim is not None:
@@ -76,7 +76,7 @@ def _settle_intents(mig: MigPreparer, known: set[str]) -> None:
     slot is that claim's (its pods may use it): recorded as its, kept and not offered
     until the kubelet unprepares the claim, given back if it is prepared again. An
     intent with nothing at its slot is dropped."""
-    for i in mig.ledger.instances():
+    for i in mig.ledger.load().instances:
         if not i.pending:
             continue
         try:

@@ -28,8 +28,8 @@ from dradriver.kubeletplugin.hardware.sharing import (
     drop_daemon_dirs,
     make_daemon_dirs,
 )
+from dradriver.kubeletplugin.state.ledger import Ledger, SharedDaemon
 from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice, Share
-from dradriver.kubeletplugin.state.sharing_ledger import SharedDaemon, SharingLedger
 from dradriver.logs import get_logger
 from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
 from dradriver.nvml.host import GpuHost
@@ -61,12 +61,14 @@ class ShareSteps:
     host: GpuHost
     daemons: Daemons  # where the devices' MPS daemons run (their pods)
     mps_root: Path
-    ledger: SharingLedger
+    ledger: Ledger
     protocol: Callable[[], int] = lambda: 2
     shm_size: int = MPS_SHM_SIZE  # bytes: the device daemon's /dev/shm (a tmpfs)
     start_timeout: float = DAEMON_START_TIMEOUT
 
     def _dirs(self, device: str) -> tuple[Path, Path, Path]:
+        """The daemon's pipe, log and /dev/shm directories: named for the device, so
+        that an undo finds them from the ledger's device alone."""
         base = self.mps_root / ("shared-" + "".join(c if c.isalnum() else "-" for c in device))
         return base / "pipe", base / "log", base / "shm"
 
@@ -77,9 +79,8 @@ class ShareSteps:
         d = rec.devices[i]
         share, device = _share(d), str(d.uuid)
         pipe, logs, shm = self._dirs(device)
-        known = self.ledger.load().shared.get(device)
-        if known is None:
-            known = self.ledger.shared_daemon(device, str(pipe), gpu="", mode_before=None)
+        if device not in self.ledger.load().shared:
+            self.ledger.shared_daemon(device, gpu="", mode_before=None)
         # A member before the daemon starts and before its namespace is made: a crash
         # anywhere after leaves an entry whose undo (the last member out) stops it.
         self.ledger.member(device, share.share_id, rec.uid)
@@ -114,7 +115,7 @@ class ShareSteps:
         gpu = device if d.kind == "gpu" else ""  # a MIG device's GPU keeps its mode
         before = get_compute_mode(self.nvml, gpu) if gpu else None
         # In the ledger before anything changes; an earlier entry keeps the first mode.
-        self.ledger.shared_daemon(device, str(pipe), gpu=gpu, mode_before=before)
+        self.ledger.shared_daemon(device, gpu=gpu, mode_before=before)
         if gpu:
             set_compute_mode(self.nvml, gpu, exclusive_process(self.nvml))
         ref = DaemonRef(shares_name(device))
@@ -191,7 +192,7 @@ class ShareSteps:
         if known is None:
             return
         if share_id in known.members:
-            pipe = Path(known.pipe_dir)
+            pipe = self._dirs(device)[0]
             ns = Share(share_id).namespace
             if (pipe / SERVER / ns / "control").exists() and self.daemons.serving(
                 DaemonRef(shares_name(device))
@@ -210,7 +211,7 @@ class ShareSteps:
             raise SharingError(f"MPS control daemon of {device}: {exc}", reason=exc.reason) from exc
         if known.gpu and known.mode_before is not None:
             set_compute_mode(self.nvml, known.gpu, known.mode_before)
-        drop_daemon_dirs(self.host, Path(known.pipe_dir).parent)
+        drop_daemon_dirs(self.host, self._dirs(device)[0].parent)
         self.ledger.shared_stopped(device)
         log.info("MPS control daemon of a device's shares stopped", device=device)
 

@@ -1,6 +1,6 @@
 """The sharing steps of prepare and unprepare: a time-slice interval, or an MPS control
 daemon with limits, applied as the claim's record says (prepare/plan.py decided it) and
-undone exactly, each change in the sharing ledger first (docs/design.md, "Sharing:
+undone exactly, each change in the ledger first (docs/design.md, "Sharing:
 time-slicing and MPS").
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,8 +17,8 @@ from typing import Any
 from dradriver.errors import DaemonError, SharingError
 from dradriver.kubeletplugin.daemons import Daemons
 from dradriver.kubeletplugin.daemons.spec import CLAIM, DaemonRef, DaemonSpec, mps_name
+from dradriver.kubeletplugin.state.ledger import Ledger
 from dradriver.kubeletplugin.state.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
-from dradriver.kubeletplugin.state.sharing_ledger import SharingLedger
 from dradriver.logs import get_logger
 from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
 from dradriver.nvml.host import GpuHost
@@ -95,14 +95,9 @@ class SharingSteps:
     host: GpuHost  # time-slicing and the MPS daemon lie outside it
     daemons: Daemons  # where the MPS daemons run (their pods)
     mps_root: Path  # <state dir>/mps: one directory per daemon
+    ledger: Ledger  # every compute mode and interval changed, before the change
     shm_size: int = MPS_SHM_SIZE  # bytes: the daemon's and its clients' /dev/shm (a tmpfs)
     start_timeout: float = DAEMON_START_TIMEOUT
-    # Beside the MPS root, in the state directory: <state dir>/sharing-ledger.json (the
-    # shares' daemons are recorded there too, hardware/shares.py).
-    ledger: SharingLedger = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.ledger = SharingLedger(self.mps_root.parent / "sharing-ledger.json")
 
     def apply(self, rec: ClaimRecord, save: Save) -> ClaimRecord:
         """Applies the claim's time-slicing and MPS setups; `save(rec)` persists the
@@ -131,28 +126,17 @@ class SharingSteps:
         pipe, logs, shm = base / "pipe", base / "log", base / "shm"
         fresh = make_daemon_dirs(self.host, base, shm_size=self.shm_size)  # the claim's own
         for i in members:
-            d = rec.devices[i]
-            before = None
-            if d.kind == "gpu":
-                # In the ledger before it changes; an earlier entry (this claim's setup
-                # being redone after a restart) keeps what the GPU had before us.
-                now = get_compute_mode(self.nvml, str(d.uuid))
-                before = self.ledger.mode_changing(str(d.uuid), now, rec.uid)
-            rec = _with_mps(
-                rec,
-                i,
-                pipe_dir=str(pipe),
-                log_dir=str(logs),
-                shm_dir=str(shm),
-                compute_mode_before=before if d.kind == "gpu" else _mps(d).compute_mode_before,
-            )
+            rec = _with_mps(rec, i, pipe_dir=str(pipe), log_dir=str(logs), shm_dir=str(shm))
         save(rec)
         for i in members:
             d = rec.devices[i]
             if d.kind == "gpu":
+                # In the ledger before it changes (the undo's one source for the mode to
+                # restore); an earlier entry (this claim's setup being redone after a
+                # restart) keeps what the GPU had before us.
+                now = get_compute_mode(self.nvml, str(d.uuid))
+                self.ledger.mode_changing(str(d.uuid), now, rec.uid)
                 set_compute_mode(self.nvml, str(d.uuid), exclusive_process(self.nvml))
-                rec = _with_mps(rec, i, compute_mode_set=True)
-        save(rec)
         devs = [rec.devices[i] for i in members]
         spec = DaemonSpec(
             name=mps_name(rec.uid, index),
@@ -207,7 +191,7 @@ class SharingSteps:
             sh = d.sharing
             try:
                 if isinstance(sh, TimeSlicing):
-                    if d.kind == "gpu" and (sh.applied or d.uuid in ledger.time_slice):
+                    if d.kind == "gpu" and d.uuid in ledger.time_slice:
                         self.host.set_timeslice(str(d.uuid), "Default")
                         self.ledger.slice_restored(str(d.uuid))
                     continue
@@ -221,12 +205,8 @@ class SharingSteps:
                     )
                     stopped.add(key)
                 change = ledger.compute_mode.get(str(d.uuid))
-                if change is not None or (
-                    sh.compute_mode_set and sh.compute_mode_before is not None
-                ):
-                    before = change.before if change is not None else sh.compute_mode_before
-                    assert before is not None
-                    set_compute_mode(self.nvml, str(d.uuid), before)
+                if change is not None:
+                    set_compute_mode(self.nvml, str(d.uuid), change.before)
                     self.ledger.mode_restored(str(d.uuid))
                 self._remove_dirs(Path(sh.pipe_dir).parent)
             except (SharingError, DaemonError) as exc:
@@ -249,7 +229,7 @@ class SharingSteps:
                     pods.setdefault(labels[CLAIM], []).append(ref.name)
         except DaemonError as exc:
             log.warning("could not list this node's MPS daemon pods", error=str(exc))
-        for claim in sorted((e.claims() | set(pods)) - known_claims):
+        for claim in sorted((e.sharing_claims() | set(pods)) - known_claims):
             log.warning(
                 "sharing setup of a claim the checkpoint does not hold: kept until the "
                 "kubelet unprepares the claim",

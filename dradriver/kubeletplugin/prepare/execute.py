@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +29,6 @@ from dradriver.kubeletplugin.hardware.sharing import SharingSteps
 from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.prepare.claim_spec import claim_spec
 from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
-from dradriver.kubeletplugin.prepare.steps import (
-    Step,
-    apply_all,
-    ignoring,
-    layered,
-    nothing,
-    undo_all,
-)
 from dradriver.kubeletplugin.state.journal import Journal, Latest
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
@@ -223,79 +215,6 @@ class Executor:
             ) from exc
         self.restore_mig_modes(rec, journal)
 
-    def forgotten_gpus(self, uid: str) -> set[str] | None:
-        """The GPUs the ledgers say this driver changed for claim `uid` (whose record is
-        gone): what its release_forgotten touches; None if they hold nothing for it."""
-        gpus: set[str] = set()
-        found = False
-        ledger = self.sharing.ledger if self.sharing is not None else None
-        if ledger is None and self.shares is not None:
-            ledger = self.shares.ledger
-        if ledger is not None:
-            e = ledger.load()
-            found = uid in e.claims()
-            gpus |= {g for g, m in e.compute_mode.items() if m.claim == uid}
-            gpus |= {g for g, c in e.time_slice.items() if c == uid}
-            gpus |= {k for k, sd in e.shared.items() if uid in sd.members.values()}
-        if self.imex is not None and self.imex.forgotten(uid):
-            found = True  # an IMEX daemon, on no GPU
-        if self.mig is not None:
-            mine = {i.gpu_uuid for i in self.mig.ledger.instances() if i.claim == uid}
-            mine |= {g for g, c in self.mig.ledger.disabled_for().items() if c == uid}
-            found = found or bool(mine)
-            gpus |= mine
-        return gpus if found else None
-
-    def release_forgotten(self, uid: str, ref: str) -> None:
-        """Unprepare of a claim the checkpoint does not know: if it was lost (a corrupt
-        checkpoint moved aside), the ledgers and the CDI directory still know what was
-        done for the claim; undo that now. Nothing recorded: nothing to do."""
-        # Nothing is known of it but its name: a record of no device stands for it.
-        namespace, _, name = ref.partition("/")
-        gone = ClaimRecord(uid, namespace, name, PREPARE_STARTED)
-        failed = undo_all(self.forgotten_steps(uid, ref), gone)
-        if failed is not None:
-            raise failed
-
-    def forgotten_steps(self, uid: str, ref: str) -> list[Step]:
-        """What the ledgers hold for claim `uid`, whose record is gone, as steps to undo."""
-        out: list[Step] = []
-        if (mig := self.mig) is not None:
-
-            def mig_undo(_: ClaimRecord) -> None:
-                gpus = mig.release_forgotten(uid)
-                if gpus:
-                    mig.restore_modes(gpus, self.profiles())
-                off = {g for g, c in mig.ledger.disabled_for().items() if c == uid}
-                if off:
-                    mig.restore_disabled(off, set())
-
-            out.append(Step("MIG", "MIG devices and modes the ledger holds", mig_undo))
-        if (sharing := self.sharing) is not None:
-            undo = ignoring(functools.partial(sharing.undo_forgotten_claim, uid))
-            out.append(Step("sharing", "time-slicing and MPS the ledger holds", undo))
-        if (shares := self.shares) is not None:
-            undo = ignoring(functools.partial(shares.undo_forgotten, uid))
-            out.append(Step("shares", "shares the ledger holds", undo))
-        if (imex := self.imex) is not None:
-            undo = ignoring(functools.partial(imex.undo_forgotten, uid))
-            out.append(Step("IMEX", "IMEX daemons", undo))
-        spec = ignoring(functools.partial(self.remove_forgotten_spec, uid, ref))
-        out.append(Step("CDI", "removing the CDI spec", spec))
-        return out
-
-    def remove_forgotten_spec(self, uid: str, ref: str) -> None:
-        """release_forgotten's last step, alone: for a claim forgotten_gpus found no
-        ledger entry of (read under the same lock), nothing else is left to undo."""
-        if self.cdi_writer.exists(uid):
-            try:
-                self.cdi_writer.remove(uid)
-            except OSError as exc:
-                raise CdiError(
-                    f"CDI layer: removing the spec of claim {ref} failed: {exc}", reason="cdi"
-                ) from exc
-            log.info("CDI spec of a claim the checkpoint had lost removed", claim_uid=uid)
-
     def restore_mig_modes(self, rec: ClaimRecord, journal: Journal) -> None:
         """Switch back what this claim made us switch: MIG mode off where its partitions
         were the last, on where it held the GPU whole (and no other claim does)."""
@@ -336,3 +255,86 @@ def _imex(imex: ImexSteps, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord
     rec = imex.apply(rec, journal.record)
     crashpoint("imex-started")
     return rec
+
+
+log = get_logger("kubeletplugin.steps")
+
+# How a layer's failure is prefixed in the claim's error (the CDI and checkpoint
+# layers' own errors say it already).
+LAYERS = {"MIG": "MIG layer: ", "sharing": "sharing layer: ", "IMEX": "IMEX layer: "}
+
+
+def unchanged(rec: ClaimRecord) -> ClaimRecord:
+    """A step with nothing to apply."""
+    return rec
+
+
+def nothing(rec: ClaimRecord) -> None:
+    """A step with nothing to undo."""
+
+
+def ignoring(undo: Callable[[], object]) -> Callable[[ClaimRecord], object]:
+    """An undo that finds what it undoes in a ledger, not in the record."""
+    return lambda rec: undo()
+
+
+@dataclass(frozen=True)
+class Step:
+    layer: str  # what an error names: "MIG", "sharing", "shares", "IMEX", "CDI"
+    what: str  # for the log: "destroy MIG device gpu-0-mig-1g10gb-0"
+    undo: Callable[[ClaimRecord], object]
+    apply: Callable[[ClaimRecord], ClaimRecord] = unchanged
+
+
+def layered(exc: Exception, claim: str) -> DriverError:
+    """A step's failure as the per-claim error the kubelet shows, naming the layer."""
+    if isinstance(exc, DriverError):
+        return exc.retold(f"claim {claim}: {LAYERS.get(exc.layer, '')}{exc}")
+    if isinstance(exc, OSError):
+        return CheckpointError(f"claim {claim}: checkpoint layer: {exc}", reason="checkpoint")
+    if isinstance(exc, ValueError):
+        return CdiError(f"claim {claim}: {exc}", reason="cdi_spec")
+    return DriverError(f"claim {claim}: {type(exc).__name__}: {exc}", reason="other")
+
+
+def apply_all(
+    steps: Sequence[Step], rec: ClaimRecord, progress: Callable[[ClaimRecord], None]
+) -> ClaimRecord:
+    """Each step's apply, in order, each on the record the one before left, which
+    `progress` hears of; the first failure is raised as it came."""
+    for step in steps:
+        rec = step.apply(rec)
+        progress(rec)
+    return rec
+
+
+def undo_all(steps: Sequence[Step], rec: ClaimRecord) -> DriverError | None:
+    """Every step's undo on `rec`, the last applied first (see the module's policy).
+    Returns the first failure as the claim's error, or None when all is undone."""
+    first: DriverError | None = None
+    claim, uid = rec.ref, rec.uid
+    for step in reversed(steps):
+        try:
+            step.undo(rec)
+        except (DriverError, OSError, ValueError) as exc:
+            err = _undo_failed(step, exc, claim)
+            log.error(
+                "could not undo a step",
+                claim=claim,
+                claim_uid=uid,
+                step=step.what,
+                layer=step.layer,
+                error=str(exc),
+            )
+            first = first or err
+    return first
+
+
+def _undo_failed(step: Step, exc: Exception, claim: str) -> DriverError:
+    if isinstance(exc, DriverError):
+        hint = " (a process still uses it)" if getattr(exc, "in_use", False) else ""
+        prefix = LAYERS.get(exc.layer, "")
+        return exc.retold(f"claim {claim}: {prefix}{step.what}: {exc}{hint}; the kubelet retries")
+    if step.layer == "CDI":
+        return CdiError(f"CDI layer: {step.what} of claim {claim} failed: {exc}", reason="cdi")
+    return layered(exc, claim)

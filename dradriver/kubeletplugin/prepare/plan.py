@@ -21,9 +21,9 @@ from dradriver.kubeletplugin.prepare.channels import (
 )
 from dradriver.kubeletplugin.prepare.claim_devices import (
     PlannedDevice,
+    check_identity,
     claim_devices,
 )
-from dradriver.kubeletplugin.prepare.identity import check_identity
 from dradriver.kubeletplugin.prepare.shares import check_room, share_of
 from dradriver.kubeletplugin.state.records import (
     PREPARE_STARTED,

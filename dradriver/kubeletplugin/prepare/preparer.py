@@ -18,6 +18,7 @@ from dradriver.inventory.node_devices import NodeDevice
 from dradriver.k8s import Kube
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.endpoints.metrics import Metrics
+from dradriver.kubeletplugin.prepare import forgotten
 from dradriver.kubeletplugin.prepare.claim_devices import check_ref
 from dradriver.kubeletplugin.prepare.claim_read import read_claim
 from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
@@ -25,9 +26,9 @@ from dradriver.kubeletplugin.prepare.each_claim import each_claim
 from dradriver.kubeletplugin.prepare.execute import Executor
 from dradriver.kubeletplugin.prepare.plan import plan
 from dradriver.kubeletplugin.prepare.reconcile import reconcile
-from dradriver.kubeletplugin.prepare.refusals import check_readable, newer_file
 from dradriver.kubeletplugin.prepare.unprepared import UnpreparedMeanwhile
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
+from dradriver.kubeletplugin.state.checkpoint.codec import check_readable, newer_file
 from dradriver.kubeletplugin.state.files import NodeLock
 from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
 from dradriver.kubeletplugin.state.journal import Committed, InLock
@@ -321,13 +322,13 @@ class Preparer:
         rec = cp.claims.get(ref.uid)
         if rec is None:
             # Unknown, or already unprepared (the kubelet may repeat): success, once
-            # whatever the ledgers and the CDI directory still hold for it is undone;
+            # whatever the ledger and the CDI directory still hold for it is undone;
             # hardware under the GPUs' locks, like any other claim's.
-            gpus = self.executor.forgotten_gpus(ref.uid)
+            gpus = forgotten.forgotten_gpus(self.executor, ref.uid)
             if gpus is not None:
                 return _OnGpus(frozenset(gpus))
-            # The ledgers, just read, hold nothing for it: not read a second time.
-            self.executor.remove_forgotten_spec(ref.uid, str(ref))
+            # The ledger, just read, holds nothing for it: not read a second time.
+            forgotten.remove_forgotten_spec(self.executor, ref.uid, str(ref))
             return None
         if self.executor.changes_hardware(rec):
             return _OnGpus(frozenset(record_gpus(rec)))
@@ -346,10 +347,10 @@ class Preparer:
                     rec = self._load().claims.get(ref.uid)
                 if rec is None:
                     # Its prepare rolled back, another call released it, or its record
-                    # was lost: what the ledgers still hold for it is undone.
-                    more = self.executor.forgotten_gpus(ref.uid) or set()
+                    # was lost: what the ledger still holds for it is undone.
+                    more = forgotten.forgotten_gpus(self.executor, ref.uid) or set()
                     if more <= gpus:
-                        self.executor.release_forgotten(ref.uid, str(ref))
+                        forgotten.release_forgotten(self.executor, ref.uid, str(ref))
                         return None
                     gpus = gpus | more
                     continue

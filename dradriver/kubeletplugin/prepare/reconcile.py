@@ -10,8 +10,7 @@ from collections.abc import Callable, Mapping
 from dradriver.errors import CdiError, MigError, SharingError
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.hardware import mig_startup
-from dradriver.kubeletplugin.prepare.execute import Executor
-from dradriver.kubeletplugin.prepare.steps import undo_all
+from dradriver.kubeletplugin.prepare.execute import Executor, undo_all
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, reconcile_boot
 from dradriver.kubeletplugin.state.journal import InLock, held_whole
 from dradriver.kubeletplugin.state.pod_limits import pod_totals

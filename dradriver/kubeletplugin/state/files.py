@@ -1,6 +1,7 @@
 """The plugin's file primitives, in one place for every file it owns (checkpoint, CDI
-specs, the MIG-mode ledger): durable atomic replacement, cleanup of what a crash mid-write
-left, and the node-wide lock two plugin instances (a rolling update) share."""
+specs, the ledger): durable atomic replacement, cleanup of what a crash mid-write left,
+a damaged file moved aside, the node-wide lock two plugin instances (a rolling update)
+share, and the one locked read-modify-write of a file they both change."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from dradriver.logs import get_logger
 
@@ -18,6 +21,7 @@ log = get_logger("kubeletplugin.files")
 
 # A temp file lives for milliseconds; one this old was left by a crash mid-write.
 STALE_TEMP_SECONDS = 600.0
+T = TypeVar("T")
 
 
 def fsync_dir(directory: Path) -> None:
@@ -83,6 +87,23 @@ def remove_stale_temps(path: Path, older_than: float = STALE_TEMP_SECONDS) -> li
                 tmp.unlink()
                 removed.append(tmp)
     return removed
+
+
+def move_aside(path: Path) -> str:
+    """Renames a damaged file to a .corrupt-<time> name beside it, kept for a human;
+    returns where it went, or why it could not."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 0
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    try:
+        os.rename(path, target)
+    except OSError as exc:
+        return f"(could not move it: {exc}; the next write overwrites it)"
+    fsync_dir(path.parent)
+    return str(target)
 
 
 class LockTimeout(TimeoutError):
@@ -223,3 +244,21 @@ class NodeLock:
             self.lock.__exit__(*exc)
         finally:
             self.mutex.release()
+
+
+def locked_update(
+    lock: FileLock,
+    read: Callable[[], T],
+    change: Callable[[T], bool],
+    *,
+    write: Callable[[T], None],
+) -> T:
+    """One change to a file several writers change at once (threads of this instance,
+    the other instance during a rolling update): read, change (returns whether it
+    changed anything), written (atomically, by `write`) only if it did, all under
+    `lock`, so that no writer saves a stale read over another's change. The value after."""
+    with lock:
+        value = read()
+        if change(value):
+            write(value)
+        return value

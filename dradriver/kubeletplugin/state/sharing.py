@@ -57,8 +57,8 @@ class MpsLimits:
 @dataclass(frozen=True)
 class Mps:
     """An MPS control daemon shared by the claim's devices of one limits group (its pod:
-    kubeletplugin/daemons/). Every change is recorded before it is made, so the undo
-    knows what to restore."""
+    kubeletplugin/daemons/): the directories the claim's containers mount. The compute
+    mode it changed is the ledger's (state/ledger.py), written before the change."""
 
     limits: MpsLimits
     applied: bool = False
@@ -66,8 +66,6 @@ class Mps:
     log_dir: str | None = None
     shm_dir: str | None = None  # the daemon's and its clients' /dev/shm
     daemon: DaemonRef | None = None
-    compute_mode_before: int | None = None
-    compute_mode_set: bool = False
 
     @property
     def group(self) -> str:
@@ -84,14 +82,11 @@ class Mps:
             ("pipeDir", self.pipe_dir),
             ("logDir", self.log_dir),
             ("shmDir", self.shm_dir),
-            ("computeModeBefore", self.compute_mode_before),
         ):
             if value is not None:
                 out[key] = value
         if self.daemon is not None:
             out["daemon"] = self.daemon.to_json()
-        if self.compute_mode_set:
-            out["computeModeSet"] = True
         return out
 
 
@@ -118,7 +113,5 @@ def sharing_from_json(value: Any, where: str) -> Sharing:
             daemon=(
                 DaemonRef.from_json(s["daemon"], f"{where}.daemon") if s.get("daemon") else None
             ),
-            compute_mode_before=optional(s, "computeModeBefore", int, default=None, where=where),
-            compute_mode_set=optional(s, "computeModeSet", bool, default=False, where=where),
         )
     raise CheckpointCorrupt(f"{where}.strategy: unknown sharing strategy {strategy!r}")

@@ -3,7 +3,7 @@ when it may: plan_tidy() is pure (the directory's entries and what the state say
 plan or the reason to keep everything out), apply_tidy() removes what the plan names.
 
 Only when the driver is uninstalled (uninstall.py decides that from the DaemonSet), never
-at a restart: the checkpoint, the ledgers and the name book are what keep a device from
+at a restart: the checkpoint, the ledger and the name book are what keep a device from
 being handed out twice after a crash and explain a GPU gone after a reboot. And only when
 nothing is left to undo: no claim prepared, no MIG mode or instance and no compute mode,
 time slice or MPS daemon the driver changed and has not put back, no other instance on
@@ -21,10 +21,10 @@ from pathlib import Path
 
 # The files the plugin writes at the top of its state directory.
 OWNED_FILE = re.compile(
-    r"(checkpoint\.json|device-names\.json|mig-mode\.json(\.lock)?"
-    r"|sharing-ledger\.json(\.lock)?|health\.json|plugin\.lock"
-    # The fake NVML's machine (fake GPUs' MIG and health state) and its fault requests.
-    r"|fake-nvml-[^/]+\.(json|requests))"
+    r"(checkpoint\.json|device-names\.json|ledger\.json(\.lock)?|health\.json|plugin\.lock"
+    # The fake NVML's machine (fake GPUs' MIG and health state), its fault requests, and
+    # the fake host's compute modes and intervals.
+    r"|fake-nvml-[^/]+\.(json|requests)|fake-sharing-[^/]+\.json(\.lock)?)"
 )
 # Directories it writes, and what they may hold for the tidy to empty them.
 OWNED_DIRS = {
@@ -41,8 +41,8 @@ class Leftovers:
     """What the state says is still there; anything in it keeps the directory as is."""
 
     claims: tuple[str, ...] = ()  # prepared claims in the checkpoint
-    mig_changes: tuple[str, ...] = ()  # GPUs / instances the MIG ledger holds
-    sharing_claims: tuple[str, ...] = ()  # claims the sharing ledger holds changes for
+    mig_changes: tuple[str, ...] = ()  # GPUs / instances the ledger holds
+    sharing_claims: tuple[str, ...] = ()  # claims the ledger holds sharing changes for
     other_instances: tuple[str, ...] = ()  # other registration sockets of this driver
 
 

@@ -9,6 +9,8 @@ import hashlib
 import json
 from typing import Any
 
+from dradriver.errors import ClaimStateError
+from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
     STATES,
@@ -141,3 +143,31 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     if kept:
         notes.append(f"kept fields this release does not know: {', '.join(sorted(kept))}")
     return cp, notes
+
+
+# -- what this release refuses of a file a newer release wrote, and the words it refuses
+# with: the whole file when its layout is beyond this release (minReader), else only the
+# claims recorded in a form it cannot read (their own minReader).
+
+
+def newer_file(path: str, cp: Checkpoint) -> str:
+    return (
+        f"checkpoint layer: {path} was written by a newer dradriver release "
+        f"(checkpoint version {cp.version}, readable from format {cp.min_reader} on; "
+        f"this release reads {CURRENT_VERSION}); "
+        "this release leaves it and every claim in it untouched. Roll the plugin "
+        "forward again, or move the file aside to start from an empty state (the "
+        "devices of the claims in it then need cleaning up by hand)"
+    )
+
+
+def check_readable(cp: Checkpoint, ref: ClaimRef, op: str) -> None:
+    """A claim a newer release recorded in a form this one cannot read is left as it
+    is: neither prepared again, nor unprepared, nor undone (the other claims are)."""
+    if ref.uid in cp.unreadable:
+        raise ClaimStateError(
+            f"checkpoint layer: claim {ref} was recorded by a newer dradriver release in "
+            f"a form this release (format {CURRENT_VERSION}) cannot read; not {op} it, "
+            "and leaving what it holds untouched. Roll the plugin forward again",
+            reason="newer_record",
+        )

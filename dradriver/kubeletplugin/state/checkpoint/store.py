@@ -9,12 +9,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from dradriver.kubeletplugin.state.checkpoint.codec import encode_checkpoint, parse_checkpoint
-from dradriver.kubeletplugin.state.files import atomic_write, fsync_dir, remove_stale_temps
+from dradriver.kubeletplugin.state.files import atomic_write, move_aside, remove_stale_temps
 from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
     Checkpoint,
@@ -86,10 +85,10 @@ class CheckpointStore:
         try:
             data = read_file(self.path)
         except NotARegularFile as exc:
-            moved = self._move_aside()
+            moved = move_aside(self.path)
             log.error(
                 "CHECKPOINT PATH IS NOT A REGULAR FILE: moved aside; starting empty (the "
-                "ledgers still know what the claims it held were given)",
+                "ledger still knows what must be undone for the claims it held)",
                 path=str(self.path),
                 reason=str(exc),
                 moved_to=moved,
@@ -125,28 +124,12 @@ class CheckpointStore:
             return self._empty()
         return self._quarantine(reason)
 
-    def _move_aside(self) -> str:
-        """Renames what lies at the path to a .corrupt-<time> name beside it; returns
-        where it went, or why it could not."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        n = 0
-        while target.exists():
-            n += 1
-            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
-        try:
-            os.rename(self.path, target)
-            fsync_dir(self.path.parent)
-            return str(target)
-        except OSError as exc:
-            return f"(could not move it: {exc}; the next save overwrites it)"
-
     def _quarantine(self, reason: str) -> Checkpoint:
-        moved = self._move_aside()
+        moved = move_aside(self.path)
         log.error(
             "CHECKPOINT CORRUPT: starting with an empty state; what the claims recorded in "
             "it hold (MIG devices, sharing setups, CDI specs) is kept, and undone when the "
-            "kubelet unprepares them (the MIG and sharing ledgers know it)",
+            "kubelet unprepares them (the ledger knows it)",
             path=str(self.path),
             reason=reason,
             moved_to=moved,

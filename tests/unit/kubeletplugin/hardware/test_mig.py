@@ -17,7 +17,7 @@ from dradriver import crashpoints
 from dradriver.errors import DriverError
 from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
-from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger, held_instances
+from dradriver.kubeletplugin.state.ledger import Ledger, held_instances
 from dradriver.nvml.library import open_nvml
 from dradriver.nvml.mig import MigCarver
 from dradriver.slices.build import build
@@ -298,7 +298,7 @@ def test_a_lost_checkpoint_neither_leaks_nor_hands_out_a_mig_device(tmp_path: Pa
     assert [(gi.profile.name, gi.start) for gi in gpu0.gpu_instances.values()] == [("3g.40gb", 4)]
     assert (tmp_path / "cdi" / f"{DRIVER}-claim-{a.uid}.json").exists()
     inv = open_nvml(f"fake:{SPEC}", node=NODE, state_dir=tmp_path).discover().inventory
-    ledger = MigModeLedger(tmp_path / "mig-mode.json")
+    ledger = Ledger.of(tmp_path)
     built = build(inv, MigMode.DYNAMIC, set(), held_mig=held_instances(ledger, set()))
     published = {d["name"] for sl in built.slices for d in sl.devices}
     assert not any(n.startswith(node.real("gpu-0-mig-3g40gb-4")) for n in published)
@@ -313,7 +313,7 @@ def test_a_lost_checkpoint_neither_leaks_nor_hands_out_a_mig_device(tmp_path: Pa
     restarted.unprepare(a)
     assert gpu0.gpu_instances == {} and not gpu0.mig_enabled
     assert not (tmp_path / "cdi" / f"{DRIVER}-claim-{a.uid}.json").exists()
-    assert json.loads((tmp_path / "mig-mode.json").read_text())["instances"] == []
+    assert json.loads((tmp_path / "ledger.json").read_text())["migInstances"] == []
 
 
 def test_a_read_only_cdi_directory_is_a_cdi_layer_error_with_a_clean_rollback(
@@ -334,5 +334,5 @@ def test_a_read_only_cdi_directory_is_a_cdi_layer_error_with_a_clean_rollback(
     gpu2 = node.fake.machine.gpus[2]
     assert gpu2.gpu_instances == {} and not gpu2.mig_enabled  # MIG mode back off
     assert node.driver.store.load().claims == {}
-    ledger = json.loads((node.tmp / "mig-mode.json").read_text())
-    assert ledger["instances"] == [] and gpu2.uuid not in ledger["enabledByDriver"]
+    ledger = json.loads((node.tmp / "ledger.json").read_text())
+    assert ledger["migInstances"] == [] and gpu2.uuid not in ledger["migEnabled"]

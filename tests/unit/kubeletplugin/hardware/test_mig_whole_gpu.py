@@ -36,7 +36,7 @@ def claim(claims: dict[str, Any], name: str, device: str, gpus: list[str]) -> Cl
 def ledger(tmp: Path) -> dict[str, Any]:
     import json
 
-    return dict(json.loads((tmp / "mig-mode.json").read_text()))
+    return dict(json.loads((tmp / "ledger.json").read_text()))
 
 
 def test_mig_mode_is_switched_off_for_the_claim_and_back_on_after(tmp_path: Path) -> None:
@@ -49,10 +49,10 @@ def test_mig_mode_is_switched_off_for_the_claim_and_back_on_after(tmp_path: Path
     result = prep.prepare([ref])[ref.uid]
     assert result.error == ""
     assert not gpu0.mig_enabled  # the container gets a GPU, not an empty MIG shell
-    assert ledger(tmp_path)["disabledByDriver"] == [gpu0.uuid]  # recorded: ours to restore
+    assert ledger(tmp_path)["migDisabled"] == {gpu0.uuid: ref.uid}  # ours to restore
     assert prep.unprepare([ref]) == {ref.uid: ""}
     assert gpu0.mig_enabled  # the admin's mode, back
-    assert ledger(tmp_path)["disabledByDriver"] == []
+    assert ledger(tmp_path)["migDisabled"] == {}
 
 
 def test_never_switching_offers_no_whole_gpu_in_mig_mode_and_refuses_one(tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_a_lost_checkpoint_keeps_mig_off_under_a_running_whole_gpu_claim(tmp_pat
     restarted.reconcile()
     gpu0 = nvml2.backend.machine.gpus[0]
     assert not gpu0.mig_enabled
-    assert ledger(tmp_path)["disabledFor"] == {gpu0.uuid: ref.uid}
+    assert ledger(tmp_path)["migDisabled"] == {gpu0.uuid: ref.uid}
     assert restarted.unprepare([ref]) == {ref.uid: ""}
     assert gpu0.mig_enabled
-    assert ledger(tmp_path)["disabledByDriver"] == [] and ledger(tmp_path)["disabledFor"] == {}
+    assert ledger(tmp_path)["migDisabled"] == {}

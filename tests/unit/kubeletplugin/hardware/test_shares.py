@@ -103,7 +103,7 @@ class SharedNode:
         return int(self.fake.machine.gpus[i].compute_mode)
 
     def ledger(self) -> dict[str, Any]:
-        doc: dict[str, Any] = json.loads((self.tmp / "sharing-ledger.json").read_text())
+        doc: dict[str, Any] = json.loads((self.tmp / "ledger.json").read_text())
         return dict(doc.get("shareDaemons") or {})
 
     def unprepare(self, *refs: ClaimRef) -> None:

@@ -250,7 +250,7 @@ def test_a_lost_checkpoint_loses_no_sharing_change(node: Node) -> None:
     assert restarted.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
     assert restarted.sharing.recorded()[uuid1] == {"timeslice": 0}
     assert not list((node.tmp / "cdi").glob("*.json"))
-    ledger = json.loads((node.tmp / "sharing-ledger.json").read_text())
+    ledger = json.loads((node.tmp / "ledger.json").read_text())
     assert ledger["computeMode"] == {} and ledger["timeSlice"] == {}
     assert "mpsDaemons" not in ledger  # the daemons are pods: the API is their record
 

@@ -15,7 +15,7 @@ import pytest
 
 from dradriver.errors import DriverError
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
-from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger
+from dradriver.kubeletplugin.state.ledger import Ledger
 from tests.support.crash import Crash, crash_at
 from tests.support.gpu_names import fake_names, real
 from tests.support.mig_node import SPEC, Node, start_node
@@ -50,7 +50,7 @@ def kill_after(node: Node, call: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def ledger_instances(tmp: Path) -> list[Any]:
-    return MigModeLedger(tmp / "mig-mode.json").instances()
+    return Ledger.of(tmp).load().instances
 
 
 @pytest.mark.parametrize("call", CARVE_CALLS)
@@ -222,7 +222,7 @@ def test_claims_of_a_lost_checkpoint_undo_what_the_ledgers_hold(tmp_path: Path) 
     assert restarted.mode(0) == nv.NVML_COMPUTEMODE_DEFAULT
     gpu1 = restarted.fake.machine.gpus[1]
     assert gpu1.gpu_instances == {} and not gpu1.mig_enabled
-    ledger = json.loads((tmp_path / "sharing-ledger.json").read_text())
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
     assert ledger["computeMode"] == {} and "mpsDaemons" not in ledger
     assert restarted.driver.store.load().claims == {}
 
@@ -243,5 +243,5 @@ def test_a_time_slice_of_a_lost_checkpoint_is_restored(tmp_path: Path) -> None:
     restarted.driver.reconcile()
     assert restarted.driver.unprepare([ref]) == {ref.uid: ""}
     assert restarted.sharing.recorded()[uuid1] == {"timeslice": 0}
-    assert json.loads((tmp_path / "sharing-ledger.json").read_text())["timeSlice"] == {}
+    assert json.loads((tmp_path / "ledger.json").read_text())["timeSlice"] == {}
     assert os.listdir(tmp_path / "cdi") == []

@@ -2,7 +2,7 @@
 a prepare or unprepare on another, and the guarantees of one-at-a-time stay: an
 unprepare waits for the claim's work in progress and wins, a second prepare of a claim
 in progress is refused for a retry, the other plugin instance neither undoes nor
-repeats work in progress, and the shared ledgers lose no entry when GPUs change at once.
+repeats work in progress, and the shared ledger loses no entry when GPUs change at once.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import pytest
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.prepare.preparer import Prepared, Preparer
 from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
-from dradriver.kubeletplugin.state.mig_ledger import MigModeLedger
+from dradriver.kubeletplugin.state.ledger import Ledger
 from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, owned_partitions
-from dradriver.kubeletplugin.state.sharing_ledger import SharingLedger
 from dradriver.nvml.library import Nvml
 from fakenvml.host import FakeHost
 from tests.support.gpu_names import names_of, real
@@ -156,7 +155,7 @@ def test_an_unprepare_waits_for_the_claims_work_in_progress_and_wins(
     assert node.instances() == set()
     assert node.driver.store.load().claims == {}
     assert not node.driver.executor.cdi_writer.exists(ref.uid)
-    assert MigModeLedger(node.tmp / "mig-mode.json").instances() == []
+    assert Ledger.of(node.tmp).load().instances == []
 
 
 def test_a_second_prepare_of_a_claim_in_progress_is_refused_for_a_retry(
@@ -224,11 +223,10 @@ def test_gpus_cycling_at_once_keep_hardware_checkpoint_and_ledgers_equal(node: N
     assert errors == []
     assert node.instances() == set()
     assert node.driver.store.load().claims == {}
-    ledger = MigModeLedger(node.tmp / "mig-mode.json")
-    assert ledger.instances() == [] and ledger.load() == set() and ledger.load_disabled() == set()
+    ledger = Ledger.of(node.tmp).load()
+    assert ledger.instances == [] and ledger.mig_enabled == set() and ledger.mig_disabled == {}
     assert not any(g.mig_enabled for g in node.nvml.backend.machine.gpus)
-    shared = SharingLedger(node.tmp / "sharing-ledger.json").load()
-    assert shared.claims() == set()
+    assert ledger.claims() == set()
     host = node.nvml.host
     assert isinstance(host, FakeHost)
     # Every GPU got its Long interval, and was set back to Default (0) after.
@@ -238,21 +236,17 @@ def test_gpus_cycling_at_once_keep_hardware_checkpoint_and_ledgers_equal(node: N
 
 
 def test_ledger_changes_from_many_threads_are_all_kept(tmp_path: Path) -> None:
-    ledger = MigModeLedger(tmp_path / "mig-mode.json")
+    ledger = Ledger.of(tmp_path)
     gpus = [f"GPU-{i:04d}" for i in range(16)]
-    threads = [threading.Thread(target=ledger.enabling, args=(g,)) for g in gpus]
+    threads = [threading.Thread(target=ledger.mig_enabling, args=(g,)) for g in gpus]
+    threads += [threading.Thread(target=ledger.slice_changing, args=(g, "c")) for g in gpus]
+    random.shuffle(threads)
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert ledger.load() == set(gpus)
-    sharing = SharingLedger(tmp_path / "sharing-ledger.json")
-    threads = [threading.Thread(target=sharing.slice_changing, args=(g, "c")) for g in gpus]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert set(sharing.load().time_slice) == set(gpus)
+    assert ledger.load().mig_enabled == set(gpus)
+    assert set(ledger.load().time_slice) == set(gpus)
 
 
 def test_try_hold_never_waits_and_sees_every_other_holder(tmp_path: Path) -> None:
@@ -295,4 +289,4 @@ def test_a_forgotten_claims_unprepare_waits_for_its_gpus_too(node: Node) -> None
     t.join(10)
     assert out["result"] == {ref.uid: ""}
     assert node.instances() == set()
-    assert MigModeLedger(node.tmp / "mig-mode.json").instances() == []
+    assert Ledger.of(node.tmp).load().instances == []

@@ -18,7 +18,7 @@ from dradriver.inventory.model import Gpu
 from dradriver.inventory.naming import GpuIdentity, stable_names
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice, mig_device_name
 from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.prepare.identity import check_identity
+from dradriver.kubeletplugin.prepare.claim_devices import check_identity
 from dradriver.kubeletplugin.prepare.preparer import Preparer
 from dradriver.slices.build import DNS_LABEL
 from tests.support.gpu_names import fake_names

@@ -18,11 +18,9 @@ WRITTEN = [
     "checkpoint.json",
     "device-names.json",
     "fake-nvml-node-a.json",
-    "mig-mode.json",
-    "mig-mode.json.lock",
+    "ledger.json",
+    "ledger.json.lock",
     "plugin.lock",
-    "sharing-ledger.json",
-    "sharing-ledger.json.lock",
     "locks/GPU-34897535-8f62-7210-08ac-a9c4221ecea9.lock",
 ]
 

@@ -45,8 +45,6 @@ def every_record() -> Checkpoint:
         log_dir="/var/lib/dradriver/mps/c/log",
         shm_dir="/var/lib/dradriver/mps/c/shm",
         daemon=DaemonRef("mps-c-0", "6f1b2c3d-0000-4000-8000-000000000001"),
-        compute_mode_before=0,
-        compute_mode_set=True,
     )
     share = Share(
         "s-1",

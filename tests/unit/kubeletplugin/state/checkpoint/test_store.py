@@ -106,8 +106,6 @@ def test_round_trip_keeps_every_field(path: Path) -> None:
             pipe_dir="/p",
             log_dir="/l",
             daemon=DaemonRef("mps-c-0", "6f1b2c3d-0000-4000-8000-000000000001"),
-            compute_mode_before=0,
-            compute_mode_set=True,
         ),
         extra_unknown={"fromNewerRelease": {"a": 1}},
     )

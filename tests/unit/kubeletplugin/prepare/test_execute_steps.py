@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from dradriver.errors import CdiError, CheckpointError, MigError, SharingError
-from dradriver.kubeletplugin.prepare.steps import Step, apply_all, undo_all
+from dradriver.kubeletplugin.prepare.execute import Step, apply_all, undo_all
 from dradriver.kubeletplugin.state.records import PREPARE_STARTED, ClaimRecord
 
 REC = ClaimRecord("u", "ns", "c", PREPARE_STARTED)

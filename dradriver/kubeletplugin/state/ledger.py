@@ -1,0 +1,382 @@
+"""The ledger (<state dir>/ledger.json): what the driver changed on the node and must undo
+even if the checkpoint is lost or moved aside as corrupt: MIG modes switched, MIG
+instances created (an intent before the carve, its ID right after), compute modes
+changed (the mode before, written once), intervals set, shares' daemons and their
+members. Each entry is written *before* the change and removed only once it is undone,
+so a kill at any instant leaves nothing nobody knows was changed; startup and the
+kubelet's unprepare of a forgotten claim undo what it holds. The keys and why each fact
+lives here rather than in the checkpoint: docs/design.md, "What the node writes".
+
+Every change is one read-modify-write under the ledger's lock (files.locked_update):
+prepares on different GPUs change it at once (threads, or the other instance during a
+rolling update). Loading never raises: an unreadable ledger is moved aside and reported,
+and the driver carries on with an empty one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dradriver.kubeletplugin.state.files import FileLock, atomic_write, locked_update, move_aside
+from dradriver.logs import get_logger
+
+log = get_logger("kubeletplugin.ledger")
+
+VERSION = 1
+FILE_NAME = "ledger.json"
+
+
+@dataclass(frozen=True)
+class OwnedInstance:
+    """A MIG instance this driver created, and for which claim. Before the carve its GPU
+    instance ID is not known yet (None): the intent, written before NVML is asked, so an
+    instance a kill leaves half-made is still ours (found by GPU, profile and placement)."""
+
+    gpu_uuid: str
+    gpu_instance_id: int | None
+    profile_id: int
+    placement_start: int
+    claim: str
+
+    @property
+    def slot(self) -> tuple[str, int, int]:
+        """(GPU UUID, profile ID, placement): what is known before the carve."""
+        return self.gpu_uuid, self.profile_id, self.placement_start
+
+    @property
+    def pending(self) -> bool:
+        return self.gpu_instance_id is None
+
+
+@dataclass(frozen=True)
+class ModeChange:
+    before: int  # NVML_COMPUTEMODE_*
+    claim: str
+
+
+@dataclass(frozen=True)
+class SharedDaemon:
+    """A device's shares' MPS daemon (its directories are named for the device:
+    hardware/shares.py)."""
+
+    gpu: str  # the GPU whose compute mode it changed; "" for a MIG device
+    mode_before: int | None  # that GPU's mode before; None when unchanged
+    members: dict[str, str] = field(default_factory=dict)  # share ID -> claim
+
+
+@dataclass
+class Entries:
+    mig_enabled: set[str] = field(default_factory=set)
+    mig_disabled: dict[str, str] = field(default_factory=dict)  # GPU -> claim
+    instances: list[OwnedInstance] = field(default_factory=list)
+    compute_mode: dict[str, ModeChange] = field(default_factory=dict)
+    time_slice: dict[str, str] = field(default_factory=dict)  # GPU -> claim
+    shared: dict[str, SharedDaemon] = field(default_factory=dict)  # device UUID -> daemon
+
+    def claims(self) -> set[str]:
+        """Every claim something is held for: a MIG instance or mode, or sharing."""
+        mig = {i.claim for i in self.instances} | set(self.mig_disabled.values())
+        return (mig | self.sharing_claims()) - {""}
+
+    def sharing_claims(self) -> set[str]:
+        """The claims a compute mode, a time slice or a share is held for."""
+        return (
+            {m.claim for m in self.compute_mode.values()}
+            | set(self.time_slice.values())
+            | {c for d in self.shared.values() for c in d.members.values()}
+        )
+
+    def owner(self, gpu_uuid: str, gpu_instance_id: int) -> str | None:
+        """The claim this driver created that GPU instance for, if it did."""
+        return next(
+            (
+                i.claim
+                for i in self.instances
+                if (i.gpu_uuid, i.gpu_instance_id) == (gpu_uuid, gpu_instance_id)
+            ),
+            None,
+        )
+
+    def intended_for(self, slot: tuple[str, int, int]) -> str | None:
+        """The claim a carve at `slot` (GPU, profile, placement) was begun for and not
+        known to have finished or been undone: the instance there, if any, is its."""
+        return next((i.claim for i in self.instances if i.pending and i.slot == slot), None)
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = FileLock(path.with_name(path.name + ".lock"))
+
+    @classmethod
+    def of(cls, state_dir: Path) -> Ledger:
+        """The ledger of the state directory `state_dir`."""
+        return cls(state_dir / FILE_NAME)
+
+    # -- reading and writing ---------------------------------------------------------------
+    def load(self) -> Entries:
+        """What the ledger holds; empty (the file moved aside, reported) if unreadable."""
+        e = self._read()
+        if isinstance(e, Entries):
+            return e
+        with self._lock:  # moved aside by one reader, never over a writer's new file
+            e = self._read()
+            return e if isinstance(e, Entries) else self._aside(e)
+
+    def _read(self) -> Entries | str:
+        """The entries, or why they cannot be read."""
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return Entries()
+        except (OSError, ValueError, RecursionError) as exc:
+            return f"unreadable: {exc}"
+        try:
+            return _decode(doc)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            return f"unexpected content: {exc}"
+
+    def _aside(self, reason: str) -> Entries:
+        log.error(
+            "LEDGER UNREADABLE: what the driver changed on this node is no longer known: "
+            "MIG modes it switched, MIG instances it made, compute modes and time slices it "
+            "set may need undoing by hand (`nvidia-smi mig -lgi`, `nvidia-smi -c DEFAULT`)",
+            path=str(self.path),
+            reason=reason,
+            moved_to=move_aside(self.path),
+        )
+        return Entries()
+
+    def _write(self, e: Entries) -> None:
+        doc: dict[str, Any] = {
+            "version": VERSION,
+            "migEnabled": sorted(e.mig_enabled),
+            "migDisabled": dict(sorted(e.mig_disabled.items())),
+            "migInstances": [
+                {
+                    "gpuUUID": i.gpu_uuid,
+                    "gpuInstanceId": i.gpu_instance_id,
+                    "profileId": i.profile_id,
+                    "placementStart": i.placement_start,
+                    "claim": i.claim,
+                }
+                for i in e.instances
+            ],
+            "computeMode": {
+                g: {"before": m.before, "claim": m.claim} for g, m in sorted(e.compute_mode.items())
+            },
+            "timeSlice": {g: {"claim": c} for g, c in sorted(e.time_slice.items())},
+            "shareDaemons": {
+                k: {
+                    "gpu": d.gpu,
+                    "modeBefore": d.mode_before,
+                    "members": dict(sorted(d.members.items())),
+                }
+                for k, d in sorted(e.shared.items())
+            },
+        }
+        atomic_write(self.path, json.dumps(doc).encode(), 0o600)
+
+    def _update(self, change: Callable[[Entries], bool]) -> Entries:
+        """Read, change (returns whether it changed anything), write: one at a time."""
+
+        def read() -> Entries:
+            e = self._read()
+            return e if isinstance(e, Entries) else self._aside(e)
+
+        return locked_update(self._lock, read, change, write=self._write)
+
+    # -- MIG -------------------------------------------------------------------------------
+    def instances(self) -> list[OwnedInstance]:
+        return self.load().instances
+
+    def disabled_for(self) -> dict[str, str]:
+        """GPU -> the claim MIG mode was switched off for ("" where not known)."""
+        return self.load().mig_disabled
+
+    def mig_enabling(self, gpu: str) -> None:
+        """Recorded before MIG mode is switched on on `gpu` for a partition."""
+        self._update(lambda e: _added(e.mig_enabled, gpu))
+
+    def mig_enabled_restored(self, gpu: str) -> None:
+        """MIG mode is off again on `gpu`, as it was before this driver switched it on."""
+        self._update(lambda e: _removed(e.mig_enabled, gpu))
+
+    def mig_disabling(self, gpu: str, claim: str) -> None:
+        """Recorded before MIG mode is switched off on `gpu` for `claim`'s whole GPU."""
+
+        def change(e: Entries) -> bool:
+            e.mig_disabled[gpu] = claim
+            return True
+
+        self._update(change)
+
+    def mig_disabled_restored(self, gpu: str) -> None:
+        """MIG mode is on again on `gpu`, as it was before this driver switched it off."""
+        self._update(lambda e: e.mig_disabled.pop(gpu, None) is not None)
+
+    def intending(self, slot: tuple[str, int, int], claim: str) -> None:
+        """Recorded before the carve at `slot` for `claim` (replacing a stale intent)."""
+        gpu, profile, placement = slot
+
+        def change(e: Entries) -> bool:
+            e.instances = [i for i in e.instances if not (i.pending and i.slot == slot)]
+            e.instances.append(OwnedInstance(gpu, None, profile, placement, claim))
+            return True
+
+        self._update(change)
+
+    def intent_dropped(self, slot: tuple[str, int, int]) -> None:
+        """Nothing was made at `slot` (or it is destroyed): the intent goes."""
+        self._keep(lambda i: not (i.pending and i.slot == slot))
+
+    def instance_created(self, inst: OwnedInstance) -> None:
+        """The instance exists with its ID: replaces the intent at its slot."""
+
+        def change(e: Entries) -> bool:
+            e.instances = [
+                i
+                for i in e.instances
+                if (i.gpu_uuid, i.gpu_instance_id) != (inst.gpu_uuid, inst.gpu_instance_id)
+                and not (i.pending and i.slot == inst.slot)
+            ] + [inst]
+            return True
+
+        self._update(change)
+
+    def instance_destroyed(self, gpu_uuid: str, gpu_instance_id: int) -> None:
+        self._keep(lambda i: (i.gpu_uuid, i.gpu_instance_id) != (gpu_uuid, gpu_instance_id))
+
+    def _keep(self, keep: Callable[[OwnedInstance], bool]) -> None:
+        def change(e: Entries) -> bool:
+            kept = [i for i in e.instances if keep(i)]
+            changed = len(kept) != len(e.instances)
+            e.instances = kept
+            return changed
+
+        self._update(change)
+
+    # -- sharing ---------------------------------------------------------------------------
+    def mode_changing(self, gpu: str, before: int, claim: str) -> int:
+        """Records, before the change, the mode `gpu` had; returns the recorded one (an
+        earlier record wins: it is what the GPU had before this driver touched it)."""
+
+        def change(e: Entries) -> bool:
+            if gpu in e.compute_mode:
+                return False
+            e.compute_mode[gpu] = ModeChange(before, claim)
+            return True
+
+        return self._update(change).compute_mode[gpu].before
+
+    def mode_restored(self, gpu: str) -> None:
+        self._update(lambda e: e.compute_mode.pop(gpu, None) is not None)
+
+    def slice_changing(self, gpu: str, claim: str) -> None:
+        def change(e: Entries) -> bool:
+            if e.time_slice.get(gpu) == claim:
+                return False
+            e.time_slice[gpu] = claim
+            return True
+
+        self._update(change)
+
+    def slice_restored(self, gpu: str) -> None:
+        self._update(lambda e: e.time_slice.pop(gpu, None) is not None)
+
+    def shared_daemon(self, device: str, *, gpu: str, mode_before: int | None) -> SharedDaemon:
+        """Records the device's shared daemon before it starts, keeping its members and
+        the first mode recorded for its GPU."""
+
+        def change(e: Entries) -> bool:
+            old = e.shared.get(device)
+            before = old.mode_before if old is not None and old.gpu == gpu else mode_before
+            members = dict(old.members) if old is not None else {}
+            e.shared[device] = SharedDaemon(gpu, before, members)
+            return True
+
+        return self._update(change).shared[device]
+
+    def member(self, device: str, share: str, claim: str | None) -> SharedDaemon | None:
+        """Adds (claim) or removes (None) a share of the device's daemon; what is left."""
+
+        def change(e: Entries) -> bool:
+            d = e.shared.get(device)
+            if d is None:
+                return False
+            members = dict(d.members)
+            if claim is None:
+                if members.pop(share, None) is None:
+                    return False
+            elif members.get(share) == claim:
+                return False
+            else:
+                members[share] = claim
+            e.shared[device] = SharedDaemon(d.gpu, d.mode_before, members)
+            return True
+
+        return self._update(change).shared.get(device)
+
+    def shared_stopped(self, device: str) -> None:
+        self._update(lambda e: e.shared.pop(device, None) is not None)
+
+
+def _added(into: set[str], item: str) -> bool:
+    if item in into:
+        return False
+    into.add(item)
+    return True
+
+
+def _removed(source: set[str], item: str) -> bool:
+    if item not in source:
+        return False
+    source.discard(item)
+    return True
+
+
+def _decode(doc: Any) -> Entries:
+    if not isinstance(doc, dict):
+        raise ValueError("not an object")
+    version = doc.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"version {version!r}")
+    # A newer release's ledger is read for the keys this one knows: entries are only ever
+    # undone, so reading fewer never changes what the newer release still uses.
+    e = Entries(
+        {str(g) for g in doc.get("migEnabled") or []},
+        {str(g): str(c) for g, c in dict(doc.get("migDisabled") or {}).items()},
+    )
+    for raw in doc.get("migInstances") or []:
+        gi = raw.get("gpuInstanceId")
+        e.instances.append(
+            OwnedInstance(
+                str(raw["gpuUUID"]),
+                None if gi is None else int(gi),
+                int(raw["profileId"]),
+                int(raw["placementStart"]),
+                str(raw["claim"]),
+            )
+        )
+    for g, m in dict(doc.get("computeMode") or {}).items():
+        e.compute_mode[str(g)] = ModeChange(int(m["before"]), str(m["claim"]))
+    for g, t in dict(doc.get("timeSlice") or {}).items():
+        e.time_slice[str(g)] = str(t["claim"])
+    for k, d in dict(doc.get("shareDaemons") or {}).items():
+        before = d.get("modeBefore")
+        e.shared[str(k)] = SharedDaemon(
+            str(d.get("gpu") or ""),
+            None if before is None else int(before),
+            {str(s): str(c) for s, c in dict(d.get("members") or {}).items()},
+        )
+    return e
+
+
+def held_instances(ledger: Ledger, owned: set[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
+    """(GPU UUID, profile ID, placement) of instances this driver made for claims the
+    checkpoint does not hold: not offered to anyone until those claims are unprepared."""
+    return {i.slot for i in ledger.load().instances if i.slot not in owned}
