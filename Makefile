@@ -29,7 +29,7 @@ KIND_K8S ?= $(lastword $(LINES))
 kind-demo kind-down kind-test: K8S = $(KIND_K8S)
 
 .PHONY: all venv bytecode controlplane hollow-node lines cdi-tool nvcdi helm kueue prometheus chromium proto schema lint format \
-        typecheck unit test e2e cluster-up cluster-down demo bench clean kind-demo kind-down kind-test gpu-check
+        typecheck unit test e2e cluster-up cluster-down demo bench godriver clean kind-demo kind-down kind-test gpu-check
 
 all: test
 
@@ -151,7 +151,12 @@ kind-test: venv controlplane helm
 gpu-check:
 	@bash tools/gpu-check/run.sh
 
-bench: venv bytecode controlplane hollow-node nvcdi
+# The Go peer `make bench` measures dradriver beside (tools/godriver: a minimal driver on
+# the kubeletplugin helper of k8s.io/dynamic-resource-allocation); cached the same way.
+godriver:
+	@bash tools/godriver/build.sh >/dev/null
+
+bench: venv bytecode controlplane hollow-node nvcdi godriver
 	$(PY) benchmarks/prepare.py
 	$(PY) benchmarks/gpu_locks.py
 
