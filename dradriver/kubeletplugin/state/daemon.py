@@ -3,10 +3,7 @@ by name and UID, never by PID."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from dradriver.kubeletplugin.state.decode import get, obj
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -15,12 +12,4 @@ class DaemonRef:
     finds it) and its UID ("" where only the name is known)."""
 
     name: str
-    uid: str = ""
-
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "uid": self.uid}
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> DaemonRef:
-        d = obj(value, where)
-        return cls(get(d, "name", str, where=where), get(d, "uid", str, where=where))
+    uid: str = field(default="", metadata={"always": True})

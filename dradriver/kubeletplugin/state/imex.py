@@ -6,16 +6,14 @@ its unprepare."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from dradriver.kubeletplugin.state.daemon import DaemonRef
-from dradriver.kubeletplugin.state.decode import CheckpointCorrupt, get, obj, optional
 
 
 @dataclass(frozen=True)
 class ImexDaemon:
-    domain_uid: str
+    domain_uid: str = field(metadata={"key": "domainUID"})
     domain: str  # the ComputeDomain's name, in the claim's namespace
     namespace: str
     channel: int
@@ -25,37 +23,3 @@ class ImexDaemon:
     peers: tuple[str, ...] = ()
     config_dir: str | None = None  # recorded before the daemon starts
     daemon: DaemonRef | None = None  # its pod (kubeletplugin/daemons/)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "domainUID": self.domain_uid,
-            "domain": self.domain,
-            "namespace": self.namespace,
-            "channel": self.channel,
-        }
-        if self.address:
-            out["address"] = self.address
-        if self.peers:
-            out["peers"] = list(self.peers)
-        if self.config_dir is not None:
-            out["configDir"] = self.config_dir
-        if self.daemon is not None:
-            out["daemon"] = self.daemon.to_json()
-        return out
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> ImexDaemon:
-        d = obj(value, where)
-        peers = optional(d, "peers", list, default=[], where=where)
-        if not all(isinstance(p, str) for p in peers):
-            raise CheckpointCorrupt(f"{where}.peers: expected strings")
-        return cls(
-            get(d, "domainUID", str, where=where),
-            get(d, "domain", str, where=where),
-            get(d, "namespace", str, where=where),
-            get(d, "channel", int, where=where),
-            optional(d, "address", str, default="", where=where),
-            tuple(peers),
-            optional(d, "configDir", str, default=None, where=where),
-            DaemonRef.from_json(d["daemon"], f"{where}.daemon") if d.get("daemon") else None,
-        )

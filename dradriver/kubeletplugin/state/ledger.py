@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dradriver.kubeletplugin.state.files import FileLock, atomic_write, locked_update, move_aside
+from dradriver.kubeletplugin.state.records import from_json, to_json
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.ledger")
@@ -36,7 +37,7 @@ class OwnedInstance:
     instance ID is not known yet (None): the intent, written before NVML is asked, so an
     instance a kill leaves half-made is still ours (found by GPU, profile and placement)."""
 
-    gpu_uuid: str
+    gpu_uuid: str = field(metadata={"key": "gpuUUID"})
     gpu_instance_id: int | None
     profile_id: int
     placement_start: int
@@ -68,14 +69,23 @@ class SharedDaemon:
     members: dict[str, str] = field(default_factory=dict)  # share ID -> claim
 
 
+# Every key is written, empty or not: the file reads the same whatever it holds.
+_ALWAYS = {"always": True}
+
+
 @dataclass
 class Entries:
-    mig_enabled: set[str] = field(default_factory=set)
-    mig_disabled: dict[str, str] = field(default_factory=dict)  # GPU -> claim
-    instances: list[OwnedInstance] = field(default_factory=list)
-    compute_mode: dict[str, ModeChange] = field(default_factory=dict)
-    time_slice: dict[str, str] = field(default_factory=dict)  # GPU -> claim
-    shared: dict[str, SharedDaemon] = field(default_factory=dict)  # device UUID -> daemon
+    mig_enabled: set[str] = field(default_factory=set, metadata=_ALWAYS)
+    mig_disabled: dict[str, str] = field(default_factory=dict, metadata=_ALWAYS)  # GPU -> claim
+    instances: list[OwnedInstance] = field(
+        default_factory=list, metadata={**_ALWAYS, "key": "migInstances"}
+    )
+    compute_mode: dict[str, ModeChange] = field(default_factory=dict, metadata=_ALWAYS)
+    time_slice: dict[str, str] = field(default_factory=dict, metadata=_ALWAYS)  # GPU -> claim
+    # device UUID -> daemon
+    shared: dict[str, SharedDaemon] = field(
+        default_factory=dict, metadata={**_ALWAYS, "key": "shareDaemons"}
+    )
 
     def claims(self) -> set[str]:
         """Every claim something is held for: a MIG instance or mode, or sharing."""
@@ -152,34 +162,8 @@ class Ledger:
         return Entries()
 
     def _write(self, e: Entries) -> None:
-        doc: dict[str, Any] = {
-            "version": VERSION,
-            "migEnabled": sorted(e.mig_enabled),
-            "migDisabled": dict(sorted(e.mig_disabled.items())),
-            "migInstances": [
-                {
-                    "gpuUUID": i.gpu_uuid,
-                    "gpuInstanceId": i.gpu_instance_id,
-                    "profileId": i.profile_id,
-                    "placementStart": i.placement_start,
-                    "claim": i.claim,
-                }
-                for i in e.instances
-            ],
-            "computeMode": {
-                g: {"before": m.before, "claim": m.claim} for g, m in sorted(e.compute_mode.items())
-            },
-            "timeSlice": {g: {"claim": c} for g, c in sorted(e.time_slice.items())},
-            "shareDaemons": {
-                k: {
-                    "gpu": d.gpu,
-                    "modeBefore": d.mode_before,
-                    "members": dict(sorted(d.members.items())),
-                }
-                for k, d in sorted(e.shared.items())
-            },
-        }
-        atomic_write(self.path, json.dumps(doc).encode(), 0o600)
+        doc = {"version": VERSION, **to_json(e)}
+        atomic_write(self.path, json.dumps(doc, sort_keys=True).encode(), 0o600)
 
     def _update(self, change: Callable[[Entries], bool]) -> Entries:
         """Read, change (returns whether it changed anything), write: one at a time."""
@@ -347,33 +331,8 @@ def _decode(doc: Any) -> Entries:
         raise ValueError(f"version {version!r}")
     # A newer release's ledger is read for the keys this one knows: entries are only ever
     # undone, so reading fewer never changes what the newer release still uses.
-    e = Entries(
-        {str(g) for g in doc.get("migEnabled") or []},
-        {str(g): str(c) for g, c in dict(doc.get("migDisabled") or {}).items()},
-    )
-    for raw in doc.get("migInstances") or []:
-        gi = raw.get("gpuInstanceId")
-        e.instances.append(
-            OwnedInstance(
-                str(raw["gpuUUID"]),
-                None if gi is None else int(gi),
-                int(raw["profileId"]),
-                int(raw["placementStart"]),
-                str(raw["claim"]),
-            )
-        )
-    for g, m in dict(doc.get("computeMode") or {}).items():
-        e.compute_mode[str(g)] = ModeChange(int(m["before"]), str(m["claim"]))
-    for g, t in dict(doc.get("timeSlice") or {}).items():
-        e.time_slice[str(g)] = str(t["claim"])
-    for k, d in dict(doc.get("shareDaemons") or {}).items():
-        before = d.get("modeBefore")
-        e.shared[str(k)] = SharedDaemon(
-            str(d.get("gpu") or ""),
-            None if before is None else int(before),
-            {str(s): str(c) for s, c in dict(d.get("members") or {}).items()},
-        )
-    return e
+    entries: Entries = from_json(Entries, doc, "ledger")
+    return entries
 
 
 def held_instances(ledger: Ledger, owned: set[tuple[str, int, int]]) -> set[tuple[str, int, int]]:

@@ -4,45 +4,29 @@ its GPU's minor number. The planner (prepare/plan.py) makes them; they are froze
 each step of the executor (prepare/execute.py) returns a new one as its work leaves it
 (`with_device`), and the checkpoint keeps them (checkpoint/) without copying.
 
-Each record converts to and from its JSON form explicitly. The JSON layout is the one
-checkpoint version 1 has always had (typed parts under a device's "extra"), so a file
-written here is read fully by every release since version 1; keys a release does not
-know are carried through unchanged.
+Every record converts to and from JSON through the one converter at its end; keys a
+release does not know are carried through unchanged (docs/design.md, "The checkpoint's format").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Union, get_args, get_origin, get_type_hints
 
-# The decoding helpers are re-exported: the checkpoint's codec reads with them too.
-from dradriver.kubeletplugin.state.decode import CheckpointCorrupt as CheckpointCorrupt
-from dradriver.kubeletplugin.state.decode import get as get
-from dradriver.kubeletplugin.state.decode import obj as _object
-from dradriver.kubeletplugin.state.decode import optional as optional
-from dradriver.kubeletplugin.state.decode import str_list as str_list
-from dradriver.kubeletplugin.state.decode import unknown as unknown
 from dradriver.kubeletplugin.state.imex import ImexDaemon as ImexDaemon
 from dradriver.kubeletplugin.state.share import Share as Share
 from dradriver.kubeletplugin.state.sharing import Mps as Mps
 from dradriver.kubeletplugin.state.sharing import MpsLimits as MpsLimits
 from dradriver.kubeletplugin.state.sharing import Sharing as Sharing
 from dradriver.kubeletplugin.state.sharing import TimeSlicing as TimeSlicing
-from dradriver.kubeletplugin.state.sharing import sharing_from_json as sharing_from_json
 
 PREPARE_STARTED: Final = "PrepareStarted"
 PREPARE_COMPLETED: Final = "PrepareCompleted"
 STATES: Final = (PREPARE_STARTED, PREPARE_COMPLETED)
 CURRENT_VERSION: Final = 1
-
-
-@dataclass(frozen=True)
-class Unread:
-    """JSON a newer release wrote where this one knows no key: written back as it was
-    read, never looked into (nothing of this release may put anything here)."""
-
-    fields: dict[str, Any] = field(default_factory=dict)
 
 
 # -- the parts of a prepared device -------------------------------------------------------------
@@ -53,7 +37,7 @@ class Carve:
     """The MIG partition a device is carved as: the intent (GPU, profile, placement) is
     recorded before carving, the created instance ids right after."""
 
-    gpu_uuid: str
+    gpu_uuid: str = field(metadata={"key": "gpuUUID"})
     profile_id: int
     profile: str
     placement_start: int
@@ -66,32 +50,6 @@ class Carve:
     def created(self) -> bool:
         return self.gpu_instance_id is not None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "gpuUUID": self.gpu_uuid,
-            "profileId": self.profile_id,
-            "profile": self.profile,
-            "placementStart": self.placement_start,
-            "placementSize": self.placement_size,
-            "computeSlices": self.compute_slices,
-            "gpuInstanceId": self.gpu_instance_id,
-            "computeInstanceId": self.compute_instance_id,
-        }
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> Carve:
-        c = _object(value, where)
-        return cls(
-            gpu_uuid=get(c, "gpuUUID", str, where=where),
-            profile_id=get(c, "profileId", int, where=where),
-            profile=optional(c, "profile", str, default="", where=where),
-            placement_start=get(c, "placementStart", int, where=where),
-            placement_size=get(c, "placementSize", int, where=where),
-            compute_slices=get(c, "computeSlices", int, where=where),
-            gpu_instance_id=optional(c, "gpuInstanceId", int, default=None, where=where),
-            compute_instance_id=optional(c, "computeInstanceId", int, default=None, where=where),
-        )
-
 
 @dataclass(frozen=True)
 class MigIds:
@@ -100,27 +58,8 @@ class MigIds:
     gpu_instance_id: int
     compute_instance_id: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "gpuInstanceId": self.gpu_instance_id,
-            "computeInstanceId": self.compute_instance_id,
-        }
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> MigIds:
-        m = _object(value, where)
-        return cls(
-            get(m, "gpuInstanceId", int, where=where), get(m, "computeInstanceId", int, where=where)
-        )
-
 
 # -- devices, claims, the checkpoint ----------------------------------------------------------
-
-_DEVICE_KEYS = ("requestNames", "pool", "device", "cdiDeviceIds", "uuid", "kind", "extra")
-_EXTRA_KEYS = ("minor", "carve", "mig", "sharing", "adminAccess", "share", "imex")
-_CLAIM_KEYS = (
-    "uid", "namespace", "name", "state", "devices", "updatedAt", "extra", "minReader",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -145,9 +84,8 @@ class PreparedDevice:
     share: Share | None = None
     # An IMEX channel of a ComputeDomain, and the node's IMEX daemon for it.
     imex: ImexDaemon | None = None
-    # Keys of "extra" and of the device written by a newer release; written back
-    # unchanged so a downgrade followed by an upgrade does not lose them.
-    extra_unknown: dict[str, Any] = field(default_factory=dict, repr=False)
+    # Keys a newer release wrote; written back unchanged so a downgrade followed by an
+    # upgrade does not lose them.
     unknown: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -169,58 +107,6 @@ class PreparedDevice:
             return self.mig.gpu_instance_id, self.mig.compute_instance_id
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        extra: dict[str, Any] = dict(self.extra_unknown)
-        if self.minor is not None:
-            extra["minor"] = self.minor
-        if self.carve is not None:
-            extra["carve"] = self.carve.to_json()
-        if self.mig is not None:
-            extra["mig"] = self.mig.to_json()
-        if self.sharing is not None:
-            extra["sharing"] = self.sharing.to_json()
-        if self.admin_access:
-            extra["adminAccess"] = True
-        if self.share is not None:
-            extra["share"] = self.share.to_json()
-        if self.imex is not None:
-            extra["imex"] = self.imex.to_json()
-        return {
-            **self.unknown,
-            "requestNames": list(self.request_names),
-            "pool": self.pool,
-            "device": self.device,
-            "cdiDeviceIds": list(self.cdi_device_ids),
-            "uuid": self.uuid,
-            "kind": self.kind,
-            "extra": extra,
-        }
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> PreparedDevice:
-        obj = _object(value, where)
-        extra = dict(optional(obj, "extra", dict, default={}, where=where))
-        ew = f"{where}.extra"
-        return cls(
-            request_names=str_list(obj, "requestNames", where),
-            pool=get(obj, "pool", str, where=where),
-            device=get(obj, "device", str, where=where),
-            cdi_device_ids=str_list(obj, "cdiDeviceIds", where),
-            uuid=optional(obj, "uuid", str, default=None, where=where),
-            kind=optional(obj, "kind", str, default="gpu", where=where),
-            minor=optional(extra, "minor", int, default=None, where=ew),
-            carve=Carve.from_json(extra["carve"], f"{ew}.carve") if extra.get("carve") else None,
-            mig=MigIds.from_json(extra["mig"], f"{ew}.mig") if extra.get("mig") else None,
-            sharing=sharing_from_json(extra["sharing"], f"{ew}.sharing")
-            if extra.get("sharing")
-            else None,
-            admin_access=optional(extra, "adminAccess", bool, default=False, where=ew),
-            share=Share.from_json(extra["share"], f"{ew}.share") if extra.get("share") else None,
-            imex=ImexDaemon.from_json(extra["imex"], f"{ew}.imex") if extra.get("imex") else None,
-            extra_unknown=unknown(extra, _EXTRA_KEYS),
-            unknown=unknown(obj, _DEVICE_KEYS),
-        )
-
 
 @dataclass(frozen=True)
 class ClaimRecord:
@@ -230,10 +116,8 @@ class ClaimRecord:
     state: str  # PREPARE_STARTED or PREPARE_COMPLETED
     devices: list[PreparedDevice] = field(default_factory=list)
     updated_at: float = 0.0  # epoch seconds
-    # The claim's "extra" (this release defines no key in it) and its other keys, as a
-    # newer release wrote them.
-    extra_unknown: Unread = field(default_factory=Unread, repr=False)
-    unknown: Unread = field(default_factory=Unread, repr=False)
+    # Keys a newer release wrote, as it wrote them.
+    unknown: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def ref(self) -> str:
@@ -245,49 +129,27 @@ class ClaimRecord:
         devices[i] = d
         return dataclasses.replace(self, devices=devices)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.unknown.fields,
-            "uid": self.uid,
-            "namespace": self.namespace,
-            "name": self.name,
-            "state": self.state,
-            "devices": [d.to_json() for d in self.devices],
-            "updatedAt": self.updated_at,
-            "extra": self.extra_unknown.fields,
-        }
-
     @classmethod
-    def from_json(cls, key: str, value: Any, newer: bool, *, notes: list[str]) -> ClaimRecord:
+    def read(cls, key: str, value: Any, newer: bool, *, notes: list[str]) -> ClaimRecord:
+        """The record stored under `key`: its own UID, a state this release knows (one
+        from a newer release is taken as PrepareStarted: undone or redone)."""
         where = f"claims[{key!r}]"
-        obj = _object(value, where)
-        uid = get(obj, "uid", str, where=where)
-        if uid != key:
-            raise CheckpointCorrupt(f"{where}: stored under another UID than its own ({uid!r})")
-        state = get(obj, "state", str, where=where)
-        if state not in STATES:
-            if not newer:
-                raise CheckpointCorrupt(f"{where}.state: unknown state {state!r}")
-            # A state from a newer release says nothing this release can rely on: like an
-            # unfinished prepare, the caller has to undo or redo it.
-            notes.append(
-                f"claim {uid}: unknown state {state!r} from a newer release, "
-                f"treated as {PREPARE_STARTED}"
-            )
-            state = PREPARE_STARTED
-        devices = get(obj, "devices", list, where=where)
-        return cls(
-            uid=uid,
-            namespace=get(obj, "namespace", str, where=where),
-            name=get(obj, "name", str, where=where),
-            state=state,
-            devices=[
-                PreparedDevice.from_json(d, f"{where}.devices[{i}]") for i, d in enumerate(devices)
-            ],
-            updated_at=float(get(obj, "updatedAt", (int, float), where=where)),
-            extra_unknown=Unread(dict(optional(obj, "extra", dict, default={}, where=where))),
-            unknown=Unread(unknown(obj, _CLAIM_KEYS)),
+        rec: ClaimRecord = from_json(cls, value, where)
+        if rec.uid != key:
+            raise CheckpointCorrupt(f"{where}: stored under another UID than its own ({rec.uid!r})")
+        if rec.state in STATES:
+            return rec
+        if not newer:
+            raise CheckpointCorrupt(f"{where}.state: unknown state {rec.state!r}")
+        notes.append(
+            f"claim {rec.uid}: unknown state {rec.state!r} from a newer release, "
+            f"treated as {PREPARE_STARTED}"
         )
+        return dataclasses.replace(rec, state=PREPARE_STARTED)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = to_json(self)
+        return out
 
 
 @dataclass
@@ -321,3 +183,132 @@ def owned_partitions(cp: Checkpoint) -> set[tuple[str, int, int]]:
         for d in rec.devices
         if d.carve is not None
     }
+
+
+# -- the one converter between records and JSON ----------------------------------------------
+# Driven by each dataclass's fields and type hints: a field's key is its name in camelCase
+# (or its metadata's "key"), a field left at its default is not written (but where its
+# metadata says "always"), pairs of strings are a JSON object, and a union of records is
+# told apart by each one's TAG ("strategy"). Reading checks every type and names the path
+# of what it found wrong; keys a record does not know are kept in its `unknown` field where
+# it has one, else skipped.
+
+
+class CheckpointCorrupt(ValueError):
+    """The bytes are not state this release can trust."""
+
+
+def key(f: dataclasses.Field[Any]) -> str:
+    if "key" in f.metadata:
+        return str(f.metadata["key"])
+    head, *rest = f.name.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def to_json(value: Any) -> Any:
+    """`value` as JSON: records as objects, tuples, lists and sets as arrays, pairs as
+    objects."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = dict(getattr(value, "unknown", None) or {})
+        if (tag := getattr(value, "TAG", None)) is not None:
+            out["strategy"] = tag
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            if f.name != "unknown" and (f.metadata.get("always") or v != _default(f)):
+                out[key(f)] = to_json(v)
+        return out
+    if isinstance(value, tuple) and value and all(_is_pair(p) for p in value):
+        return {k: v for k, v in value}
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    return value
+
+
+def _is_pair(p: Any) -> bool:
+    return isinstance(p, tuple) and len(p) == 2 and all(isinstance(s, str) for s in p)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def from_json(tp: Any, value: Any, where: str) -> Any:
+    """`value` read as type `tp`; raises CheckpointCorrupt naming `where` and the path."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        return _union(args, value, where)
+    if dataclasses.is_dataclass(tp):
+        return _record(tp, value, where)
+    if origin is tuple:
+        if args[0] == tuple[str, str]:
+            pairs = _typed(value, dict, where)
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
+                raise CheckpointCorrupt(f"{where}: expected strings")
+            return tuple(sorted(pairs.items()))
+        items = _typed(value, list, where)
+        return tuple(from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(items))
+    if origin in (list, set):
+        items = _typed(value, list, where)
+        return origin(from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(items))
+    if origin is dict:
+        return {
+            k: from_json(args[1], v, f"{where}.{k}") for k, v in _typed(value, dict, where).items()
+        }
+    if tp is float:
+        return float(_typed(value, (int, float), where))
+    return _typed(value, tp, where)
+
+
+def _typed(value: Any, tp: type | tuple[type, ...], where: str) -> Any:
+    types_ = tp if isinstance(tp, tuple) else (tp,)
+    # bool is an int in Python but never a valid number here.
+    if not isinstance(value, types_) or (isinstance(value, bool) and bool not in types_):
+        names = " or ".join(t.__name__ for t in types_)
+        raise CheckpointCorrupt(f"{where}: expected {names}, got {value!r:.60}")
+    return value
+
+
+def _union(args: tuple[Any, ...], value: Any, where: str) -> Any:
+    if value is None and type(None) in args:
+        return None
+    options = [a for a in args if a is not type(None)]
+    if len(options) == 1:
+        return from_json(options[0], value, where)
+    tag = _typed(value, dict, where).get("strategy")
+    for option in options:
+        if getattr(option, "TAG", None) == tag:
+            return from_json(option, value, where)
+    raise CheckpointCorrupt(f"{where}.strategy: unknown {tag!r}")
+
+
+def _record(cls: Any, value: Any, where: str) -> Any:
+    obj = _typed(value, dict, where)
+    hints, known, kwargs = _hints(cls), {"strategy"}, {}
+    for f in dataclasses.fields(cls):
+        k = key(f)
+        known.add(k)
+        if f.name == "unknown":
+            continue
+        if k not in obj and _default(f) is dataclasses.MISSING:
+            raise CheckpointCorrupt(f"{where}: missing {k!r}")
+        if obj.get(k) is None and _default(f) is not dataclasses.MISSING:
+            continue  # absent or null: the default
+        kwargs[f.name] = from_json(hints[f.name], obj[k], f"{where}.{k}")
+    if "unknown" in {f.name for f in dataclasses.fields(cls)}:
+        kwargs["unknown"] = {k: v for k, v in obj.items() if k not in known}
+    return cls(**kwargs)

@@ -3,10 +3,7 @@ capacity), as the checkpoint keeps it under a prepared device's "share"."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from dradriver.kubeletplugin.state.decode import CheckpointCorrupt, get, obj, optional
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -15,7 +12,7 @@ class Share:
     scheduler's shareID and consumedCapacity, and the limits they come to on this node
     (prepare/shares.py); None where the share has no limit of its own."""
 
-    share_id: str
+    share_id: str = field(metadata={"key": "shareID"})
     consumed: tuple[tuple[str, str], ...] = ()  # capacity name -> quantity, as allocated
     memory_limit: int | None = None  # bytes
     compute_limit: int | None = None  # percent of the device's SMs
@@ -41,53 +38,3 @@ class Share:
     def namespace(self) -> str:
         """Its MPS v3 namespace: lowercase letters, digits and "_", at most 64."""
         return "s_" + "".join(c if c.isalnum() else "_" for c in self.share_id.lower())[:60]
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"shareID": self.share_id, "consumed": dict(self.consumed)}
-        if self.memory_limit is not None:
-            out["memoryLimit"] = self.memory_limit
-        if self.compute_limit is not None:
-            out["computeLimit"] = self.compute_limit
-        for key, value in (
-            ("pipeDir", self.pipe_dir),
-            ("logDir", self.log_dir),
-            ("shmDir", self.shm_dir),
-        ):
-            if value is not None:
-                out[key] = value
-        if self.applied:
-            out["applied"] = True
-        if self.server_side:
-            out["serverSide"] = True
-        if self.pods:
-            out["pods"] = list(self.pods)
-        if self.pod_cgroups:
-            out["podCgroups"] = list(self.pod_cgroups)
-        return out
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> Share:
-        s = obj(value, where)
-        consumed = optional(s, "consumed", dict, default={}, where=where)
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in consumed.items()):
-            raise CheckpointCorrupt(f"{where}.consumed: expected strings")
-        return cls(
-            get(s, "shareID", str, where=where),
-            tuple(sorted(consumed.items())),
-            optional(s, "memoryLimit", int, default=None, where=where),
-            optional(s, "computeLimit", int, default=None, where=where),
-            optional(s, "pipeDir", str, default=None, where=where),
-            optional(s, "logDir", str, default=None, where=where),
-            optional(s, "shmDir", str, default=None, where=where),
-            optional(s, "applied", bool, default=False, where=where),
-            optional(s, "serverSide", bool, default=False, where=where),
-            _strings(s, "pods", where),
-            _strings(s, "podCgroups", where),
-        )
-
-
-def _strings(s: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
-    value = optional(s, key, list, default=[], where=where)
-    if not all(isinstance(v, str) for v in value):
-        raise CheckpointCorrupt(f"{where}.{key}: expected strings")
-    return tuple(value)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.errors import ClaimStateError
@@ -17,12 +18,9 @@ from dradriver.kubeletplugin.state.records import (
     Checkpoint,
     CheckpointCorrupt,
     ClaimRecord,
-    get,
-    optional,
-    unknown,
+    from_json,
 )
 
-_PAYLOAD_KEYS = ("bootId", "claims")
 # The oldest format whose readers can read what this release writes (see above).
 MIN_READER = 1
 
@@ -63,17 +61,31 @@ def _reject_constant(name: str) -> Any:
     raise CheckpointCorrupt(f"not valid JSON: {name} is not a JSON number")
 
 
-def _payload(
-    doc: dict[str, Any], payload: dict[str, Any], version: int, *, newer: bool, notes: list[str]
-) -> Checkpoint:
+@dataclass(frozen=True)
+class _Envelope:
+    version: int
+    checksum: str
+    payload: dict[str, Any]
+    min_reader: int | None = None
+
+
+@dataclass(frozen=True)
+class _Payload:
+    boot_id: str
+    claims: dict[str, Any]
+    unknown: dict[str, Any] = field(default_factory=dict)
+
+
+def _payload(payload: dict[str, Any], version: int, *, newer: bool, notes: list[str]) -> Checkpoint:
+    p: _Payload = from_json(_Payload, payload, "payload")
     claims: dict[str, ClaimRecord] = {}
     unreadable: dict[str, Any] = {}
-    for k, v in get(payload, "claims", dict, where="payload").items():
+    for k, v in p.claims.items():
         needs = v.get("minReader", 1) if isinstance(v, dict) else 1
         if isinstance(needs, int) and not isinstance(needs, bool) and needs > CURRENT_VERSION:
             unreadable[k] = v
             continue
-        claims[k] = ClaimRecord.from_json(k, v, newer, notes=notes)
+        claims[k] = ClaimRecord.read(k, v, newer, notes=notes)
     if unreadable:
         notes.append(
             f"claims a newer release recorded in a form this release cannot read (their "
@@ -82,9 +94,9 @@ def _payload(
         )
     return Checkpoint(
         version=version,
-        boot_id=get(payload, "bootId", str, where="payload"),
+        boot_id=p.boot_id,
         claims=claims,
-        unknown=unknown(payload, _PAYLOAD_KEYS),
+        unknown=p.unknown,
         unreadable=unreadable,
     )
 
@@ -104,27 +116,23 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     if not isinstance(doc, dict):
         raise CheckpointCorrupt("expected a JSON object at the top level")
     notes: list[str] = []
-    version = get(doc, "version", int, where="checkpoint")
+    env: _Envelope = from_json(_Envelope, doc, "checkpoint")
+    version = env.version
     if version < 1:
         raise CheckpointCorrupt(f"checkpoint.version: {version} is not a version")
     newer = version > CURRENT_VERSION
     # Without "minReader", a newer version is assumed to need its own format.
-    min_reader = optional(
-        doc, "minReader", int, default=version if newer else 1, where="checkpoint"
-    )
+    min_reader = env.min_reader if env.min_reader is not None else version if newer else 1
     if newer:
         notes.append(
             f"checkpoint version {version} was written by a newer release; "
             f"reading the version {CURRENT_VERSION} fields it still has"
         )
-    payload = get(doc, "payload", dict, where="checkpoint")
-    checksum = get(doc, "checksum", str, where="checkpoint")
-    if checksum != payload_checksum(payload):
+    payload = env.payload
+    if env.checksum != payload_checksum(payload):
         raise CheckpointCorrupt("checksum mismatch: torn write or edited by hand")
     try:
-        cp = _payload(
-            doc, payload, version, newer=newer or min_reader > CURRENT_VERSION, notes=notes
-        )
+        cp = _payload(payload, version, newer=newer or min_reader > CURRENT_VERSION, notes=notes)
     except CheckpointCorrupt as exc:
         if min_reader <= CURRENT_VERSION:
             raise
@@ -135,11 +143,9 @@ def parse_checkpoint(data: bytes) -> tuple[Checkpoint, list[str]]:
     cp.min_reader = min_reader
     kept = list(cp.unknown)
     for rec in cp.claims.values():
-        kept += [f"claims.{rec.uid}.{k}" for k in rec.unknown.fields]
-        kept += [f"claims.{rec.uid}.extra.{k}" for k in rec.extra_unknown.fields]
+        kept += [f"claims.{rec.uid}.{k}" for k in rec.unknown]
         for d in rec.devices:
             kept += [f"claims.{rec.uid}.{d.device}.{k}" for k in d.unknown]
-            kept += [f"claims.{rec.uid}.{d.device}.extra.{k}" for k in d.extra_unknown]
     if kept:
         notes.append(f"kept fields this release does not know: {', '.join(sorted(kept))}")
     return cp, notes

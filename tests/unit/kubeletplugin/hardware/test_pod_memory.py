@@ -26,6 +26,8 @@ from dradriver.kubeletplugin.state.records import (
     ClaimRecord,
     PreparedDevice,
     Share,
+    from_json,
+    to_json,
 )
 from dradriver.nvml.memory_limits import get_memory_limit, set_memory_limit
 from dradriver.slices.consumable import parse_mode
@@ -108,9 +110,9 @@ def test_a_pods_limit_on_a_gpu_is_all_of_its_shares_there() -> None:
 
 def test_the_share_record_keeps_pods_and_cgroups_and_reads_an_older_one() -> None:
     s = Share("s1", memory_limit=GI, pods=("p1",), pod_cgroups=("/sys/fs/cgroup/x",))
-    assert Share.from_json(s.to_json(), "share") == s
+    assert from_json(Share, to_json(s), "share") == s
     older = {"shareID": "s1", "consumed": {}, "memoryLimit": GI}
-    assert Share.from_json(older, "share") == Share("s1", memory_limit=GI)
+    assert from_json(Share, older, "share") == Share("s1", memory_limit=GI)
 
 
 # -- the fake NVML's rules -------------------------------------------------------------------

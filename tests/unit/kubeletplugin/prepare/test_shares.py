@@ -21,6 +21,8 @@ from dradriver.kubeletplugin.state.records import (
     ClaimRecord,
     PreparedDevice,
     Share,
+    from_json,
+    to_json,
 )
 from dradriver.slices.consumable import parse_mode
 from tests.support.plan_claims import DRIVER, POOL, claim, h100_devices, named, result
@@ -69,7 +71,7 @@ def test_a_share_is_its_own_cdi_device_with_its_limits() -> None:
         "DRADRIVER_SHARE_COMPUTE_LIMIT=30",
     ]
     # The checkpoint keeps it whole.
-    back = PreparedDevice.from_json(d.to_json(), "d")
+    back = from_json(PreparedDevice, to_json(d), "d")
     assert back.share == d.share and back.key == (named("gpu-0"), S1)
 
 

@@ -112,7 +112,7 @@ def test_a_change_to_an_unreadable_ledger_sets_it_aside_first(tmp_path: Path) ->
 
 
 def test_a_newer_releases_ledger_is_read_for_what_this_one_knows(tmp_path: Path) -> None:
-    doc = {"version": 2, "timeSlice": {GPU: {"claim": "c", "since": 5}}, "newKey": [1]}
+    doc = {"version": 2, "timeSlice": {GPU: "c"}, "computeMode": {}, "newKey": [1]}
     (tmp_path / "ledger.json").write_text(json.dumps(doc))
     assert Ledger.of(tmp_path).load().time_slice == {GPU: "c"}
     assert list(tmp_path.glob("ledger.json.corrupt-*")) == []

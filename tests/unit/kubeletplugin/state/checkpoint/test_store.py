@@ -36,7 +36,7 @@ from dradriver.kubeletplugin.state.checkpoint import (
 )
 from dradriver.kubeletplugin.state.daemon import DaemonRef
 from dradriver.kubeletplugin.state.files import FileLock, LockTimeout
-from dradriver.kubeletplugin.state.records import Carve, MigIds, Mps, MpsLimits, TimeSlicing, Unread
+from dradriver.kubeletplugin.state.records import Carve, MigIds, Mps, MpsLimits, TimeSlicing
 
 REPO = Path(__file__).resolve().parents[5]
 BOOT1 = "6f1d2c4e-0000-4000-8000-000000000001"
@@ -107,7 +107,7 @@ def test_round_trip_keeps_every_field(path: Path) -> None:
             log_dir="/l",
             daemon=DaemonRef("mps-c-0", "6f1b2c3d-0000-4000-8000-000000000001"),
         ),
-        extra_unknown={"fromNewerRelease": {"a": 1}},
+        unknown={"fromNewerRelease": {"a": 1}},
     )
     static = device("gpu-1-mig-1g10gb-3", kind="mig", minor=1, mig=MigIds(9, 0))
     sliced = device("gpu-2", minor=2, sharing=TimeSlicing("Long", applied=True))
@@ -115,7 +115,7 @@ def test_round_trip_keeps_every_field(path: Path) -> None:
         record(
             UID_A,
             devices=[device(uuid=None), carved, static, sliced],
-            extra_unknown=Unread({"pods": ["p1"]}),
+            unknown={"pods": ["p1"]},
         ),
         record(UID_B, state=PREPARE_STARTED, devices=[]),
     )
@@ -128,11 +128,13 @@ def test_round_trip_keeps_every_field(path: Path) -> None:
     assert loaded.claims[UID_A].devices[2].mig_ids() == (9, 0)
     assert loaded.claims[UID_B].state == PREPARE_STARTED
     assert loaded.running_boot_id == BOOT1
-    # The typed parts keep the layout version 1 has always had: under "extra".
+    # A field at its default is not written; a newer release's key is written back.
     doc = json.loads(path.read_text())["payload"]["claims"][UID_A]["devices"][1]
-    assert set(doc["extra"]) == {"minor", "carve", "sharing", "fromNewerRelease"}
-    assert doc["extra"]["carve"]["gpuInstanceId"] == 7
-    assert doc["extra"]["sharing"]["strategy"] == "MPS"
+    assert set(doc) - {"requestNames", "pool", "device", "cdiDeviceIds", "uuid"} == {
+        "kind", "minor", "carve", "sharing", "fromNewerRelease"
+    }  # fmt: skip
+    assert doc["carve"]["gpuInstanceId"] == 7 and doc["carve"]["gpuUUID"] == "GPU-1"
+    assert doc["sharing"]["strategy"] == "MPS"
 
 
 def test_file_is_versioned_checksummed_and_private(path: Path) -> None:
@@ -171,7 +173,7 @@ def test_save_rejects_inconsistent_records_and_keeps_old_file(path: Path) -> Non
     with pytest.raises(ValueError, match="unknown state"):
         store.save(checkpoint(record(state="Prepared")))
     with pytest.raises(TypeError):
-        store.save(checkpoint(record(extra_unknown=Unread({"x": object()}))))
+        store.save(checkpoint(record(unknown={"x": object()})))
     assert path.read_bytes() == before
     assert leftovers(path.parent) == []
 
@@ -421,7 +423,7 @@ def test_newer_version_loads_what_it_understands(
     assert doc["payload"]["nodeName"] == "node-a"
     assert doc["payload"]["claims"][UID_A]["leases"] == [{"pod": "p1"}]
     assert doc["payload"]["claims"][UID_A]["devices"][0]["health"] == "Healthy"
-    assert store.load().claims[UID_A].unknown == Unread({"leases": [{"pod": "p1"}]})
+    assert store.load().claims[UID_A].unknown == {"leases": [{"pod": "p1"}]}
 
 
 def test_newer_version_with_bad_checksum_is_corrupt(path: Path) -> None:
