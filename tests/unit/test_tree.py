@@ -14,6 +14,7 @@ UNIT = ROOT / "tests" / "unit"
 CODE = {"fakenvml": ROOT / "fakenvml", "devtools": ROOT / "devtools" / "dradriver_dev"}
 # Checks of a tree as a whole, named for what they check.
 WHOLE = {
+    "test_budget.py",
     "test_docs.py",
     "test_package_graph.py",
     "test_packaging.py",
