@@ -1,16 +1,6 @@
 """A thin JSON client for the Kubernetes API: plain dicts in and out, over the official
-library's configuration and credentials (config.py, auth.py) and urllib3 (transport.py).
-
-The library's typed models drop fields they do not know and choke on alpha fields
-(consumesCounters, binding conditions), and a DRA driver lives on exactly those; so we
-exchange plain dicts, as the API server itself does, and never deserialize through its
-ApiClient. The library is imported at the first Kube, not with this module: importing it
-(all of it: its package imports every submodule) costs 0.3-0.5 s and ~20 MiB, which
-`import dradriver.k8s` must not.
-
-Retries live here, in one place: a 429 is sent again after its Retry-After while that
-still fits in the caller's timeout. Nothing else is retried.
-"""
+library's configuration and credentials (config.py, auth.py) and urllib3 (transport.py);
+a 429 is the one thing retried (docs/design.md, "The API client")."""
 
 from __future__ import annotations
 

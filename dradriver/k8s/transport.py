@@ -1,21 +1,7 @@
 """HTTP(S) to the API server through urllib3, on the pool the official library's
-RESTClientObject builds from a Configuration (it applies the CA, the client certificate,
-verify_ssl, tls-server-name, and the proxy: the kubeconfig's, or HTTPS_PROXY/NO_PROXY
-from the environment).
-
-Requests go to that pool directly rather than through RESTClientObject.request, which
-re-encodes JSON bodies (we send ours compact, see client.py) and rewrites a JSON patch's
-content type when the body is not a list.
-
-No hidden retries (retries=False): a read must not take several times its timeout, and
-urllib3's read retry cannot tell a timeout from a dropped connection. A kept-alive
-connection the server closed while it sat idle is found before it is used (urllib3 looks
-at each pooled connection before reusing it) and replaced, so that case needs none.
-
-The pool keeps POOL_SIZE idle connections: more than the plugin's concurrent requests
-(kubelet calls, the publisher, a few watches) at the concurrency it is measured at. Past
-it urllib3 opens more and closes them after use, with a warning in the log.
-"""
+RESTClientObject builds from a Configuration (CA, client certificate, tls-server-name,
+proxy), without its re-encoding and without hidden retries (docs/design.md, "The API
+client")."""
 
 from __future__ import annotations
 
