@@ -29,7 +29,7 @@ from dradriver.kubeletplugin.hardware.sharing import SharingSteps
 from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.prepare.claim_spec import claim_spec
 from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
-from dradriver.kubeletplugin.state.journal import Journal, Latest
+from dradriver.kubeletplugin.state.checkpoint.store import Journal
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -226,6 +226,30 @@ class Executor:
         whole = {d.uuid for d in rec.devices if d.kind == "gpu" and d.uuid}
         if whole:
             self.mig.restore_disabled(whole, journal.held_whole(rec.uid))
+
+
+class Latest:
+    """A journal that remembers the record as it last stood (recorded, or returned by a
+    step): what a rollback undoes from."""
+
+    def __init__(self, journal: Journal, rec: ClaimRecord) -> None:
+        self.journal, self.rec = journal, rec
+
+    def seen(self, rec: ClaimRecord) -> None:
+        self.rec = rec
+
+    def record(self, rec: ClaimRecord) -> None:
+        self.rec = rec
+        self.journal.record(rec)
+
+    def forget(self, rec: ClaimRecord) -> None:
+        self.journal.forget(rec)
+
+    def held_whole(self, exclude: str) -> set[str]:
+        return self.journal.held_whole(exclude)
+
+    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
+        return self.journal.pod_memory(exclude)
 
 
 def _has_shares(rec: ClaimRecord) -> bool:

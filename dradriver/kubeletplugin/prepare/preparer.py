@@ -19,19 +19,18 @@ from dradriver.k8s import Kube
 from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.endpoints.metrics import Metrics
 from dradriver.kubeletplugin.prepare import forgotten
+from dradriver.kubeletplugin.prepare.calls import UnpreparedMeanwhile, each_claim
 from dradriver.kubeletplugin.prepare.claim_devices import check_ref
 from dradriver.kubeletplugin.prepare.claim_read import read_claim
 from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
-from dradriver.kubeletplugin.prepare.each_claim import each_claim
 from dradriver.kubeletplugin.prepare.execute import Executor
 from dradriver.kubeletplugin.prepare.plan import plan
 from dradriver.kubeletplugin.prepare.reconcile import reconcile
-from dradriver.kubeletplugin.prepare.unprepared import UnpreparedMeanwhile
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.checkpoint.codec import check_readable, newer_file
+from dradriver.kubeletplugin.state.checkpoint.store import Committed, InLock
 from dradriver.kubeletplugin.state.files import NodeLock
 from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
-from dradriver.kubeletplugin.state.journal import Committed, InLock
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     Checkpoint,
@@ -74,7 +73,7 @@ class Preparer:
     read_claim: Callable[[ClaimRef], dict[str, Any]] | None = None
     # Why this plugin touches nothing (a checkpoint from a newer release); "" when it may.
     refusal: str = ""
-    # Unprepares that prepares still running began before (unprepared.py).
+    # Unprepares that prepares still running began before (calls.py).
     meanwhile: UnpreparedMeanwhile = field(default_factory=UnpreparedMeanwhile)
     # The GPUs' locks for hardware work; <checkpoint's directory>/locks by default.
     gpu_locks: GpuLocks | None = None

@@ -12,7 +12,7 @@ from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.hardware import mig_startup
 from dradriver.kubeletplugin.prepare.execute import Executor, undo_all
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, reconcile_boot
-from dradriver.kubeletplugin.state.journal import InLock, held_whole
+from dradriver.kubeletplugin.state.checkpoint.store import InLock, held_whole
 from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
 from dradriver.logs import get_logger

@@ -1,7 +1,8 @@
-"""Loading and saving the checkpoint file, which must never take the plugin down: a newer
-format is read as far as it is understood, a damaged file is moved aside (kept for a
-human) and the plugin carries on with an empty state. A save is an atomic replace
-(docs/design.md, "The checkpoint on disk"). Callers hold the node lock, but for peek().
+"""Loading and saving the checkpoint file, which must never take the plugin down (a newer
+format is read as far as it is understood, a damaged file is moved aside, kept for a
+human, and the plugin carries on with an empty state; a save is an atomic replace:
+docs/design.md, "The checkpoint on disk"), and the journal the executor records each
+step through. Callers hold the node lock, but for peek().
 """
 
 from __future__ import annotations
@@ -11,13 +12,22 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from dradriver.kubeletplugin.state.checkpoint.codec import encode_checkpoint, parse_checkpoint
-from dradriver.kubeletplugin.state.files import atomic_write, move_aside, remove_stale_temps
+from dradriver.kubeletplugin.state.files import (
+    NodeLock,
+    atomic_write,
+    move_aside,
+    remove_stale_temps,
+)
+from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
+    PREPARE_COMPLETED,
     Checkpoint,
     CheckpointCorrupt,
+    ClaimRecord,
     owned_partitions,
 )
 from dradriver.logs import get_logger
@@ -174,3 +184,102 @@ def checkpoint_owned(store: CheckpointStore) -> Callable[[], set[tuple[str, int,
     through the store's lock-free peek(), never load(), which belongs to the holders of
     the node lock (it repairs and moves aside damaged files, and shares the store's cache)."""
     return lambda: owned_partitions(store.peek())
+
+
+# -- the journal: where the executor records a claim's progress, each step that changes
+# the hardware durable in the checkpoint before the next one runs (prepare/execute.py).
+# InLock: the caller holds the node lock and the checkpoint; Committed: the hardware work
+# runs outside the node lock, under its GPUs' locks, and each step takes the node lock,
+# loads the checkpoint, puts the record in and saves.
+
+
+def held_whole(cp: Checkpoint, exclude: str = "") -> set[str]:
+    """GPU UUIDs that claims (but `exclude`) hold whole."""
+    return {
+        d.uuid
+        for r in cp.claims.values()
+        if r.uid != exclude
+        for d in r.devices
+        if d.kind == "gpu" and d.uuid
+    }
+
+
+class Journal(Protocol):
+    def record(self, rec: ClaimRecord) -> None:
+        """`rec` as it is now, durably; raises OSError or a DriverError if not."""
+
+    def forget(self, rec: ClaimRecord) -> None:
+        """`rec` gone, durably; raises OSError or a DriverError if not."""
+
+    def held_whole(self, exclude: str) -> set[str]:
+        """GPUs that other claims than `exclude` hold whole."""
+
+    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
+        """(GPU, pod) -> the shares' memory other claims than `exclude` hold for the pod."""
+
+
+class InLock:
+    def __init__(self, cp: Checkpoint, store: CheckpointStore) -> None:
+        self.cp, self.store = cp, store
+
+    def record(self, rec: ClaimRecord) -> None:
+        self.cp.claims[rec.uid] = rec
+        self.store.save(self.cp)
+
+    def forget(self, rec: ClaimRecord) -> None:
+        self.cp.claims.pop(rec.uid, None)
+        self.store.save(self.cp)
+
+    def held_whole(self, exclude: str) -> set[str]:
+        return held_whole(self.cp, exclude)
+
+    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
+        return pod_totals(r for r in self.cp.claims.values() if r.uid != exclude)
+
+
+class Committed:
+    """`load` is the checkpoint under the node lock (it raises when this release may not
+    touch it). `guard` runs under the node lock before a completed record is saved: it
+    raises to stop a prepare the kubelet has meanwhile unprepared from completing (the
+    steps before are recorded unguarded, so a rollback can always record what it could
+    not undo). `changed` sees the checkpoint after each save (the prepared-claims
+    metric)."""
+
+    def __init__(
+        self,
+        lock: NodeLock,
+        *,
+        load: Callable[[], Checkpoint],
+        store: CheckpointStore,
+        guard: Callable[[], None] = lambda: None,
+        changed: Callable[[Checkpoint], None] = lambda cp: None,
+    ) -> None:
+        self.lock, self.load, self.store = lock, load, store
+        self.guard, self.changed = guard, changed
+
+    def _publish(self, uid: str, rec: ClaimRecord | None) -> None:
+        with self.lock:
+            cp = self.load()
+            if rec is None:
+                cp.claims.pop(uid, None)
+            else:
+                if rec.state == PREPARE_COMPLETED:
+                    self.guard()
+                cp.claims[uid] = rec
+            self.store.save(cp)  # a failed save forgets `cp`: the next load reads the file
+            self.changed(cp)
+
+    def record(self, rec: ClaimRecord) -> None:
+        self._publish(rec.uid, rec)
+
+    def forget(self, rec: ClaimRecord) -> None:
+        self._publish(rec.uid, None)
+
+    def held_whole(self, exclude: str) -> set[str]:
+        with self.lock:
+            return held_whole(self.load(), exclude)
+
+    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
+        with self.lock:
+            cp = self.load()
+            return pod_totals(r for r in cp.claims.values() if r.uid != exclude)
