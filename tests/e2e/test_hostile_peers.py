@@ -566,10 +566,12 @@ def test_a_stop_under_a_stream_of_calls_finishes_them_and_exits_at_once(target: 
         assert seen["answered"] == seen["calls"], seen
         assert seen["answers"]["held"].get("devices", 0) > 20, seen
         # What was sent until well after the stop began was answered: the instance
-        # served on while calls kept coming (they never stop here, so for DRAIN_MAX).
+        # served on while calls kept coming (they never stop here, so for DRAIN_MAX, 2 s,
+        # unless the host is so loaded that DRAIN_QUIET, 0.2 s, passes without a call:
+        # 1.5 s on a make test run at load 6); without the drain they fail at once.
         first_failed = seen["first_failed_at_s"]
         assert first_failed is not None, "calls to the stopped instance were answered"
-        assert seen["started_at"] + first_failed > signalled_at + 1.5, seen
+        assert seen["started_at"] + first_failed > signalled_at + 0.8, seen
         # The rest were refused unprocessed, never cut off while worked on.
         assert set(seen["by_code"]) <= {"UNAVAILABLE", "CANCELLED"}, seen
     finally:
