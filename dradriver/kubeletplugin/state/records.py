@@ -198,32 +198,36 @@ class CheckpointCorrupt(ValueError):
     """The bytes are not state this release can trust."""
 
 
-def key(f: dataclasses.Field[Any]) -> str:
-    if "key" in f.metadata:
-        return str(f.metadata["key"])
-    head, *rest = f.name.split("_")
-    return head + "".join(w.title() for w in rest)
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, str, Any, bool], ...]:
+    """(name, key, default or MISSING, written even at its default) of each field of the
+    record class but `unknown`, worked out once per class: a save writes every claim's
+    record, and working it out field by field was most of the CPU a save spent."""
+    out = []
+    for f in dataclasses.fields(cls):
+        head, *rest = f.name.split("_")
+        key = f.metadata.get("key", head + "".join(w.title() for w in rest))
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        out.append((f.name, key, default, bool(f.metadata.get("always"))))
+    return tuple(x for x in out if x[0] != "unknown")
 
 
-def _default(f: dataclasses.Field[Any]) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
+_SCALARS = (str, int, float, type(None))  # bool is an int
 
 
 def to_json(value: Any) -> Any:
     """`value` as JSON: records as objects, tuples, lists and sets as arrays, pairs as
     objects."""
+    if isinstance(value, _SCALARS):
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = dict(getattr(value, "unknown", None) or {})
         if (tag := getattr(value, "TAG", None)) is not None:
             out["strategy"] = tag
-        for f in dataclasses.fields(value):
-            v = getattr(value, f.name)
-            if f.name != "unknown" and (f.metadata.get("always") or v != _default(f)):
-                out[key(f)] = to_json(v)
+        for name, key, default, always in _fields(type(value)):
+            v = getattr(value, name)
+            if always or v != default:
+                out[key] = v if isinstance(v, _SCALARS) else to_json(v)
         return out
     if isinstance(value, tuple) and value and all(_is_pair(p) for p in value):
         return {k: v for k, v in value}
@@ -298,17 +302,14 @@ def _union(args: tuple[Any, ...], value: Any, where: str) -> Any:
 
 def _record(cls: Any, value: Any, where: str) -> Any:
     obj = _typed(value, dict, where)
-    hints, known, kwargs = _hints(cls), {"strategy"}, {}
-    for f in dataclasses.fields(cls):
-        k = key(f)
+    hints, known, kwargs = _hints(cls), {"strategy", "unknown"}, {}
+    for name, k, default, _ in _fields(cls):
         known.add(k)
-        if f.name == "unknown":
-            continue
-        if k not in obj and _default(f) is dataclasses.MISSING:
+        if k not in obj and default is dataclasses.MISSING:
             raise CheckpointCorrupt(f"{where}: missing {k!r}")
-        if obj.get(k) is None and _default(f) is not dataclasses.MISSING:
+        if obj.get(k) is None and default is not dataclasses.MISSING:
             continue  # absent or null: the default
-        kwargs[f.name] = from_json(hints[f.name], obj[k], f"{where}.{k}")
+        kwargs[name] = from_json(hints[name], obj[k], f"{where}.{k}")
     if "unknown" in {f.name for f in dataclasses.fields(cls)}:
         kwargs["unknown"] = {k: v for k, v in obj.items() if k not in known}
     return cls(**kwargs)
