@@ -8,23 +8,16 @@ import json
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from dradriver.api import depth
-from dradriver.k8s.errors import (
-    Conflict,
-    CredentialError,
-    KubeError,
-    NotFound,
-    error_from_response,
-)
+from dradriver.k8s.errors import Conflict, CredentialError, KubeError, NotFound, error_from_response
 from dradriver.logs import get_logger
 
 if TYPE_CHECKING:
     import urllib3
 
-    from dradriver.k8s.auth import Credentials
-    from dradriver.k8s.transport import Timeout, Transport
+    from dradriver.k8s.transport import Timeout
 
 __all__ = ["Conflict", "Kube", "KubeError", "NotFound", "Obj", "path_for"]
 
@@ -49,16 +42,13 @@ def path_for(
 
     ("v1", "pods", "ns", "p") -> /api/v1/namespaces/ns/pods/p
     """
-    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    parts = [base]
+    path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     if namespace is not None:
-        parts.append(f"namespaces/{quote(namespace, safe='')}")
-    parts.append(plural)
+        path += f"/namespaces/{quote(namespace, safe='')}"
+    path += f"/{plural}"
     if name is not None:
-        parts.append(quote(name, safe=""))
-    if subresource is not None:
-        parts.append(subresource)
-    return "/".join(parts)
+        path += f"/{quote(name, safe='')}"
+    return path if subresource is None else f"{path}/{subresource}"
 
 
 class Kube:
@@ -71,14 +61,13 @@ class Kube:
         from dradriver.k8s.config import Loaded
         from dradriver.k8s.transport import Transport
 
-        loaded = config if isinstance(config, Loaded) else Loaded(_configuration(config))
-        cfg = loaded.configuration
-        self._loaded = loaded
+        if not isinstance(config, Loaded):
+            config = Loaded(getattr(config, "configuration", config))
+        self._loaded = config
         self._timeout = default_timeout
-        self._base = str(cfg.host).rstrip("/")
-        self._creds: Credentials = Credentials(cfg)
-        self._transport: Transport = Transport(cfg)
-        self._impersonate = loaded.impersonate
+        self._base = str(config.configuration.host).rstrip("/")
+        self._creds = Credentials(config.configuration)
+        self._transport = Transport(config.configuration, config.impersonate)
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None) -> Kube:
@@ -116,38 +105,29 @@ class Kube:
     ) -> urllib3.BaseHTTPResponse:
         from dradriver.k8s.transport import TransportError
 
-        url = self._base + path + _query(query)
-        # Encoded here, compactly and with sorted keys, as Go encodes: the API server keeps
-        # opaque config parameters byte for byte, and a later PATCH or server-side apply
-        # (which re-encodes them so) must not look like a change to an immutable field; a
-        # ComputeDomain's template written in insertion order made every claim from it
-        # refuse its node's status apply ("status.allocation: field is immutable").
-        data = (
-            None
-            if body is None
-            else json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
-        )
+        path += _query(query)
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        data = None
+        if body is not None:
+            # Compact, with sorted keys, as Go encodes: the API server keeps opaque config
+            # parameters byte for byte, and a later PATCH or server-side apply (which
+            # re-encodes them so) must not look like a change to an immutable field; a
+            # ComputeDomain's template written in insertion order made every claim from it
+            # refuse its node's status apply ("status.allocation: field is immutable").
+            data = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+            headers["Content-Type"] = content_type
         t = timeout if timeout is not None else self._timeout
         deadline = time.monotonic() + (sum(t) if isinstance(t, tuple) else t)
         while True:
             try:
                 authorization = self._creds.authorization()
-                if self._creds.cert_files_changed():
-                    log.info("client certificate files replaced; reconnecting", server=self._base)
-                    self._transport.reconnect()
-                headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
-                if data is not None:
-                    headers["Content-Type"] = content_type
                 if authorization is not None:
                     headers["Authorization"] = authorization
+                if self._creds.cert_files_changed():
+                    log.info("client certificate files replaced; reconnecting", server=self._base)
+                    self._transport.close()
                 resp = self._transport.send(
-                    method,
-                    url,
-                    headers,
-                    body=data,
-                    timeout=t,
-                    repeated=self._impersonate,
-                    stream=stream,
+                    method, path, headers, body=data, timeout=t, stream=stream
                 )
             except CredentialError as exc:
                 raise KubeError(0, "NoCredentials", str(exc)) from exc
@@ -155,7 +135,7 @@ class Kube:
                 raise KubeError(0, "Unreachable", str(exc)) from exc
             if 200 <= resp.status < 300:
                 return resp
-            error = error_from_response(resp.status, str(resp.reason or ""), _body(resp))
+            error = error_from_response(resp.status, str(resp.reason or ""), resp.data)
             wait = _retry_after(resp) if resp.status == 429 else None
             left = deadline - time.monotonic()
             if wait is None or wait >= left:
@@ -164,16 +144,13 @@ class Kube:
             if not isinstance(t, tuple):
                 t = max(left - wait, 0.001)  # the whole call stays within its timeout
 
-    def _data(self, method: str, path: str, **kwargs: Any) -> bytes:
-        return _body(self._call(method, path, **kwargs))
-
     def request(self, method: str, path: str, **kwargs: Any) -> Obj:
-        data = self._data(method, path, **kwargs)
+        data = self._call(method, path, **kwargs).data
         return cast(Obj, depth.loads(data)) if data else {}
 
     def text(self, path: str, timeout: float | None = None) -> str:
         """A non-JSON endpoint (the API server's /metrics)."""
-        return self._data("GET", path, timeout=timeout).decode(errors="replace")
+        return self._call("GET", path, timeout=timeout).data.decode(errors="replace")
 
     def get(self, path: str, timeout: float | None = None, **query: Any) -> Obj:
         return self.request("GET", path, query=query, timeout=timeout)
@@ -241,14 +218,15 @@ class Kube:
 
         An ERROR event (for example 410 Gone on a too-old resourceVersion) is raised as
         KubeError so callers re-list instead of silently missing changes."""
-        q = dict(query)
-        q.update(
+        query.update(
             watch="true",
             timeoutSeconds=timeout_seconds,
             allowWatchBookmarks="true",
             resourceVersion=resource_version,
         )
-        resp = self._call("GET", path, query=q, timeout=(10.0, timeout_seconds + 10.0), stream=True)
+        resp = self._call(
+            "GET", path, query=query, timeout=(10.0, timeout_seconds + 10.0), stream=True
+        )
         import urllib3
         from kubernetes.watch.watch import iter_resp_lines
 
@@ -281,39 +259,25 @@ class Kube:
             resp.release_conn()
 
 
-def _configuration(config: Any) -> Any:
-    """The library's Configuration, given it or an ApiClient holding one."""
-    return getattr(config, "configuration", config)
-
-
-def _body(resp: urllib3.BaseHTTPResponse) -> bytes:
-    return bytes(resp.data or b"")
-
-
 def _retry_after(resp: urllib3.BaseHTTPResponse) -> float | None:
     """Seconds a 429 asks to wait (1 when it does not say), or None when that is longer
     than we wait inside a call."""
-    value = resp.headers.get("Retry-After")
     try:
-        wait = max(float(value), 0.0) if value is not None else DEFAULT_RETRY_AFTER
+        wait = max(float(resp.headers.get("Retry-After", DEFAULT_RETRY_AFTER)), 0.0)
     except ValueError:  # an HTTP date: the API server never sends one
         wait = DEFAULT_RETRY_AFTER
     return wait if wait <= MAX_RETRY_AFTER else None
 
 
-_sleep = time.sleep  # the tests' clock
+_sleep = time.sleep  # the tests' clock: patching time.sleep would stop other threads' too
 
 
 def _query(query: dict[str, Any] | None) -> str:
     """The query string as the official client encoded it ("?k=v&..."): None dropped,
-    booleans lowercase, dicts as JSON, values percent-quoted ("/" kept), keys as given."""
-    parts = []
-    for k, v in (query or {}).items():
-        if v is None:
-            continue
-        if isinstance(v, bool):
-            v = str(v).lower()
-        elif isinstance(v, dict):
-            v = json.dumps(v)
-        parts.append(f"{k}={quote(str(v))}")
-    return "?" + "&".join(parts) if parts else ""
+    booleans lowercase, dicts as JSON, values percent-quoted ("/" kept)."""
+    q = {
+        k: str(v).lower() if isinstance(v, bool) else json.dumps(v) if isinstance(v, dict) else v
+        for k, v in (query or {}).items()
+        if v is not None
+    }
+    return "?" + urlencode(q, safe="/", quote_via=quote) if q else ""

@@ -54,12 +54,12 @@ def load(path: str | None) -> Loaded:
     try:
         return load_kubeconfig(default)
     except KubeconfigError as exc:
-        if _existing(default):
+        if any(os.path.isfile(os.path.expanduser(p)) for p in default.split(os.pathsep) if p):
             raise
         raise KubeconfigError(f"not running in a pod ({why_not}) and {exc}") from exc
 
 
-def load_incluster(environ: dict[str, str] | None = None) -> tuple[Loaded | None, str]:
+def load_incluster() -> tuple[Loaded | None, str]:
     """The service account's config, or None and why not (no service env, no token or CA
     file: not in a pod), for the caller to try a kubeconfig."""
     from kubernetes import client
@@ -69,7 +69,6 @@ def load_incluster(environ: dict[str, str] | None = None) -> tuple[Loaded | None
     loader = incluster_config.InClusterConfigLoader(
         token_filename=incluster_config.SERVICE_TOKEN_FILENAME,
         cert_filename=incluster_config.SERVICE_CERT_FILENAME,
-        environ=os.environ if environ is None else environ,
     )
     try:
         loader.load_and_set(cfg)
@@ -101,12 +100,15 @@ def _load(merger: Any, paths: str) -> Loaded:
     from kubernetes import client
     from kubernetes.config import kube_config
 
-    merged = merger.config
-    current = _current_context(merger)
+    # The first file's current-context, as kubectl reads merged files (the merger: the last's).
+    docs = merger.config_files.values()
+    current = next((d["current-context"] for d in docs if d.get("current-context")), None)
     if current is None:
         raise KubeconfigError(f"kubeconfig {paths}: no current-context set")
-    context = merged["contexts"].get_with_name(current)["context"]
-    cluster = merged["clusters"].get_with_name(context["cluster"])["cluster"]
+    loader = kube_config.KubeConfigLoader(
+        config_dict=merger.config, active_context=str(current), config_base_path=None
+    )
+    context, cluster, user = loader._current_context["context"], loader._cluster, loader._user
     # The loader's checks stop short of these: without a server it keeps the
     # Configuration's default (http://localhost), and it takes any scheme.
     server = str(cluster.safe_get("server") or "")
@@ -116,19 +118,11 @@ def _load(merger: Any, paths: str) -> Loaded:
         )
     if not server.startswith(("https://", "http://")):
         raise KubeconfigError(f"kubeconfig {paths}: server {server!r} is not an http(s) URL")
-    user_name = context.safe_get("user")
-    user: Any = None
-    if user_name and merged.safe_get("users"):
-        entry = merged["users"].get_with_name(user_name, safe=True)
-        user = entry["user"] if entry is not None else None
-    where = f"kubeconfig {paths}, user {user_name!r}"
+    where = f"kubeconfig {paths}, user {context.safe_get('user')!r}"
     body: dict[str, Any] = user.value if user is not None else {}
     headers = impersonation.headers(body, where)
 
     cfg = client.Configuration()
-    loader = kube_config.KubeConfigLoader(
-        config_dict=merged, active_context=current, config_base_path=None
-    )
     if body.get("exec"):
         cwd = os.path.dirname(os.path.abspath(cluster.path))  # where the library runs it
         _raise_exec_failures(loader, user["exec"], cwd)
@@ -197,14 +191,6 @@ def _read_token_file(path: str, cfg: Any) -> None:
     cfg.api_key["BearerToken"] = f"Bearer {token}"
 
 
-def _current_context(merger: Any) -> str | None:
-    """The first file's current-context, as kubectl reads merged files."""
-    for doc in merger.config_files.values():
-        if isinstance(doc, dict) and doc.get("current-context"):
-            return str(doc["current-context"])
-    return None
-
-
 def with_token(cfg: Any, token: str) -> Any:
     """A Configuration for the same server and trust, authenticated by `token` alone: no
     client certificate, no refresh hook, nothing that could bring the first identity back."""
@@ -223,10 +209,6 @@ def with_token(cfg: Any, token: str) -> Any:
     )
     out.no_proxy = cfg.no_proxy
     return out
-
-
-def _existing(paths: str) -> list[str]:
-    return [p for p in paths.split(os.pathsep) if p and os.path.isfile(os.path.expanduser(p))]
 
 
 def _failed_file(exc: BaseException, paths: str) -> str:

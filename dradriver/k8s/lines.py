@@ -14,18 +14,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = [
-    "FEATURES",
-    "LINES",
-    "NEWEST",
-    "OLDEST",
-    "Feature",
-    "Line",
-    "LineError",
-    "line",
-    "parse_version",
-]
-
 
 class LineError(ValueError):
     """A Kubernetes version this driver knows nothing of (or not a version at all)."""
@@ -37,8 +25,9 @@ class Feature:
 
     gate: str
     what: str  # what the driver does with it, for doctor and the README
-    on_by_default_from: int  # the first minor whose default turns it on
-    components: str  # where the gate must be on while it is off by default
+    on_by_default_from: int = 36  # the first minor whose default turns it on
+    # Where the gate must be on while it is off by default.
+    components: str = "kube-apiserver, kube-scheduler, kube-controller-manager"
 
 
 # The gates this driver uses. Before `on_by_default_from` a cluster turns them on itself,
@@ -49,46 +38,24 @@ FEATURES: tuple[Feature, ...] = (
     Feature(
         "DRAPartitionableDevices",
         "dynamic MIG (--mig-mode dynamic): MIG partitions offered through shared counters",
-        36,
-        "kube-apiserver, kube-scheduler, kube-controller-manager",
     ),
     Feature(
         "DRADeviceTaints",
         "health taints on unhealthy GPUs (and eviction with --health-taint-effect NoExecute)",
-        36,
-        "kube-apiserver, kube-scheduler, kube-controller-manager",
+    ),
+    Feature("DRAConsumableCapacity", "shares of a GPU by memory (--consumable-capacity)"),
+    Feature(
+        "DRAExtendedResource", "pods asking nvidia.com/gpu (the chart's extendedResourceClass)"
     ),
     Feature(
-        "DRAConsumableCapacity",
-        "shares of a GPU by memory (--consumable-capacity)",
-        36,
-        "kube-apiserver, kube-scheduler, kube-controller-manager",
-    ),
-    Feature(
-        "DRAExtendedResource",
-        "pods asking nvidia.com/gpu (the chart's extendedResourceClass)",
-        36,
-        "kube-apiserver, kube-scheduler, kube-controller-manager",
-    ),
-    Feature(
-        "DRADeviceBindingConditions",
-        "ComputeDomains' IMEX daemon started before the pod is bound",
-        36,
-        "kube-apiserver, kube-scheduler, kube-controller-manager",
+        "DRADeviceBindingConditions", "ComputeDomains' IMEX daemon started before the pod is bound"
     ),
     Feature(
         "ResourceHealthStatus",
         "a GPU's health in the pod's status (allocatedResourcesStatus)",
-        36,
-        "kube-apiserver, kubelet",
+        components="kube-apiserver, kubelet",
     ),
 )
-
-# The kubelet reads only these of the gates above (the others are control-plane gates).
-KUBELET_GATES = frozenset(
-    {"ResourceHealthStatus", "DRAPartitionableDevices", "DRADeviceTaints", "DRAConsumableCapacity",
-     "DRAExtendedResource", "DRADeviceBindingConditions"}
-)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -37,18 +37,8 @@ class Mirror:
     """Thread-safe. `on_change` is called (from the watching thread) after every change
     and after each list."""
 
-    def __init__(
-        self,
-        kube: Kube,
-        path: str,
-        on_change: Callable[[], None],
-        *,
-        watch_timeout: int = 60,
-        backoff_max: float = 30.0,
-        **query: str,
-    ) -> None:
+    def __init__(self, kube: Kube, path: str, on_change: Callable[[], None], **query: str) -> None:
         self.kube, self.path, self.on_change, self.query = kube, path, on_change, query
-        self.watch_timeout, self.backoff_max = watch_timeout, backoff_max
         self._items: dict[str, Obj] = {}
         self._lock = threading.Lock()
         self.synced = threading.Event()
@@ -85,8 +75,8 @@ class Mirror:
             relist=self._relist,
             on_event=self._event,
             stop=stop,
-            watch_timeout=self.watch_timeout,
-            backoff=lambda n: min(self.backoff_max, 0.5 * 2.0 ** min(n, 8)),
+            watch_timeout=60,
+            backoff=lambda n: min(30.0, 0.5 * 2.0 ** min(n, 8)),
             failed=self._failed,
         )
 

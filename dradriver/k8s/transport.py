@@ -30,42 +30,40 @@ class TransportError(Exception):
 class Transport:
     """Thread-safe: urllib3's pool is."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, repeated: Sequence[tuple[str, str]] = ()) -> None:
+        """`repeated`: headers added to every request, whose names may come more than
+        once (each is sent apart)."""
         self._cfg = cfg
+        self._repeated = repeated
+        self._base = str(cfg.host).rstrip("/")
         self._lock = threading.Lock()
-        self._pool: urllib3.PoolManager | None = None
-        self._host: Any = None  # the server's HTTP(S)ConnectionPool in self._pool
-        # scheme://host[:port] of the server: what a request URL starts with.
-        scheme, _, rest = str(cfg.host).partition("://")
-        self._origin = f"{scheme}://{rest.split('/', 1)[0]}"
+        # (the PoolManager, where requests go, what their target starts with); None
+        # until the first request and after close().
+        self._pool: tuple[urllib3.PoolManager, Any, str] | None = None
 
     def send(
         self,
         method: str,
-        url: str,
-        headers: dict[str, str],
+        path: str,
+        headers: Mapping[str, str],
         *,
         body: bytes | None,
         timeout: Timeout,
-        repeated: Sequence[tuple[str, str]] = (),
         stream: bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        """The response to one request, with `repeated` headers added (names that may
-        come more than once, each sent apart); its body read unless `stream` (then the
-        caller reads it, and closes it if it stops early)."""
-        pool, target = self._target(url)
-        sent: Mapping[str, str] = headers
-        if repeated:
-            sent = urllib3.HTTPHeaderDict(headers)
-            for name, value in repeated:
-                sent.add(name, value)
-        what = f"{method} {url.split('?', 1)[0]}"
+        """The response to one request for `path` (with its query) under the server's
+        URL; its body read unless `stream` (then the caller reads it, and closes it if it
+        stops early)."""
+        _, pool, prefix = self._pool or self._connect()
+        if self._repeated:
+            headers = urllib3.HTTPHeaderDict(headers)
+            headers.extend(self._repeated)
         try:
             resp: urllib3.BaseHTTPResponse = pool.urlopen(
                 method,
-                target,
+                prefix + path,
                 body=body,
-                headers=sent,
+                headers=headers,
                 timeout=_timeout(timeout),
                 retries=NO_RETRIES,
                 redirect=False,
@@ -78,59 +76,40 @@ class Transport:
             cert = self._cfg.cert_file
             if cert and isinstance(exc, urllib3.exceptions.SSLError | OSError):
                 why = cert_problem(cert, self._cfg.key_file or cert) or why
-            raise TransportError(f"{what}: {why}") from exc
-
-    def reconnect(self) -> None:
-        """Drops kept connections (the certificate files were replaced in place): new
-        ones load the files again."""
-        with self._lock:
-            pool, self._host = self._pool, None
-        if pool is not None:
-            pool.clear()
+            raise TransportError(f"{method} {self._base}{path.split('?', 1)[0]}: {why}") from exc
 
     def close(self) -> None:
+        """Drops kept connections; the next request connects again (loading the client
+        certificate files again: they may have been replaced in place)."""
         with self._lock:
-            pool, self._pool, self._host = self._pool, None, None
+            pool, self._pool = self._pool, None
         if pool is not None:
-            pool.clear()
+            pool[0].clear()
 
-    def _manager(self) -> urllib3.PoolManager:
-        with self._lock:
-            if self._pool is None:
-                self._pool = self._build()
-            return self._pool
-
-    def _target(self, url: str) -> tuple[Any, str]:
-        """Where to send `url`: without a proxy, straight to the server's connection
-        pool with the path alone (a PoolManager would parse the URL and look the pool
-        up again on every request, a sixth of what urllib3 spends on one); through a
-        proxy, to the PoolManager that knows how to reach it."""
-        manager = self._manager()
-        if type(manager) is not urllib3.PoolManager:  # a ProxyManager, SOCKS
-            return manager, url
-        with self._lock:
-            host = self._host
-            if host is None or manager is not self._pool:
-                host = self._host = manager.connection_from_url(self._cfg.host)
-        origin = self._origin
-        if not url.startswith(origin):
-            return manager, url
-        return host, url[len(origin) :] or "/"
-
-    def _build(self) -> urllib3.PoolManager:
+    def _connect(self) -> tuple[urllib3.PoolManager, Any, str]:
         from kubernetes.client.rest import RESTClientObject
 
-        cfg = copy.copy(self._cfg)  # ours to set; the caller's stays as it was
-        cfg.connection_pool_maxsize = POOL_SIZE
-        cfg.retries = False
-        # TCP keepalive as client-go sets it: a watch through an idle proxy or load
-        # balancer that dropped it is found out instead of waiting for its timeout.
-        cfg.keep_alive = True
-        try:
-            pool: urllib3.PoolManager = RESTClientObject(cfg).pool_manager
-        except (ValueError, AssertionError, ImportError) as exc:  # a proxy URL urllib3 refuses
-            raise TransportError(f"{cfg.host}: {describe(exc)}") from exc
-        return pool
+        with self._lock:
+            if self._pool is not None:
+                return self._pool
+            cfg = copy.copy(self._cfg)  # ours to set; the caller's stays as it was
+            cfg.connection_pool_maxsize = POOL_SIZE
+            cfg.retries = False
+            # TCP keepalive as client-go sets it: a watch through an idle proxy or load
+            # balancer that dropped it is found out instead of waiting for its timeout.
+            cfg.keep_alive = True
+            try:
+                manager: urllib3.PoolManager = RESTClientObject(cfg).pool_manager
+            except (ValueError, AssertionError, ImportError) as exc:  # a proxy URL it refuses
+                raise TransportError(f"{cfg.host}: {describe(exc)}") from exc
+            if type(manager) is urllib3.PoolManager:
+                # No proxy: straight to the server's connection pool with the path alone
+                # (the manager would parse the URL and look the pool up on every request).
+                prefix = "".join(self._base.partition("://")[2].partition("/")[1:])
+                self._pool = (manager, manager.connection_from_url(self._base), prefix)
+            else:  # a ProxyManager, SOCKS: the whole URL, for it to reach the server
+                self._pool = (manager, manager, self._base)
+            return self._pool
 
 
 @functools.lru_cache(maxsize=16)
@@ -147,12 +126,9 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, urllib3.exceptions.ProxyError) and exc.original_error is not None:
         return f"through the proxy: {describe(exc.original_error)}"
     args = exc.args
-    if (
-        isinstance(exc, urllib3.exceptions.ProtocolError)
-        and len(args) > 1
-        and isinstance(args[1], BaseException)  # ("Connection aborted.", the cause)
-    ):
-        return f"{str(args[0]).rstrip('.')}: {describe(args[1])}"
+    cause = args[1] if isinstance(exc, urllib3.exceptions.ProtocolError) and len(args) > 1 else None
+    if isinstance(cause, BaseException):  # ("Connection aborted.", the cause)
+        return f"{str(args[0]).rstrip('.')}: {describe(cause)}"
     texts = [a for a in args if isinstance(a, str)]
     text = " ".join((texts[-1] if texts else str(exc)).split())
     if text.startswith(_REPRS) and "): " in text:

@@ -282,17 +282,16 @@ def test_not_in_a_pod_without_the_service_account_files(
     from kubernetes.config import incluster_config
 
     monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "none"))
-    loaded, why = config.load_incluster(
-        {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
-    )
+    in_a_pod(monkeypatch, "fd00::1")
+    loaded, why = config.load_incluster()
     assert loaded is None
     assert why == "Service token file does not exist"
 
 
 def test_in_cluster_ipv6_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     service_account(tmp_path, monkeypatch)
-    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
-    loaded, _ = config.load_incluster(env)
+    in_a_pod(monkeypatch, "fd00::1")
+    loaded, _ = config.load_incluster()
     assert loaded is not None and loaded.configuration.host == "https://[fd00::1]:443"
 
 

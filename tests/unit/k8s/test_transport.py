@@ -369,6 +369,6 @@ def test_a_proxy_that_refuses_the_tunnel(
 
 def test_the_pool_keeps_32_connections_and_never_retries(api: FakeAPI, kube: Kube) -> None:
     kube.get("/version")
-    pool = kube._transport._manager().connection_from_url(api.url)
+    _, pool, _ = kube._transport._pool or ()
     assert pool.pool is not None and pool.pool.maxsize == 32
     assert pool.retries is not None and pool.retries.total is False  # type: ignore[union-attr]
