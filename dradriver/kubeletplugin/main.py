@@ -192,8 +192,7 @@ def run_plugin(
         return 0
     # Published as soon as the devices are known: the checkpoint's own partitions are
     # read from it directly (DeviceView), so this need not wait for the reconcile below.
-    publisher_thread = threading.Thread(target=loop.run, args=(stop,), name="publish", daemon=True)
-    publisher_thread.start()
+    threading.Thread(target=loop.run, args=(stop,), name="publish", daemon=True).start()
     # Nothing can be prepared before the node's devices are published (the scheduler
     # allocates from the slices): what only prepares and the operator endpoints need is
     # imported once the first round has ended, not on the way to the first slice, whose
@@ -213,14 +212,7 @@ def run_plugin(
     servers.health.attach(opts.node_name, health.health_reports)
 
     driver = _preparer(
-        opts,
-        kube=kube,
-        nvml=nvml,
-        view=view,
-        store=store,
-        ledger=ledger,
-        names=names,
-        metrics=metrics,
+        opts, kube, nvml, view=view, store=store, ledger=ledger, names=names, metrics=metrics
     )
     executor, status = driver.executor, driver.status
     if executor.driver_spec is not None:
@@ -235,19 +227,17 @@ def run_plugin(
             cp = store.load()
             return set(cp.claims) | set(cp.unreadable)
 
-        view.imex_binding = (
-            binder.start(
-                opts.imex_binding_conditions,
-                kube,
-                opts.driver_name,
-                node=opts.node_name,
-                steps=executor.imex,
-                lock=driver.lock,
-                prepared=prepared,
-                stop=stop,
-            )
-            is not None
+        binding = binder.start(
+            opts.imex_binding_conditions,
+            kube,
+            opts.driver_name,
+            node=opts.node_name,
+            steps=executor.imex,
+            lock=driver.lock,
+            prepared=prepared,
+            stop=stop,
         )
+        view.imex_binding = binding is not None
         if view.imex_binding:
             loop.trigger()  # the channel device again, with its binding conditions
     if reconciled:
@@ -300,9 +290,9 @@ def run_plugin(
 
 def _preparer(
     opts: PluginOptions,
-    *,
     kube: Kube,
     nvml: Nvml,
+    *,
     view: DeviceView,
     store: CheckpointStore,
     ledger: Ledger,
@@ -342,16 +332,15 @@ def _preparer(
         host_driver_root=str(opts.host_driver_root),
     )
     daemons = DaemonPods(kube, site)
-    sharing = SharingSteps(
-        nvml.module, nvml.host, daemons, mps_root, ledger, shm_size=opts.mps_shm_size
-    )
     executor = Executor(
         driver=opts.driver_name,
         cdi_writer=writer,
         host=nvml.host,
         profiles=view.profiles,
         mig=mig,
-        sharing=sharing,
+        sharing=SharingSteps(
+            nvml.module, nvml.host, daemons, mps_root, ledger, shm_size=opts.mps_shm_size
+        ),
         shares=ShareSteps(
             nvml.module,
             nvml.host,

@@ -10,7 +10,7 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dradriver import flags
 
@@ -97,7 +97,6 @@ def parse(args: argparse.Namespace) -> PluginOptions:
         raise OptionsError("bad --mps-shm-size", str(exc)) from exc
     if mps_shm_size < MIN_SHM:
         raise OptionsError("bad --mps-shm-size", f"{args.mps_shm_size} is under 1Mi")
-    driver_root = Path(args.driver_root)
     return PluginOptions(
         node_name=args.node_name,
         driver_name=args.driver_name,
@@ -111,8 +110,8 @@ def parse(args: argparse.Namespace) -> PluginOptions:
         kubelet_dir=Path(args.kubelet_dir),
         cdi_dir=Path(args.cdi_dir),
         driver_files=args.driver_files == "cdi",
-        driver_root=driver_root,
-        host_driver_root=Path(args.host_driver_root) if args.host_driver_root else driver_root,
+        driver_root=Path(args.driver_root),
+        host_driver_root=Path(args.host_driver_root or args.driver_root),
         cdi_hook_path=args.cdi_hook_path,
         instance=args.instance,
         owner_daemonset=args.owner_daemonset,
@@ -135,195 +134,170 @@ def parse(args: argparse.Namespace) -> PluginOptions:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    def add(flag: str, default: str | None, help: str, **kw: Any) -> None:
+        flags.add(p, flag, default, help=help, **kw)
+
     flags.add_node_flags(p)
-    flags.add(
-        p,
+    add(
         "--kubeconfig",
         os.environ.get("KUBECONFIG"),
-        help="kubeconfig (default: $KUBECONFIG; with none, the pod's service account in a pod, "
+        "kubeconfig (default: $KUBECONFIG; with none, the pod's service account in a pod, "
         "else ~/.kube/config)",
     )
-    flags.add(
-        p,
+    add(
         "--kubelet-dir",
         "/var/lib/kubelet",
-        help="kubelet root; sockets go to plugins_registry/ and plugins/<driver>/",
+        "kubelet root; sockets go to plugins_registry/ and plugins/<driver>/",
     )
-    flags.add(p, "--cdi-dir", "/var/run/cdi", help="where per-claim CDI specs are written")
-    flags.add(
-        p,
+    add("--cdi-dir", "/var/run/cdi", "where per-claim CDI specs are written")
+    add(
         "--driver-files",
         "cdi",
-        help="how a container gets the NVIDIA driver's libraries and commands: cdi (a node-wide "
+        "how a container gets the NVIDIA driver's libraries and commands: cdi (a node-wide "
         "CDI spec of them, as NVIDIA's container toolkit computes them from --driver-root, "
         "which each GPU device names: any runtime with CDI, no NVIDIA runtime needed) or "
         "runtime (only device nodes and NVIDIA_VISIBLE_DEVICES, for NVIDIA's legacy "
         "runtime to add the driver)",
         choices=["cdi", "runtime"],
     )
-    flags.add(
-        p,
+    add(
         "--driver-root",
         "/",
-        help="where the NVIDIA driver's files are, as this process sees them "
+        "where the NVIDIA driver's files are, as this process sees them "
         "(the chart mounts the host's at /driver-root)",
     )
-    flags.add(
-        p,
+    add(
         "--host-driver-root",
         "",
-        help="the same as the host and its container runtime see it: / for a driver installed "
+        "the same as the host and its container runtime see it: / for a driver installed "
         "on the host, /run/nvidia/driver for the GPU Operator's (default: --driver-root)",
     )
-    flags.add(
-        p,
+    add(
         "--cdi-hook-path",
         "",
-        help="the host's nvidia-cdi-hook, which the runtime runs for the driver spec's hooks (ld "
+        "the host's nvidia-cdi-hook, which the runtime runs for the driver spec's hooks (ld "
         "cache, symlinks), e.g. /usr/bin/nvidia-cdi-hook (NVIDIA's toolkit packages) or "
         "/usr/local/nvidia/toolkit/nvidia-cdi-hook (the GPU Operator's); empty: the one "
         "this driver carries, copied to <kubelet-dir>/plugins/<driver-name>/",
     )
-    flags.add(
-        p,
+    add(
         "--instance",
         os.environ.get("POD_UID") or os.urandom(4).hex(),
-        help="unique name of this instance in socket names (rolling updates run two)",
+        "unique name of this instance in socket names (rolling updates run two)",
     )
-    flags.add(
-        p,
+    add(
         "--owner-daemonset",
         "",
-        help="NAMESPACE/NAME of the DaemonSet running this plugin (the chart sets it): when it "
+        "NAMESPACE/NAME of the DaemonSet running this plugin (the chart sets it): when it "
         "is deleted (an uninstall), the plugin removes its state at stop if nothing is "
         "left to undo; empty: the state is always kept",
     )
-    flags.add(
-        p,
+    add(
         "--cgroup-root",
         "/sys/fs/cgroup",
-        help="the host's cgroup v2 mount, where the kubelet's pod cgroups are: with consumable "
+        "the host's cgroup v2 mount, where the kubelet's pod cgroups are: with consumable "
         "capacity each share's memory is also set as its pods' GPU-memory limit there "
         "(r615+ drivers, whole GPUs)",
     )
-    flags.add(
-        p,
+    add(
         "--imex-channels",
         "off",
-        help="publish an IMEX channel device where the node's GPUs are in one "
+        "publish an IMEX channel device where the node's GPUs are in one "
         "multi-node NVLink fabric clique, and prepare them for ComputeDomains with an "
         "IMEX daemon (nvidia-imex) per domain: on or off",
         choices=["on", "off"],
     )
-    flags.add(
-        p,
+    add(
         "--imex-binding-conditions",
         "auto",
-        help="hold a ComputeDomain pod's binding until this node's IMEX daemon is ready, with "
+        "hold a ComputeDomain pod's binding until this node's IMEX daemon is ready, with "
         "device binding conditions (DRADeviceBindingConditions and "
         "DRAResourceClaimDeviceStatus on the API server and the scheduler: alpha gates on "
         "1.34 and 1.35, on by default from 1.36): auto (where the API server keeps them), "
         "on, or off (prepare waits instead)",
         choices=["auto", "on", "off"],
     )
-    flags.add(
-        p, "--imex-port", "50000", help="SERVER_PORT of the IMEX daemons (every node's)", type=int
-    )
-    flags.add(
-        p,
+    add("--imex-port", "50000", "SERVER_PORT of the IMEX daemons (every node's)", type=int)
+    add(
         "--imex-cmd-port",
         "50005",
-        help="IMEX_CMD_PORT of the IMEX daemons: their command service, for nvidia-imex-ctl",
+        "IMEX_CMD_PORT of the IMEX daemons: their command service, for nvidia-imex-ctl",
         type=int,
     )
-    flags.add(
-        p,
+    add(
         "--nvlink-domain-label",
         "on",
-        help="label the Node gpu.dradriver.io/nvlink-domain=<clusterUuid>.<cliqueId> where its "
+        "label the Node gpu.dradriver.io/nvlink-domain=<clusterUuid>.<cliqueId> where its "
         "GPUs are in a multi-node NVLink fabric clique (a podAffinity topologyKey): on or off "
         "(off: the plugin never writes to its Node, and needs no patch on nodes)",
         choices=["on", "off"],
     )
-    flags.add(
-        p,
+    add(
         "--mps-shm-size",
         "1Gi",
-        help="size of the tmpfs each MPS control daemon and its clients get as /dev/shm "
+        "size of the tmpfs each MPS control daemon and its clients get as /dev/shm "
         "(a quantity such as 1Gi; the containers' /dev/shm too, charged to their memory)",
     )
-    flags.add(
-        p,
+    add(
         "--mps-v2-shares",
         "refuse",
-        help="with --consumable-capacity on a driver before r615 (MPS v2, no per-share MPS "
+        "with --consumable-capacity on a driver before r615 (MPS v2, no per-share MPS "
         "server): refuse (publish the GPUs whole: every share's container would get the "
         "device daemon's whole pipe directory, so one tenant could stop it or retune the "
         "others) or allow (share all the same, for one tenant's pods)",
         choices=["refuse", "allow"],
     )
-    flags.add(
-        p,
+    add(
         "--daemon-image",
         "",
-        help="the image of the pods that run the daemons prepared claims depend on (MPS control "
+        "the image of the pods that run the daemons prepared claims depend on (MPS control "
         "daemons, IMEX daemons), so that they outlive this process (the chart sets its own "
         "image); empty: such claims fail to prepare, saying so",
     )
-    flags.add(
-        p,
+    add(
         "--daemon-namespace",
         os.environ.get("POD_NAMESPACE") or "default",
-        help="the namespace of the daemons' pods (default: $POD_NAMESPACE, the chart's; else "
-        "default)",
+        "the namespace of the daemons' pods (default: $POD_NAMESPACE, the chart's; else default)",
     )
-    flags.add(p, "--healthz-address", "0.0.0.0", help="address of /healthz, /readyz, /metrics")
-    flags.add(
-        p, "--healthz-port", "8081", help="port of /healthz, /readyz, /metrics (0: any)", type=int
-    )
-    flags.add(
-        p,
+    add("--healthz-address", "0.0.0.0", "address of /healthz, /readyz, /metrics")
+    add("--healthz-port", "8081", "port of /healthz, /readyz, /metrics (0: any)", type=int)
+    add(
         "--rediscover-period",
         "300",
-        help="seconds between device rediscoveries (also on SIGHUP)",
+        "seconds between device rediscoveries (also on SIGHUP)",
         type=float,
     )
-    flags.add(
-        p,
+    add(
         "--claim-status",
         "on",
-        help="write each prepared claim's status.devices (UUID, CDI IDs) once, in the background: "
+        "write each prepared claim's status.devices (UUID, CDI IDs) once, in the background: "
         "on or off (off: no API write at all in the prepare and unprepare path)",
         choices=["on", "off"],
     )
-    flags.add(
-        p,
+    add(
         "--health-skip-xids",
         "13,31,43,45,68,109",
-        help="XIDs that signal an application's fault, not the device's: they taint nothing "
+        "XIDs that signal an application's fault, not the device's: they taint nothing "
         "(comma-separated; empty: every XID taints)",
     )
-    flags.add(
-        p,
+    add(
         "--health-taint-effect",
         "NoSchedule",
-        help="effect of the taint on an unhealthy device: NoSchedule keeps new claims off it; "
+        "effect of the taint on an unhealthy device: NoSchedule keeps new claims off it; "
         "NoExecute also has kube-controller-manager evict the pods using it (both need "
         "the DRADeviceTaints gate)",
         choices=["NoSchedule", "NoExecute"],
     )
-    flags.add(
-        p,
+    add(
         "--health-probe-period",
         "5",
-        help="seconds between health probes of each GPU (on the bus, no pending row remapping)",
+        "seconds between health probes of each GPU (on the bus, no pending row remapping)",
         type=float,
     )
-    flags.add(
-        p,
+    add(
         "--health-recovery-probes",
         "3",
-        help="clean probes in a row after which an unhealthy GPU is healthy again",
+        "clean probes in a row after which an unhealthy GPU is healthy again",
         type=int,
     )
-    flags.add(p, "--log-level", "info", help="debug, info, warning or error")
+    add("--log-level", "info", "debug, info, warning or error")

@@ -47,7 +47,7 @@ def table() -> tuple[list[tuple[str, list[str], int]], int]:
     text = DOC.read_text()
     section = text[text.index(SECTION) :]
     section = section[: section.find("\n## ", len(SECTION))]
-    total = re.search(r"at most ([\d,]+) code lines in all", section)
+    total = re.search(r"at most ([\d,]+)\s+code\s+lines\s+in\s+all", section)
     assert total, f"{DOC.name}: the section states no total ('at most N code lines in all')"
     rows = []
     for line in section.splitlines():

@@ -23,14 +23,7 @@ from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.kubeletplugin.grpc_edge.late import Driver
 from dradriver.kubeletplugin.grpc_edge.loop import LoopThread
-from dradriver.kubeletplugin.grpc_edge.servicers import (
-    DraV1beta1Servicer,
-    DraV1Servicer,
-    HealthV1alpha1Servicer,
-    HealthV1Servicer,
-    RegistrationServicer,
-    Work,
-)
+from dradriver.kubeletplugin.grpc_edge.servicers import RegistrationServicer, Work, serve_dra
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.grpc")
@@ -100,8 +93,7 @@ class PluginServers:
         suffix = f"-{instance}" if instance else ""
         self.reg_socket = self.registry_dir / f"{driver_name}{suffix}-reg.sock"
         self.dra_socket = self.plugin_dir / f"dra{suffix}.sock"
-        self._driver = driver
-        self._on_registered = on_registered
+        self._driver, self._on_registered = driver, on_registered
         # The device health stream (v1 and v1alpha1 DRAResourceHealth), on the DRA socket.
         self.health = HealthFeed()
         self._work = Work(workers, "dra-call")
@@ -113,7 +105,6 @@ class PluginServers:
         self._dra: _Served | None = None
         self._reg: _Served | None = None
         self._stop = threading.Event()
-        self._watch: threading.Thread | None = None
 
     def sockets(self) -> list[Path]:
         """Every path the servers bind, staging names included (for the length check)."""
@@ -135,22 +126,10 @@ class PluginServers:
         self._loop = LoopThread()
         self._dra = self._serve(self.plugin_dir, self.dra_socket, self._dra_services)
         self._reg = self._serve(self.registry_dir, self.reg_socket, self._reg_services)
-        self._watch = threading.Thread(target=self._keep_sockets, name="socket-watch", daemon=True)
-        self._watch.start()
+        threading.Thread(target=self._keep_sockets, name="socket-watch", daemon=True).start()
 
     def _dra_services(self, server: grpc.aio.Server) -> None:
-        kapi.dra_v1_grpc.add_DRAPluginServicer_to_server(
-            DraV1Servicer(self._driver, self._work), server
-        )
-        kapi.dra_v1beta1_grpc.add_DRAPluginServicer_to_server(
-            DraV1beta1Servicer(self._driver, self._work), server
-        )
-        kapi.health_v1_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthV1Servicer(self.health), server
-        )
-        kapi.health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthV1alpha1Servicer(self.health), server
-        )
+        serve_dra(server, self._driver, self._work, feed=self.health)
 
     def _reg_services(self, server: grpc.aio.Server) -> None:
         kapi.registration_grpc.add_RegistrationServicer_to_server(self.registration, server)
@@ -197,10 +176,8 @@ class PluginServers:
 
     @staticmethod
     def _alive(served: _Served | None) -> bool:
-        if served is None:
-            return False
         try:
-            return os.stat(served.path).st_ino == served.inode
+            return served is not None and os.stat(served.path).st_ino == served.inode
         except FileNotFoundError:
             return False
 

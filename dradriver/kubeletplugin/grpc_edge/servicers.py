@@ -48,17 +48,14 @@ class Work:
     server."""
 
     def __init__(self, size: int, name: str) -> None:
-        self.size = size
         self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix=name)
-        self._slots: asyncio.Semaphore | None = None  # made on the loop, at first use
+        self._slots = asyncio.Semaphore(size)  # bound to the loop that first waits on it
         self.last_call = 0.0  # when the latest call came (time.monotonic())
 
     async def run(self, context: Context, fn: Callable[[], T]) -> T:
         """fn() on the pool, once a slot is free. A call that ended before its turn
         came is cancelled (grpcio's answer to a cancelled handler: nothing is sent)."""
         self.last_call = time.monotonic()
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.size)
         async with self._slots:
             if context.done():
                 raise asyncio.CancelledError
@@ -72,8 +69,8 @@ def _refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
 
 
-class _DraCalls:
-    """Both DRA versions' calls: v1 and v1beta1 carry the same messages, from `msgs`."""
+class _DraCalls(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
+    """DRAPlugin of either version: v1 and v1beta1 carry the same messages, from `msgs`."""
 
     def __init__(self, msgs: Any, driver: Driver, work: Work) -> None:
         self._msgs, self._driver, self._work = msgs, driver, work
@@ -113,9 +110,7 @@ class _DraCalls:
     ) -> Any:
         try:
             return await self._work.run(context, lambda: fn(request))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # a cancelled call (CancelledError) is no Exception
             # The driver answers each claim's failure in its entry; an exception is a bug
             # in the plugin, and the kubelet retries the call.
             claims = ",".join(f"{c.namespace}/{c.name}" for c in request.claims)
@@ -125,57 +120,18 @@ class _DraCalls:
                 grpc.StatusCode.INTERNAL, f"kubelet plugin: {method} failed: {error}"
             )
 
-    async def prepare(self, request: Any, context: Context) -> Any:
+    async def NodePrepareResources(self, request: Any, context: Context) -> Any:
         return await self._call("NodePrepareResources", self._prepare, request, context=context)
 
-    async def unprepare(self, request: Any, context: Context) -> Any:
+    async def NodeUnprepareResources(self, request: Any, context: Context) -> Any:
         return await self._call("NodeUnprepareResources", self._unprepare, request, context=context)
-
-
-class DraV1Servicer(v1_grpc.DRAPluginServicer):
-    def __init__(self, driver: Driver, work: Work) -> None:
-        self._calls = _DraCalls(v1, driver, work)
-
-    async def NodePrepareResources(
-        self, request: v1.NodePrepareResourcesRequest, context: Context
-    ) -> v1.NodePrepareResourcesResponse:
-        resp: v1.NodePrepareResourcesResponse = await self._calls.prepare(request, context)
-        return resp
-
-    async def NodeUnprepareResources(
-        self, request: v1.NodeUnprepareResourcesRequest, context: Context
-    ) -> v1.NodeUnprepareResourcesResponse:
-        resp: v1.NodeUnprepareResourcesResponse = await self._calls.unprepare(request, context)
-        return resp
-
-
-class DraV1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
-    def __init__(self, driver: Driver, work: Work) -> None:
-        self._calls = _DraCalls(v1beta1, driver, work)
-
-    async def NodePrepareResources(
-        self, request: v1beta1.NodePrepareResourcesRequest, context: Context
-    ) -> v1beta1.NodePrepareResourcesResponse:
-        resp: v1beta1.NodePrepareResourcesResponse = await self._calls.prepare(request, context)
-        return resp
-
-    async def NodeUnprepareResources(
-        self, request: v1beta1.NodeUnprepareResourcesRequest, context: Context
-    ) -> v1beta1.NodeUnprepareResourcesResponse:
-        resp: v1beta1.NodeUnprepareResourcesResponse = await self._calls.unprepare(request, context)
-        return resp
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
     """pluginregistration.Registration: what the kubelet's plugin watcher asks."""
 
     def __init__(
-        self,
-        driver_name: str,
-        endpoint: str,
-        on_status: Callable[[bool, str], None],
-        *,
-        work: Work,
+        self, driver_name: str, endpoint: str, on_status: Callable[[bool, str], None], *, work: Work
     ) -> None:
         self._driver_name, self._endpoint = driver_name, endpoint
         self._on_status, self._work = on_status, work
@@ -204,37 +160,33 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
-async def _watch(feed: HealthFeed, msgs: Any, service: str) -> AsyncIterator[Any]:
-    # Which version a kubelet watches is what tells a 1.37 node (v1) from an older one.
-    log.info("the kubelet watches device health", service=service)
-    try:
-        async for message in feed.stream(msgs):
-            yield message
-    finally:
-        log.debug("device health stream ended", service=service)
+class _Health(
+    health_v1_grpc.DRAResourceHealthServicer, health_v1alpha1_grpc.DRAResourceHealthServicer
+):
+    """DRAResourceHealth of either version (1.37 kubelets prefer v1, 1.34 to 1.36 call
+    v1alpha1), served from `feed` with the messages of `msgs`."""
+
+    def __init__(self, feed: HealthFeed, msgs: Any) -> None:
+        self._feed, self._msgs = feed, msgs
+        # The name the registration lists (DRA_HEALTH_V1, DRA_HEALTH_V1ALPHA1).
+        self._service = msgs.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name
+
+    async def NodeWatchResources(self, request: Any, context: Context) -> AsyncIterator[Any]:
+        # Which version a kubelet watches is what tells a 1.37 node (v1) from an older one.
+        log.info("the kubelet watches device health", service=self._service)
+        try:
+            async for message in self._feed.stream(self._msgs):
+                yield message
+        finally:
+            log.debug("device health stream ended", service=self._service)
 
 
-class HealthV1Servicer(health_v1_grpc.DRAResourceHealthServicer):
-    """v1.DRAResourceHealth (1.37 kubelets prefer it), served from `feed`."""
-
-    def __init__(self, feed: HealthFeed) -> None:
-        self._feed = feed
-
-    async def NodeWatchResources(
-        self, request: health_v1.NodeWatchResourcesRequest, context: Context
-    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
-        async for message in _watch(self._feed, health_v1, DRA_HEALTH_V1):
-            yield message
-
-
-class HealthV1alpha1Servicer(health_v1alpha1_grpc.DRAResourceHealthServicer):
-    """v1alpha1.DRAResourceHealth (1.34 to 1.36 kubelets call it), served from `feed`."""
-
-    def __init__(self, feed: HealthFeed) -> None:
-        self._feed = feed
-
-    async def NodeWatchResources(
-        self, request: health_v1alpha1.NodeWatchResourcesRequest, context: Context
-    ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
-        async for message in _watch(self._feed, health_v1alpha1, DRA_HEALTH_V1ALPHA1):
-            yield message
+def serve_dra(server: grpc.aio.Server, driver: Driver, work: Work, *, feed: HealthFeed) -> None:
+    """Adds the DRA socket's services to `server`: DRA v1 and v1beta1 (their calls go to
+    `driver` through `work`), health v1 and v1alpha1 (from `feed`)."""
+    v1_grpc.add_DRAPluginServicer_to_server(_DraCalls(v1, driver, work), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(_DraCalls(v1beta1, driver, work), server)
+    health_v1_grpc.add_DRAResourceHealthServicer_to_server(_Health(feed, health_v1), server)
+    health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+        _Health(feed, health_v1alpha1), server
+    )
