@@ -342,6 +342,15 @@ def api_requests(kube: Kube) -> Counter[str]:
     return out
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 class Plugin:
     """The plugin process, timed from its start to each milestone."""
 
@@ -462,11 +471,7 @@ class Plugin:
         return out
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop(self.proc)
 
 
 def godriver_binary() -> Path:
@@ -529,11 +534,7 @@ class GoDriver:
         raise RuntimeError(f"godriver: not registered with a slice in {timeout}s; see {self.log}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop(self.proc)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dradriver.api.config import API_VERSION
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice
 from dradriver.kubeletplugin.endpoints.metrics import Metrics
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
@@ -120,17 +121,24 @@ def fake_preparer(
     return preparer, nvml
 
 
-def allocated_claim(name: str, device: str) -> dict[str, Any]:
+def allocated_claim(
+    name: str, device: str, *, sharing: dict[str, Any] | None = None, share: bool = False
+) -> dict[str, Any]:
     """A claim in namespace "team" allocated `device` of this node's pool, reserved for a
-    pod, as prepare reads it from the API server."""
+    pod, as prepare reads it from the API server; `sharing`: a GpuConfig's sharing for
+    it, `share`: allocated as a share of 10Gi of the device's memory."""
+    result: dict[str, Any] = {"request": "r", "driver": DRIVER, "pool": NODE, "device": device}
+    if share:
+        result.update(shareID=str(uuidlib.uuid4()), consumedCapacity={"memory": "10Gi"})
+    devices: dict[str, Any] = {"results": [result]}
+    if sharing is not None:
+        params = {"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": sharing}
+        opaque = {"driver": DRIVER, "parameters": params}
+        devices["config"] = [{"source": "FromClaim", "requests": ["r"], "opaque": opaque}]
     return {
         "metadata": {"uid": str(uuidlib.uuid4()), "namespace": "team", "name": name},
         "status": {
-            "allocation": {
-                "devices": {
-                    "results": [{"request": "r", "driver": DRIVER, "pool": NODE, "device": device}]
-                }
-            },
+            "allocation": {"devices": devices},
             "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
         },
     }

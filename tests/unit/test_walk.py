@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -25,9 +24,8 @@ from dradriver.kubeletplugin.grpc_edge.servicers import Work, _DraCalls
 from dradriver.slices.consumable import OFF, Consumable, parse_mode
 from tests.support.gpu_names import names_of, real
 from tests.support.local_daemons import LocalDaemons
-from tests.support.node import DRIVER, NODE, fake_preparer
+from tests.support.node import allocated_claim, fake_preparer
 
-V = "gpu.dradriver.io/v1alpha1"
 MPS = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
 # kind of claim -> (the most modules its walk may touch, Q21's target).
 # Measured 2026-12-07: 25 -> 23 for a whole GPU (the daemons' pods and the steps a claim
@@ -45,24 +43,6 @@ BUDGETS = {
 }
 
 
-def _claim(device: str, *, sharing: dict[str, Any] | None = None, share: bool = False) -> Any:
-    result: dict[str, Any] = {"request": "r", "driver": DRIVER, "pool": NODE, "device": device}
-    if share:
-        result.update(shareID=str(uuidlib.uuid4()), consumedCapacity={"memory": "10Gi"})
-    config = []
-    if sharing is not None:
-        params = {"apiVersion": V, "kind": "GpuConfig", "sharing": sharing}
-        opaque = {"driver": DRIVER, "parameters": params}
-        config = [{"source": "FromClaim", "requests": ["r"], "opaque": opaque}]
-    return {
-        "metadata": {"uid": str(uuidlib.uuid4()), "namespace": "team", "name": "walk"},
-        "status": {
-            "allocation": {"devices": {"results": [result], "config": config}},
-            "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
-        },
-    }
-
-
 def walk(
     tmp: Path, spec: str, device: str, *, mode: MigMode, consumable: Consumable = OFF, **kw: Any
 ) -> set[str]:
@@ -71,7 +51,7 @@ def walk(
     preparer, _ = fake_preparer(
         tmp, spec, lambda ref: claims[ref.name], mode=mode, consumable=consumable
     )
-    claims["walk"] = _claim(real(device, names_of(preparer.devices())), **kw)
+    claims["walk"] = allocated_claim("walk", real(device, names_of(preparer.devices())), **kw)
     calls = _DraCalls(v1, preparer, Work(1, "walk"))
     meta = claims["walk"]["metadata"]
     claim = v1.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])

@@ -6,7 +6,6 @@ nothing it does not, and an uninstall's tidy knows each of them."""
 from __future__ import annotations
 
 import re
-import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,9 @@ from dradriver.kubeletplugin.state.tidy import OWNED_DIRS, OWNED_FILE
 from dradriver.slices.consumable import OFF, Consumable, parse_mode
 from tests.support.gpu_names import names_of, real
 from tests.support.local_daemons import LocalDaemons
-from tests.support.node import DRIVER, NODE, fake_preparer
+from tests.support.node import allocated_claim, fake_preparer
 
 DESIGN = Path(__file__).resolve().parents[4] / "docs" / "design.md"
-V = "gpu.dradriver.io/v1alpha1"
 # Listed, but written by no prepare: the health of GPUs (device_view/health.py), an
 # IMEX daemon's directory (no fake node here runs a ComputeDomain: hardware/test_imex.py),
 # and the fake GPUs' fault requests (written by a test or an admin, read by fakenvml).
@@ -49,24 +47,6 @@ def documented() -> dict[str, re.Pattern[str]]:
     return paths
 
 
-def _claim(name: str, device: str, *, sharing: Any = None, share: bool = False) -> Any:
-    result: dict[str, Any] = {"request": "r", "driver": DRIVER, "pool": NODE, "device": device}
-    if share:
-        result.update(shareID=str(uuidlib.uuid4()), consumedCapacity={"memory": "10Gi"})
-    config = []
-    if sharing is not None:
-        params = {"apiVersion": V, "kind": "GpuConfig", "sharing": sharing}
-        opaque = {"driver": DRIVER, "parameters": params}
-        config = [{"source": "FromClaim", "requests": ["r"], "opaque": opaque}]
-    return {
-        "metadata": {"uid": str(uuidlib.uuid4()), "namespace": "team", "name": name},
-        "status": {
-            "allocation": {"devices": {"results": [result], "config": config}},
-            "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}],
-        },
-    }
-
-
 def prepare_each(
     state: Path, mode: MigMode, kinds: dict[str, tuple[str, dict[str, Any]]], consumable: Consumable
 ) -> None:
@@ -76,7 +56,7 @@ def prepare_each(
     )
     names = names_of(preparer.devices())
     for kind, (device, extra) in kinds.items():
-        claims[kind] = _claim(kind, real(device, names), **extra)
+        claims[kind] = allocated_claim(kind, real(device, names), **extra)
         ref = ClaimRef("team", claims[kind]["metadata"]["uid"], kind)
         assert preparer.prepare([ref])[ref.uid].error == "", kind
 
