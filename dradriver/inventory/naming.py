@@ -66,8 +66,3 @@ class GpuIdentity:
     @classmethod
     def of(cls, gpu: Gpu) -> GpuIdentity:
         return cls(gpu.uuid, gpu.pci_bus_id, gpu.product_name)
-
-
-def gpu_name_of(device: str) -> str:
-    """The whole-GPU part of a device name: "gpu-9b3c2810-mig-3g40gb-4" -> "gpu-9b3c2810"."""
-    return device.split("-mig-", 1)[0]

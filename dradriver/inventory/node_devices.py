@@ -73,6 +73,11 @@ def mig_device_name(gpu: Gpu, profile: str, start: int) -> str:
     return f"{gpu_device_name(gpu)}-mig-{profile_token(profile)}-{start}"
 
 
+def gpu_name_of(device: str) -> str:
+    """The whole-GPU part of a device name: "gpu-9b3c2810-mig-3g40gb-4" -> "gpu-9b3c2810"."""
+    return device.split("-mig-", 1)[0]
+
+
 def compute_instance_name(gpu: Gpu, dev: MigDevice) -> str:
     """A MIG device that is one of several compute instances of its GPU instance (or a
     compute instance smaller than it) is named after both: gpu-9b3c2810-mig-3g40gb-4-ci1."""

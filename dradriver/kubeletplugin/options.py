@@ -72,7 +72,7 @@ class PluginOptions:
 def parse(args: argparse.Namespace) -> PluginOptions:
     """The options of `args` (as add_arguments made them); OptionsError names a flag
     that cannot work, alone or with the others."""
-    from dradriver.api.config_models import quantity_bytes
+    from dradriver.api.config import quantity_bytes
     from dradriver.health.model import HealthConfigError, Policy, parse_xids
     from dradriver.inventory.node_devices import MigMode, MigSwitching
     from dradriver.kubeletplugin.device_view.health import HealthOptions

@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Protocol
 
 from dradriver.errors import SharingError
@@ -260,3 +261,25 @@ def imex_query(cmd: list[str]) -> tuple[bool, str]:
         return False, f"{' '.join(cmd)}: {exc}"
     said = (out.stdout.strip() or out.stderr.strip())[:300]
     return out.stdout.strip() == "READY", said
+
+
+def get_compute_mode(nvml: ModuleType, uuid: str) -> int:
+    try:
+        return int(nvml.nvmlDeviceGetComputeMode(nvml.nvmlDeviceGetHandleByUUID(uuid)))
+    except nvml.NVMLError as err:
+        raise SharingError(
+            f"reading the compute mode of {uuid}: {err}", reason="compute_mode"
+        ) from err
+
+
+def set_compute_mode(nvml: ModuleType, uuid: str, mode: int) -> None:
+    try:
+        nvml.nvmlDeviceSetComputeMode(nvml.nvmlDeviceGetHandleByUUID(uuid), mode)
+    except nvml.NVMLError as err:
+        raise SharingError(
+            f"setting the compute mode of {uuid}: {err}", reason="compute_mode"
+        ) from err
+
+
+def exclusive_process(nvml: ModuleType) -> int:
+    return int(nvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)

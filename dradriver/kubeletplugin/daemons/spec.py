@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dradriver.kubeletplugin.state.daemon import DaemonRef as DaemonRef
+from dradriver.kubeletplugin.state.records import DaemonRef as DaemonRef
 from dradriver.nvml.host import DaemonCommand
 
 Role = Literal["mps", "imex"]

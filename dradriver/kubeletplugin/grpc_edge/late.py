@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dradriver.kubeletplugin.claimref import ClaimRef
+from dradriver.kubeletplugin.state.records import ClaimRef
 
 
 class Result(Protocol):

@@ -32,9 +32,9 @@ from dradriver.api.kubelet import (
     DRA_V1,
     DRA_V1BETA1,
 )
-from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.kubeletplugin.grpc_edge.late import Driver
+from dradriver.kubeletplugin.state.records import ClaimRef
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.grpc")

@@ -31,8 +31,7 @@ from dradriver.kubeletplugin.hardware.sharing import (
 from dradriver.kubeletplugin.state.ledger import Ledger, SharedDaemon
 from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice, Share
 from dradriver.logs import get_logger
-from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
-from dradriver.nvml.host import GpuHost
+from dradriver.nvml.host import GpuHost, exclusive_process, get_compute_mode, set_compute_mode
 
 log = get_logger("kubeletplugin.shares")
 Save = Callable[[ClaimRecord], None]  # makes a record durable

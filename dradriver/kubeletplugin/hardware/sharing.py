@@ -20,8 +20,7 @@ from dradriver.kubeletplugin.daemons.spec import CLAIM, DaemonRef, DaemonSpec, m
 from dradriver.kubeletplugin.state.ledger import Ledger
 from dradriver.kubeletplugin.state.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
 from dradriver.logs import get_logger
-from dradriver.nvml.compute_mode import exclusive_process, get_compute_mode, set_compute_mode
-from dradriver.nvml.host import GpuHost
+from dradriver.nvml.host import GpuHost, exclusive_process, get_compute_mode, set_compute_mode
 
 log = get_logger("kubeletplugin.sharing")
 Save = Callable[[ClaimRecord], None]  # makes a record durable
@@ -332,7 +331,7 @@ def _mps(d: PreparedDevice) -> Mps:
 def _mps_quantity(q: str) -> str:
     """MPS wants its limits in M or G: Kubernetes quantities are converted."""
     # Only a claim with an MPS config gets here: the config models load with it.
-    from dradriver.api.config_models import quantity_bytes
+    from dradriver.api.config import quantity_bytes
 
     mib = quantity_bytes(q) // 2**20
     return f"{mib}M"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.api import computedomain as cd
-from dradriver.kubeletplugin.claimref import ClaimRef
+from dradriver.kubeletplugin.state.records import ClaimRef
 
 Obj = dict[str, Any]
 

@@ -11,9 +11,8 @@ from typing import Any
 
 from dradriver.api.computedomain import CHANNEL_DEVICE
 from dradriver.errors import ConfigError, DeviceError
-from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.cdi import qualified_name
-from dradriver.kubeletplugin.state.records import Checkpoint, ImexDaemon, PreparedDevice
+from dradriver.kubeletplugin.state.records import Checkpoint, ClaimRef, ImexDaemon, PreparedDevice
 
 KIND = "imex-channel"
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from dradriver.api.computedomain import CHANNEL_DEVICE
 from dradriver.errors import ClaimStateError, DeviceError, RequestError
-from dradriver.inventory.naming import GpuIdentity, gpu_name_of
-from dradriver.inventory.node_devices import NodeDevice, gpu_device_name
-from dradriver.kubeletplugin.claimref import ClaimRef
+from dradriver.inventory.naming import GpuIdentity
+from dradriver.inventory.node_devices import NodeDevice, gpu_device_name, gpu_name_of
+from dradriver.kubeletplugin.state.records import ClaimRef
 
 UID = re.compile(r"[0-9a-fA-F-]{1,64}")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

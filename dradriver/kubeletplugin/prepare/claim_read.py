@@ -7,7 +7,7 @@ from typing import Any
 
 from dradriver.errors import ApiError, ClaimStateError
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
-from dradriver.kubeletplugin.claimref import ClaimRef
+from dradriver.kubeletplugin.state.records import ClaimRef
 
 # Well inside the kubelet's call deadline, so that a hung API server is reported as such.
 CLAIM_READ_TIMEOUT = 10.0

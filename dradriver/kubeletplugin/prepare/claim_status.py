@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
-from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.state.records import PreparedDevice
+from dradriver.kubeletplugin.state.records import ClaimRef, PreparedDevice
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.status")

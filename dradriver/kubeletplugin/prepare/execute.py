@@ -24,19 +24,19 @@ from dradriver.errors import (
 from dradriver.kubeletplugin.hardware.imex import ImexSteps
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
-from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_indices
-from dradriver.kubeletplugin.hardware.sharing import SharingSteps
+from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_edits, share_indices
+from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
 from dradriver.kubeletplugin.prepare import cdi
-from dradriver.kubeletplugin.prepare.claim_spec import claim_spec
 from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
 from dradriver.kubeletplugin.state.checkpoint.store import Journal
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,
+    PreparedDevice,
 )
 from dradriver.logs import get_logger
-from dradriver.nvml.host import GpuHost
+from dradriver.nvml.host import DeviceNode, GpuHost
 
 log = get_logger("kubeletplugin.execute")
 
@@ -362,3 +362,70 @@ def _undo_failed(step: Step, exc: Exception, claim: str) -> DriverError:
     if step.layer == "CDI":
         return CdiError(f"CDI layer: {step.what} of claim {claim} failed: {exc}", reason="cdi")
     return layered(exc, claim)
+
+
+def claim_spec(rec: ClaimRecord, *, driver: str, host: GpuHost) -> dict[str, Any]:
+    devices = []
+    for d in rec.devices:
+        env: list[str] = []
+        mounts: list[tuple[str, str, str]] = []
+        # What a device of a sharing setup or a share adds; a device held whole, nothing.
+        if d.sharing is not None:
+            env, mounts = container_edits(d)
+        if d.share is not None:
+            more_env, more_mounts = share_edits(d)
+            env += more_env + share_env(d)
+            mounts += more_mounts
+        if d.imex is not None:
+            devices.append(imex_device(d, host.imex_channel_node(d.imex.channel)))
+            continue
+        nodes = host.device_nodes(d.minor, d.mig_ids())
+        devices.append(
+            cdi.CdiDevice(
+                name=d.cdi_name,
+                device=d.device,
+                uuid=d.uuid or "",
+                device_nodes=tuple(nodes),
+                group=",".join(d.request_names),
+                env=tuple(env),
+                mounts=tuple(mounts),
+            )
+        )
+    return cdi.claim_spec(
+        driver,
+        rec.uid,
+        devices,
+        claim_name=rec.ref,
+        control_nodes=host.control_device_nodes(),
+    )
+
+
+def imex_device(d: PreparedDevice, node: DeviceNode) -> cdi.CdiDevice:
+    """An IMEX channel in the container: its device node, and which domain and channel."""
+    assert d.imex is not None
+    return cdi.CdiDevice(
+        name=d.cdi_name,
+        device=d.device,
+        uuid="",
+        device_nodes=(node,),
+        group=",".join(d.request_names),
+        env=(
+            f"DRADRIVER_IMEX_CHANNEL={d.imex.channel}",
+            f"DRADRIVER_COMPUTE_DOMAIN={d.imex.namespace}/{d.imex.domain}",
+        ),
+        gpu=False,
+    )
+
+
+def share_env(d: PreparedDevice) -> list[str]:
+    """What a share was allocated, for the workload to size itself by (a framework's
+    memory fraction, a server's worker count): the shareID and the limits prepare
+    derived from the allocation (prepare/shares.py)."""
+    if d.share is None:
+        return []
+    env = [f"DRADRIVER_SHARE_ID={d.share.share_id}"]
+    if d.share.memory_limit is not None:
+        env.append(f"DRADRIVER_SHARE_MEMORY_LIMIT={d.share.memory_limit}")
+    if d.share.compute_limit is not None:
+        env.append(f"DRADRIVER_SHARE_COMPUTE_LIMIT={d.share.compute_limit}")
+    return env

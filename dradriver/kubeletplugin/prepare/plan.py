@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from dradriver.errors import ConfigError, DeviceError
 from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice
-from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.cdi import driver_device_id, qualified_name
 from dradriver.kubeletplugin.prepare.channels import (
     channel_device,
@@ -30,6 +29,7 @@ from dradriver.kubeletplugin.state.records import (
     Carve,
     Checkpoint,
     ClaimRecord,
+    ClaimRef,
     MigIds,
     Mps,
     MpsLimits,
@@ -63,7 +63,7 @@ def sharing_for(dev: NodeDevice, cfg: DeviceConfig | None) -> Sharing | None:
     mps = s.mpsConfig
     if mps is None:
         return Mps(MpsLimits())
-    from dradriver.api.config_models import quantity_bytes
+    from dradriver.api.config import quantity_bytes
 
     pinned = dict(mps.defaultPerDevicePinnedMemoryLimit or {})
     for q in [mps.defaultPinnedDeviceMemoryLimit, *pinned.values()]:

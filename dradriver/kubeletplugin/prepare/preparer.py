@@ -6,20 +6,20 @@ apply, record"."""
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dradriver.crashpoints import crashpoint
 from dradriver.errors import CdiError, CheckpointError, ClaimStateError, DriverError
 from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.k8s import Kube
-from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.endpoints.metrics import Metrics
 from dradriver.kubeletplugin.prepare import forgotten
-from dradriver.kubeletplugin.prepare.calls import UnpreparedMeanwhile, each_claim
 from dradriver.kubeletplugin.prepare.claim_devices import check_ref
 from dradriver.kubeletplugin.prepare.claim_read import read_claim
 from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
@@ -30,11 +30,12 @@ from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.checkpoint.codec import check_readable, newer_file
 from dradriver.kubeletplugin.state.checkpoint.store import Committed, InLock
 from dradriver.kubeletplugin.state.files import NodeLock
-from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
+from dradriver.kubeletplugin.state.ledger import GpuLocks, record_gpus
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     Checkpoint,
     ClaimRecord,
+    ClaimRef,
     PreparedDevice,
     owned_partitions,
 )
@@ -42,6 +43,107 @@ from dradriver.logs import get_logger
 from dradriver.slices.consumable import OFF, Consumable
 
 log = get_logger("kubeletplugin.prepare")
+
+
+T = TypeVar("T")
+
+
+def internal_error(ref: ClaimRef, exc: Exception) -> DriverError:
+    """An exception no layer turned into a DriverError, as this claim's error: the log
+    has the traceback for a bug report."""
+    if isinstance(exc, RecursionError):
+        return DriverError(
+            f"claim {ref}: the claim nests too deeply to be read; simplify its parameters",
+            reason="too_deep",
+        )
+    text = str(exc)
+    text = text if len(text) <= 300 else text[:300] + "..."
+    return DriverError(
+        f"claim {ref}: internal error ({type(exc).__name__}: {text}); this is a bug in "
+        "dradriver, please report it with the plugin's log",
+        reason="internal",
+    )
+
+
+def each_claim(
+    op: str, refs: list[ClaimRef], one: Callable[[ClaimRef], T], *, metrics: Metrics
+) -> dict[str, T | DriverError]:
+    """`one(ref)` for each claim: its result, or its error."""
+    seconds = metrics.prepare_seconds if op == "prepare" else metrics.unprepare_seconds
+    out: dict[str, T | DriverError] = {}
+
+    def failed(ref: ClaimRef, err: DriverError, start: float, *, trace: bool) -> None:
+        out[ref.uid] = err
+        seconds.labels("error").observe(time.monotonic() - start)
+        metrics.errors.labels(op, err.reason).inc()
+        log.error(
+            f"{op} failed",
+            exc=trace,  # the traceback, logged while its exception is being handled
+            claim=str(ref),
+            claim_uid=ref.uid,
+            layer=err.layer,
+            reason=err.reason,
+            error=str(err),
+        )
+
+    for ref in refs:
+        start = time.monotonic()
+        try:
+            out[ref.uid] = one(ref)
+        except DriverError as exc:
+            failed(ref, exc, start, trace=False)
+        except Exception as exc:  # a bug or an input nobody foresaw: this claim only
+            failed(ref, internal_error(ref, exc), start, trace=True)
+        else:
+            seconds.labels("ok").observe(time.monotonic() - start)
+    return out
+
+
+class UnpreparedMeanwhile:
+    """Which claims were unprepared while a prepare was running (the kubelet may give up
+    on a prepare stalled on the API server), so that the prepare does not prepare them
+    after all; kept only for the prepares in flight."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, float] = {}  # prepare token -> when it began (monotonic)
+        self._at: dict[str, float] = {}  # claim UID -> last unprepare, oldest first
+        self._tokens = itertools.count()
+
+    def prepare_began(self) -> tuple[int, float]:
+        """A prepare starts: its token (for prepare_ended) and its start time."""
+        with self._lock:
+            token, began = next(self._tokens), time.monotonic()
+            self._running[token] = began
+            return token, began
+
+    def prepare_ended(self, token: int) -> None:
+        with self._lock:
+            self._running.pop(token, None)
+            if not self._running:
+                self._at.clear()
+
+    def unprepared(self, uid: str) -> None:
+        with self._lock:
+            if not self._running:
+                return  # every later prepare begins after this
+            self._at.pop(uid, None)  # re-inserted last: the dict stays in time order
+            self._at[uid] = time.monotonic()
+            oldest = min(self._running.values())
+            while self._at:
+                first = next(iter(self._at))
+                if self._at[first] >= oldest:
+                    break
+                del self._at[first]
+
+    def since(self, uid: str, began: float) -> bool:
+        """Whether `uid` was unprepared at or after `began`."""
+        with self._lock:
+            return self._at.get(uid, float("-inf")) >= began
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._at)
 
 
 @dataclass
@@ -73,7 +175,7 @@ class Preparer:
     read_claim: Callable[[ClaimRef], dict[str, Any]] | None = None
     # Why this plugin touches nothing (a checkpoint from a newer release); "" when it may.
     refusal: str = ""
-    # Unprepares that prepares still running began before (calls.py).
+    # Unprepares that prepares still running began before.
     meanwhile: UnpreparedMeanwhile = field(default_factory=UnpreparedMeanwhile)
     # The GPUs' locks for hardware work; <checkpoint's directory>/locks by default.
     gpu_locks: GpuLocks | None = None

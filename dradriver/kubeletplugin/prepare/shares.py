@@ -12,8 +12,7 @@ from fractions import Fraction
 from dradriver.api.quantity import QuantityError, parse
 from dradriver.errors import ClaimStateError, DeviceError
 from dradriver.inventory.node_devices import NodeDevice
-from dradriver.kubeletplugin.claimref import ClaimRef
-from dradriver.kubeletplugin.state.records import Checkpoint, PreparedDevice, Share
+from dradriver.kubeletplugin.state.records import Checkpoint, ClaimRef, PreparedDevice, Share
 from dradriver.slices.consumable import COMPUTE, COMPUTE_WHOLE, MIB, Consumable, ConsumableMode
 
 

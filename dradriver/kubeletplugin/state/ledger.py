@@ -15,14 +15,22 @@ and the driver carries on with an empty one.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dradriver.kubeletplugin.state.files import FileLock, atomic_write, locked_update, move_aside
-from dradriver.kubeletplugin.state.records import from_json, to_json
+from dradriver.kubeletplugin.state.files import (
+    FileLock,
+    LockTimeout,
+    atomic_write,
+    locked_update,
+    move_aside,
+)
+from dradriver.kubeletplugin.state.records import ClaimRecord, from_json, to_json
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.ledger")
@@ -339,3 +347,53 @@ def held_instances(ledger: Ledger, owned: set[tuple[str, int, int]]) -> set[tupl
     """(GPU UUID, profile ID, placement) of instances this driver made for claims the
     checkpoint does not hold: not offered to anyone until those claims are unprepared."""
     return {i.slot for i in ledger.load().instances if i.slot not in owned}
+
+
+def record_gpus(rec: ClaimRecord) -> set[str]:
+    """What a claim's hardware work touches: the GPU a partition is carved on, a whole
+    GPU (MIG mode, compute mode, time slice), an existing MIG device (its daemon)."""
+    gpus: set[str] = set()
+    for d in rec.devices:
+        if d.carve is not None:
+            gpus.add(d.carve.gpu_uuid)
+        elif d.uuid:
+            gpus.add(d.uuid)
+    return gpus
+
+
+class GpuLocks:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._locks: dict[str, FileLock] = {}
+        self._made = threading.Lock()
+
+    def _lock(self, gpu: str) -> FileLock:
+        with self._made:
+            lock = self._locks.get(gpu)
+            if lock is None:
+                # A UUID is "GPU-" or "MIG-" and hex: safe as a file name.
+                lock = self._locks[gpu] = FileLock(self.directory / f"{gpu}.lock")
+            return lock
+
+    @contextlib.contextmanager
+    def hold(self, gpus: Iterable[str]) -> Iterator[None]:
+        """Waits for every GPU's lock, in sorted order."""
+        with contextlib.ExitStack() as held:
+            for gpu in sorted(set(gpus)):
+                held.enter_context(self._lock(gpu))
+            yield
+
+    def try_hold(self, gpus: Iterable[str]) -> contextlib.ExitStack | None:
+        """Every GPU's lock without waiting (the caller may hold the node lock), as a
+        stack to close; None if any is held, by a thread of this instance or by the other
+        instance: its hardware work on that GPU is in progress."""
+        held = contextlib.ExitStack()
+        try:
+            for gpu in sorted(set(gpus)):
+                lock = self._lock(gpu)
+                lock.acquire(timeout=0)
+                held.callback(lock.release)
+        except LockTimeout:
+            held.close()
+            return None
+        return held

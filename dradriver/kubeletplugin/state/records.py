@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import types
 from dataclasses import dataclass, field
-from typing import Any, Final, Union, get_args, get_origin, get_type_hints
-
-from dradriver.kubeletplugin.state.imex import ImexDaemon as ImexDaemon
-from dradriver.kubeletplugin.state.share import Share as Share
-from dradriver.kubeletplugin.state.sharing import Mps as Mps
-from dradriver.kubeletplugin.state.sharing import MpsLimits as MpsLimits
-from dradriver.kubeletplugin.state.sharing import Sharing as Sharing
-from dradriver.kubeletplugin.state.sharing import TimeSlicing as TimeSlicing
+from typing import Any, ClassVar, Final, Union, get_args, get_origin, get_type_hints
 
 PREPARE_STARTED: Final = "PrepareStarted"
 PREPARE_COMPLETED: Final = "PrepareCompleted"
@@ -313,3 +307,116 @@ def _record(cls: Any, value: Any, where: str) -> Any:
     if "unknown" in {f.name for f in dataclasses.fields(cls)}:
         kwargs["unknown"] = {k: v for k, v in obj.items() if k not in known}
     return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class DaemonRef:
+    """A daemon pod: its name (stable for what it serves, so a retry or a later plugin
+    finds it) and its UID ("" where only the name is known)."""
+
+    name: str
+    uid: str = field(default="", metadata={"always": True})
+
+
+@dataclass(frozen=True)
+class Share:
+    """One allocation of a device several claims share (consumable capacity): the
+    scheduler's shareID and consumedCapacity, and the limits they come to on this node
+    (prepare/shares.py); None where the share has no limit of its own."""
+
+    share_id: str = field(metadata={"key": "shareID"})
+    consumed: tuple[tuple[str, str], ...] = ()  # capacity name -> quantity, as allocated
+    memory_limit: int | None = None  # bytes
+    compute_limit: int | None = None  # percent of the device's SMs
+    # Under the device's MPS daemon (hardware/shares.py): the pipe directory its clients
+    # use (with MPS v3 the share's own namespace in it), the daemon's log and /dev/shm
+    # directories, and whether the share's limits are set there.
+    pipe_dir: str | None = None
+    log_dir: str | None = None
+    shm_dir: str | None = None
+    applied: bool = False
+    # Set on the server side (MPS v3 namespace); False: only in the client's environment.
+    server_side: bool = False
+    # The pods (UIDs) the claim was reserved for at prepare, and the pod cgroups whose
+    # GPU-memory limit on the device holds this share's memory (hardware/pod_memory.py).
+    pods: tuple[str, ...] = ()
+    pod_cgroups: tuple[str, ...] = ()
+
+    @property
+    def cdi_name(self) -> str:
+        return f"share-{self.share_id}"
+
+    @property
+    def namespace(self) -> str:
+        """Its MPS v3 namespace: lowercase letters, digits and "_", at most 64."""
+        return "s_" + "".join(c if c.isalnum() else "_" for c in self.share_id.lower())[:60]
+
+
+@dataclass(frozen=True)
+class TimeSlicing:
+    TAG: ClassVar[str] = "TimeSlicing"
+    interval: str  # Default, Short, Medium, Long
+    applied: bool = False
+
+
+@dataclass(frozen=True)
+class MpsLimits:
+    active_thread_percentage: int | None = None
+    pinned_memory_limit: str | None = None  # a Kubernetes quantity, for every device
+    # (UUID or index, quantity)
+    per_device_pinned: tuple[tuple[str, str], ...] = field(
+        default=(), metadata={"key": "perDevicePinnedMemoryLimit"}
+    )
+
+    @property
+    def group(self) -> str:
+        """Devices of one claim with the same limits share one daemon."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Mps:
+    """An MPS control daemon shared by the claim's devices of one limits group (its pod:
+    kubeletplugin/daemons/): the directories the claim's containers mount. The compute
+    mode it changed is the ledger's (state/ledger.py), written before the change."""
+
+    TAG: ClassVar[str] = "MPS"
+    limits: MpsLimits = field(metadata={"always": True})
+    applied: bool = False
+    pipe_dir: str | None = None
+    log_dir: str | None = None
+    shm_dir: str | None = None  # the daemon's and its clients' /dev/shm
+    daemon: DaemonRef | None = None
+
+    @property
+    def group(self) -> str:
+        return self.limits.group
+
+
+Sharing = TimeSlicing | Mps
+
+
+@dataclass(frozen=True)
+class ImexDaemon:
+    domain_uid: str = field(metadata={"key": "domainUID"})
+    domain: str  # the ComputeDomain's name, in the claim's namespace
+    namespace: str
+    channel: int
+    # Known once the domain lists its nodes: this node's IMEX address and every node's
+    # (this one's included), as written into the daemon's nodes config.
+    address: str = ""
+    peers: tuple[str, ...] = ()
+    config_dir: str | None = None  # recorded before the daemon starts
+    daemon: DaemonRef | None = None  # its pod (kubeletplugin/daemons/)
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it: the only three strings a prepare call carries."""
+
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"

@@ -201,7 +201,7 @@ def test_valid_limits_still_decode() -> None:
 
 
 def test_quantities_are_exact_integers() -> None:
-    from dradriver.api.config_models import quantity_bytes
+    from dradriver.api.config import quantity_bytes
 
     assert quantity_bytes("1.5Gi") == 3 * 2**29
     assert quantity_bytes("7Ei") == 7 * 2**60

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.errors import ClaimStateError
-from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
     STATES,
     Checkpoint,
     CheckpointCorrupt,
     ClaimRecord,
+    ClaimRef,
     from_json,
 )
 

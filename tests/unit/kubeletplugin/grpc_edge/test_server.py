@@ -20,9 +20,9 @@ import grpc
 import pytest
 
 from dradriver.api import kubelet as kapi
-from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.grpc_edge.late import LateDriver
 from dradriver.kubeletplugin.grpc_edge.server import MAX_MESSAGE, PluginServers
+from dradriver.kubeletplugin.state.records import ClaimRef
 
 V1, V1BETA1 = kapi.dra_v1, kapi.dra_v1beta1
 DRIVER = "gpu.dradriver.io"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dradriver.errors import RequestError
-from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.claim_devices import check_ref
+from dradriver.kubeletplugin.state.records import ClaimRef
 
 UID = "0f3c9a52-7b1d-4c8e-9a6f-2d4b8c1e5f70"
 

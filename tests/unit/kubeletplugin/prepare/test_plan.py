@@ -10,7 +10,6 @@ import pytest
 from dradriver.errors import ConfigError, DeviceError, DriverError
 from dradriver.inventory.naming import uuid_digits
 from dradriver.inventory.node_devices import MigMode
-from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.claim_devices import check_ref, claim_devices
 from dradriver.kubeletplugin.prepare.plan import plan
 from dradriver.kubeletplugin.state.records import (
@@ -18,6 +17,7 @@ from dradriver.kubeletplugin.state.records import (
     PREPARE_STARTED,
     Checkpoint,
     ClaimRecord,
+    ClaimRef,
     Mps,
     PreparedDevice,
     TimeSlicing,

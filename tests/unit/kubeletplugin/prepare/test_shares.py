@@ -12,8 +12,8 @@ import pytest
 from dradriver.errors import DeviceError, DriverError
 from dradriver.inventory.naming import uuid_digits
 from dradriver.inventory.node_devices import MigMode
-from dradriver.kubeletplugin.prepare.claim_spec import share_env
 from dradriver.kubeletplugin.prepare.claim_status import _entry
+from dradriver.kubeletplugin.prepare.execute import share_env
 from dradriver.kubeletplugin.prepare.plan import ClaimRef, plan
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,

@@ -17,9 +17,9 @@ from dradriver.errors import DeviceError
 from dradriver.inventory.model import Gpu
 from dradriver.inventory.naming import GpuIdentity, stable_names
 from dradriver.inventory.node_devices import DeviceKind, NodeDevice, mig_device_name
-from dradriver.kubeletplugin.claimref import ClaimRef
 from dradriver.kubeletplugin.prepare.claim_devices import check_identity
 from dradriver.kubeletplugin.prepare.preparer import Preparer
+from dradriver.kubeletplugin.state.records import ClaimRef
 from dradriver.slices.build import DNS_LABEL
 from tests.support.gpu_names import fake_names
 from tests.support.node import DRIVER, NODE, fake_preparer

@@ -16,9 +16,16 @@ from dradriver.kubeletplugin.state.checkpoint import (
     encode_checkpoint,
     parse_checkpoint,
 )
-from dradriver.kubeletplugin.state.daemon import DaemonRef
-from dradriver.kubeletplugin.state.records import Carve, ImexDaemon, MigIds, Share
-from dradriver.kubeletplugin.state.sharing import Mps, MpsLimits, TimeSlicing
+from dradriver.kubeletplugin.state.records import (
+    Carve,
+    DaemonRef,
+    ImexDaemon,
+    MigIds,
+    Mps,
+    MpsLimits,
+    Share,
+    TimeSlicing,
+)
 
 FILES = Path(__file__).resolve().parents[5] / "tests" / "data" / "checkpoint"
 NEWEST = FILES / "v1.json"

@@ -34,9 +34,15 @@ from dradriver.kubeletplugin.state.checkpoint import (
     payload_checksum,
     reconcile_boot,
 )
-from dradriver.kubeletplugin.state.daemon import DaemonRef
 from dradriver.kubeletplugin.state.files import FileLock, LockTimeout
-from dradriver.kubeletplugin.state.records import Carve, MigIds, Mps, MpsLimits, TimeSlicing
+from dradriver.kubeletplugin.state.records import (
+    Carve,
+    DaemonRef,
+    MigIds,
+    Mps,
+    MpsLimits,
+    TimeSlicing,
+)
 
 REPO = Path(__file__).resolve().parents[5]
 BOOT1 = "6f1d2c4e-0000-4000-8000-000000000001"

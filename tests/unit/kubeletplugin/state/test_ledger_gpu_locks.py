@@ -18,8 +18,7 @@ import pytest
 
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.prepare.preparer import Prepared, Preparer
-from dradriver.kubeletplugin.state.gpu_locks import GpuLocks, record_gpus
-from dradriver.kubeletplugin.state.ledger import Ledger
+from dradriver.kubeletplugin.state.ledger import GpuLocks, Ledger, record_gpus
 from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, owned_partitions
 from dradriver.nvml.library import Nvml
 from fakenvml.host import FakeHost

@@ -4,7 +4,7 @@ walked them all on each call)."""
 
 from __future__ import annotations
 
-from dradriver.kubeletplugin.prepare.calls import UnpreparedMeanwhile
+from dradriver.kubeletplugin.prepare.preparer import UnpreparedMeanwhile
 
 
 def test_an_unprepare_during_a_prepare_is_seen_by_it() -> None:
