@@ -103,3 +103,20 @@ class CheckpointError(DriverError):
     """The checkpoint could not be written (disk full, read-only state directory)."""
 
     layer = "checkpoint"
+
+
+def internal_error(claim: str, exc: Exception) -> DriverError:
+    """An exception no layer turned into a DriverError, as this claim's error: the log
+    has the traceback for a bug report."""
+    if isinstance(exc, RecursionError):
+        return DriverError(
+            f"claim {claim}: the claim nests too deeply to be read; simplify its parameters",
+            reason="too_deep",
+        )
+    text = str(exc)
+    text = text if len(text) <= 300 else text[:300] + "..."
+    return DriverError(
+        f"claim {claim}: internal error ({type(exc).__name__}: {text}); this is a bug in "
+        "dradriver, please report it with the plugin's log",
+        reason="internal",
+    )

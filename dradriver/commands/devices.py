@@ -310,7 +310,7 @@ def _shares(result: BuildResult, state_dir: Path, mode: str) -> list[str]:
     from dradriver.api.quantity import human, parse
     from dradriver.diagnose.capacity import capacities
     from dradriver.kubeletplugin.state.checkpoint.codec import parse_checkpoint
-    from dradriver.kubeletplugin.state.records import CheckpointCorrupt
+    from dradriver.kubeletplugin.state.files import CheckpointCorrupt
 
     shared = [d for s in result.slices for d in s.devices if d.get("allowMultipleAllocations")]
     if not shared:

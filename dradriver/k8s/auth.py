@@ -18,10 +18,9 @@ from dradriver.k8s.errors import CredentialError, one_line
 
 RECHECK_SECONDS = 1.0
 
-Identity = tuple[int, int, int, int] | None  # (device, inode, mtime, size); None: missing
 
-
-def _identity(path: str) -> Identity:
+def _identity(path: str) -> tuple[int, int, int, int] | None:
+    """(device, inode, mtime, size); None: missing."""
     try:
         st = os.stat(path)  # through symlinks: an atomic writer swaps a link
     except OSError:
@@ -39,8 +38,7 @@ class Credentials:
         self._header: str | None = None
         self._header_until = 0.0
         cert = (str(cfg.cert_file), str(cfg.key_file or cfg.cert_file)) if cfg.cert_file else ()
-        self._cert_files = cert
-        self._cert_seen = [_identity(p) for p in cert]
+        self._cert_files, self._cert_seen = cert, [_identity(p) for p in cert]
         self._cert_until = time.monotonic() + RECHECK_SECONDS
 
     def authorization(self) -> str | None:

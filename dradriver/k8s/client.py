@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote, urlencode
 
 from dradriver.api import depth
+from dradriver.k8s import config as kubeconfig
+from dradriver.k8s.auth import Credentials
 from dradriver.k8s.errors import Conflict, CredentialError, KubeError, NotFound, error_from_response
 from dradriver.logs import get_logger
 
@@ -29,6 +31,13 @@ USER_AGENT = "dradriver"
 # the caller to back off, which it does on its own clock.
 MAX_RETRY_AFTER = 10.0
 DEFAULT_RETRY_AFTER = 1.0
+# A PATCH's Content-Type (under application/) by its kind.
+_PATCHES = {
+    "merge": "merge-patch+json",
+    "json": "json-patch+json",
+    "strategic": "strategic-merge-patch+json",
+    "apply": "apply-patch+yaml",
+}
 
 
 def path_for(
@@ -57,15 +66,13 @@ class Kube:
     def __init__(self, config: Any, default_timeout: float = 30.0) -> None:
         """`config`: the library's `kubernetes.client.Configuration` (or an `ApiClient`,
         whose configuration is used), or what config.load made of a kubeconfig."""
-        from dradriver.k8s.auth import Credentials
-        from dradriver.k8s.config import Loaded
         from dradriver.k8s.transport import Transport
 
-        if not isinstance(config, Loaded):
-            config = Loaded(getattr(config, "configuration", config))
+        if not isinstance(config, kubeconfig.Loaded):
+            config = kubeconfig.Loaded(getattr(config, "configuration", config))
         self._loaded = config
         self._timeout = default_timeout
-        self._base = str(config.configuration.host).rstrip("/")
+        self.host = str(config.configuration.host).rstrip("/")
         self._creds = Credentials(config.configuration)
         self._transport = Transport(config.configuration, config.impersonate)
 
@@ -73,21 +80,13 @@ class Kube:
     def from_kubeconfig(cls, path: str | None = None) -> Kube:
         """Loads `path`, or the in-cluster config when `path` is None and we run in a pod,
         or the default kubeconfig otherwise. Raises KubeconfigError (one line)."""
-        from dradriver.k8s import config
-
-        return cls(config.load(path))
+        return cls(kubeconfig.load(path))
 
     def with_token(self, token: str) -> Kube:
         """The same server and trust, authenticated as someone else (a ServiceAccount token):
         no client certificate, no impersonation, nothing that could put the kubeconfig's
         credentials back."""
-        from dradriver.k8s import config
-
-        return Kube(config.with_token(self._loaded.configuration, token), self._timeout)
-
-    @property
-    def host(self) -> str:
-        return self._base
+        return Kube(kubeconfig.with_token(self._loaded.configuration, token), self._timeout)
 
     def close(self) -> None:
         self._transport.close()
@@ -103,8 +102,6 @@ class Kube:
         timeout: Timeout | None = None,
         stream: bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        from dradriver.k8s.transport import TransportError
-
         path += _query(query)
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         data = None
@@ -121,18 +118,14 @@ class Kube:
         while True:
             try:
                 authorization = self._creds.authorization()
-                if authorization is not None:
-                    headers["Authorization"] = authorization
-                if self._creds.cert_files_changed():
-                    log.info("client certificate files replaced; reconnecting", server=self._base)
-                    self._transport.close()
-                resp = self._transport.send(
-                    method, path, headers, body=data, timeout=t, stream=stream
-                )
             except CredentialError as exc:
                 raise KubeError(0, "NoCredentials", str(exc)) from exc
-            except TransportError as exc:
-                raise KubeError(0, "Unreachable", str(exc)) from exc
+            if authorization is not None:
+                headers["Authorization"] = authorization
+            if self._creds.cert_files_changed():
+                log.info("client certificate files replaced; reconnecting", server=self.host)
+                self._transport.close()
+            resp = self._transport.send(method, path, headers, body=data, timeout=t, stream=stream)
             if 200 <= resp.status < 300:
                 return resp
             error = error_from_response(resp.status, str(resp.reason or ""), resp.data)
@@ -164,23 +157,14 @@ class Kube:
     def replace(self, path: str, body: Obj) -> Obj:
         return self.request("PUT", path, body=body)
 
-    def patch(self, path: str, body: Any, patch_type: str = "merge") -> Obj:
-        content_type = {
-            "merge": "application/merge-patch+json",
-            "json": "application/json-patch+json",
-            "strategic": "application/strategic-merge-patch+json",
-        }[patch_type]
-        return self.request("PATCH", path, body=body, content_type=content_type)
+    def patch(self, path: str, body: Any, patch_type: str = "merge", **query: Any) -> Obj:
+        content_type = f"application/{_PATCHES[patch_type]}"
+        return self.request("PATCH", path, body=body, content_type=content_type, query=query)
 
-    def apply(self, path: str, body: Obj, field_manager: str, *, force: bool = True) -> Obj:
-        """Server-side apply: the server merges and tracks ownership per field manager."""
-        return self.request(
-            "PATCH",
-            path,
-            body=body,
-            content_type="application/apply-patch+yaml",
-            query={"fieldManager": field_manager, "force": "true" if force else None},
-        )
+    def apply(self, path: str, body: Obj, field_manager: str) -> Obj:
+        """Server-side apply, forced: the server merges and tracks ownership per field
+        manager, and takes the fields this manager sets from whoever held them."""
+        return self.patch(path, body, "apply", fieldManager=field_manager, force="true")
 
     def delete(
         self,
@@ -218,34 +202,24 @@ class Kube:
 
         An ERROR event (for example 410 Gone on a too-old resourceVersion) is raised as
         KubeError so callers re-list instead of silently missing changes."""
-        query.update(
-            watch="true",
-            timeoutSeconds=timeout_seconds,
-            allowWatchBookmarks="true",
-            resourceVersion=resource_version,
-        )
-        resp = self._call(
-            "GET", path, query=query, timeout=(10.0, timeout_seconds + 10.0), stream=True
-        )
+        query.update(watch="true", timeoutSeconds=timeout_seconds, allowWatchBookmarks="true")
+        query["resourceVersion"] = resource_version
+        timeout = (10.0, timeout_seconds + 10.0)  # (connect, read): the server ends it first
+        resp = self._call("GET", path, query=query, timeout=timeout, stream=True)
         import urllib3
         from kubernetes.watch.watch import iter_resp_lines
 
         finished = False
         try:
-            for line in iter_resp_lines(resp):
-                if not line.strip():
-                    continue
+            for line in filter(str.strip, iter_resp_lines(resp)):  # a blank line is no event
                 try:
                     event = cast(Obj, depth.loads(line))
                 except (ValueError, RecursionError) as exc:
                     raise KubeError(0, "Unreachable", f"watch {path}: not JSON: {exc}") from exc
                 if event.get("type") == "ERROR":
                     status = event.get("object") or {}
-                    raise KubeError(
-                        int(status.get("code", 0)),
-                        str(status.get("reason", "")),
-                        str(status.get("message", "")),
-                    )
+                    code, reason = int(status.get("code", 0)), str(status.get("reason", ""))
+                    raise KubeError(code, reason, str(status.get("message", "")))
                 yield event
             finished = True
         except (urllib3.exceptions.HTTPError, OSError) as exc:

@@ -21,7 +21,7 @@ client-go's interactiveMode and provideClusterInfo details.
 from __future__ import annotations
 
 import functools
-import logging
+import logging.handlers
 import os
 import shutil
 import threading
@@ -30,8 +30,6 @@ from typing import Any
 
 from dradriver.k8s import impersonation
 from dradriver.k8s.errors import CredentialError, KubeconfigError, one_line
-
-DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ def load(path: str | None) -> Loaded:
     incluster, why_not = load_incluster()
     if incluster is not None:
         return incluster
-    default = os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
+    default = os.environ.get("KUBECONFIG") or "~/.kube/config"
     try:
         return load_kubeconfig(default)
     except KubeconfigError as exc:
@@ -63,15 +61,11 @@ def load_incluster() -> tuple[Loaded | None, str]:
     """The service account's config, or None and why not (no service env, no token or CA
     file: not in a pod), for the caller to try a kubeconfig."""
     from kubernetes import client
-    from kubernetes.config import incluster_config
+    from kubernetes.config import load_incluster_config
 
     cfg = client.Configuration()
-    loader = incluster_config.InClusterConfigLoader(
-        token_filename=incluster_config.SERVICE_TOKEN_FILENAME,
-        cert_filename=incluster_config.SERVICE_CERT_FILENAME,
-    )
     try:
-        loader.load_and_set(cfg)
+        load_incluster_config(cfg)
     except Exception as exc:  # ConfigException, or a file that vanished meanwhile
         return None, one_line(exc).rstrip(".")
     return Loaded(cfg), ""
@@ -84,8 +78,10 @@ def load_kubeconfig(paths: str) -> Loaded:
     try:
         merger = kube_config.KubeConfigMerger(paths)
     except Exception as exc:  # yaml's errors, an empty file, not a mapping
-        problem = _problem(exc, "not a kubeconfig")
-        raise KubeconfigError(f"kubeconfig {_failed_file(exc, paths)}: {problem}") from exc
+        # The file yaml failed in, when it says (the merger reads several).
+        name = getattr(getattr(exc, "problem_mark", None), "name", None)
+        where = str(name) if name and os.path.isfile(str(name)) else paths
+        raise KubeconfigError(f"kubeconfig {where}: {_problem(exc, 'not a kubeconfig')}") from exc
     if merger.config is None:
         raise KubeconfigError(f"no kubeconfig at {paths}: no such file")
     try:
@@ -100,32 +96,28 @@ def _load(merger: Any, paths: str) -> Loaded:
     from kubernetes import client
     from kubernetes.config import kube_config
 
+    at = f"kubeconfig {paths}"
     # The first file's current-context, as kubectl reads merged files (the merger: the last's).
     docs = merger.config_files.values()
     current = next((d["current-context"] for d in docs if d.get("current-context")), None)
     if current is None:
-        raise KubeconfigError(f"kubeconfig {paths}: no current-context set")
-    loader = kube_config.KubeConfigLoader(
-        config_dict=merger.config, active_context=str(current), config_base_path=None
-    )
+        raise KubeconfigError(f"{at}: no current-context set")
+    loader = kube_config.KubeConfigLoader(merger.config, str(current), config_base_path=None)
     context, cluster, user = loader._current_context["context"], loader._cluster, loader._user
     # The loader's checks stop short of these: without a server it keeps the
     # Configuration's default (http://localhost), and it takes any scheme.
     server = str(cluster.safe_get("server") or "")
     if not server:
-        raise KubeconfigError(
-            f"kubeconfig {paths}: the cluster {context['cluster']!r} has no server"
-        )
+        raise KubeconfigError(f"{at}: the cluster {context['cluster']!r} has no server")
     if not server.startswith(("https://", "http://")):
-        raise KubeconfigError(f"kubeconfig {paths}: server {server!r} is not an http(s) URL")
-    where = f"kubeconfig {paths}, user {context.safe_get('user')!r}"
+        raise KubeconfigError(f"{at}: server {server!r} is not an http(s) URL")
+    where = f"{at}, user {context.safe_get('user')!r}"
     body: dict[str, Any] = user.value if user is not None else {}
     headers = impersonation.headers(body, where)
 
     cfg = client.Configuration()
-    if body.get("exec"):
-        cwd = os.path.dirname(os.path.abspath(cluster.path))  # where the library runs it
-        _raise_exec_failures(loader, user["exec"], cwd)
+    if body.get("exec"):  # run where the library runs it: beside the cluster's file
+        _raise_exec_failures(loader, user["exec"], os.path.dirname(os.path.abspath(cluster.path)))
     try:
         loader.load_and_set(cfg)
     except CredentialError as exc:
@@ -144,16 +136,19 @@ def _raise_exec_failures(loader: Any, exec_node: Any, cwd: str) -> None:
     load = loader._load_from_exec_plugin
 
     def load_or_raise() -> bool:
-        said = _Said()
-        root = logging.getLogger()
-        root.addHandler(said)
+        # What this thread logs at ERROR meanwhile: the library logs a plugin's failure there.
+        said = logging.handlers.BufferingHandler(capacity=100)
+        said.setLevel(logging.ERROR)
+        thread = threading.get_ident()
+        said.addFilter(lambda record: record.thread == thread)
+        logging.getLogger().addHandler(said)
         try:
             if load():
                 return True
         finally:
-            root.removeHandler(said)
+            logging.getLogger().removeHandler(said)
         command = str(exec_node.safe_get("command") or "")
-        why = "; ".join(" ".join(line.split()) for line in said.lines)
+        why = "; ".join(" ".join(r.getMessage().split()) for r in said.buffer)
         # The library's own failures start "exec: "; an OSError means it could not start.
         path = os.path.join(cwd, command) if "/" in command else command
         if not why.startswith("exec: ") and command and not shutil.which(path):
@@ -163,20 +158,6 @@ def _raise_exec_failures(loader: Any, exec_node: Any, cwd: str) -> None:
         raise CredentialError(f"exec plugin {command}: {why}" if command else f"exec: {why}")
 
     loader._load_from_exec_plugin = load_or_raise
-
-
-class _Said(logging.Handler):
-    """What this thread logs at ERROR while attached to the root logger: the library logs
-    an exec plugin's failure there."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self._thread = threading.get_ident()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.thread == self._thread:
-            self.lines.append(record.getMessage())
 
 
 def _read_token_file(path: str, cfg: Any) -> None:
@@ -209,13 +190,6 @@ def with_token(cfg: Any, token: str) -> Any:
     )
     out.no_proxy = cfg.no_proxy
     return out
-
-
-def _failed_file(exc: BaseException, paths: str) -> str:
-    """The file yaml failed in, when it says (the merger reads several)."""
-    mark = getattr(exc, "problem_mark", None)
-    name = getattr(mark, "name", None)
-    return str(name) if name and os.path.isfile(str(name)) else paths
 
 
 def _problem(exc: BaseException, otherwise: str) -> str:

@@ -12,9 +12,7 @@ class KubeError(Exception):
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"kubernetes API: {status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
+        self.status, self.reason, self.message = status, reason, message
 
 
 class Unauthorized(KubeError):

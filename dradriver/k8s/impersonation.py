@@ -24,20 +24,15 @@ _TOKEN = frozenset(string.ascii_letters + string.digits + "!#$&'*+-.^_`|~")
 def headers(user: Mapping[str, Any], where: str) -> Headers:
     """The Impersonate-* headers for `user` (a kubeconfig user's body); `where` names the
     kubeconfig and the user in errors."""
-    name = user.get("as")
-    uid = user.get("as-uid")
-    groups = user.get("as-groups") or []
-    extra = user.get("as-user-extra") or {}
+    name, uid = user.get("as"), user.get("as-uid")
+    groups, extra = user.get("as-groups") or [], user.get("as-user-extra") or {}
     if not name and (uid or groups or extra):
         raise KubeconfigError(f"{where}: as-uid, as-groups or as-user-extra without `as` (a user)")
     if not isinstance(groups, list) or not isinstance(extra, Mapping):
         raise KubeconfigError(f"{where}: as-groups must be a list and as-user-extra a mapping")
-    out: list[tuple[str, str]] = []
-    if name:
-        out.append(("Impersonate-User", str(name)))
-    if uid:
-        out.append(("Impersonate-Uid", str(uid)))
-    out.extend(("Impersonate-Group", str(g)) for g in groups)
+    out = [("Impersonate-User", str(name))] if name else []
+    out += [("Impersonate-Uid", str(uid))] if uid else []
+    out += [("Impersonate-Group", str(g)) for g in groups]
     for key, values in extra.items():
         for v in values if isinstance(values, list) else [values]:
             out.append((f"Impersonate-Extra-{escape_key(str(key))}", str(v)))

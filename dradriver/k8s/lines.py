@@ -64,6 +64,7 @@ class Line:
 
     minor: int
     release: str  # the patch release tested here (tools/controlplane); "" for a newer line
+    max_devices = 128  # devices a slice may hold (ResourceSliceMaxDevices), on every line
 
     @property
     def name(self) -> str:
@@ -79,11 +80,6 @@ class Line:
         return self.minor >= 35
 
     @property
-    def max_devices(self) -> int:
-        """Devices a slice may hold (ResourceSliceMaxDevices)."""
-        return 128
-
-    @property
     def max_devices_counted_or_tainted(self) -> int:
         """From 1.35: 64 where any device of the slice has taints or consumes counters
         (ResourceSliceMaxDevicesWithTaintsOrConsumesCounters)."""
@@ -95,13 +91,11 @@ class Line:
         each; 1.34 counts counters, not sets (32 a slice, ResourceSliceMaxSharedCounters)."""
         return 8 if self.minor >= 35 else None
 
-    @property
-    def slices_in_name_order(self) -> bool:
-        """From 1.36 the allocator tries a pool's slices in name order, then each slice's
-        devices in order (structured/internal/incubating pools_incubating.go,
-        sortSlicesByName); before, slices come in the informer's (map) order and only
-        the order within a slice holds."""
-        return self.minor >= 36
+    # From 1.36 the allocator tries a pool's slices in name order, then each slice's
+    # devices in order (structured/internal/incubating pools_incubating.go,
+    # sortSlicesByName); before, slices come in the informer's (map) order and only the
+    # order within a slice holds. Nothing reads it: slices.build lays slices out for both
+    # (zero-padded keys for the name order).
 
     # -- authorization -----------------------------------------------------------------
     @property
@@ -128,7 +122,6 @@ LINES: tuple[Line, ...] = (
     Line(37, "v1.37.2"),
 )
 OLDEST, NEWEST = LINES[0], LINES[-1]
-_BY_MINOR = {ln.minor: ln for ln in LINES}
 _VERSION = re.compile(r"v?1\.(\d+)(?:\.\d+)?(?:[-+].*)?")
 
 
@@ -150,4 +143,4 @@ def line(version: str | int) -> Line:
             f"Kubernetes 1.{minor} is older than this driver supports "
             f"({OLDEST.name} to {NEWEST.name}): DRA's resource.k8s.io/v1 is GA from 1.34"
         )
-    return _BY_MINOR.get(minor) or Line(minor, "")
+    return next((ln for ln in LINES if ln.minor == minor), Line(minor, ""))

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
-from dradriver.k8s.client import Kube, KubeError
+from dradriver.k8s.client import Kube, KubeError, Obj
 from dradriver.k8s.follow import follow
 from dradriver.logs import get_logger
 
 log = get_logger("k8s.mirror")
-
-Obj = dict[str, Any]
 
 
 def key_of(obj: Obj) -> str:
@@ -42,7 +39,6 @@ class Mirror:
         self._items: dict[str, Obj] = {}
         self._lock = threading.Lock()
         self.synced = threading.Event()
-        self.last_error = ""
 
     def items(self) -> list[Obj]:
         with self._lock:
@@ -81,21 +77,18 @@ class Mirror:
         )
 
     def _failed(self, exc: KubeError, rv: str | None, wait: float | None) -> None:
-        self.last_error = exc.message or str(exc)
-        if wait is None:
-            return
-        log.warning(
-            "watch failed; " + ("listing again" if rv is None else "resuming"),
-            path=self.path,
-            error=self.last_error,
-            retry_in=f"{wait:.1f}s",
-        )
+        if wait is not None:  # None: a version compacted away, which is routine
+            log.warning(
+                "watch failed; " + ("listing again" if rv is None else "resuming"),
+                path=self.path,
+                error=exc.message or str(exc),
+                retry_in=f"{wait:.1f}s",
+            )
 
     def _relist(self) -> str | None:
         listing = self.kube.list(self.path, **self.query)
         with self._lock:
             self._items = {key_of(o): o for o in listing.get("items") or []}
-        self.last_error = ""
         self.synced.set()
         self.on_change()
         rv = (listing.get("metadata") or {}).get("resourceVersion")

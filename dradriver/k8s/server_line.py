@@ -44,8 +44,7 @@ class ServerLine:
 
     def _ask(self) -> None:
         try:
-            got = self.kube.get("/version", timeout=10)
-            version = str(got.get("gitVersion", ""))
+            version = str(self.kube.get("/version", timeout=10).get("gitVersion", ""))
             found = line(version)
         except (KubeError, LineError) as exc:
             # Asked again at the next line(): a server that does not answer now (one
@@ -58,36 +57,32 @@ class ServerLine:
                     f"{(self._line or NEWEST).name} until it answers",
                     error=getattr(exc, "message", str(exc)),
                 )
+        else:
+            with self._lock:
+                if self._line is not None and self._line.minor != found.minor:
+                    log.info(
+                        "the API server's Kubernetes line changed; slices follow",
+                        was=self._line.name,
+                        now=found.name,
+                        version=version,
+                    )
+                self._line, self._at, self.version = found, self._clock(), version
+                self._failing = False
+        finally:
             self._first.set()
-            return
-        with self._lock:
-            if self._line is not None and self._line.minor != found.minor:
-                log.info(
-                    "the API server's Kubernetes line changed; slices follow",
-                    was=self._line.name,
-                    now=found.name,
-                    version=version,
-                )
-            self._line, self._at, self.version = found, self._clock(), version
-            self._failing = False
-        self._first.set()
 
     def line(self) -> Line:
         """The server's line: the prefetched answer (waited for at most FIRST_WAIT), then
         a fresh one once the last is older than ttl."""
         if not self._started:
-            self._started = True
-            self._ask()
-        elif not self._first.wait(FIRST_WAIT):
+            self.prefetch()
+        if not self._first.wait(FIRST_WAIT):
             return NEWEST
-        with self._lock:
-            due = self._clock() - self._at > self.ttl
-        if due:
+        # Unlocked reads: _ask replaces each of these whole, and under its lock.
+        if self._clock() - self._at > self.ttl:
             self._ask()
-        with self._lock:
-            return self._line or NEWEST
+        return self._line or NEWEST
 
     def forget(self) -> None:
         """The next line() asks again (a slice was refused: the server may have changed)."""
-        with self._lock:
-            self._at = float("-inf")
+        self._at = float("-inf")

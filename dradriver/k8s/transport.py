@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import urllib3
+
+from dradriver.k8s.errors import KubeError
 
 POOL_SIZE = 32
 
@@ -20,11 +23,6 @@ POOL_SIZE = 32
 NO_RETRIES = urllib3.Retry(total=False, redirect=False)
 
 Timeout = float | tuple[float, float]  # total, or (connect, read)
-
-
-class TransportError(Exception):
-    """No HTTP answer (refused, timed out, TLS, a proxy, a broken stream); str() is one
-    line."""
 
 
 class Transport:
@@ -76,7 +74,8 @@ class Transport:
             cert = self._cfg.cert_file
             if cert and isinstance(exc, urllib3.exceptions.SSLError | OSError):
                 why = cert_problem(cert, self._cfg.key_file or cert) or why
-            raise TransportError(f"{method} {self._base}{path.split('?', 1)[0]}: {why}") from exc
+            where = f"{method} {self._base}{path.split('?', 1)[0]}"
+            raise KubeError(0, "Unreachable", f"{where}: {why}") from exc
 
     def close(self) -> None:
         """Drops kept connections; the next request connects again (loading the client
@@ -101,7 +100,7 @@ class Transport:
             try:
                 manager: urllib3.PoolManager = RESTClientObject(cfg).pool_manager
             except (ValueError, AssertionError, ImportError) as exc:  # a proxy URL it refuses
-                raise TransportError(f"{cfg.host}: {describe(exc)}") from exc
+                raise KubeError(0, "Unreachable", f"{cfg.host}: {describe(exc)}") from exc
             if type(manager) is urllib3.PoolManager:
                 # No proxy: straight to the server's connection pool with the path alone
                 # (the manager would parse the URL and look the pool up on every request).
@@ -131,12 +130,8 @@ def describe(exc: BaseException) -> str:
         return f"{str(args[0]).rstrip('.')}: {describe(cause)}"
     texts = [a for a in args if isinstance(a, str)]
     text = " ".join((texts[-1] if texts else str(exc)).split())
-    if text.startswith(_REPRS) and "): " in text:
-        text = text.split("): ", 1)[1]
+    text = re.sub(r"^HTTPS?Connection(Pool)?\(.*?\): ", "", text)  # urllib3's repr first
     return text or type(exc).__name__
-
-
-_REPRS = ("HTTPConnectionPool(", "HTTPSConnectionPool(", "HTTPConnection(", "HTTPSConnection(")
 
 
 def cert_problem(cert: str, key: str) -> str | None:

@@ -24,7 +24,7 @@ from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.options import PluginOptions
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_boot_id
 from dradriver.kubeletplugin.state.checkpoint.store import checkpoint_owned
-from dradriver.kubeletplugin.state.files import FileLock, NodeLock
+from dradriver.kubeletplugin.state.files import FileLock
 from dradriver.kubeletplugin.state.ledger import Ledger, held_instances
 from dradriver.kubeletplugin.state.name_book import NameBook
 from dradriver.nvml.library import DevicesSpecError, open_nvml
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from dradriver.slices.build import SliceContent
 
 log = logs.get_logger("kubeletplugin")
-
-__all__ = ["run_plugin"]
 
 # How long the rest of startup waits for the first round of publishing (an API server
 # that hangs must not keep the operator endpoints down).
@@ -96,7 +94,7 @@ def run_plugin(
         checkpoint_owned(store),  # the publish thread: never load() without the lock
         switching=opts.mig_mode_switching,
         held=lambda owned: held_instances(ledger, owned),
-        profiles=opts.mig_profiles,
+        offered_profiles=opts.mig_profiles,
         health=health,
         consumable=opts.consumable,
         mps_v2_shares=opts.mps_v2_shares,
@@ -238,11 +236,10 @@ def run_plugin(
             stop=stop,
         )
         view.imex_binding = binding is not None
-        if view.imex_binding:
-            loop.trigger()  # the channel device again, with its binding conditions
-    if reconciled:
+    if reconciled or view.imex_binding:
         # The first discovery saw the checkpoint before the undo: a partition it held
-        # then is free now, and a refresh racing the undo may have seen neither.
+        # then is free now, and a refresh racing the undo may have seen neither. And the
+        # channel device again, with its binding conditions.
         loop.trigger()
 
     def on_registered(ok: bool, error: str) -> None:
@@ -276,11 +273,9 @@ def run_plugin(
 
         tidy_if_uninstalled(
             kube,
-            opts.owner_daemonset,
+            opts,
             store,
-            state_dir=opts.state_dir,
             registry_dir=servers.registry_dir,
-            driver=opts.driver_name,
             on_node=executor.driver_spec.on_node() if executor.driver_spec else (),
         )
     ops.stop()
@@ -324,7 +319,6 @@ def _preparer(
             next((d.uuid for d in view.devices().values() if d.kind is DeviceKind.GPU), None)
         )
     writer = cdi.CdiWriter(opts.cdi_dir, opts.driver_name)
-    mps_root = opts.state_dir / "mps"
     site = PodSite(
         opts.node_name,
         opts.daemon_namespace,
@@ -332,23 +326,17 @@ def _preparer(
         host_driver_root=str(opts.host_driver_root),
     )
     daemons = DaemonPods(kube, site)
+    # Time-slicing and MPS, and shares: the same host, daemons, MPS root and ledger.
+    mps = (nvml.module, nvml.host, daemons, opts.state_dir / "mps", ledger)
     executor = Executor(
         driver=opts.driver_name,
         cdi_writer=writer,
         host=nvml.host,
         profiles=view.profiles,
         mig=mig,
-        sharing=SharingSteps(
-            nvml.module, nvml.host, daemons, mps_root, ledger, shm_size=opts.mps_shm_size
-        ),
+        sharing=SharingSteps(*mps, shm_size=opts.mps_shm_size),
         shares=ShareSteps(
-            nvml.module,
-            nvml.host,
-            daemons,
-            mps_root,
-            ledger,
-            lambda: mps_protocol(view.driver_version),
-            shm_size=opts.mps_shm_size,
+            *mps, lambda: mps_protocol(view.driver_version), shm_size=opts.mps_shm_size
         ),
         pod_memory=pod_memory,
         imex=wiring.imex_steps(opts, kube, nvml.host, daemons=daemons, clique=lambda: view.clique),
@@ -360,7 +348,7 @@ def _preparer(
         kube=kube,
         store=store,
         executor=executor,
-        lock=NodeLock(FileLock(opts.state_dir / "plugin.lock")),
+        lock=FileLock(opts.state_dir / "plugin.lock"),
         devices=view.devices,
         metrics=metrics,
         status=StatusWriter(kube, opts.driver_name) if opts.claim_status else None,

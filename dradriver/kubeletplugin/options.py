@@ -73,30 +73,27 @@ def parse(args: argparse.Namespace) -> PluginOptions:
     """The options of `args` (as add_arguments made them); OptionsError names a flag
     that cannot work, alone or with the others."""
     from dradriver.api.config import quantity_bytes
-    from dradriver.health.model import HealthConfigError, Policy, parse_xids
+    from dradriver.health.model import Policy, parse_xids
     from dradriver.inventory.node_devices import MigMode, MigSwitching
     from dradriver.kubeletplugin.device_view.health import HealthOptions
-    from dradriver.slices.consumable import ConsumableModeError, from_flags
+    from dradriver.slices.consumable import from_flags
     from dradriver.slices.taints import TaintEffect
 
+    what = "bad --consumable-capacity"  # the flags checked when a ValueError comes
     try:
         consumable = from_flags(args.consumable_capacity, args.mig_mode)
-    except ConsumableModeError as exc:
-        raise OptionsError("bad --consumable-capacity", str(exc)) from exc
-    try:
+        what = "bad health flags"
         health = HealthOptions(
             Policy(parse_xids(args.health_skip_xids), args.health_recovery_probes),
             TaintEffect(args.health_taint_effect),
             args.health_probe_period,
         )
-    except (HealthConfigError, ValueError) as exc:
-        raise OptionsError("bad health flags", str(exc)) from exc
-    try:
+        what = "bad --mps-shm-size"
         mps_shm_size = quantity_bytes(args.mps_shm_size)
-    except ValueError as exc:
-        raise OptionsError("bad --mps-shm-size", str(exc)) from exc
-    if mps_shm_size < MIN_SHM:
-        raise OptionsError("bad --mps-shm-size", f"{args.mps_shm_size} is under 1Mi")
+        if mps_shm_size < MIN_SHM:
+            raise ValueError(f"{args.mps_shm_size} is under 1Mi")
+    except ValueError as exc:  # ConsumableModeError and HealthConfigError among them
+        raise OptionsError(what, str(exc)) from exc
     return PluginOptions(
         node_name=args.node_name,
         driver_name=args.driver_name,

@@ -31,8 +31,7 @@ def run(args: argparse.Namespace) -> int:
         instance=args.instance,
         on_registered=hooks.notify,
     )
-    too_long = [str(p) for p in servers.sockets() if len(str(p)) > 107]
-    if too_long:
+    if too_long := [str(p) for p in servers.sockets() if len(str(p)) > 107]:
         log.error(
             "socket path longer than a Unix socket path may be (107 bytes): use a shorter "
             "--kubelet-dir (the kubelet's root) or --instance",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dradriver import logs
 from dradriver.k8s import Kube, KubeError, NotFound, path_for
+from dradriver.kubeletplugin.options import PluginOptions
 from dradriver.kubeletplugin.state.checkpoint.store import CheckpointStore
 from dradriver.kubeletplugin.state.files import FileLock
 from dradriver.kubeletplugin.state.ledger import Ledger
@@ -35,8 +36,8 @@ def daemonset_gone(kube: Kube, owner: str) -> bool | None:
         ds = kube.get(path_for("apps/v1", "daemonsets", namespace, name=name), timeout=ASK_TIMEOUT)
     except NotFound:
         return True
-    except KubeError as exc:
-        if exc.status in (401, 403):
+    except (KubeError, OSError) as exc:
+        if isinstance(exc, KubeError) and exc.status in (401, 403):
             # The pod's token (401) or the chart's Role for exactly this GET (403), valid
             # until now, gone: helm deletes the ServiceAccount and the RBAC in the same
             # pass as the DaemonSet, before its pods have stopped. Only the chart sets
@@ -47,13 +48,6 @@ def daemonset_gone(kube: Kube, owner: str) -> bool | None:
                 status=exc.status,
             )
             return True
-        log.warning(
-            "cannot tell whether the driver is uninstalled; keeping its state",
-            daemonset=owner,
-            error=str(exc),
-        )
-        return None
-    except OSError as exc:
         log.warning(
             "cannot tell whether the driver is uninstalled; keeping its state",
             daemonset=owner,
@@ -87,21 +81,21 @@ def leftovers(
 
 def tidy_if_uninstalled(
     kube: Kube,
-    owner: str,
+    opts: PluginOptions,
     store: CheckpointStore,
     *,
-    state_dir: Path,
     registry_dir: Path,
-    driver: str,
     on_node: Sequence[Path] = (),
 ) -> bool:
-    """Called once the servers are stopped (our own socket is gone). True if tidied.
-    `on_node`: files (and emptied directories) the plugin wrote outside its state
-    directory (the driver spec, the hook it installed), removed with it."""
-    if daemonset_gone(kube, owner) is not True:
+    """Called once the servers are stopped (our own socket is gone), for the DaemonSet
+    --owner-daemonset names. True if tidied. `on_node`: files (and emptied directories)
+    the plugin wrote outside its state directory (the driver spec, the hook it
+    installed), removed with it."""
+    state_dir = opts.state_dir
+    if daemonset_gone(kube, opts.owner_daemonset) is not True:
         return False
     try:
-        left = leftovers(store, state_dir, registry_dir, driver=driver)
+        left = leftovers(store, state_dir, registry_dir, driver=opts.driver_name)
     except Exception as exc:  # an unreadable state is a reason to keep it, never to crash
         log.warning(
             "the driver is uninstalled but its state cannot be read; keeping it",
@@ -109,8 +103,7 @@ def tidy_if_uninstalled(
             error=str(exc),
         )
         return False
-    reason = keep_reason(left)
-    if reason:
+    if reason := keep_reason(left):
         log.warning(
             "the driver is uninstalled; keeping its state", state_dir=str(state_dir), reason=reason
         )
@@ -119,13 +112,12 @@ def tidy_if_uninstalled(
     failed = apply_tidy(state_dir, plan)
     for path in on_node:
         try:
-            if path.is_dir():
-                # A directory mounted into the plugin's pod (the chart mounts the
-                # driver's own under plugins/) is the kubelet's to remove with the pod.
-                if not os.path.ismount(path):
-                    path.rmdir()  # only when empty: another instance's socket may be there
-            else:
+            if not path.is_dir():
                 path.unlink(missing_ok=True)
+            # A directory mounted into the plugin's pod (the chart mounts the driver's own
+            # under plugins/) is the kubelet's to remove with the pod.
+            elif not os.path.ismount(path):
+                path.rmdir()  # only when empty: another instance's socket may be there
         except OSError:
             failed.append(str(path))
     log.info(

@@ -21,7 +21,7 @@ from dradriver.kubeletplugin.prepare.execute import Executor
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.prepare.preparer import Preparer
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
-from dradriver.kubeletplugin.state.files import FileLock, NodeLock
+from dradriver.kubeletplugin.state.files import FileLock
 from dradriver.kubeletplugin.state.ledger import Ledger, held_instances
 from dradriver.kubeletplugin.state.name_book import NameBook
 from dradriver.kubeletplugin.state.records import owned_partitions
@@ -111,7 +111,7 @@ def fake_preparer(
         kube=None,
         store=store,
         executor=executor,
-        lock=NodeLock(FileLock(tmp / "plugin.lock")),  # as main.py names it
+        lock=FileLock(tmp / "plugin.lock"),  # as main.py names it
         devices=devices,
         metrics=Metrics(),
         read_claim=read_claim,

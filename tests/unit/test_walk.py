@@ -31,15 +31,19 @@ MPS = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
 # Measured 2026-12-07: 25 -> 23 for a whole GPU (the daemons' pods and the steps a claim
 # uses only), then 18 (the steps runner in execute.py, the name check in
 # claim_devices.py, the refusals of a newer checkpoint in its codec, the journal in the
-# checkpoint's store, a call's claims and the unprepares meanwhile in calls.py; the two
+# checkpoint's store, a call's claims and the unprepares meanwhile in one module; the two
 # ledgers one; modules first imported during the walk no longer counted). The MPS and
 # share walks include the config's parsing (three modules of api/) and the daemon's pod
 # spec.
+# Then 14 (the state's records in one module, a claim's CDI spec in execute.py, a call's
+# claims in preparer.py, the GPU locks in the ledger's module, the compute mode in
+# nvml/host.py, the config's models in api/config.py, a name's GPU part beside the name's
+# making in node_devices.py).
 BUDGETS = {
-    "whole GPU": (18, 15),
-    "dynamic-MIG partition": (22, 22),
-    "MPS-shared GPU": (29, 20),
-    "share by memory": (29, 22),
+    "whole GPU": (14, 15),
+    "dynamic-MIG partition": (17, 22),
+    "MPS-shared GPU": (20, 20),
+    "share by memory": (21, 22),
 }
 
 

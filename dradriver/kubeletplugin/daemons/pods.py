@@ -37,20 +37,6 @@ class DaemonPods:
     def __init__(self, kube: Kube, site: PodSite) -> None:
         self.kube, self._site = kube, site
 
-    @property
-    def where(self) -> str:
-        return f"{self._site.namespace} on node {self._site.node}"
-
-    def site(self) -> PodSite:
-        if not self._site.node_uid:
-            try:
-                node = self.kube.get(path_for("v1", "nodes", name=self._site.node), timeout=10)
-                uid = str((node.get("metadata") or {}).get("uid") or "")
-            except KubeError:
-                uid = ""  # no owner then: the pods live until the plugin deletes them
-            self._site = dataclasses.replace(self._site, node_uid=uid)
-        return self._site
-
     def _path(self, name: str | None = None) -> str:
         return path_for("v1", "pods", self._site.namespace, name=name)
 
@@ -60,11 +46,15 @@ class DaemonPods:
         except NotFound:
             return None
         except KubeError as exc:
-            raise DaemonError(
-                f"reading daemon pod {self._site.namespace}/{name}: {exc.message}; the kubelet "
-                "retries",
-                reason="daemon_api",
-            ) from exc
+            raise _api_error(f"reading daemon pod {self._site.namespace}/{name}", exc) from exc
+
+    def _pod(self, ref: DaemonRef) -> Obj | None:
+        """`ref`'s pod; None if it is gone, or another pod of its name (a UID of its own,
+        where `ref`'s is known) is there instead."""
+        pod = self.get(ref.name)
+        if pod is None or (ref.uid and pod["metadata"].get("uid") != ref.uid):
+            return None
+        return pod
 
     def start(self, spec: DaemonSpec) -> DaemonRef:
         """The daemon's pod, created, or the one of its name already there (a retry's, or
@@ -75,7 +65,14 @@ class DaemonPods:
                 "its own, of that image (the chart sets the plugin's)",
                 reason="daemon_image",
             )
-        body = pod_manifest(spec, self.site())
+        if not self._site.node_uid:  # the Node's, for the pods' ownerReference
+            try:
+                node = self.kube.get(path_for("v1", "nodes", name=self._site.node), timeout=10)
+                uid = str((node.get("metadata") or {}).get("uid") or "")
+            except KubeError:
+                uid = ""  # no owner then: the pods live until the plugin deletes them
+            self._site = dataclasses.replace(self._site, node_uid=uid)
+        body = pod_manifest(spec, self._site)
         for _ in range(3):
             try:
                 made = self.kube.create(self._path(), body)
@@ -98,11 +95,8 @@ class DaemonPods:
                     reason="daemon_forbidden",
                 ) from exc
             except KubeError as exc:
-                raise DaemonError(
-                    f"creating daemon pod {self._site.namespace}/{spec.name}: {exc.message}; "
-                    "the kubelet retries",
-                    reason="daemon_api",
-                ) from exc
+                where = f"{self._site.namespace}/{spec.name}"
+                raise _api_error(f"creating daemon pod {where}", exc) from exc
         raise DaemonError(
             f"daemon pod {self._site.namespace}/{spec.name} kept changing while it was made; "
             "the kubelet retries",
@@ -113,10 +107,9 @@ class DaemonPods:
         """Until the pod runs and `ready()` says the daemon serves; DaemonError saying why
         not (the pod gone, its container stuck, or the deadline)."""
         deadline = time.monotonic() + timeout
-        state = "not created"
         while True:
-            pod = self.get(ref.name)
-            if pod is None or (ref.uid and pod["metadata"].get("uid") != ref.uid):
+            pod = self._pod(ref)
+            if pod is None:
                 raise DaemonError(
                     f"daemon pod {self._site.namespace}/{ref.name} was deleted while it started",
                     reason="daemon_gone",
@@ -137,39 +130,26 @@ class DaemonPods:
     def serving(self, ref: DaemonRef) -> bool:
         """The pod of `ref` (its UID where known) is there, not being deleted, and its
         container runs."""
-        pod = self.get(ref.name)
-        if pod is None or (ref.uid and pod["metadata"].get("uid") != ref.uid):
-            return False
-        if pod["metadata"].get("deletionTimestamp"):
-            return False
-        return _state(pod)[0] == "running"
+        pod = self._pod(ref)
+        return pod is not None and _state(pod)[0] == "running"  # not "terminating"
 
     def state(self, ref: DaemonRef) -> str:
         """What a reader is told of the daemon: running, gone, or what stops it."""
-        pod = self.get(ref.name)
-        if pod is None or (ref.uid and pod["metadata"].get("uid") != ref.uid):
-            return "gone"
-        return _state(pod)[0]
+        pod = self._pod(ref)
+        return "gone" if pod is None else _state(pod)[0]
 
     def stop(self, ref: DaemonRef, *, timeout: float = 60.0) -> None:
         """Deletes the pod (only this UID, where known) and waits until it is gone:
         what it used may then be removed. Idempotent."""
         try:
             self.kube.delete(self._path(ref.name), uid=ref.uid or None)
-        except NotFound:
-            return
-        except Conflict:
-            return  # another pod of that name (the UID precondition): not ours to stop
+        except (NotFound, Conflict):
+            return  # gone; or another pod of that name (the UID precondition): not ours
         except KubeError as exc:
-            raise DaemonError(
-                f"deleting daemon pod {self._site.namespace}/{ref.name}: {exc.message}; the "
-                "kubelet retries",
-                reason="daemon_api",
-            ) from exc
+            where = f"{self._site.namespace}/{ref.name}"
+            raise _api_error(f"deleting daemon pod {where}", exc) from exc
         deadline = time.monotonic() + timeout
-        while (pod := self.get(ref.name)) is not None and (
-            not ref.uid or pod["metadata"].get("uid") == ref.uid
-        ):
+        while self._pod(ref) is not None:
             if time.monotonic() > deadline:
                 raise DaemonError(
                     f"daemon pod {self._site.namespace}/{ref.name} is still terminating after "
@@ -192,11 +172,13 @@ class DaemonPods:
                 fieldSelector=f"spec.nodeName={self._site.node}",
             )
         except KubeError as exc:
-            raise DaemonError(
-                f"listing daemon pods in {self.where}: {exc.message}; the kubelet retries",
-                reason="daemon_api",
-            ) from exc
+            where = f"{self._site.namespace} on node {self._site.node}"
+            raise _api_error(f"listing daemon pods in {where}", exc) from exc
         return [(_ref(p), dict(p["metadata"].get("labels") or {})) for p in pods.get("items") or []]
+
+
+def _api_error(doing: str, exc: KubeError) -> DaemonError:
+    return DaemonError(f"{doing}: {exc.message}; the kubelet retries", reason="daemon_api")
 
 
 def _ref(pod: Obj) -> DaemonRef:
@@ -213,12 +195,10 @@ def _state(pod: Obj) -> tuple[str, bool]:
         st = cs.get("state") or {}
         if "running" in st:
             return "running", False
-        waiting = st.get("waiting") or {}
-        if waiting:
+        if waiting := st.get("waiting"):
             why = str(waiting.get("reason") or "waiting")
             msg = str(waiting.get("message") or "")[:200]
             return f"{why}{': ' + msg if msg else ''}", why in STUCK
-        done = st.get("terminated") or {}
-        if done:
+        if done := st.get("terminated"):
             return f"exited {done.get('exitCode')} ({done.get('reason') or 'no reason'})", False
     return f"pod {status.get('phase') or 'Pending'}", False

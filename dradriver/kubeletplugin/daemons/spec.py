@@ -124,15 +124,8 @@ def pod_manifest(spec: DaemonSpec, site: PodSite) -> dict[str, Any]:
         "labels": {**LABELS, COMPONENT: component(spec.role), **dict(spec.serves)},
     }
     if site.node_uid:
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": site.node,
-                "uid": site.node_uid,
-                "controller": True,
-            }
-        ]
+        owner = {"apiVersion": "v1", "kind": "Node", "name": site.node, "uid": site.node_uid}
+        meta["ownerReferences"] = [{**owner, "controller": True}]
     pod_spec: dict[str, Any] = {
         "nodeName": site.node,
         "restartPolicy": "Always",

@@ -189,23 +189,21 @@ class NodeHealth:
         indices = {g.index for g in inv.gpus}
         with self._lock:
             kept = [
-                self._known[u]
+                g
                 for u, h in snapshot.items()
-                if h.faulty
-                and u not in found
-                and u in self._known
-                and self._known[u].index not in indices
+                if h.faulty and u not in found and (g := self._known.get(u)) is not None
+                if g.index not in indices
             ]
             # A GPU off the bus is still wired to its NVLink peers: their domain (named
             # after its members) stays what it was, or every peer's slice would change.
             domains = {g.nvlink_domain for g in kept if g.nvlink_domain}
-            current = list(inv.gpus)
-            for i, g in enumerate(current):
-                before = self._known.get(g.uuid)
-                if before is not None and before.nvlink_domain in domains:
-                    current[i] = replace(g, nvlink_domain=before.nvlink_domain)
-            for g in current:
-                self._known[g.uuid] = g
+            current = [
+                replace(g, nvlink_domain=before.nvlink_domain)
+                if (before := self._known.get(g.uuid)) and before.nvlink_domain in domains
+                else g
+                for g in inv.gpus
+            ]
+            self._known.update((g.uuid, g) for g in current)
             gpus = tuple(sorted((*current, *kept), key=lambda g: g.index))
             self._watched = [(g.index, g.uuid) for g in gpus]
         return replace(inv, gpus=gpus) if kept else inv
@@ -220,10 +218,6 @@ class NodeHealth:
         return with_taints(
             slices, unhealthy(self.states(devices)), self.driver, effect=self.options.effect
         )
-
-    def health_by_device(self) -> dict[str, str]:
-        """Device name -> Healthy/Unhealthy/Unknown."""
-        return {n: str(h.health) for n, h in self.states(self._devices()).items()}
 
     def health_reports(self) -> dict[str, tuple[str, str]]:
         """For the kubelet's health streams: device name -> (health, why), why empty
@@ -243,28 +237,27 @@ class NodeHealth:
             self.store.save(HealthBook(self.book.policy, self.monitor.snapshot()), self._known)
         index = known.index if known else None
         device = gpu_device_name(known) if known else None
-        devices = [d for d in self._devices() if d.gpu.uuid == t.uuid]
-        states = self.states(devices)
-        bad = sorted(n for n, h in states.items() if h.health is Health.UNHEALTHY)
-        xid = t.observation.xid if isinstance(t.observation, XidEvent) else None
         if t.after.health is Health.UNHEALTHY or (t.after.faulty and not t.before.faulty):
             fault = t.after.fault or (t.after.instances[-1][1] if t.after.instances else None)
             reason = fault.reason if fault else ""
+            taint = f"{taint_key(self.driver)}={reason}:{self.options.effect}"
+            states = self.states(d for d in self._devices() if d.gpu.uuid == t.uuid)
+            tainted = sum(h.health is Health.UNHEALTHY for h in states.values())
             log.warning(
                 "GPU unhealthy: its devices are tainted",
                 device=device,
                 gpu=t.uuid,
                 index=index,
                 reason=reason,
-                xid=xid,
-                taint=f"{taint_key(self.driver)}={reason}:{self.options.effect}",
-                tainted=len(bad),
+                xid=t.observation.xid if isinstance(t.observation, XidEvent) else None,
+                taint=taint,
+                tainted=tainted,
             )
             self.events.emit(
                 "Warning",
                 "GpuUnhealthy",
-                f"GPU {index} ({t.uuid}) is unhealthy ({reason}): {len(bad)} devices "
-                f"tainted {taint_key(self.driver)}={reason}:{self.options.effect}",
+                f"GPU {index} ({t.uuid}) is unhealthy ({reason}): {tainted} devices "
+                f"tainted {taint}",
             )
         elif t.recovered:
             log.info("GPU healthy again: taints removed", device=device, gpu=t.uuid, index=index)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from dradriver import logs
 from dradriver.inventory.node_devices import MigMode, MigSwitching, NodeDevice, Skipped
@@ -20,51 +21,43 @@ from dradriver.slices.imex import channel_slice, node_clique
 log = logs.get_logger("kubeletplugin")
 
 
+@dataclass(eq=False)
 class DeviceView:
     """Refreshed by the publish loop; read by prepare (devices) and MIG (profiles).
     `owned` runs on the publish thread, without the node lock: the state package's
     checkpoint_owned()."""
 
-    def __init__(
-        self,
-        nvml: Nvml,
-        mode: MigMode,
-        owned: Callable[[], set[tuple[str, int, int]]] = set,
-        *,
-        switching: MigSwitching = MigSwitching.ON_DEMAND,
-        held: Callable[[set[tuple[str, int, int]]], set[tuple[str, int, int]]] = lambda o: set(),
-        profiles: frozenset[str] = frozenset(),
-        health: NodeHealth | None = None,
-        consumable: Consumable = OFF,
-        mps_v2_shares: bool = False,
-        imex_channels: bool = False,
-        line: Callable[[], Line] = lambda: OLDEST,
-    ) -> None:
-        self.consumable = consumable
-        # Shares on a driver without MPS v3 (no isolation between their tenants): offered
-        # only when asked for (--mps-v2-shares allow).
-        self.mps_v2_shares = mps_v2_shares
-        self._shares_refused = ""
-        # The API server's Kubernetes line, which the slices are laid out for.
-        self.line = line
-        self.imex_channels = imex_channels
-        # Whether the channel device names binding conditions: set once the API server
-        # is known to keep them (imex_binding/probe.py), then the next refresh publishes them.
-        self.imex_binding = False
-        self.clique: str | None = None  # the node's fabric clique, from the latest discovery
-        self.nvml, self.mode, self.owned, self.switching = nvml, mode, owned, switching
-        self.health = health
-        self.held, self.offered_profiles = held, profiles
-        self._unknown_profiles: frozenset[str] = frozenset()
-        self._no_channels = ""
-        self._lock = threading.Lock()
-        self._slices: list[SliceContent] = []
-        self._index: dict[str, NodeDevice] = {}
-        self.discovered = threading.Event()
-        self.last_error = "not discovered yet"
-        self.skipped: list[Skipped] = []
-        self.driver_version = ""  # the NVIDIA driver's, from the latest discovery
-        self.driver_release = ""  # the same as NVML says it (Inventory.driver_release)
+    nvml: Nvml
+    mode: MigMode
+    owned: Callable[[], set[tuple[str, int, int]]] = set
+    _: KW_ONLY
+    switching: MigSwitching = MigSwitching.ON_DEMAND
+    held: Callable[[set[tuple[str, int, int]]], set[tuple[str, int, int]]] = lambda o: set()
+    offered_profiles: frozenset[str] = frozenset()
+    health: NodeHealth | None = None
+    consumable: Consumable = OFF
+    # Shares on a driver without MPS v3 (no isolation between their tenants): offered
+    # only when asked for (--mps-v2-shares allow).
+    mps_v2_shares: bool = False
+    imex_channels: bool = False
+    # The API server's Kubernetes line, which the slices are laid out for.
+    line: Callable[[], Line] = lambda: OLDEST
+    # Whether the channel device names binding conditions: set once the API server
+    # is known to keep them (imex_binding/probe.py), then the next refresh publishes them.
+    imex_binding: bool = field(default=False, init=False)
+    discovered: threading.Event = field(default_factory=threading.Event, init=False)
+    last_error: str = field(default="not discovered yet", init=False)
+    # From the latest discovery: the node's fabric clique, the NVIDIA driver's version
+    # and the same as NVML says it (Inventory.driver_release), the GPUs left out.
+    clique: str | None = field(default=None, init=False)
+    driver_version: str = field(default="", init=False)
+    driver_release: str = field(default="", init=False)
+    skipped: list[Skipped] = field(default_factory=list, init=False)
+    # Every device by name, replaced whole (never changed in place) by each refresh.
+    _index: dict[str, NodeDevice] = field(default_factory=dict, init=False)
+    _shares_said: str = field(default="", init=False)
+    _unknown_profiles: frozenset[str] = field(default=frozenset(), init=False)
+    _no_channels: str = field(default="", init=False)
 
     def refresh(self) -> list[SliceContent]:
         try:
@@ -119,9 +112,7 @@ class DeviceView:
                 reason=skip.reason,
                 detail=skip.message,
             )
-        self.skipped = built.skipped
-        with self._lock:
-            self._slices, self._index = slices, built.offer.devices()
+        self.skipped, self._index = built.skipped, built.offer.devices()
         self.last_error = ""
         self.discovered.set()
         return slices
@@ -131,9 +122,8 @@ class DeviceView:
         (said once per driver)."""
         if self.consumable.mode is ConsumableMode.OFF or mps_protocol(driver) == 3:
             return self.consumable
-        said = driver if not self.mps_v2_shares else f"allowed {driver}"
-        if said != self._shares_refused:
-            self._shares_refused = said
+        if driver != self._shares_said:
+            self._shares_said = driver
             if self.mps_v2_shares:
                 log.warning(
                     "shares of a GPU on a driver before r615 (MPS v2): their limits are the "
@@ -153,8 +143,7 @@ class DeviceView:
         return self.consumable if self.mps_v2_shares else OFF
 
     def devices(self) -> dict[str, NodeDevice]:
-        with self._lock:
-            return dict(self._index)
+        return dict(self._index)
 
     def profiles(self) -> dict[str, list[int]]:
         """GPU UUID -> its MIG profile IDs, for finding MIG instances."""

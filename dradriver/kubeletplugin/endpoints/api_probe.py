@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
 
 from dradriver.k8s import Kube, KubeError
 
@@ -32,6 +33,7 @@ def describe(host: str, exc: KubeError) -> str:
     return f"the API server at {host} answers {said}"
 
 
+@dataclass(eq=False)
 class ApiProbe:
     """API reachability for /readyz. The first probe runs from start(), and check()
     waits for it (at most `timeout`), so the first answer is a result, never a guess;
@@ -40,49 +42,35 @@ class ApiProbe:
     API server hangs (it then says for how long the probe has waited), and the API server
     is asked no more often than something asks /readyz (the kubelet's readiness probe)."""
 
-    def __init__(
-        self,
-        kube: Kube,
-        path: str = "/version",
-        query: Mapping[str, str] | None = None,
-        *,
-        ttl: float = 5.0,
-        timeout: float = 3.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.kube, self.path, self.query = kube, path, dict(query or {})
-        self.ttl, self.timeout, self._clock = ttl, timeout, clock
-        self._result: tuple[bool, str] | None = None
-        self._at = float("-inf")  # when the last result came
-        self._since: float | None = None  # when the probe in flight started
-        self._started = False
-        self._cond = threading.Condition()
+    kube: Kube
+    path: str = "/version"
+    query: Mapping[str, str] = field(default_factory=dict)
+    _: KW_ONLY
+    ttl: float = 5.0
+    timeout: float = 3.0
+    _result: tuple[bool, str] | None = field(default=None, init=False)
+    _at: float = field(default=float("-inf"), init=False)  # when the last result came
+    _since: float | None = field(default=None, init=False)  # when the probe in flight started
+    _cond: threading.Condition = field(default_factory=threading.Condition, init=False)
 
     def start(self) -> None:
-        """Starts the first probe (once; later calls do nothing)."""
+        """Starts a probe, unless one is under way or the last result is younger than
+        `ttl` (the first call always starts one)."""
         with self._cond:
-            if self._started:
+            now = time.monotonic()
+            if self._since is not None or now - self._at <= self.ttl:
                 return
-            self._started = True
-            self._since = self._clock()
-        self._spawn()
-
-    def _spawn(self) -> None:
+            self._since = now
         threading.Thread(target=self.probe_once, name="api-probe", daemon=True).start()
 
     def check(self) -> tuple[bool, str]:
         self.start()
         with self._cond:
-            now = self._clock()
-            if self._since is None and now - self._at > self.ttl:
-                self._since = now
-                self._spawn()
             if self._result is None and self._since is not None:
-                left = self._since + self.timeout - now
+                left = self._since + self.timeout - time.monotonic()
                 if left > 0:
                     self._cond.wait_for(lambda: self._result is not None, left)
-            since = self._since
-            waited = self._clock() - since if since is not None else 0.0
+            waited = time.monotonic() - self._since if self._since is not None else 0.0
             if self._result is None or waited > self.timeout:
                 host = self.kube.host
                 return False, f"the API server at {host} is not answering for {waited:.0f} s"
@@ -95,5 +83,5 @@ class ApiProbe:
         except KubeError as exc:
             result = (False, describe(self.kube.host, exc))
         with self._cond:
-            self._result, self._at, self._since = result, self._clock(), None
+            self._result, self._at, self._since = result, time.monotonic(), None
             self._cond.notify_all()

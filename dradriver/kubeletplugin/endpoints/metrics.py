@@ -3,7 +3,9 @@ and the gauges refreshed from the node's state once a second."""
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -25,19 +27,12 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         r = self.registry
-        self.prepare_seconds = Histogram(
-            "dradriver_prepare_duration_seconds",
-            "NodePrepareResources time per claim",
-            ["result"],
-            buckets=BUCKETS,
-            registry=r,
+        per_claim = partial(Histogram, labelnames=["result"], buckets=BUCKETS, registry=r)
+        self.prepare_seconds = per_claim(
+            "dradriver_prepare_duration_seconds", "NodePrepareResources time per claim"
         )
-        self.unprepare_seconds = Histogram(
-            "dradriver_unprepare_duration_seconds",
-            "NodeUnprepareResources time per claim",
-            ["result"],
-            buckets=BUCKETS,
-            registry=r,
+        self.unprepare_seconds = per_claim(
+            "dradriver_unprepare_duration_seconds", "NodeUnprepareResources time per claim"
         )
         self.errors = Counter(
             "dradriver_errors_total",
@@ -91,11 +86,8 @@ class NodeGauges:
         m = self.metrics
         if watch.synced.is_set():
             m.published_devices.set(watch.devices_held())
-        reasons: dict[str, int] = {}
-        for skip in skipped:
-            reasons[skip.reason] = reasons.get(skip.reason, 0) + 1
         m.gpus_left_out.clear()
-        for reason, n in reasons.items():
+        for reason, n in collections.Counter(s.reason for s in skipped).items():
             m.gpus_left_out.labels(reason).set(n)
         shown: set[tuple[str, str, str]] = set()
         for name, h in health.items():

@@ -4,7 +4,6 @@ may touch. Each check answers (ready, why) from what the plugin's parts report."
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,13 +37,13 @@ class Registration:
     have waited."""
 
     kubelet_dir: Path
-    registered: threading.Event = field(default_factory=threading.Event)
+    registered: bool = False
     refused: str = ""  # the kubelet's reason, when it refused us
     since: float = field(default_factory=time.monotonic)  # waiting since
     warned: bool = False
 
     def check(self) -> tuple[bool, str]:
-        if self.registered.is_set():
+        if self.registered:
             return True, "registered"
         if self.refused:
             return False, f"the kubelet refused the registration: {self.refused}"
@@ -55,18 +54,14 @@ class Registration:
 
     def changed(self, ok: bool, error: str) -> None:
         """The kubelet's answer (registration.py's hook)."""
-        self.refused = "" if ok else error
+        self.registered, self.refused = ok, ("" if ok else error)
         if not ok and not error:  # the socket was recreated: waiting again
             self.since = time.monotonic()
-        if ok:
-            self.registered.set()
-        else:
-            self.registered.clear()
 
     def warn_once_waiting(self) -> None:
         """A warning in the log, once per wait, when the wait is past its patience."""
         waited = time.monotonic() - self.since
-        if self.registered.is_set() or waited <= REGISTRATION_PATIENCE:
+        if self.registered or waited <= REGISTRATION_PATIENCE:
             self.warned = False
         elif not self.warned:
             log.warning(not_registered_message(self.kubelet_dir, waited))

@@ -37,12 +37,12 @@ class OpsServer:
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     if outer.metrics is None:
-                        self._send(503, b"starting: no metrics yet\n", "text/plain")
+                        reply(self, 503, b"starting: no metrics yet\n", ctype="text/plain")
                         return
                     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
                     body = generate_latest(outer.metrics.registry)
-                    self._send(200, body, CONTENT_TYPE_LATEST)
+                    reply(self, 200, body, ctype=CONTENT_TYPE_LATEST)
                 elif self.path in ("/healthz", "/readyz"):
                     checks = (
                         outer.live if self.path == "/healthz" else {**outer.live, **outer.ready}
@@ -50,16 +50,10 @@ class OpsServer:
                     results = {name: check() for name, check in checks.items()}
                     ok = all(r[0] for r in results.values())
                     doc = {name: {"ok": r[0], "detail": r[1]} for name, r in results.items()}
-                    self._send(
-                        200 if ok else 503,
-                        json.dumps(doc, indent=1).encode() + b"\n",
-                        "application/json",
-                    )
+                    body = json.dumps(doc, indent=1).encode() + b"\n"
+                    reply(self, 200 if ok else 503, body, ctype="application/json")
                 else:
-                    self._send(404, b"not found\n", "text/plain")
-
-            def _send(self, code: int, body: bytes, ctype: str) -> None:
-                reply(self, code, body, ctype=ctype)
+                    reply(self, 404, b"not found\n", ctype="text/plain")
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the real logs

@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from dradriver.api import kubelet as kapi
-
 RESEND_SECONDS = 10.0
 # A report's health_check_timeout_seconds, in resends: 30 s at 10 s, the 1.34 kubelet's
 # fixed timeout, so every line turns a silent plugin's devices Unknown alike.
@@ -29,9 +27,8 @@ MESSAGE_MAX_BYTES = 1024
 # sockets, before anything heavy) -> the proto's HealthStatus names.
 _STATUS = {"Healthy": "HEALTHY", "Unhealthy": "UNHEALTHY", "Unknown": "UNKNOWN"}
 
-# A device's report: its health value, or (health, why) where there is a reason to give.
-Report = str | tuple[str, str]
-Source = Callable[[], Mapping[str, Report]]
+# Each device's report: its health value and why ("" when there is no reason to give).
+Source = Callable[[], Mapping[str, tuple[str, str]]]
 
 
 def clip(message: str) -> str:
@@ -49,7 +46,6 @@ class HealthFeed:
     def __init__(self, resend: float = RESEND_SECONDS) -> None:
         self.resend = resend
         self._lock = threading.Lock()
-        self._version = 0
         self._stopped = False
         self._pool = ""
         self._source: Source | None = None
@@ -61,11 +57,6 @@ class HealthFeed:
         with self._lock:
             return len(self._waiters)
 
-    @property
-    def timeout(self) -> int:
-        """health_check_timeout_seconds: whole seconds, at least one (0 is the default)."""
-        return max(1, math.ceil(TRUST_RESENDS * self.resend))
-
     def attach(self, pool: str, source: Source) -> None:
         with self._lock:
             self._pool, self._source = pool, source
@@ -74,7 +65,6 @@ class HealthFeed:
     def changed(self) -> None:
         """Every stream sends the state again. Safe from any thread."""
         with self._lock:
-            self._version += 1
             waiters = list(self._waiters)
         for loop, event in waiters:
             with contextlib.suppress(RuntimeError):  # its loop is closed: nothing waits
@@ -86,16 +76,16 @@ class HealthFeed:
             self._stopped = True
         self.changed()
 
-    def message(self, msgs: ModuleType | None = None) -> Any:
+    def message(self, msgs: ModuleType) -> Any:
         """The full state as one NodeWatchResourcesResponse of `msgs`, the generated
-        module of a health version (kapi.health_v1 or kapi.health_v1alpha1, the default)."""
-        msgs = msgs or kapi.health_v1alpha1
+        module of a health version (kapi.health_v1 or kapi.health_v1alpha1)."""
         with self._lock:
             pool, source = self._pool, self._source
-        now, timeout = int(time.time()), self.timeout
+        now = int(time.time())
+        # health_check_timeout_seconds: whole seconds, at least one (0 is the default).
+        timeout = max(1, math.ceil(TRUST_RESENDS * self.resend))
         resp = msgs.NodeWatchResourcesResponse()
-        for name, report in sorted((source() if source else {}).items()):
-            health, why = report if isinstance(report, tuple) else (report, "")
+        for name, (health, why) in sorted((source() if source else {}).items()):
             resp.devices.add(
                 device=msgs.DeviceIdentifier(pool_name=pool, device_name=name),
                 health=msgs.HealthStatus.Value(_STATUS.get(str(health), "UNKNOWN")),
@@ -105,7 +95,7 @@ class HealthFeed:
             )
         return resp
 
-    async def stream(self, msgs: ModuleType | None = None) -> AsyncIterator[Any]:
+    async def stream(self, msgs: ModuleType) -> AsyncIterator[Any]:
         """The messages of one stream (of `msgs`, as message() takes it), until stop();
         a cancelled call (the kubelet went away) ends it where it waits."""
         event = asyncio.Event()
@@ -114,17 +104,15 @@ class HealthFeed:
             self._waiters.add(me)
         try:
             while True:
-                # Cleared before the state is read: a change after this wakes the wait.
+                # Cleared before the state is read: a change after this (while the message
+                # is sent, too) wakes the wait below at once.
                 event.clear()
                 with self._lock:
-                    stopped, attached, seen = self._stopped, self._source is not None, self._version
+                    stopped, attached = self._stopped, self._source is not None
                 if stopped:
                     return
                 if attached:
                     yield self.message(msgs)
-                with self._lock:
-                    if self._version != seen or self._stopped:
-                        continue
                 timeout = self.resend if attached else None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout)

@@ -46,24 +46,18 @@ class LateDriver:
         self._driver = driver
         self._ready.set()
 
-    def _wait(self) -> Driver | None:
-        self._ready.wait(self.patience)
-        return self._driver
-
     def _not_ready(self, ref: ClaimRef) -> str:
         return f"claim {ref}: the plugin is still starting ({self.reason()}); the kubelet retries"
 
     def prepare(self, refs: list[ClaimRef]) -> Mapping[str, Result]:
-        driver = self._wait()
-        if driver is None:
-            return {r.uid: _NotReady(self._not_ready(r)) for r in refs}
-        return driver.prepare(refs)
+        if self._ready.wait(self.patience) and self._driver is not None:
+            return self._driver.prepare(refs)
+        return {r.uid: _NotReady(self._not_ready(r)) for r in refs}
 
     def unprepare(self, refs: list[ClaimRef]) -> Mapping[str, str]:
-        driver = self._wait()
-        if driver is None:
-            return {r.uid: self._not_ready(r) for r in refs}
-        return driver.unprepare(refs)
+        if self._ready.wait(self.patience) and self._driver is not None:
+            return self._driver.unprepare(refs)
+        return {r.uid: self._not_ready(r) for r in refs}
 
 
 class RegistrationHooks:

@@ -1,6 +1,7 @@
 """The two gRPC endpoints the kubelet talks to: the registration socket in its plugin
 registry and the DRA socket (DRA v1 and v1beta1, and the health stream in v1 and
-v1alpha1, on one server), each served by a grpcio asyncio server on the loop thread.
+v1alpha1, on one server), each served by a grpcio asyncio server on one asyncio loop,
+on a thread of its own (the rest of the plugin is threads).
 Socket names, sockets recreated, hidden binds: docs/design.md, "The gRPC servers".
 """
 
@@ -22,7 +23,6 @@ import grpc.aio
 from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.kubeletplugin.grpc_edge.late import Driver
-from dradriver.kubeletplugin.grpc_edge.loop import LoopThread
 from dradriver.kubeletplugin.grpc_edge.servicers import RegistrationServicer, Work, serve_dra
 from dradriver.logs import get_logger
 
@@ -101,7 +101,10 @@ class PluginServers:
         self.registration = RegistrationServicer(
             driver_name, str(self.dra_socket), self._notified, work=self._reg_work
         )
-        self._loop: LoopThread | None = None
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, name="grpc-loop", daemon=True
+        )
         self._dra: _Served | None = None
         self._reg: _Served | None = None
         self._stop = threading.Event()
@@ -123,9 +126,9 @@ class PluginServers:
     def start(self) -> None:
         """Serves both sockets, the registration socket last: once it exists the kubelet
         may connect at once, and the DRA socket it names must answer."""
-        self._loop = LoopThread()
-        self._dra = self._serve(self.plugin_dir, self.dra_socket, self._dra_services)
-        self._reg = self._serve(self.registry_dir, self.reg_socket, self._reg_services)
+        self._loop_thread.start()
+        self._dra = self._serve(self.dra_socket, self._dra_services)
+        self._reg = self._serve(self.reg_socket, self._reg_services)
         threading.Thread(target=self._keep_sockets, name="socket-watch", daemon=True).start()
 
     def _dra_services(self, server: grpc.aio.Server) -> None:
@@ -134,11 +137,8 @@ class PluginServers:
     def _reg_services(self, server: grpc.aio.Server) -> None:
         kapi.registration_grpc.add_RegistrationServicer_to_server(self.registration, server)
 
-    def _serve(
-        self, directory: Path, path: Path, services: Callable[[grpc.aio.Server], None]
-    ) -> _Served:
-        assert self._loop is not None
-        directory.mkdir(parents=True, exist_ok=True)
+    def _serve(self, path: Path, services: Callable[[grpc.aio.Server], None]) -> _Served:
+        path.parent.mkdir(parents=True, exist_ok=True)
         staging = staging_path(path)
 
         async def start() -> grpc.aio.Server:
@@ -151,25 +151,17 @@ class PluginServers:
             await server.start()
             return server
 
-        server = self._loop.run(start(), timeout=30)
+        server = asyncio.run_coroutine_threadsafe(start(), self._loop).result(30)
         try:
             os.rename(staging, path)
             inode = os.stat(path).st_ino
         except OSError:
-            self._loop.run(server.stop(None), timeout=10)
+            asyncio.run_coroutine_threadsafe(server.stop(None), self._loop).result(10)
             raise
         return _Served(server, path, inode)
 
-    def _drain(self) -> None:
-        """Serves on while calls keep coming, until DRAIN_QUIET passes without one
-        (DRAIN_MAX at most)."""
-        end = time.monotonic() + DRAIN_MAX
-        while (now := time.monotonic()) < end and now - self._work.last_call < DRAIN_QUIET:
-            time.sleep(0.02)
-
     def _stop_served(self, served: _Served, grace: float | None, wait: bool) -> None:
-        assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(served.server.stop(grace), self._loop.loop)
+        future = asyncio.run_coroutine_threadsafe(served.server.stop(grace), self._loop)
         if wait:
             with contextlib.suppress(Exception):
                 future.result((grace or 0) + 10)
@@ -190,7 +182,7 @@ class PluginServers:
                 log.warning("DRA socket gone; recreating it", socket=str(self.dra_socket))
                 old = self._dra
                 try:
-                    self._dra = self._serve(self.plugin_dir, self.dra_socket, self._dra_services)
+                    self._dra = self._serve(self.dra_socket, self._dra_services)
                 except (OSError, RuntimeError, TimeoutError) as exc:
                     log.error("recreating the DRA socket failed", error=str(exc))
                 if old is not None and old is not self._dra:
@@ -202,7 +194,7 @@ class PluginServers:
                     self._reg = None
                 self._on_registered(False, "")  # not refused: to be registered anew
                 try:
-                    self._reg = self._serve(self.registry_dir, self.reg_socket, self._reg_services)
+                    self._reg = self._serve(self.reg_socket, self._reg_services)
                 except (OSError, RuntimeError, TimeoutError) as exc:
                     log.error("recreating the registration socket failed", error=str(exc))
 
@@ -213,16 +205,17 @@ class PluginServers:
             return
         self._stop.set()
         self.health.stop()  # its streams would otherwise hold the grace period
-        if self._loop is None:
+        if not self._loop_thread.is_alive():
             return
         for served, g in ((self._reg, None), (self._dra, grace)):
-            if served is None:
-                continue
-            if served is self._dra:
-                self._drain()
-            self._stop_served(served, g, wait=True)
-            if self._alive(served):
-                served.path.unlink(missing_ok=True)
+            if served is self._dra:  # serves on until DRAIN_QUIET passes without a call
+                end = time.monotonic() + DRAIN_MAX
+                while (now := time.monotonic()) < end and now - self._work.last_call < DRAIN_QUIET:
+                    time.sleep(0.02)
+            if served is not None:
+                self._stop_served(served, g, wait=True)
+                if self._alive(served):
+                    served.path.unlink(missing_ok=True)
         # The driver's directory under plugins/ goes with the last instance's socket, so
         # an uninstall leaves nothing in the kubelet's directories; another instance's
         # socket (a rolling update) keeps it.
@@ -230,4 +223,5 @@ class PluginServers:
             self.plugin_dir.rmdir()
         self._work.close()
         self._reg_work.close()
-        self._loop.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(5)

@@ -15,23 +15,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from dradriver.api.gen.kubelet.dra.v1 import api_pb2 as v1
-from dradriver.api.gen.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
-from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2 as v1beta1
-from dradriver.api.gen.kubelet.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from dradriver.api.gen.kubelet.drahealth.v1 import api_pb2 as health_v1
-from dradriver.api.gen.kubelet.drahealth.v1 import api_pb2_grpc as health_v1_grpc
-from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
-from dradriver.api.gen.kubelet.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2 as reg
-from dradriver.api.gen.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from dradriver.api.kubelet import (
-    DRA_HEALTH_V1,
-    DRA_HEALTH_V1ALPHA1,
-    DRA_PLUGIN_TYPE,
-    DRA_V1,
-    DRA_V1BETA1,
-)
+from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
 from dradriver.kubeletplugin.grpc_edge.late import Driver
 from dradriver.kubeletplugin.state.records import ClaimRef
@@ -39,6 +23,11 @@ from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.grpc")
 
+# The DRA services first: the kubelet takes the first DRA service of this list it knows,
+# skipping names it does not (the health services on 1.34 to 1.36). 1.37 watches health
+# only where a health service is named, picking by its own preference (v1 first); the
+# order here says ours the same way.
+VERSIONS = [kapi.DRA_V1, kapi.DRA_V1BETA1, kapi.DRA_HEALTH_V1, kapi.DRA_HEALTH_V1ALPHA1]
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -69,7 +58,7 @@ def _refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
 
 
-class _DraCalls(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
+class _DraCalls(kapi.dra_v1_grpc.DRAPluginServicer, kapi.dra_v1beta1_grpc.DRAPluginServicer):
     """DRAPlugin of either version: v1 and v1beta1 carry the same messages, from `msgs`."""
 
     def __init__(self, msgs: Any, driver: Driver, work: Work) -> None:
@@ -127,7 +116,7 @@ class _DraCalls(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         return await self._call("NodeUnprepareResources", self._unprepare, request, context=context)
 
 
-class RegistrationServicer(reg_grpc.RegistrationServicer):
+class RegistrationServicer(kapi.registration_grpc.RegistrationServicer):
     """pluginregistration.Registration: what the kubelet's plugin watcher asks."""
 
     def __init__(
@@ -136,32 +125,29 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         self._driver_name, self._endpoint = driver_name, endpoint
         self._on_status, self._work = on_status, work
 
-    def info(self) -> reg.PluginInfo:
-        return reg.PluginInfo(
-            type=DRA_PLUGIN_TYPE,
+    def info(self) -> kapi.registration.PluginInfo:
+        return kapi.registration.PluginInfo(
+            type=kapi.DRA_PLUGIN_TYPE,
             name=self._driver_name,
             endpoint=self._endpoint,
-            # The DRA services first: the kubelet takes the first DRA service of this
-            # list it knows, skipping names it does not (the health services on 1.34 to
-            # 1.36). 1.37 watches health only where a health service is named, picking
-            # by its own preference (v1 first); the order here says ours the same way.
-            supported_versions=[DRA_V1, DRA_V1BETA1, DRA_HEALTH_V1, DRA_HEALTH_V1ALPHA1],
+            supported_versions=VERSIONS,
         )
 
-    async def GetInfo(self, request: reg.InfoRequest, context: Context) -> reg.PluginInfo:
+    async def GetInfo(self, request: Any, context: Context) -> kapi.registration.PluginInfo:
         return self.info()
 
     async def NotifyRegistrationStatus(
-        self, request: reg.RegistrationStatus, context: Context
-    ) -> reg.RegistrationStatusResponse:
+        self, request: kapi.registration.RegistrationStatus, context: Context
+    ) -> kapi.registration.RegistrationStatusResponse:
         ok, error = bool(request.plugin_registered), str(request.error)
         # The plugin's answer to it (a republish, a metric) takes locks: off the loop.
         await self._work.run(context, lambda: self._on_status(ok, error))
-        return reg.RegistrationStatusResponse()
+        return kapi.registration.RegistrationStatusResponse()
 
 
 class _Health(
-    health_v1_grpc.DRAResourceHealthServicer, health_v1alpha1_grpc.DRAResourceHealthServicer
+    kapi.health_v1_grpc.DRAResourceHealthServicer,
+    kapi.health_v1alpha1_grpc.DRAResourceHealthServicer,
 ):
     """DRAResourceHealth of either version (1.37 kubelets prefer v1, 1.34 to 1.36 call
     v1alpha1), served from `feed` with the messages of `msgs`."""
@@ -184,9 +170,10 @@ class _Health(
 def serve_dra(server: grpc.aio.Server, driver: Driver, work: Work, *, feed: HealthFeed) -> None:
     """Adds the DRA socket's services to `server`: DRA v1 and v1beta1 (their calls go to
     `driver` through `work`), health v1 and v1alpha1 (from `feed`)."""
-    v1_grpc.add_DRAPluginServicer_to_server(_DraCalls(v1, driver, work), server)
-    v1beta1_grpc.add_DRAPluginServicer_to_server(_DraCalls(v1beta1, driver, work), server)
-    health_v1_grpc.add_DRAResourceHealthServicer_to_server(_Health(feed, health_v1), server)
-    health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
-        _Health(feed, health_v1alpha1), server
-    )
+    for msgs, stubs in ((kapi.dra_v1, kapi.dra_v1_grpc), (kapi.dra_v1beta1, kapi.dra_v1beta1_grpc)):
+        stubs.add_DRAPluginServicer_to_server(_DraCalls(msgs, driver, work), server)
+    for msgs, stubs in (
+        (kapi.health_v1, kapi.health_v1_grpc),
+        (kapi.health_v1alpha1, kapi.health_v1alpha1_grpc),
+    ):
+        stubs.add_DRAResourceHealthServicer_to_server(_Health(feed, msgs), server)

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,18 +42,16 @@ class DriverFiles:
     host_driver_root: Path
     hook_path: str
     helper: str = HELPER
+    # Asked under DriverSpec's lock (prepare/driver_spec.py), its one caller: no lock here.
     _cache: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def edits(self, version: str) -> dict[str, Any]:
         """The CDI containerEdits for the driver `version` (as NVML reports it)."""
-        with self._lock:
-            known = self._cache.get(version)
+        known = self._cache.get(version)
         if known is not None:
             return known
         got = self._ask(version)
-        with self._lock:
-            self._cache = {version: got}  # the old version's files are gone with it
+        self._cache = {version: got}  # the old version's files are gone with it
         log.info(
             "driver files found",
             driver_version=version,
@@ -65,9 +62,8 @@ class DriverFiles:
         return got
 
     def _ask(self, version: str) -> dict[str, Any]:
-        exe = shutil.which(self.helper) or self.helper
         argv = [
-            exe,
+            self.helper,  # found on PATH as subprocess finds any command
             f"--driver-root={self.driver_root}",
             f"--host-driver-root={self.host_driver_root}",
             f"--hook-path={self.hook_path}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,30 +17,18 @@ from typing import Any
 from dradriver.api import computedomain as cd
 from dradriver.errors import DaemonError, ImexError
 from dradriver.kubeletplugin.daemons import Daemons
-from dradriver.kubeletplugin.daemons.spec import (
-    CLAIM,
-    DOMAIN,
-    DaemonRef,
-    DaemonSpec,
-    imex_name,
-)
+from dradriver.kubeletplugin.daemons.spec import CLAIM, DOMAIN, DaemonRef, DaemonSpec, imex_name
 from dradriver.kubeletplugin.state.records import ClaimRecord, ImexDaemon
 from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost
 
 log = get_logger("kubeletplugin.imex")
 
-DEFAULT_PORT = 50000  # the IMEX guide's SERVER_PORT default
-DEFAULT_CMD_PORT = 50005
-# The daemon's pod started and READY: the image is the plugin's own, already on the node.
-READY_TIMEOUT = 20.0
 # The reason of the one ImexError that is a wait, not a failure: the domain's other
 # nodes have not joined yet (imex_binding/ reports it as a False condition, not a failure).
 WAITING = "imex_waiting"
-# What happens next, said at the end of a message: at prepare, and before binding.
+# What happens next, said at the end of a message at prepare (prebind says its own).
 KUBELET_RETRIES = "the kubelet retries"
-SCHEDULER_WAITS = "the scheduler holds the pod until then"
-SCHEDULER_RETRIES = "the scheduler places the pod again"
 Obj = dict[str, Any]
 
 
@@ -61,9 +49,8 @@ def config_text(d: ImexDaemon, nodes_file: Path, port: int, *, cmd_port: int) ->
 def peers_of(domain: Obj, node: str, uid: str) -> tuple[str, tuple[str, ...]] | str:
     """(this node's address, every node's address) from the domain's status, or what
     is still missing."""
-    status = domain.get("status") or {}
     want = int((domain.get("spec") or {}).get("numNodes") or 0)
-    nodes = [n for n in status.get("nodes") or [] if isinstance(n, dict)]
+    nodes = [n for n in (domain.get("status") or {}).get("nodes") or [] if isinstance(n, dict)]
     joined = sorted(str(n.get("name")) for n in nodes)
     mine = next((n for n in nodes if n.get("name") == node), None)
     if mine is None or not mine.get("address"):
@@ -73,12 +60,10 @@ def peers_of(domain: Obj, node: str, uid: str) -> tuple[str, tuple[str, ...]] | 
         )
     if len(nodes) < want:
         return f"{len(nodes)} of {want} nodes of the domain have joined ({', '.join(joined)})"
-    missing = [str(n.get("name")) for n in nodes if not n.get("address")]
-    if missing:
+    if missing := [str(n.get("name")) for n in nodes if not n.get("address")]:
         return f"no IMEX address known for {', '.join(missing)}"
     # Each address becomes a line of the daemon's nodes_config: only an IP address may.
-    bad = [str(n.get("name")) for n in nodes if cd.ip_address(n["address"]) is None]
-    if bad:
+    if bad := [str(n.get("name")) for n in nodes if cd.ip_address(n["address"]) is None]:
         return (
             f"the ComputeDomain's status gives {', '.join(bad)} an address that is not an IP "
             "address; the controller writes it from each Node's InternalIP or its "
@@ -100,6 +85,23 @@ def _saving(rec: ClaimRecord, i: int, save: Callable[[ClaimRecord], None]) -> Re
     return lambda im: save(_with_imex(rec, i, im))
 
 
+@contextlib.contextmanager
+def _as_imex(what: str = "IMEX daemon") -> Iterator[None]:
+    """A daemon's failure, told as the IMEX layer's."""
+    try:
+        yield
+    except DaemonError as exc:
+        raise ImexError(f"{what}: {exc}", reason=exc.reason) from exc
+
+
+def _same(cfg_dir: Path, files: dict[str, str]) -> bool:
+    """Whether the daemon's directory holds these files (the daemon reads them once)."""
+    try:
+        return all((cfg_dir / name).read_text() == text for name, text in files.items())
+    except OSError:
+        return False
+
+
 @dataclass
 class ImexSteps:
     host: GpuHost
@@ -109,21 +111,20 @@ class ImexSteps:
     # GET of the claim's ComputeDomain (namespace, name); raises ImexError.
     domain_of: Callable[[str, str], Obj]
     clique: Callable[[], str | None]  # the node's fabric clique now
-    port: int = DEFAULT_PORT
-    cmd_port: int = DEFAULT_CMD_PORT
-    ready_timeout: float = READY_TIMEOUT
+    port: int  # --imex-port
+    cmd_port: int  # --imex-cmd-port
+    # The daemon's pod started and READY: the image is the plugin's own, already on the node.
+    ready_timeout: float = 20.0
 
     def apply(self, rec: ClaimRecord, save: Callable[[ClaimRecord], None]) -> ClaimRecord:
         """The claim's IMEX daemons started; `save(rec)` makes each step durable. The
         record after."""
         for i, d in enumerate(rec.devices):
-            if d.imex is None:
-                continue
-            im = self.check(d.imex, KUBELET_RETRIES)
-            launched = self._launch(
-                rec.uid, rec.ref, im, record=_saving(rec, i, save), then=KUBELET_RETRIES
-            )
-            rec = _with_imex(rec, i, launched)
+            if d.imex is not None:
+                im = self.check(d.imex, KUBELET_RETRIES)
+                record = _saving(rec, i, save)
+                im = self._launch(rec.uid, rec.ref, im, record=record, then=KUBELET_RETRIES)
+                rec = _with_imex(rec, i, im)
         return rec
 
     def prebind(self, uid: str, ref: str, im: ImexDaemon) -> None:
@@ -131,9 +132,10 @@ class ImexSteps:
         checks and daemon as at prepare, which then adopts it. The files beside the
         config are its only record (no checkpoint entry before prepare): the binder's
         sweep stops a daemon whose claim is neither prepared nor allocated here."""
-        im = self.check(im, SCHEDULER_WAITS)
+        im = self.check(im, "the scheduler holds the pod until then")
+        then = "the scheduler places the pod again"
         try:
-            self._launch(uid, ref, im, record=lambda im: None, then=SCHEDULER_RETRIES)
+            self._launch(uid, ref, im, record=lambda im: None, then=then)
         except ImexError:
             self.undo_forgotten(uid)
             raise
@@ -178,56 +180,59 @@ class ImexSteps:
     def _launch(
         self, uid: str, ref: str, im: ImexDaemon, *, record: Record, then: str
     ) -> ImexDaemon:
-        where = f"ComputeDomain {im.namespace}/{im.domain}"
+        """The daemon of `im` started (or adopted, its files unchanged) and READY."""
         cfg_dir = self.state_dir / "imex" / im.domain_uid
-        config = cfg_dir / "config.cfg"
-        nodes = cfg_dir / "nodes_config.cfg"
-        text = config_text(im, nodes, self.port, cmd_port=self.cmd_port)
+        config, nodes = cfg_dir / "config.cfg", cfg_dir / "nodes_config.cfg"
+        # Written in this order: a directory without its config is one a crash interrupted.
+        files = {
+            "claim": f"{uid}\n",  # whose daemon this is, should the checkpoint be lost
+            "nodes_config.cfg": "".join(f"{p}\n" for p in im.peers),
+            "config.cfg": config_text(im, nodes, self.port, cmd_port=self.cmd_port),
+        }
         said = "IMEX daemon adopted"  # started before the pod was bound, for this claim
-        if not self._same(cfg_dir, uid, im, text=text):
+        if not _same(cfg_dir, files):
             # The daemon reads its config once: one of an older start, with another
             # peer list, goes before the new config is written.
             self._stop(DaemonRef(imex_name(im.domain_uid, self.node)))
             im = dataclasses.replace(im, config_dir=str(cfg_dir), daemon=None)
             record(im)  # the intent: a crash from here leaves a directory to clean
             cfg_dir.mkdir(parents=True, exist_ok=True)
-            # Whose daemon this is, should the checkpoint be lost (forgotten() finds it).
-            (cfg_dir / "claim").write_text(f"{uid}\n")
-            nodes.write_text("".join(f"{p}\n" for p in im.peers))
-            config.write_text(text)
+            for name, text in files.items():
+                (cfg_dir / name).write_text(text)
             said = "IMEX daemon started"
         im = self._start(uid, ref, dataclasses.replace(im, config_dir=str(cfg_dir)), said=said)
         record(im)
-        self._wait_ready(im, config, where, then=then)
-        return im
+        answer = ["no answer"]
 
-    @staticmethod
-    def _same(cfg_dir: Path, uid: str, im: ImexDaemon, *, text: str) -> bool:
+        def ready() -> bool:
+            ok, answer[0] = self.host.imex_ready(config)
+            return ok
+
+        assert im.daemon is not None
         try:
-            return (
-                (cfg_dir / "claim").read_text().strip() == uid
-                and (cfg_dir / "nodes_config.cfg").read_text().split() == list(im.peers)
-                and (cfg_dir / "config.cfg").read_text() == text
-            )
-        except OSError:
-            return False
+            self.daemons.wait(im.daemon, ready, timeout=self.ready_timeout)
+        except DaemonError as exc:
+            raise ImexError(
+                f"ComputeDomain {im.namespace}/{im.domain}: this node's IMEX daemon did not "
+                f"answer READY (nvidia-imex-ctl -q: {answer[0] or 'no answer'}): {exc}; it is "
+                f"stopped and {then}",
+                reason="imex_not_ready",
+            ) from exc
+        return im
 
     def _start(self, uid: str, ref: str, im: ImexDaemon, *, said: str) -> ImexDaemon:
         """The daemon's pod, made, or found running (and then adopted)."""
         assert im.config_dir is not None
-        config = Path(im.config_dir) / "config.cfg"
         spec = DaemonSpec(
             name=imex_name(im.domain_uid, self.node),
             role="imex",
             serves=((CLAIM, uid), (DOMAIN, im.domain_uid)),
-            command=self.host.imex_daemon(config),
+            command=self.host.imex_daemon(Path(im.config_dir) / "config.cfg"),
             dirs=(im.config_dir,),
             host_network=True,
         )
-        try:
+        with _as_imex():
             pod = self.daemons.start(spec)
-        except DaemonError as exc:
-            raise ImexError(f"IMEX daemon: {exc}", reason=exc.reason) from exc
         im = dataclasses.replace(im, daemon=pod)
         log.info(
             said,
@@ -242,28 +247,9 @@ class ImexSteps:
         )
         return im
 
-    def _wait_ready(self, im: ImexDaemon, config: Path, where: str, *, then: str) -> None:
-        assert im.daemon is not None
-        said = ["no answer"]
-
-        def ready() -> bool:
-            ok, said[0] = self.host.imex_ready(config)
-            return ok
-
-        try:
-            self.daemons.wait(im.daemon, ready, timeout=self.ready_timeout)
-        except DaemonError as exc:
-            raise ImexError(
-                f"{where}: this node's IMEX daemon did not answer READY (nvidia-imex-ctl -q: "
-                f"{said[0] or 'no answer'}): {exc}; it is stopped and {then}",
-                reason="imex_not_ready",
-            ) from exc
-
     def _stop(self, pod: DaemonRef) -> None:
-        try:
+        with _as_imex():
             self.daemons.stop(pod)
-        except DaemonError as exc:
-            raise ImexError(f"IMEX daemon: {exc}", reason=exc.reason) from exc
 
     def ensure(self, rec: ClaimRecord, save: Callable[[ClaimRecord], None]) -> ClaimRecord:
         """A prepared claim whose daemon's pod is gone (deleted by hand; the Node was
@@ -271,8 +257,7 @@ class ImexSteps:
         kubelet's repeated prepare. Not waited for: IMEX is ready at once after starting
         (the guide), and this may run under the node lock. The record after."""
         for i, d in enumerate(rec.devices):
-            im = d.imex
-            if im is None or im.config_dir is None:
+            if (im := d.imex) is None or im.config_dir is None:
                 continue
             if im.daemon is not None and self.daemons.serving(im.daemon):
                 continue
@@ -287,41 +272,34 @@ class ImexSteps:
         """Stops the claim's daemons and removes their files (idempotent). A daemon a
         crash kept out of the record is found by its name (one per domain and node)."""
         for d in rec.devices:
-            im = d.imex
-            if im is None or im.config_dir is None:
+            if (im := d.imex) is None or im.config_dir is None:
                 continue
             pod = im.daemon or DaemonRef(imex_name(im.domain_uid, self.node))
             self._stop(pod)
             log.info("IMEX daemon stopped", claim=rec.ref, claim_uid=rec.uid, pod=pod.name)
             shutil.rmtree(im.config_dir, ignore_errors=True)
 
-    def configs(self) -> dict[str, Path]:
-        """claim uid -> the config directory of its daemon, for every one on disk."""
-        out = {}
+    def configs(self) -> dict[str, list[Path]]:
+        """claim uid -> the config directories of its daemons, for every one on disk, by
+        the claim file each holds."""
+        out: dict[str, list[Path]] = {}
         for claim in sorted((self.state_dir / "imex").glob("*/claim")):
             with contextlib.suppress(OSError):
-                out[claim.read_text().strip()] = claim.parent
+                out.setdefault(claim.read_text().strip(), []).append(claim.parent)
         return out
 
     def forgotten(self, uid: str) -> list[Path]:
-        """The config directories of claim `uid`'s daemons, by the claim file each holds:
-        what is left of a claim whose record a lost checkpoint took with it."""
-        out = []
-        for claim in sorted((self.state_dir / "imex").glob("*/claim")):
-            with contextlib.suppress(OSError):
-                if claim.read_text().strip() == uid:
-                    out.append(claim.parent)
-        return out
+        """The config directories of claim `uid`'s daemons: what is left of a claim whose
+        record a lost checkpoint took with it."""
+        return self.configs().get(uid, [])
 
     def undo_forgotten(self, uid: str) -> None:
         """Stops and removes the daemons of a claim the checkpoint does not know: its pods
         by their claim label, its config directories by their claim file."""
-        try:
+        with _as_imex("IMEX daemons"):
             pods = [p for p, _ in self.daemons.find("imex", **{CLAIM: uid})]
-        except DaemonError as exc:
-            raise ImexError(f"IMEX daemons: {exc}", reason=exc.reason) from exc
-        for cfg_dir in self.forgotten(uid):
-            pods.append(DaemonRef(imex_name(cfg_dir.name, self.node)))
+        dirs = self.forgotten(uid)
+        pods += [DaemonRef(imex_name(d.name, self.node)) for d in dirs]
         for pod in dict.fromkeys(pods):
             self._stop(pod)
             log.info(
@@ -329,5 +307,5 @@ class ImexSteps:
                 claim_uid=uid,
                 pod=pod.name,
             )
-        for cfg_dir in self.forgotten(uid):
+        for cfg_dir in dirs:
             shutil.rmtree(cfg_dir, ignore_errors=True)

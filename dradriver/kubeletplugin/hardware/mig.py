@@ -26,6 +26,11 @@ _INSUFFICIENT = (
 )
 
 
+def slot_of(c: Carve) -> tuple[str, int, int]:
+    """(GPU UUID, profile ID, placement): what is known before the carve."""
+    return c.gpu_uuid, c.profile_id, c.placement_start
+
+
 def _carved(d: PreparedDevice, made: Created) -> PreparedDevice:
     """The device as carved: its partition's instance ids and its MIG UUID."""
     assert d.carve is not None
@@ -78,14 +83,29 @@ class MigPreparer:
                     gpu=gpu,
                     claim_uid=owners[gpu],
                 )
-                continue
-            try:
-                self.carver.set_mig_mode(gpu, True)
-            except MigError as exc:
-                log.error("could not switch MIG mode back on", gpu=gpu, error=str(exc))
-                continue
+            else:
+                self._switch_back(gpu, on=True)
+
+    def restore_modes(self, gpus: set[str], all_profiles: dict[str, list[int]]) -> None:
+        """Switch MIG mode back off where we switched it on and nothing is left."""
+        for gpu in sorted(gpus & self.ledger.load().mig_enabled):
+            if not self.carver.instances(gpu, all_profiles.get(gpu, [])):
+                self._switch_back(gpu, on=False)
+
+    def _switch_back(self, gpu: str, *, on: bool) -> None:
+        """MIG mode back to what it was before this driver switched it, then out of the
+        ledger; a failure is logged and leaves the entry for the next try."""
+        word = "on" if on else "off"
+        try:
+            self.carver.set_mig_mode(gpu, on)
+        except MigError as exc:
+            log.error(f"could not switch MIG mode back {word}", gpu=gpu, error=str(exc))
+            return
+        if on:
             self.ledger.mig_disabled_restored(gpu)
-            log.info("MIG mode restored to on", gpu=gpu)
+        else:
+            self.ledger.mig_enabled_restored(gpu)
+        log.info(f"MIG mode restored to {word}", gpu=gpu)
 
     def carve(self, d: PreparedDevice, claim: str = "") -> PreparedDevice:
         """Creates the partition recorded in d.carve: the device with its ids and its
@@ -99,10 +119,10 @@ class MigPreparer:
             self.carver.set_mig_mode(c.gpu_uuid, True)
             log.info("MIG mode enabled", gpu=c.gpu_uuid, device=d.device)
         crashpoint("mig-before-create")
+        slot = slot_of(c)
         if (kept := self._adopt_own(d, c, claim)) is not None:
             return kept
-        slot = (c.gpu_uuid, c.profile_id, c.placement_start)
-        there = self.find(c)
+        there = self.at(slot)
         if there is not None:
             # Not ours (the ledger holds nothing there): its placement is taken, and an
             # intent recorded now would make it look like ours to the undo.
@@ -116,20 +136,13 @@ class MigPreparer:
         try:
             # A failure leaves the intent: the rollback destroys what the call could not
             # (a GPU instance whose own cleanup failed), or drops the intent if nothing is there.
-            made = self.carver.create(
-                c.gpu_uuid,
-                c.profile_id,
-                c.placement_start,
-                size=c.placement_size,
-                compute_slices=c.compute_slices,
-            )
+            made = self.carver.create(*slot, size=c.placement_size, compute_slices=c.compute_slices)
         except MigError as err:
             raise MigError(
                 f"device {d.device} ({c.profile} at {c.placement_start}): {err}"
                 + (_INSUFFICIENT if "InsufficientResources" in str(err) else ""),
                 in_use=err.in_use,
             ) from err
-        carved = _carved(d, made)
         self.ledger.instance_created(
             OwnedInstance(c.gpu_uuid, made.gpu_instance_id, c.profile_id, c.placement_start, claim)
         )
@@ -143,13 +156,13 @@ class MigPreparer:
             mig_uuid=made.uuid,
         )
         crashpoint("mig-created")
-        return carved
+        return _carved(d, made)
 
     def _adopt_own(self, d: PreparedDevice, c: Carve, claim: str) -> PreparedDevice | None:
         """A partition the ledger says was carved for this same claim, whose record was
         lost: the claim's pods may be using it, so it is taken back as it is (same MIG
         UUID), never carved anew. One carved for another lost claim is refused."""
-        slot = (c.gpu_uuid, c.profile_id, c.placement_start)
+        slot = slot_of(c)
         held = next((i for i in self.ledger.load().instances if i.slot == slot), None)
         if held is None:
             return None
@@ -157,7 +170,7 @@ class MigPreparer:
         if gi_id is None:
             # An intent whose carve never finished (its claim's record lost): the
             # instance at its slot, if one is there, is that carve's.
-            there = self.find(c)
+            there = self.at(slot)
             if there is None:
                 self.ledger.intent_dropped(slot)
                 return None
@@ -178,9 +191,7 @@ class MigPreparer:
                 self.ledger.instance_destroyed(c.gpu_uuid, gi_id)
             return None  # gone meanwhile: carve it anew
         if held.pending:
-            self.ledger.instance_created(
-                OwnedInstance(c.gpu_uuid, gi_id, c.profile_id, c.placement_start, claim)
-            )
+            self.ledger.instance_created(dataclasses.replace(held, gpu_instance_id=gi_id))
         log.warning(
             "MIG device of this claim kept from before its record was lost; taken back",
             claim_uid=claim,
@@ -191,17 +202,16 @@ class MigPreparer:
 
     def uncarve(self, d: PreparedDevice, claim: str = "") -> None:
         c = d.carve
-        if c is None:
-            return
+        assert c is not None  # its step is there for a device with a carve only
         if c.gpu_instance_id is None:
             # Intent only: the instance at that placement is this attempt's if the ledger
             # says this claim made it, or began making it there (the intent is written
             # before the create). Anything else there (another claim's, an admin's) was
             # never ours to destroy.
-            slot = (c.gpu_uuid, c.profile_id, c.placement_start)
+            slot = slot_of(c)
             known = self.ledger.load()
             intended = known.intended_for(slot)
-            inst = self.find(c)
+            inst = self.at(slot)
             if inst is None:
                 if intended == claim:
                     self.ledger.intent_dropped(slot)
@@ -233,23 +243,14 @@ class MigPreparer:
         """Destroys the MIG instances the ledger says were made for `claim`, whose record
         is gone (a lost checkpoint); returns their GPUs. Raises MigError to be retried."""
         gpus: set[str] = set()
-        for i in self.ledger.load().instances:
-            if i.claim != claim:
-                continue
+        for i in [i for i in self.ledger.load().instances if i.claim == claim]:
+            gpus.add(i.gpu_uuid)
+            there = self.at(i.slot)
             if i.gpu_instance_id is None:
                 # A carve begun for it and never finished: what sits at its slot.
-                there = next(
-                    (
-                        x
-                        for x in self.carver.instances(i.gpu_uuid, [i.profile_id])
-                        if x.placement_start == i.placement_start
-                    ),
-                    None,
-                )
                 if there is not None:
                     self.carver.destroy(i.gpu_uuid, there.gpu_instance_id, None)
                 self.ledger.intent_dropped(i.slot)
-                gpus.add(i.gpu_uuid)
                 log.warning(
                     "half-made MIG device of a claim the checkpoint had lost destroyed",
                     claim_uid=claim,
@@ -261,13 +262,9 @@ class MigPreparer:
                 continue
             # Only the instance we made: same ID, profile and placement (a GPU instance
             # ID is reused by whatever is carved at that placement later).
-            if any(
-                x.gpu_instance_id == i.gpu_instance_id and x.placement_start == i.placement_start
-                for x in self.carver.instances(i.gpu_uuid, [i.profile_id])
-            ):
+            if there is not None and there.gpu_instance_id == i.gpu_instance_id:
                 self.carver.destroy(i.gpu_uuid, i.gpu_instance_id, None)
             self.ledger.instance_destroyed(i.gpu_uuid, i.gpu_instance_id)
-            gpus.add(i.gpu_uuid)
             log.warning(
                 "MIG device of a claim the checkpoint had lost destroyed",
                 claim_uid=claim,
@@ -276,26 +273,8 @@ class MigPreparer:
             )
         return gpus
 
-    def find(self, c: Carve) -> Instance | None:
-        return next(
-            (
-                i
-                for i in self.carver.instances(c.gpu_uuid, [c.profile_id])
-                if i.placement_start == c.placement_start
-            ),
-            None,
-        )
-
-    def restore_modes(self, gpus: set[str], all_profiles: dict[str, list[int]]) -> None:
-        """Switch MIG mode back off where we switched it on and nothing is left."""
-        enabled = self.ledger.load().mig_enabled
-        for gpu in sorted(gpus & enabled):
-            if self.carver.instances(gpu, all_profiles.get(gpu, [])):
-                continue
-            try:
-                self.carver.set_mig_mode(gpu, False)
-            except MigError as exc:
-                log.error("could not switch MIG mode back off", gpu=gpu, error=str(exc))
-                continue
-            self.ledger.mig_enabled_restored(gpu)
-            log.info("MIG mode restored to off", gpu=gpu)
+    def at(self, slot: tuple[str, int, int]) -> Instance | None:
+        """The GPU instance NVML reports at `slot`, whoever made it."""
+        gpu, profile_id, placement = slot
+        found = self.carver.instances(gpu, [profile_id])
+        return next((i for i in found if i.placement_start == placement), None)

@@ -4,9 +4,10 @@ instances this driver did not make reported and left alone."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from dradriver.errors import MigError
-from dradriver.kubeletplugin.hardware.mig import MigPreparer
-from dradriver.kubeletplugin.state.ledger import OwnedInstance
+from dradriver.kubeletplugin.hardware.mig import MigPreparer, slot_of
 from dradriver.kubeletplugin.state.records import ClaimRecord
 from dradriver.logs import get_logger
 
@@ -26,7 +27,7 @@ def reconcile(
             c = d.carve
             if c is None:
                 continue
-            here = mig.find(c)
+            here = mig.at(slot_of(c))
             if here is not None and here.gpu_instance_id == c.gpu_instance_id:
                 owned.add((c.gpu_uuid, here.gpu_instance_id))
                 continue
@@ -51,7 +52,15 @@ def reconcile(
     ours = {(i.gpu_uuid, i.gpu_instance_id): i.claim for i in mig.ledger.load().instances}
     for f in foreign:
         claim = ours.get((f.gpu_uuid, f.gpu_instance_id))
-        if claim is not None:
+        if claim is None:
+            log.warning(
+                "MIG device not created by this driver; left alone",
+                gpu=f.gpu_uuid,
+                gpu_instance=f.gpu_instance_id,
+                profile_id=f.profile_id,
+                placement=f.placement_start,
+            )
+        else:
             log.warning(
                 "MIG device of a claim the checkpoint does not hold: kept (not offered) "
                 "until the kubelet unprepares the claim",
@@ -59,14 +68,6 @@ def reconcile(
                 gpu_instance=f.gpu_instance_id,
                 claim_uid=claim,
             )
-            continue
-        log.warning(
-            "MIG device not created by this driver; left alone",
-            gpu=f.gpu_uuid,
-            gpu_instance=f.gpu_instance_id,
-            profile_id=f.profile_id,
-            placement=f.placement_start,
-        )
     return out
 
 
@@ -76,18 +77,9 @@ def _settle_intents(mig: MigPreparer, known: set[str]) -> None:
     slot is that claim's (its pods may use it): recorded as its, kept and not offered
     until the kubelet unprepares the claim, given back if it is prepared again. An
     intent with nothing at its slot is dropped."""
-    for i in mig.ledger.load().instances:
-        if not i.pending:
-            continue
+    for i in [i for i in mig.ledger.load().instances if i.pending]:
         try:
-            there = next(
-                (
-                    x
-                    for x in mig.carver.instances(i.gpu_uuid, [i.profile_id])
-                    if x.placement_start == i.placement_start
-                ),
-                None,
-            )
+            there = mig.at(i.slot)
         except MigError as exc:
             log.error(
                 "could not look for the MIG device of an unfinished carve; kept as intended",
@@ -105,11 +97,7 @@ def _settle_intents(mig: MigPreparer, known: set[str]) -> None:
                 placement=i.placement_start,
             )
             continue
-        mig.ledger.instance_created(
-            OwnedInstance(
-                i.gpu_uuid, there.gpu_instance_id, i.profile_id, i.placement_start, i.claim
-            )
-        )
+        mig.ledger.instance_created(dataclasses.replace(i, gpu_instance_id=there.gpu_instance_id))
         log.warning(
             "MIG device whose carve a crash interrupted, of a claim the checkpoint does "
             "not hold: recorded as that claim's, kept until the kubelet unprepares it",

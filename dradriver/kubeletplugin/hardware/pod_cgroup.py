@@ -36,6 +36,4 @@ def find_pod_cgroup(root: Path, uid: str) -> Path | None:
                 if may_hold_pods(e.name):
                     below.append(Path(e.path))
         level = below
-        if not level:
-            break
     return None

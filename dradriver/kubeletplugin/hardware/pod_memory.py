@@ -28,7 +28,7 @@ class PodMemory:
     # Why the limits cannot be set on this node; None: they can (or not probed yet).
     unavailable: str | None = None
 
-    def probe(self, gpu: str | None) -> str | None:
+    def probe(self, gpu: str | None) -> None:
         """Startup: can NVML limit a cgroup on this node? Asks for the limits of the
         cgroup root on one whole GPU; the answer holds for the node."""
         if gpu is None:
@@ -54,7 +54,6 @@ class PodMemory:
                 "shares' memory cannot be set as a pod cgroup limit here; MPS limits only",
                 why=self.unavailable,
             )
-        return self.unavailable
 
     def apply(
         self, rec: ClaimRecord, others: Callable[[], dict[tuple[str, str], int]]

@@ -22,11 +22,13 @@ from dradriver.kubeletplugin.daemons.spec import (
     shares_name,
 )
 from dradriver.kubeletplugin.hardware.sharing import (
-    DAEMON_START_TIMEOUT,
     MPS_SHM_SIZE,
+    Save,
     client_mounts,
     drop_daemon_dirs,
     make_daemon_dirs,
+    raise_undo_errors,
+    wait_serving,
 )
 from dradriver.kubeletplugin.state.ledger import Ledger, SharedDaemon
 from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice, Share
@@ -34,13 +36,8 @@ from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost, exclusive_process, get_compute_mode, set_compute_mode
 
 log = get_logger("kubeletplugin.shares")
-Save = Callable[[ClaimRecord], None]  # makes a record durable
 SERVER = "shares"  # the one MPS v3 server of a device's daemon
 MIB = 2**20
-
-
-def share_devices(rec: ClaimRecord) -> list[PreparedDevice]:
-    return [rec.devices[i] for i in share_indices(rec)]
 
 
 def share_indices(rec: ClaimRecord) -> list[int]:
@@ -63,7 +60,6 @@ class ShareSteps:
     ledger: Ledger
     protocol: Callable[[], int] = lambda: 2
     shm_size: int = MPS_SHM_SIZE  # bytes: the device daemon's /dev/shm (a tmpfs)
-    start_timeout: float = DAEMON_START_TIMEOUT
 
     def _dirs(self, device: str) -> tuple[Path, Path, Path]:
         """The daemon's pipe, log and /dev/shm directories: named for the device, so
@@ -128,18 +124,14 @@ class ShareSteps:
         spec = DaemonSpec(
             name=ref.name,
             role="mps",
-            serves=((DEVICE, _label(device)), (DEVICE_NAME, d.device)),
+            # A label value: at most 63 characters (GPU-..., MIG-... UUIDs fit).
+            serves=((DEVICE, device[:63]), (DEVICE_NAME, d.device)),
             command=self.host.mps_daemon([device], pipe, logs, shm_dir=shm, protocol=protocol),
             dirs=(str(pipe), str(logs)),
             shm=str(shm),
         )
         ref = self.daemons.start(spec)
-        try:
-            self.daemons.wait(ref, (pipe / "control").exists, timeout=self.start_timeout)
-        except DaemonError as exc:
-            raise SharingError(
-                f"MPS control daemon of {device}: {exc}; the kubelet retries", reason=exc.reason
-            ) from exc
+        wait_serving(self.daemons, ref, pipe, what=f"MPS control daemon of {device}")
         if protocol == 3:
             self.host.mps_command(pipe, f"server create {SERVER} --allowed-devices={device}")
         log.info(
@@ -167,29 +159,32 @@ class ShareSteps:
     def undo(self, rec: ClaimRecord) -> None:
         """Every share of the claim out of its device's daemon (idempotent)."""
         errors = []
-        for d in share_devices(rec):
+        for i in share_indices(rec):
+            d = rec.devices[i]
             try:
-                self.leave(rec, d)
+                self._leave(str(d.uuid), _share(d).share_id)
             except SharingError as exc:
                 errors.append(f"device {d.device}: {exc}")
-        if errors:
-            raise SharingError("; ".join(errors), reason="undo")
+        raise_undo_errors(errors)
 
     def undo_forgotten(self, claim: str) -> None:
         """The shares the ledger holds for `claim`, whose record is gone, undone; raises
         SharingError (the kubelet retries) if one could not be."""
-        errors = self.forget(claim)
-        if errors:
-            raise SharingError("; ".join(errors), reason="undo")
+        errors = []
+        for device, known in self.ledger.load().shared.items():
+            for share_id in [s for s, member in known.members.items() if member == claim]:
+                try:
+                    self._leave(device, share_id)
+                except SharingError as exc:
+                    errors.append(f"share {share_id} of {device}: {exc}")
+        raise_undo_errors(errors)
 
-    def leave(self, rec: ClaimRecord, d: PreparedDevice) -> None:
+    def _leave(self, device: str, share_id: str) -> None:
         """Removes the share from its device's daemon; the last one out stops it."""
-        self._leave(str(d.uuid), _share(d).share_id, rec.uid)
-
-    def _leave(self, device: str, share_id: str, claim: str) -> None:
         known = self.ledger.load().shared.get(device)
         if known is None:
             return
+        left: SharedDaemon | None = known
         if share_id in known.members:
             pipe = self._dirs(device)[0]
             ns = Share(share_id).namespace
@@ -198,8 +193,6 @@ class ShareSteps:
             ):
                 self.host.mps_command(pipe, f"namespace delete {ns} --server={SERVER}")
             left = self.ledger.member(device, share_id, None)
-        else:
-            left = known
         if left is not None and not left.members:
             self._stop(device, left)
 
@@ -213,19 +206,6 @@ class ShareSteps:
         drop_daemon_dirs(self.host, self._dirs(device)[0].parent)
         self.ledger.shared_stopped(device)
         log.info("MPS control daemon of a device's shares stopped", device=device)
-
-    def forget(self, claim: str) -> list[str]:
-        """Undoes the shares the ledger holds for `claim`, whose record is gone; errors."""
-        errors = []
-        for device, known in self.ledger.load().shared.items():
-            for share_id, member in known.members.items():
-                if member != claim:
-                    continue
-                try:
-                    self._leave(device, share_id, claim)
-                except SharingError as exc:
-                    errors.append(f"share {share_id} of {device}: {exc}")
-        return errors
 
     def recheck(self, rec: ClaimRecord, save: Save) -> ClaimRecord:
         """Startup: a completed claim's shares must be under a running daemon (a reboot
@@ -248,19 +228,27 @@ class ShareSteps:
 def share_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str, str]]]:
     """(env, mounts) a share's containers need (pure): the pipe directory of its
     namespace (only that one is mounted) or of the daemon, the daemon's log directory and
-    /dev/shm, and where MPS v3 is missing the limits as the client's own variables."""
+    /dev/shm, and where MPS v3 is missing the limits as the client's own variables; then
+    what the share was allocated, for the workload to size itself by (a framework's memory
+    fraction, a server's worker count): its shareID and the limits prepare derived."""
     share = d.share
-    if share is None or not share.pipe_dir:
+    if share is None:
         return [], []
-    env = [f"CUDA_MPS_PIPE_DIRECTORY={share.pipe_dir}", f"CUDA_MPS_LOG_DIRECTORY={share.log_dir}"]
-    if not share.server_side:
-        if share.compute_limit is not None:
+    env: list[str] = []
+    mounts: list[tuple[str, str, str]] = []
+    if share.pipe_dir:
+        env += [
+            f"CUDA_MPS_PIPE_DIRECTORY={share.pipe_dir}",
+            f"CUDA_MPS_LOG_DIRECTORY={share.log_dir}",
+        ]
+        if not share.server_side and share.compute_limit is not None:
             env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share.compute_limit}")
-        if share.memory_limit is not None:
+        if not share.server_side and share.memory_limit is not None:
             env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}={share.memory_limit // MIB}M")
-    return env, client_mounts(share.pipe_dir, str(share.log_dir), share.shm_dir)
-
-
-def _label(device: str) -> str:
-    """A device UUID as a label value (GPU-..., MIG-...: at most 63 characters)."""
-    return device[:63]
+        mounts = client_mounts(share.pipe_dir, str(share.log_dir), share.shm_dir)
+    env.append(f"DRADRIVER_SHARE_ID={share.share_id}")
+    if share.memory_limit is not None:
+        env.append(f"DRADRIVER_SHARE_MEMORY_LIMIT={share.memory_limit}")
+    if share.compute_limit is not None:
+        env.append(f"DRADRIVER_SHARE_COMPUTE_LIMIT={share.compute_limit}")
+    return env, mounts

@@ -70,22 +70,34 @@ def mps_groups(rec: ClaimRecord) -> dict[str, list[int]]:
     return groups
 
 
-def _with_mps(rec: ClaimRecord, i: int, **changes: Any) -> ClaimRecord:
-    d = rec.devices[i]
-    return rec.with_device(
-        i, dataclasses.replace(d, sharing=dataclasses.replace(_mps(d), **changes))
-    )
+def _with_mps(rec: ClaimRecord, members: list[int], **changes: Any) -> ClaimRecord:
+    for i in members:
+        d = rec.devices[i]
+        rec = rec.with_device(
+            i, dataclasses.replace(d, sharing=dataclasses.replace(_mps(d), **changes))
+        )
+    return rec
 
 
-def daemon_key(sh: Mps) -> str:
-    """<claim uid>-<group index>: the daemon's directory under the MPS root."""
-    return Path(str(sh.pipe_dir)).parent.name
+def wait_serving(daemons: Daemons, ref: DaemonRef, pipe: Path, *, what: str) -> None:
+    """Waits for the daemon `ref` to open its control pipe; SharingError naming `what`
+    (the kubelet retries) when it does not in time."""
+    try:
+        daemons.wait(ref, (pipe / "control").exists, timeout=DAEMON_START_TIMEOUT)
+    except DaemonError as exc:
+        raise SharingError(f"{what}: {exc}; the kubelet retries", reason=exc.reason) from exc
+
+
+def raise_undo_errors(errors: list[str]) -> None:
+    """What an undo could not do, as one SharingError (the kubelet retries)."""
+    if errors:
+        raise SharingError("; ".join(errors), reason="undo")
 
 
 def daemon_of(sh: Mps) -> DaemonRef:
-    """The daemon's pod: as recorded, or by the name its directory gives (a crash came
-    between its creation and the record)."""
-    return sh.daemon or DaemonRef("mps-" + daemon_key(sh))
+    """The daemon's pod: as recorded, or by the name its directory (<claim uid>-<group
+    index> under the MPS root) gives (a crash came between its creation and the record)."""
+    return sh.daemon or DaemonRef("mps-" + Path(str(sh.pipe_dir)).parent.name)
 
 
 @dataclass
@@ -96,7 +108,6 @@ class SharingSteps:
     mps_root: Path  # <state dir>/mps: one directory per daemon
     ledger: Ledger  # every compute mode and interval changed, before the change
     shm_size: int = MPS_SHM_SIZE  # bytes: the daemon's and its clients' /dev/shm (a tmpfs)
-    start_timeout: float = DAEMON_START_TIMEOUT
 
     def apply(self, rec: ClaimRecord, save: Save) -> ClaimRecord:
         """Applies the claim's time-slicing and MPS setups; `save(rec)` persists the
@@ -120,23 +131,18 @@ class SharingSteps:
         self, rec: ClaimRecord, group: str, members: list[int], *, save: Save
     ) -> ClaimRecord:
         index = sorted(mps_groups(rec)).index(group)
-        key = f"{rec.uid}-{index}"
-        base = self.mps_root / key
+        base = self.mps_root / f"{rec.uid}-{index}"
         pipe, logs, shm = base / "pipe", base / "log", base / "shm"
         fresh = make_daemon_dirs(self.host, base, shm_size=self.shm_size)  # the claim's own
-        for i in members:
-            rec = _with_mps(rec, i, pipe_dir=str(pipe), log_dir=str(logs), shm_dir=str(shm))
+        rec = _with_mps(rec, members, pipe_dir=str(pipe), log_dir=str(logs), shm_dir=str(shm))
         save(rec)
-        for i in members:
-            d = rec.devices[i]
-            if d.kind == "gpu":
-                # In the ledger before it changes (the undo's one source for the mode to
-                # restore); an earlier entry (this claim's setup being redone after a
-                # restart) keeps what the GPU had before us.
-                now = get_compute_mode(self.nvml, str(d.uuid))
-                self.ledger.mode_changing(str(d.uuid), now, rec.uid)
-                set_compute_mode(self.nvml, str(d.uuid), exclusive_process(self.nvml))
         devs = [rec.devices[i] for i in members]
+        for gpu in [str(d.uuid) for d in devs if d.kind == "gpu"]:
+            # In the ledger before it changes (the undo's one source for the mode to
+            # restore); an earlier entry (this claim's setup being redone after a
+            # restart) keeps what the GPU had before us.
+            self.ledger.mode_changing(gpu, get_compute_mode(self.nvml, gpu), rec.uid)
+            set_compute_mode(self.nvml, gpu, exclusive_process(self.nvml))
         spec = DaemonSpec(
             name=mps_name(rec.uid, index),
             role="mps",
@@ -152,12 +158,10 @@ class SharingSteps:
         # The pod is found by its name (one per group: never a second daemon for it), or
         # made; recorded before it is waited for, so a crash leaves it known.
         ref = self.daemons.start(spec)
-        for i in members:
-            rec = _with_mps(rec, i, daemon=ref)
+        rec = _with_mps(rec, members, daemon=ref)
         save(rec)
-        self._wait(ref, pipe)
-        for i in members:
-            rec = _with_mps(rec, i, applied=True)
+        wait_serving(self.daemons, ref, pipe, what="MPS control daemon")
+        rec = _with_mps(rec, members, applied=True)
         save(rec)
         log.info(
             "MPS control daemon serving",
@@ -169,52 +173,33 @@ class SharingSteps:
         )
         return rec
 
-    def _wait(self, ref: DaemonRef, pipe: Path) -> None:
-        try:
-            self.daemons.wait(ref, (pipe / "control").exists, timeout=self.start_timeout)
-        except DaemonError as exc:
-            raise SharingError(
-                f"MPS control daemon: {exc}; the kubelet retries", reason=exc.reason
-            ) from exc
-
     def undo(self, rec: ClaimRecord) -> None:
         """Stops daemons, restores compute modes and intervals; idempotent."""
-        if all(d.sharing is None for d in rec.devices):
-            # Nothing of it was ever time-sliced or under MPS: no step wrote the ledger
-            # for it (a claim's sharing comes from its plan, before any step).
-            return
         errors: list[str] = []
         stopped: set[str] = set()
         ledger = self.ledger.load()
         for d in rec.devices:
             sh = d.sharing
             try:
-                if isinstance(sh, TimeSlicing):
-                    if d.kind == "gpu" and d.uuid in ledger.time_slice:
-                        self.host.set_timeslice(str(d.uuid), "Default")
-                        self.ledger.slice_restored(str(d.uuid))
-                    continue
+                if isinstance(sh, TimeSlicing) and d.kind == "gpu" and d.uuid in ledger.time_slice:
+                    self.host.set_timeslice(str(d.uuid), "Default")
+                    self.ledger.slice_restored(str(d.uuid))
                 if not isinstance(sh, Mps) or not sh.pipe_dir:
                     continue
-                key = daemon_key(sh)
-                if key not in stopped:
-                    self.daemons.stop(daemon_of(sh))
-                    log.info(
-                        "MPS control daemon stopped", claim_uid=rec.uid, pod=daemon_of(sh).name
-                    )
-                    stopped.add(key)
+                # One daemon per group: stopped once, by its first device.
+                ref = daemon_of(sh)
+                if ref.name not in stopped:
+                    self.daemons.stop(ref)
+                    log.info("MPS control daemon stopped", claim_uid=rec.uid, pod=ref.name)
+                    stopped.add(ref.name)
                 change = ledger.compute_mode.get(str(d.uuid))
                 if change is not None:
                     set_compute_mode(self.nvml, str(d.uuid), change.before)
                     self.ledger.mode_restored(str(d.uuid))
-                self._remove_dirs(Path(sh.pipe_dir).parent)
+                drop_daemon_dirs(self.host, Path(sh.pipe_dir).parent)
             except (SharingError, DaemonError) as exc:
                 errors.append(f"device {d.device}: {exc}")
-        if errors:
-            raise SharingError("; ".join(errors), reason="undo")
-
-    def _remove_dirs(self, base: Path) -> None:
-        drop_daemon_dirs(self.host, base)
+        raise_undo_errors(errors)
 
     def report_forgotten(self, known_claims: set[str]) -> None:
         """Startup: says what the ledger holds for claims the checkpoint does not (it was
@@ -251,30 +236,25 @@ class SharingSteps:
                 self.daemons.stop(ref)
                 log.info("MPS daemon of a forgotten claim stopped", claim_uid=claim, pod=ref.name)
             for base in sorted(self.mps_root.glob(f"{claim}-*")):
-                self._remove_dirs(base)
+                drop_daemon_dirs(self.host, base)
         except DaemonError as exc:
             errors.append(f"MPS daemons: {exc}")
-        for gpu, change in e.compute_mode.items():
-            if change.claim != claim:
-                continue
+        for gpu, before in [(g, m.before) for g, m in e.compute_mode.items() if m.claim == claim]:
             try:
-                set_compute_mode(self.nvml, gpu, change.before)
+                set_compute_mode(self.nvml, gpu, before)
             except SharingError as exc:
                 errors.append(f"GPU {gpu}: {exc}")
                 continue
             self.ledger.mode_restored(gpu)
             log.info("compute mode of a forgotten claim restored", claim_uid=claim, gpu=gpu)
-        for gpu, holder in e.time_slice.items():
-            if holder != claim:
-                continue
+        for gpu in [g for g, holder in e.time_slice.items() if holder == claim]:
             try:
                 self.host.set_timeslice(gpu, "Default")
             except SharingError as exc:
                 errors.append(f"GPU {gpu}: {exc}")
                 continue
             self.ledger.slice_restored(gpu)
-        if errors:
-            raise SharingError("; ".join(errors), reason="undo")
+        raise_undo_errors(errors)
 
     def recheck(self, rec: ClaimRecord, save: Save) -> ClaimRecord:
         """Startup: a completed claim's MPS daemon must be running (a reboot ends it).
@@ -333,5 +313,4 @@ def _mps_quantity(q: str) -> str:
     # Only a claim with an MPS config gets here: the config models load with it.
     from dradriver.api.config import quantity_bytes
 
-    mib = quantity_bytes(q) // 2**20
-    return f"{mib}M"
+    return f"{quantity_bytes(q) // 2**20}M"

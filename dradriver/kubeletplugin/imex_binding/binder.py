@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from dradriver.api import computedomain as cd
@@ -24,12 +25,12 @@ from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.imex_binding")
 
-CLAIMS = path_for("resource.k8s.io/v1", "resourceclaims")
+API = "resource.k8s.io/v1"
 # How often a claim waiting for its domain's other nodes looks at the domain again.
 RECHECK = 1.0
 IDLE = 30.0
-# Failures that pass by themselves: reported as a wait, tried again.
-TRANSIENT = frozenset({WAITING, "imex_api"})
+# Failures that pass by themselves: reported as a wait (with this reason), tried again.
+TRANSIENT = {WAITING: "WaitingForNodes", "imex_api": "APIUnreachable"}
 
 
 def _camel(reason: str) -> str:
@@ -38,24 +39,20 @@ def _camel(reason: str) -> str:
     return "".join(w.upper() if w in ("imex", "api", "cdi", "mig") else w.title() for w in words)
 
 
+@dataclass
 class Binder:
-    def __init__(
-        self,
-        kube: Kube,
-        driver: str,
-        node: str,
-        *,
-        steps: ImexSteps,
-        lock: AbstractContextManager[Any],
-        prepared: Callable[[], set[str]],
-    ) -> None:
-        self.kube, self.driver, self.node, self.steps = kube, driver, node, steps
-        # The node lock, and the claims the checkpoint holds (read under it).
-        self.lock, self.prepared = lock, prepared
-        self.field_manager = f"{driver}/binding"
+    kube: Kube
+    driver: str
+    node: str
+    _: KW_ONLY
+    steps: ImexSteps
+    lock: AbstractContextManager[Any]  # the node lock
+    prepared: Callable[[], set[str]]  # the claims the checkpoint holds (read under the lock)
+
+    def __post_init__(self) -> None:
         self._wake = threading.Event()
-        self.mirror = Mirror(kube, CLAIMS, self._wake.set, labelSelector=cd.DOMAIN_LABEL)
-        self.passes = 0
+        claims = path_for(API, "resourceclaims")
+        self.mirror = Mirror(self.kube, claims, self._wake.set, labelSelector=cd.DOMAIN_LABEL)
 
     def run(self, stop: threading.Event) -> None:
         threading.Thread(
@@ -72,31 +69,25 @@ class Binder:
 
     def step(self) -> bool:
         """One pass; whether a claim is still waiting."""
-        self.passes += 1
         if not self.mirror.synced.is_set():
             return True
         claims = self.mirror.items()
         busy = False
-        candidates = plan.waiting(claims, self.driver, self.node, prepared=set())
-        if candidates:
+        if candidates := plan.waiting(claims, self.driver, self.node, prepared=set()):
             with self.lock:
                 prepared = self.prepared()
-            for w in candidates:
-                if w.ref.uid not in prepared:
-                    busy = self._bind(w) or busy
-        self._sweep(claims)
+            for w in [c for c in candidates if c.ref.uid not in prepared]:
+                busy = self._bind(w) or busy
+        if self.steps.configs():  # the sweep: daemons whose claim is neither prepared nor here
+            with self.lock:
+                keep = self.prepared() | plan.allocated_here(claims, self.driver, self.node)
+                for uid in plan.to_sweep(self.steps.configs(), keep):
+                    log.info(
+                        "stopping the IMEX daemon of a claim no longer allocated here",
+                        claim_uid=uid,
+                    )
+                    self.steps.undo_forgotten(uid)
         return busy
-
-    def _sweep(self, claims: list[plan.Obj]) -> None:
-        if not self.steps.configs():
-            return
-        with self.lock:
-            keep = self.prepared() | plan.allocated_here(claims, self.driver, self.node)
-            for uid in plan.to_sweep(self.steps.configs(), keep):
-                log.info(
-                    "stopping the IMEX daemon of a claim no longer allocated here", claim_uid=uid
-                )
-                self.steps.undo_forgotten(uid)
 
     def _bind(self, w: plan.Waiting) -> bool:
         """Whether the claim still waits."""
@@ -110,88 +101,54 @@ class Binder:
             return False  # plan.waiting found exactly this one; a second is not ours
         (pd,) = channels
         try:
-            dev = channel_device(
+            im = channel_device(
                 ref,
                 self.driver,
                 self.node,
                 request=pd.request,
                 device=pd.device,
                 configs=pd.configs,
-            )
-            assert dev.imex is not None
-            im = dev.imex
+            ).imex
+            assert im is not None
             self.steps.prebind(ref.uid, str(ref), im)
-        except ImexError as exc:
-            if exc.reason in TRANSIENT:
-                said = plan.condition(
-                    cd.BINDING_CONDITION,
-                    False,
-                    "WaitingForNodes" if exc.reason == WAITING else "APIUnreachable",
-                    message=f"IMEX layer: {exc}",
-                    now=_now(),
-                )
-                if not plan.unchanged(w.said, said):
-                    self._write(ref, [said])
+        except DriverError as exc:  # also a config or claim the channel cannot be given for
+            if isinstance(exc, ImexError) and exc.reason in TRANSIENT:
+                self._say(w, TRANSIENT[exc.reason], f"IMEX layer: {exc}")
                 return True
-            self._failed(w, exc)
-            return False
-        except DriverError as exc:  # a config or claim the channel cannot be given for
-            self._failed(w, exc)
+            log.warning(
+                "binding failed: the scheduler places the pod again",
+                claim=str(ref),
+                claim_uid=ref.uid,
+                reason=exc.reason,
+                error=str(exc),
+            )
+            self._say(w, _camel(exc.reason), f"{exc.layer} layer: {exc}", failed=True)
             return False
         domain = f"{im.namespace}/{im.domain}"
         log.info(
-            "IMEX daemon ready before binding",
-            claim=str(ref),
-            claim_uid=ref.uid,
-            domain=domain,
+            "IMEX daemon ready before binding", claim=str(ref), claim_uid=ref.uid, domain=domain
         )
-        self._write(
-            ref,
-            [
-                plan.condition(
-                    cd.BINDING_CONDITION,
-                    True,
-                    "IMEXDaemonReady",
-                    message=f"this node's IMEX daemon for ComputeDomain {domain} is ready "
-                    f"(peers: {', '.join(im.peers)})",
-                    now=_now(),
-                )
-            ],
-        )
+        peers = ", ".join(im.peers)
+        message = f"this node's IMEX daemon for ComputeDomain {domain} is ready (peers: {peers})"
+        self._say(w, "IMEXDaemonReady", message, ready=True)
         return False
 
-    def _failed(self, w: plan.Waiting, exc: DriverError) -> None:
-        message = f"{exc.layer} layer: {exc}"
-        log.warning(
-            "binding failed: the scheduler places the pod again",
-            claim=str(w.ref),
-            claim_uid=w.ref.uid,
-            reason=exc.reason,
-            error=str(exc),
-        )
-        now = _now()
-        reason = _camel(exc.reason)
-        self._write(
-            w.ref,
-            [
-                plan.condition(cd.BINDING_CONDITION, False, reason, message=message, now=now),
-                plan.condition(cd.BINDING_FAILURE, True, reason, message=message, now=now),
-            ],
-        )
-
-    def _write(self, ref: Any, conds: list[plan.Obj]) -> None:
+    def _say(
+        self, w: plan.Waiting, reason: str, said: str, *, ready: bool = False, failed: bool = False
+    ) -> None:
+        """The channel's binding condition, and its failure condition where `failed`, in the
+        claim's status; a False one only when it says something new."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        conds = [plan.condition(cd.BINDING_CONDITION, ready, reason, message=said, now=now)]
+        if failed:
+            conds.append(plan.condition(cd.BINDING_FAILURE, True, reason, message=said, now=now))
+        elif plan.unchanged(w.said, conds[0]):
+            return
+        ref = w.ref
+        path = path_for(API, "resourceclaims", ref.namespace, name=ref.name, subresource="status")
+        body = plan.status_body(ref, self.driver, self.node, conds=conds)
         try:
-            self.kube.apply(
-                path_for(
-                    "resource.k8s.io/v1",
-                    "resourceclaims",
-                    ref.namespace,
-                    name=ref.name,
-                    subresource="status",
-                ),
-                plan.status_body(ref, self.driver, self.node, conds=conds),
-                field_manager=self.field_manager,
-            )
+            self.kube.apply(path, body, field_manager=f"{self.driver}/binding")
         except NotFound:
             pass  # the claim is gone; the sweep stops its daemon
         except KubeError as exc:
@@ -201,10 +158,6 @@ class Binder:
                 claim_uid=ref.uid,
                 error=exc.message,
             )
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def start(

@@ -15,42 +15,31 @@ from dradriver.kubeletplugin.state.records import ClaimRef
 Obj = dict[str, Any]
 
 
-def _dict(v: Any) -> Obj:
-    return v if isinstance(v, dict) else {}
-
-
-def _list(v: Any) -> list[Any]:
-    return v if isinstance(v, list) else []
-
-
 def ref_of(claim: Obj) -> ClaimRef:
-    meta = _dict(claim.get("metadata"))
+    meta = claim.get("metadata") or {}
     return ClaimRef(
         str(meta.get("namespace", "")), str(meta.get("uid", "")), str(meta.get("name", ""))
     )
 
 
+def _channel_entry(entries: list[Obj] | None, driver: str, node: str) -> Obj | None:
+    """Of allocation results or status.devices entries, the one of this node's channel."""
+    for e in entries or []:
+        if (e.get("driver"), e.get("pool"), e.get("device")) == (driver, node, cd.CHANNEL_DEVICE):
+            return e
+    return None
+
+
 def channel_result(claim: Obj, driver: str, node: str) -> Obj | None:
     """The allocation result that gives this node's channel device to the claim."""
-    alloc = _dict(_dict(claim.get("status")).get("allocation"))
-    for r in _list(_dict(alloc.get("devices")).get("results")):
-        r = _dict(r)
-        if (r.get("driver"), r.get("pool"), r.get("device")) == (driver, node, cd.CHANNEL_DEVICE):
-            return r
-    return None
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    return _channel_entry((alloc.get("devices") or {}).get("results"), driver, node)
 
 
 def conditions_of(claim: Obj, driver: str, node: str) -> dict[str, Obj]:
     """type -> condition, of the claim's status.devices entry for the channel device."""
-    for d in _list(_dict(claim.get("status")).get("devices")):
-        d = _dict(d)
-        if (d.get("driver"), d.get("pool"), d.get("device")) == (driver, node, cd.CHANNEL_DEVICE):
-            return {str(_dict(c).get("type")): _dict(c) for c in _list(d.get("conditions"))}
-    return {}
-
-
-def is_true(conds: Mapping[str, Obj], kind: str) -> bool:
-    return conds.get(kind, {}).get("status") == "True"
+    entry = _channel_entry((claim.get("status") or {}).get("devices"), driver, node) or {}
+    return {str(c.get("type")): c for c in entry.get("conditions") or []}
 
 
 @dataclass(frozen=True)
@@ -69,13 +58,14 @@ def waiting(claims: Iterable[Obj], driver: str, node: str, *, prepared: set[str]
     out = []
     for c in claims:
         r = channel_result(c, driver, node)
-        if r is None or cd.BINDING_CONDITION not in _list(r.get("bindingConditions")):
+        if r is None or cd.BINDING_CONDITION not in (r.get("bindingConditions") or []):
             continue
         ref = ref_of(c)
-        if ref.uid in prepared or _dict(c.get("metadata")).get("deletionTimestamp"):
+        if ref.uid in prepared or (c.get("metadata") or {}).get("deletionTimestamp"):
             continue
         conds = conditions_of(c, driver, node)
-        if is_true(conds, cd.BINDING_CONDITION) or is_true(conds, cd.BINDING_FAILURE):
+        done = (cd.BINDING_CONDITION, cd.BINDING_FAILURE)  # the daemon ready, or binding failed
+        if any(conds.get(k, {}).get("status") == "True" for k in done):
             continue
         out.append(Waiting(ref, c, conds.get(cd.BINDING_CONDITION)))
     return sorted(out, key=lambda w: (w.ref.namespace, w.ref.name))
@@ -105,13 +95,10 @@ def unchanged(said: Obj | None, new: Obj) -> bool:
 def status_body(ref: ClaimRef, driver: str, node: str, *, conds: list[Obj]) -> Obj:
     """A server-side apply of the channel's status.devices entry with these conditions
     (under a field manager of their own: prepare's Ready condition is another's)."""
+    entry = {"driver": driver, "pool": node, "device": cd.CHANNEL_DEVICE, "conditions": conds}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-        "status": {
-            "devices": [
-                {"driver": driver, "pool": node, "device": cd.CHANNEL_DEVICE, "conditions": conds}
-            ]
-        },
+        "status": {"devices": [entry]},
     }

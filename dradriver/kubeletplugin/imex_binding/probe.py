@@ -13,6 +13,11 @@ log = get_logger("kubeletplugin.imex_binding")
 
 
 def api_keeps_binding_conditions(kube: Kube, driver: str, node: str) -> bool:
+    device = {
+        "name": cd.CHANNEL_DEVICE,
+        "bindingConditions": [cd.BINDING_CONDITION],
+        "bindingFailureConditions": [cd.BINDING_FAILURE],
+    }
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -21,23 +26,12 @@ def api_keeps_binding_conditions(kube: Kube, driver: str, node: str) -> bool:
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": cd.CHANNEL_DEVICE,
-                    "bindingConditions": [cd.BINDING_CONDITION],
-                    "bindingFailureConditions": [cd.BINDING_FAILURE],
-                }
-            ],
+            "devices": [device],
         },
     }
+    path = path_for("resource.k8s.io/v1", "resourceslices")
     try:
-        got = kube.request(
-            "POST",
-            path_for("resource.k8s.io/v1", "resourceslices"),
-            body=body,
-            query={"dryRun": "All"},
-            timeout=10,
-        )
+        got = kube.request("POST", path, body=body, query={"dryRun": "All"}, timeout=10)
     except KubeError as exc:
         log.warning(
             "could not ask the API server about binding conditions; not using them",

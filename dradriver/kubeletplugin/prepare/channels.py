@@ -6,15 +6,15 @@ node: the scheduler allocates the device once, and a second is refused here too)
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 from typing import Any
 
-from dradriver.api.computedomain import CHANNEL_DEVICE
+from dradriver.api.computedomain import CHANNEL_DEVICE, CHANNEL_TYPE
 from dradriver.errors import ConfigError, DeviceError
+from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.prepare.cdi import qualified_name
 from dradriver.kubeletplugin.state.records import Checkpoint, ClaimRef, ImexDaemon, PreparedDevice
-
-KIND = "imex-channel"
+from dradriver.nvml.host import DeviceNode
 
 
 def is_channel(device: str) -> bool:
@@ -34,7 +34,7 @@ def channel_device(
     from dradriver.api.config import ComputeDomainChannelConfig, effective
 
     try:
-        cfg = effective(list(configs), KIND, request)
+        cfg = effective(list(configs), CHANNEL_TYPE, request)
     except ConfigError as exc:
         raise ConfigError(f"claim {ref}: {exc}", reason="config") from exc
     if not isinstance(cfg, ComputeDomainChannelConfig):
@@ -44,34 +44,47 @@ def channel_device(
             "(spec.channel.resourceClaimTemplate.name), whose config names the domain",
             reason="config",
         )
-    out = PreparedDevice(
+    return PreparedDevice(
         request_names=[request],
         pool=node,
         device=device,
-        cdi_device_ids=[],
-        kind=KIND,
+        # A channel is one CDI device: no shares, so its CDI name is the device's.
+        cdi_device_ids=[qualified_name(driver, device, ref.uid)],
+        kind=CHANNEL_TYPE,
         imex=ImexDaemon(cfg.domainUID, cfg.domain, ref.namespace, cfg.channel),
     )
-    return dataclasses.replace(out, cdi_device_ids=[qualified_name(driver, out.cdi_name, ref.uid)])
 
 
 def check_one_domain(cp: Checkpoint, ref: ClaimRef, channels: list[PreparedDevice]) -> None:
     """A node runs one IMEX daemon: a channel of another domain, or the same channel in
     another claim, is refused while a claim here holds one."""
     for other in cp.claims.values():
-        if other.uid == ref.uid:
-            continue
-        for od in other.devices:
-            if od.imex is None:
-                continue
-            for d in channels:
-                assert d.imex is not None
-                if od.device == d.device or od.imex.domain_uid != d.imex.domain_uid:
-                    raise DeviceError(
-                        f"claim {ref}: this node's IMEX daemon serves ComputeDomain "
-                        f"{od.imex.namespace}/{od.imex.domain} (claim "
-                        f"{other.namespace}/{other.name}, {od.device}); a node is in one "
-                        f"IMEX domain at a time, so {d.device} of ComputeDomain "
-                        f"{d.imex.namespace}/{d.imex.domain} waits until that one ends",
-                        reason="imex_node_busy",
-                    )
+        held = [od for od in other.devices if od.imex is not None and other.uid != ref.uid]
+        for od, d in itertools.product(held, channels):
+            assert od.imex is not None and d.imex is not None
+            if od.device == d.device or od.imex.domain_uid != d.imex.domain_uid:
+                raise DeviceError(
+                    f"claim {ref}: this node's IMEX daemon serves ComputeDomain "
+                    f"{od.imex.namespace}/{od.imex.domain} (claim "
+                    f"{other.namespace}/{other.name}, {od.device}); a node is in one "
+                    f"IMEX domain at a time, so {d.device} of ComputeDomain "
+                    f"{d.imex.namespace}/{d.imex.domain} waits until that one ends",
+                    reason="imex_node_busy",
+                )
+
+
+def channel_cdi_device(d: PreparedDevice, node: DeviceNode) -> cdi.CdiDevice:
+    """An IMEX channel in the container: its device node, and which domain and channel."""
+    assert d.imex is not None
+    return cdi.CdiDevice(
+        name=d.cdi_name,
+        device=d.device,
+        uuid="",
+        device_nodes=(node,),
+        group=",".join(d.request_names),
+        env=(
+            f"DRADRIVER_IMEX_CHANNEL={d.imex.channel}",
+            f"DRADRIVER_COMPUTE_DOMAIN={d.imex.namespace}/{d.imex.domain}",
+        ),
+        gpu=False,
+    )

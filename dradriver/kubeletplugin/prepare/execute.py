@@ -27,16 +27,16 @@ from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
 from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_edits, share_indices
 from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
 from dradriver.kubeletplugin.prepare import cdi
+from dradriver.kubeletplugin.prepare.channels import channel_cdi_device
 from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
 from dradriver.kubeletplugin.state.checkpoint.store import Journal
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     ClaimRecord,
-    PreparedDevice,
 )
 from dradriver.logs import get_logger
-from dradriver.nvml.host import DeviceNode, GpuHost
+from dradriver.nvml.host import GpuHost
 
 log = get_logger("kubeletplugin.execute")
 
@@ -102,7 +102,7 @@ class Executor:
             raise layered(exc, rec.ref) from exc
 
     def steps(self, rec: ClaimRecord, journal: Journal) -> list[Step]:
-        """The claim's hardware work in the order it is applied (steps.py), each step
+        """The claim's hardware work in the order it is applied, each step
         recording in `journal` what the next one needs durable first: only what the claim
         uses (a whole GPU on a node without dynamic MIG: its CDI spec alone)."""
         out: list[Step] = []
@@ -281,8 +281,6 @@ def _imex(imex: ImexSteps, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord
     return rec
 
 
-log = get_logger("kubeletplugin.steps")
-
 # How a layer's failure is prefixed in the claim's error (the CDI and checkpoint
 # layers' own errors say it already).
 LAYERS = {"MIG": "MIG layer: ", "sharing": "sharing layer: ", "IMEX": "IMEX layer: "}
@@ -374,10 +372,10 @@ def claim_spec(rec: ClaimRecord, *, driver: str, host: GpuHost) -> dict[str, Any
             env, mounts = container_edits(d)
         if d.share is not None:
             more_env, more_mounts = share_edits(d)
-            env += more_env + share_env(d)
+            env += more_env
             mounts += more_mounts
         if d.imex is not None:
-            devices.append(imex_device(d, host.imex_channel_node(d.imex.channel)))
+            devices.append(channel_cdi_device(d, host.imex_channel_node(d.imex.channel)))
             continue
         nodes = host.device_nodes(d.minor, d.mig_ids())
         devices.append(
@@ -398,34 +396,3 @@ def claim_spec(rec: ClaimRecord, *, driver: str, host: GpuHost) -> dict[str, Any
         claim_name=rec.ref,
         control_nodes=host.control_device_nodes(),
     )
-
-
-def imex_device(d: PreparedDevice, node: DeviceNode) -> cdi.CdiDevice:
-    """An IMEX channel in the container: its device node, and which domain and channel."""
-    assert d.imex is not None
-    return cdi.CdiDevice(
-        name=d.cdi_name,
-        device=d.device,
-        uuid="",
-        device_nodes=(node,),
-        group=",".join(d.request_names),
-        env=(
-            f"DRADRIVER_IMEX_CHANNEL={d.imex.channel}",
-            f"DRADRIVER_COMPUTE_DOMAIN={d.imex.namespace}/{d.imex.domain}",
-        ),
-        gpu=False,
-    )
-
-
-def share_env(d: PreparedDevice) -> list[str]:
-    """What a share was allocated, for the workload to size itself by (a framework's
-    memory fraction, a server's worker count): the shareID and the limits prepare
-    derived from the allocation (prepare/shares.py)."""
-    if d.share is None:
-        return []
-    env = [f"DRADRIVER_SHARE_ID={d.share.share_id}"]
-    if d.share.memory_limit is not None:
-        env.append(f"DRADRIVER_SHARE_MEMORY_LIMIT={d.share.memory_limit}")
-    if d.share.compute_limit is not None:
-        env.append(f"DRADRIVER_SHARE_COMPUTE_LIMIT={d.share.compute_limit}")
-    return env

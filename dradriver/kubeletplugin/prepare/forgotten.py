@@ -52,7 +52,7 @@ def forgotten_steps(ex: Executor, uid: str, ref: str) -> list[Step]:
             gpus = mig.release_forgotten(uid)
             if gpus:
                 mig.restore_modes(gpus, ex.profiles())
-            off = {g for g, c in mig.ledger.disabled_for().items() if c == uid}
+            off = {g for g, c in mig.ledger.load().mig_disabled.items() if c == uid}
             if off:
                 mig.restore_disabled(off, set())
 

@@ -7,6 +7,7 @@ apply, record"."""
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dradriver.crashpoints import crashpoint
-from dradriver.errors import CdiError, CheckpointError, ClaimStateError, DriverError
+from dradriver.errors import CheckpointError, ClaimStateError, DriverError, internal_error
 from dradriver.inventory.naming import GpuIdentity
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.k8s import Kube
@@ -25,11 +26,11 @@ from dradriver.kubeletplugin.prepare.claim_read import read_claim
 from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
 from dradriver.kubeletplugin.prepare.execute import Executor
 from dradriver.kubeletplugin.prepare.plan import plan
-from dradriver.kubeletplugin.prepare.reconcile import reconcile
+from dradriver.kubeletplugin.prepare.reconcile import at_start, release_earlier, restore
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore
 from dradriver.kubeletplugin.state.checkpoint.codec import check_readable, newer_file
 from dradriver.kubeletplugin.state.checkpoint.store import Committed, InLock
-from dradriver.kubeletplugin.state.files import NodeLock
+from dradriver.kubeletplugin.state.files import FileLock
 from dradriver.kubeletplugin.state.ledger import GpuLocks, record_gpus
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
@@ -37,7 +38,6 @@ from dradriver.kubeletplugin.state.records import (
     ClaimRecord,
     ClaimRef,
     PreparedDevice,
-    owned_partitions,
 )
 from dradriver.logs import get_logger
 from dradriver.slices.consumable import OFF, Consumable
@@ -46,23 +46,6 @@ log = get_logger("kubeletplugin.prepare")
 
 
 T = TypeVar("T")
-
-
-def internal_error(ref: ClaimRef, exc: Exception) -> DriverError:
-    """An exception no layer turned into a DriverError, as this claim's error: the log
-    has the traceback for a bug report."""
-    if isinstance(exc, RecursionError):
-        return DriverError(
-            f"claim {ref}: the claim nests too deeply to be read; simplify its parameters",
-            reason="too_deep",
-        )
-    text = str(exc)
-    text = text if len(text) <= 300 else text[:300] + "..."
-    return DriverError(
-        f"claim {ref}: internal error ({type(exc).__name__}: {text}); this is a bug in "
-        "dradriver, please report it with the plugin's log",
-        reason="internal",
-    )
 
 
 def each_claim(
@@ -93,7 +76,7 @@ def each_claim(
         except DriverError as exc:
             failed(ref, exc, start, trace=False)
         except Exception as exc:  # a bug or an input nobody foresaw: this claim only
-            failed(ref, internal_error(ref, exc), start, trace=True)
+            failed(ref, internal_error(str(ref), exc), start, trace=True)
         else:
             seconds.labels("ok").observe(time.monotonic() - start)
     return out
@@ -107,7 +90,7 @@ class UnpreparedMeanwhile:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._running: dict[int, float] = {}  # prepare token -> when it began (monotonic)
-        self._at: dict[str, float] = {}  # claim UID -> last unprepare, oldest first
+        self._at: dict[str, float] = {}  # claim UID -> its last unprepare
         self._tokens = itertools.count()
 
     def prepare_began(self) -> tuple[int, float]:
@@ -120,21 +103,14 @@ class UnpreparedMeanwhile:
     def prepare_ended(self, token: int) -> None:
         with self._lock:
             self._running.pop(token, None)
-            if not self._running:
-                self._at.clear()
+            # Only the prepares still running can ask about an unprepare.
+            oldest = min(self._running.values(), default=math.inf)
+            self._at = {uid: at for uid, at in self._at.items() if at >= oldest}
 
     def unprepared(self, uid: str) -> None:
         with self._lock:
-            if not self._running:
-                return  # every later prepare begins after this
-            self._at.pop(uid, None)  # re-inserted last: the dict stays in time order
-            self._at[uid] = time.monotonic()
-            oldest = min(self._running.values())
-            while self._at:
-                first = next(iter(self._at))
-                if self._at[first] >= oldest:
-                    break
-                del self._at[first]
+            if self._running:  # else every later prepare begins after this
+                self._at[uid] = time.monotonic()
 
     def since(self, uid: str, began: float) -> bool:
         """Whether `uid` was unprepared at or after `began`."""
@@ -152,13 +128,6 @@ class Prepared:
     error: str = ""
 
 
-@dataclass(frozen=True)
-class _OnGpus:
-    """An unprepare with hardware work: done under these GPUs' locks."""
-
-    gpus: frozenset[str]
-
-
 @dataclass
 class Preparer:
     driver: str
@@ -166,7 +135,7 @@ class Preparer:
     kube: Kube | None
     store: CheckpointStore
     executor: Executor
-    lock: NodeLock
+    lock: FileLock
     # The devices this node offers right now, by name (inventory.node_devices).
     devices: Callable[[], Mapping[str, NodeDevice]]
     metrics: Metrics
@@ -184,7 +153,7 @@ class Preparer:
     # Which GPU each device name was published for (state/name_book.py); None: no check.
     names: Callable[[], Mapping[str, GpuIdentity]] | None = None
 
-    def _load(self) -> Checkpoint:
+    def load(self) -> Checkpoint:
         """The checkpoint, unless a newer release wrote it in a form this release cannot
         read (codec.py's minReader): then every call is refused, and nothing it records
         is undone, redone or rewritten by this older release."""
@@ -206,7 +175,7 @@ class Preparer:
     def __post_init__(self) -> None:
         self.gpus = self.gpu_locks or GpuLocks(self.store.path.parent / "locks")
         # Claims whose hardware work a thread of this instance is doing right now.
-        self._in_flight: set[str] = set()
+        self.in_flight: set[str] = set()
 
     def _count(self, cp: Checkpoint) -> None:
         self.metrics.prepared_claims.set(len(cp.claims))
@@ -226,7 +195,7 @@ class Preparer:
         # step after the GET looks again under the lock, the other instance's records too.
         def look() -> list[PreparedDevice] | None:
             with self.lock:
-                return self._already_prepared(self._load(), ref)
+                return self._already_prepared(self.load(), ref)
 
         cached = self.store.cached
         looked = cached is None or bool(self.refusal) or ref.uid in cached.claims
@@ -242,7 +211,7 @@ class Preparer:
             return done
         local = self.devices()  # one view of the node for this whole prepare
         with self.lock:
-            done, rec = self._prepare_step(self._load(), ref, claim, local=local, began=began)
+            done, rec = self._prepare_step(self.load(), ref, claim, local=local, began=began)
         if rec is None:
             return done
         if rec.state != PREPARE_COMPLETED:
@@ -277,7 +246,7 @@ class Preparer:
             return done, None
         earlier = cp.claims.get(ref.uid)
         if earlier is not None:
-            self._release_earlier(cp, ref, earlier)
+            release_earlier(self, cp, ref, earlier=earlier)
         rec = plan(
             claim,
             ref,
@@ -293,12 +262,12 @@ class Preparer:
         )
         if self.executor.changes_hardware(rec):
             self.executor.check(rec)
-            self._in_flight.add(rec.uid)
+            self.in_flight.add(rec.uid)
             cp.claims[rec.uid] = rec  # the intent
             try:
                 self.store.save(cp)
             except OSError as exc:
-                self._in_flight.discard(rec.uid)
+                self.in_flight.discard(rec.uid)
                 raise CheckpointError(
                     f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint"
                 ) from exc
@@ -322,34 +291,13 @@ class Preparer:
                 reason="unprepared_meanwhile",
             )
 
-    def _release_earlier(self, cp: Checkpoint, ref: ClaimRef, earlier: ClaimRecord) -> None:
-        """An attempt whose rollback could not finish: release it before trying again,
-        or its MIG device or daemon would lose its only record. Unless it is not over:
-        a thread of this instance, or the other instance, is still at its hardware work
-        (its GPUs' locks are held), and must not be undone under it."""
-        held = None if ref.uid in self._in_flight else self.gpus.try_hold(record_gpus(earlier))
-        if held is None:
-            raise ClaimStateError(
-                f"claim {ref} is still being prepared by an earlier call (its GPUs are "
-                "busy with it); the kubelet retries",
-                reason="in_flight",
-            )
-        with held:
-            self.executor.rollback(InLock(cp, self.store), earlier)
-        if ref.uid in cp.claims:
-            raise ClaimStateError(
-                f"claim {ref}: an earlier attempt left devices that could "
-                "not be released yet; the kubelet retries",
-                reason="earlier_attempt",
-            )
-
     def _prepare_on_gpus(self, ref: ClaimRef, rec: ClaimRecord, began: float) -> ClaimRecord:
         """The hardware work of a claim whose intent is durable, under its GPUs' locks;
         the node lock only for each step's checkpoint update. An unprepare of the claim
         meanwhile (it waits for these locks) stops it from completing: rolled back."""
         journal = Committed(
             self.lock,
-            load=self._load,
+            load=self.load,
             store=self.store,
             guard=lambda: self._not_unprepared(ref, began, "worked on its GPUs"),
             changed=self._count,
@@ -358,37 +306,13 @@ class Preparer:
             with self.gpus.hold(record_gpus(rec)):
                 return self.executor.apply(journal, rec, time.time)
         finally:
-            self._in_flight.discard(rec.uid)
+            self.in_flight.discard(rec.uid)
 
     def _already_prepared(self, cp: Checkpoint, ref: ClaimRef) -> list[PreparedDevice] | None:
         rec = cp.claims.get(ref.uid)
         if rec is None or rec.state != PREPARE_COMPLETED:
             return None
-        try:
-            # /var/run/cdi is wiped at reboot: a recorded result without its spec (or the
-            # driver spec it names) would leave the container unable to start.
-            self.executor.ensure_driver_spec(rec)
-            if not self.executor.cdi_writer.exists(ref.uid):
-                self.executor.write_spec(rec)
-                log.info("CDI spec rewritten", claim=str(ref), claim_uid=ref.uid)
-        except ValueError as exc:
-            raise CdiError(f"claim {ref}: {exc}", reason="cdi_spec") from exc
-        except CdiError as exc:
-            raise exc.retold(f"claim {ref}: {exc}") from exc
-
-        journal = InLock(cp, self.store)
-        if self.executor.imex is not None:
-            rec = self.executor.imex.ensure(rec, journal.record)
-        if (pm := self.executor.pod_memory) is not None:
-            # Asked again after the kubelet's restart or a reboot: the pod's cgroup is new.
-            uid = rec.uid
-            limited = pm.apply(rec, lambda: journal.pod_memory(uid))
-            if limited is not None:
-                try:
-                    journal.record(limited)
-                except OSError as exc:  # the limit is set; its record follows at a later save
-                    log.warning("could not save a share's pod cgroups", error=str(exc))
-        return rec.devices
+        return restore(self.executor, rec, InLock(cp, self.store)).devices
 
     def _claim(self, ref: ClaimRef) -> dict[str, Any]:
         if self.read_claim is not None:
@@ -404,8 +328,8 @@ class Preparer:
     def _unprepare_one(self, ref: ClaimRef) -> None:
         check_ref(ref)
         with self.lock:
-            got = self._unprepare_step(self._load(), ref)
-        rec = self._unprepare_on_gpus(ref, got.gpus) if isinstance(got, _OnGpus) else got
+            got = self._unprepare_step(self.load(), ref)
+        rec = self._unprepare_on_gpus(ref, got) if isinstance(got, frozenset) else got
         if rec is None:
             return
         log.info(
@@ -417,7 +341,9 @@ class Preparer:
         if self.status:
             self.status.unprepared(ref)
 
-    def _unprepare_step(self, cp: Checkpoint, ref: ClaimRef) -> ClaimRecord | _OnGpus | None:
+    def _unprepare_step(self, cp: Checkpoint, ref: ClaimRef) -> ClaimRecord | frozenset[str] | None:
+        """The claim's record released under the node lock; or the GPUs under whose locks
+        its release must be done (hardware work); or None, nothing recorded."""
         check_readable(cp, ref, "unpreparing")
         self.meanwhile.unprepared(ref.uid)
         rec = cp.claims.get(ref.uid)
@@ -427,12 +353,12 @@ class Preparer:
             # hardware under the GPUs' locks, like any other claim's.
             gpus = forgotten.forgotten_gpus(self.executor, ref.uid)
             if gpus is not None:
-                return _OnGpus(frozenset(gpus))
+                return frozenset(gpus)
             # The ledger, just read, holds nothing for it: not read a second time.
             forgotten.remove_forgotten_spec(self.executor, ref.uid, str(ref))
             return None
         if self.executor.changes_hardware(rec):
-            return _OnGpus(frozenset(record_gpus(rec)))
+            return frozenset(record_gpus(rec))
         # A failed save leaves it recorded on disk: the kubelet's retry releases it again.
         self.executor.release(InLock(cp, self.store), rec)
         self._count(cp)
@@ -445,7 +371,7 @@ class Preparer:
         while True:
             with self.gpus.hold(gpus):
                 with self.lock:
-                    rec = self._load().claims.get(ref.uid)
+                    rec = self.load().claims.get(ref.uid)
                 if rec is None:
                     # Its prepare rolled back, another call released it, or its record
                     # was lost: what the ledger still holds for it is undone.
@@ -457,7 +383,7 @@ class Preparer:
                     continue
                 if record_gpus(rec) <= gpus:
                     journal = Committed(
-                        self.lock, load=self._load, store=self.store, changed=self._count
+                        self.lock, load=self.load, store=self.store, changed=self._count
                     )
                     self.executor.release(journal, rec)
                     return rec
@@ -465,23 +391,5 @@ class Preparer:
 
     # -- startup ---------------------------------------------------------------------------
     def reconcile(self) -> bool:
-        """Finishes what a crash or reboot left (see reconcile.py). Every GPU's lock
-        first: the other instance's hardware work in progress is not a crash's leftover.
-        True when it changed the partitions the checkpoint holds (an interrupted carve
-        undone): what was discovered before, and published, must be discovered again."""
-        local = self.devices().values()
-        every = {d.gpu.uuid for d in local} | {str(d.uuid) for d in local if d.uuid}
-        with self.gpus.hold(every), self.lock:
-            self.store.remove_stale_temps()
-            try:
-                before = owned_partitions(self._load())
-            except ClaimStateError:
-                log.error(
-                    "CHECKPOINT FROM A NEWER RELEASE: not reconciling, and refusing every "
-                    "prepare and unprepare until it is resolved",
-                    error=self.refusal,
-                )
-                return False
-            cp = reconcile(self.store, self.executor, self.devices)
-            self.metrics.prepared_claims.set(len(cp.claims))
-            return owned_partitions(cp) != before
+        """Finishes what a crash or reboot left (reconcile.py's at_start)."""
+        return at_start(self)

@@ -1,23 +1,59 @@
-"""Startup: finish what a crash or a reboot left. Interrupted prepares are undone (MIG
-instances included), completed claims get their MIG devices, MPS daemons and CDI specs
-back, and spec files no claim owns are removed."""
+"""What a crash or a reboot left, finished: at startup, interrupted prepares are undone
+(MIG instances included), completed claims get their MIG devices, MPS daemons and CDI
+specs back, and spec files no claim owns are removed; a prepared claim asked for again
+gets back what a reboot took (restore), and an earlier attempt whose rollback could not
+finish is released before the next (release_earlier)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from dradriver.errors import CdiError, MigError, SharingError
+from dradriver.errors import CdiError, ClaimStateError, MigError, SharingError
 from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.hardware import mig_startup
 from dradriver.kubeletplugin.prepare.execute import Executor, undo_all
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, reconcile_boot
-from dradriver.kubeletplugin.state.checkpoint.store import InLock, held_whole
+from dradriver.kubeletplugin.state.checkpoint.store import InLock, Journal, held_whole
+from dradriver.kubeletplugin.state.ledger import record_gpus
 from dradriver.kubeletplugin.state.pod_limits import pod_totals
-from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, Checkpoint, ClaimRecord
+from dradriver.kubeletplugin.state.records import (
+    PREPARE_COMPLETED,
+    Checkpoint,
+    ClaimRecord,
+    ClaimRef,
+    owned_partitions,
+)
 from dradriver.logs import get_logger
 
+if TYPE_CHECKING:
+    from dradriver.kubeletplugin.prepare.preparer import Preparer
+
 log = get_logger("kubeletplugin.reconcile")
+
+
+def at_start(p: Preparer) -> bool:
+    """Every GPU's lock first: the other instance's hardware work in progress is not a
+    crash's leftover. True when it changed the partitions the checkpoint holds (an
+    interrupted carve undone): what was discovered before, and published, must be
+    discovered again."""
+    local = p.devices().values()
+    every = {d.gpu.uuid for d in local} | {str(d.uuid) for d in local if d.uuid}
+    with p.gpus.hold(every), p.lock:
+        p.store.remove_stale_temps()
+        try:
+            before = owned_partitions(p.load())
+        except ClaimStateError:
+            log.error(
+                "CHECKPOINT FROM A NEWER RELEASE: not reconciling, and refusing every "
+                "prepare and unprepare until it is resolved",
+                error=p.refusal,
+            )
+            return False
+        cp = reconcile(p.store, p.executor, p.devices)
+        p.metrics.prepared_claims.set(len(cp.claims))
+        return owned_partitions(cp) != before
 
 
 def reconcile(
@@ -105,6 +141,56 @@ def reconcile(
         keep = lost | set(cp.unreadable)
         ex.mig.restore_disabled(set(profiles), held_whole(cp), keep_for=keep)
     return cp
+
+
+def restore(ex: Executor, rec: ClaimRecord, journal: Journal) -> ClaimRecord:
+    """A prepared claim asked for again: what a reboot or the kubelet's restart took
+    is brought back (its CDI spec, its IMEX daemon, its pod's cgroup limits)."""
+    try:
+        # /var/run/cdi is wiped at reboot: a recorded result without its spec (or the
+        # driver spec it names) would leave the container unable to start.
+        ex.ensure_driver_spec(rec)
+        if not ex.cdi_writer.exists(rec.uid):
+            ex.write_spec(rec)
+            log.info("CDI spec rewritten", claim=rec.ref, claim_uid=rec.uid)
+    except ValueError as exc:
+        raise CdiError(f"claim {rec.ref}: {exc}", reason="cdi_spec") from exc
+    except CdiError as exc:
+        raise exc.retold(f"claim {rec.ref}: {exc}") from exc
+    if ex.imex is not None:
+        rec = ex.imex.ensure(rec, journal.record)
+    if ex.pod_memory is not None:
+        # The pod's cgroup is new after the kubelet's restart or a reboot.
+        uid = rec.uid
+        limited = ex.pod_memory.apply(rec, lambda: journal.pod_memory(uid))
+        if limited is not None:
+            try:
+                journal.record(limited)
+            except OSError as exc:  # the limit is set; its record follows at a later save
+                log.warning("could not save a share's pod cgroups", error=str(exc))
+    return rec
+
+
+def release_earlier(p: Preparer, cp: Checkpoint, ref: ClaimRef, *, earlier: ClaimRecord) -> None:
+    """An attempt whose rollback could not finish: release it before trying again,
+    or its MIG device or daemon would lose its only record. Unless it is not over:
+    a thread of this instance, or the other instance, is still at its hardware work
+    (its GPUs' locks are held), and must not be undone under it."""
+    held = None if ref.uid in p.in_flight else p.gpus.try_hold(record_gpus(earlier))
+    if held is None:
+        raise ClaimStateError(
+            f"claim {ref} is still being prepared by an earlier call (its GPUs are "
+            "busy with it); the kubelet retries",
+            reason="in_flight",
+        )
+    with held:
+        p.executor.rollback(InLock(cp, p.store), earlier)
+    if ref.uid in cp.claims:
+        raise ClaimStateError(
+            f"claim {ref}: an earlier attempt left devices that could "
+            "not be released yet; the kubelet retries",
+            reason="earlier_attempt",
+        )
 
 
 def _others(cp: Checkpoint, uid: str) -> dict[tuple[str, str], int]:

@@ -8,13 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dradriver.k8s import Kube
+from dradriver.k8s import Kube, KubeError, NotFound, path_for
 from dradriver.kubeletplugin.prepare.cdi import CdiWriter
 from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost
-
-# Where NVIDIA's container toolkit packages install the hook.
-DEFAULT_HOOK = "/usr/bin/nvidia-cdi-hook"
 
 log = get_logger("kubeletplugin.wiring")
 
@@ -38,7 +35,6 @@ def imex_steps(
         return None
     from dradriver.api import computedomain as cd
     from dradriver.errors import ImexError
-    from dradriver.k8s import KubeError, NotFound, path_for
     from dradriver.kubeletplugin.hardware.imex import ImexSteps
 
     def domain_of(namespace: str, name: str) -> dict[str, Any]:
@@ -91,7 +87,8 @@ def driver_spec(
             installed = Path(hook)
         except DriverFilesError as exc:
             log.error("no nvidia-cdi-hook for the driver spec", error=str(exc))
-            hook = DEFAULT_HOOK  # the toolkit's own place, where the node may have one
+            # Where NVIDIA's container toolkit packages install it: the node may have one.
+            hook = "/usr/bin/nvidia-cdi-hook"
     files = DriverFiles(
         driver_root=opts.driver_root, host_driver_root=opts.host_driver_root, hook_path=hook
     )

@@ -7,30 +7,31 @@ so a kill at any instant leaves nothing nobody knows was changed; startup and th
 kubelet's unprepare of a forgotten claim undo what it holds. The keys and why each fact
 lives here rather than in the checkpoint: docs/design.md, "What the node writes".
 
-Every change is one read-modify-write under the ledger's lock (files.locked_update):
-prepares on different GPUs change it at once (threads, or the other instance during a
-rolling update). Loading never raises: an unreadable ledger is moved aside and reported,
-and the driver carries on with an empty one.
+Every change is one read-modify-write under the ledger's lock (Ledger._update): prepares
+on different GPUs change it at once (threads, or the other instance during a rolling
+update). Loading never raises: an unreadable ledger is moved aside and reported, and the
+driver carries on with an empty one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dradriver.kubeletplugin.state.files import (
     FileLock,
     LockTimeout,
     atomic_write,
-    locked_update,
+    from_json,
     move_aside,
+    to_json,
 )
-from dradriver.kubeletplugin.state.records import ClaimRecord, from_json, to_json
+from dradriver.kubeletplugin.state.records import ClaimRecord
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.ledger")
@@ -110,13 +111,9 @@ class Entries:
 
     def owner(self, gpu_uuid: str, gpu_instance_id: int) -> str | None:
         """The claim this driver created that GPU instance for, if it did."""
+        key = (gpu_uuid, gpu_instance_id)
         return next(
-            (
-                i.claim
-                for i in self.instances
-                if (i.gpu_uuid, i.gpu_instance_id) == (gpu_uuid, gpu_instance_id)
-            ),
-            None,
+            (i.claim for i in self.instances if (i.gpu_uuid, i.gpu_instance_id) == key), None
         )
 
     def intended_for(self, slot: tuple[str, int, int]) -> str | None:
@@ -142,8 +139,7 @@ class Ledger:
         if isinstance(e, Entries):
             return e
         with self._lock:  # moved aside by one reader, never over a writer's new file
-            e = self._read()
-            return e if isinstance(e, Entries) else self._aside(e)
+            return self._read_or_aside()
 
     def _read(self) -> Entries | str:
         """The entries, or why they cannot be read."""
@@ -153,102 +149,94 @@ class Ledger:
             return Entries()
         except (OSError, ValueError, RecursionError) as exc:
             return f"unreadable: {exc}"
+        if not isinstance(doc, dict):
+            return "unexpected content: not an object"
+        if not isinstance(version := doc.get("version"), int) or version < 1:
+            return f"unexpected content: version {version!r}"
+        # A newer release's ledger is read for the keys this one knows: entries are only ever
+        # undone, so reading fewer never changes what the newer release still uses.
         try:
-            return _decode(doc)
+            entries: Entries = from_json(Entries, doc, "ledger")
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             return f"unexpected content: {exc}"
+        return entries
 
-    def _aside(self, reason: str) -> Entries:
+    def _read_or_aside(self) -> Entries:
+        """Under the lock: the entries, or none, the unreadable file moved aside."""
+        e = self._read()
+        if isinstance(e, Entries):
+            return e
         log.error(
             "LEDGER UNREADABLE: what the driver changed on this node is no longer known: "
             "MIG modes it switched, MIG instances it made, compute modes and time slices it "
             "set may need undoing by hand (`nvidia-smi mig -lgi`, `nvidia-smi -c DEFAULT`)",
             path=str(self.path),
-            reason=reason,
+            reason=e,
             moved_to=move_aside(self.path),
         )
         return Entries()
 
-    def _write(self, e: Entries) -> None:
-        doc = {"version": VERSION, **to_json(e)}
-        atomic_write(self.path, json.dumps(doc, sort_keys=True).encode(), 0o600)
-
-    def _update(self, change: Callable[[Entries], bool]) -> Entries:
-        """Read, change (returns whether it changed anything), write: one at a time."""
-
-        def read() -> Entries:
-            e = self._read()
-            return e if isinstance(e, Entries) else self._aside(e)
-
-        return locked_update(self._lock, read, change, write=self._write)
+    def _update(self, change: Callable[[Entries], object]) -> Entries:
+        """Read, change, write (only if it changed anything), all under the lock, so that
+        no writer saves a stale read over another's change. The entries after."""
+        with self._lock:
+            e = self._read_or_aside()
+            before = to_json(e)
+            change(e)
+            if to_json(e) != before:
+                doc = json.dumps({"version": VERSION, **to_json(e)}, sort_keys=True)
+                atomic_write(self.path, doc.encode(), 0o600)
+            return e
 
     # -- MIG -------------------------------------------------------------------------------
-    def instances(self) -> list[OwnedInstance]:
-        return self.load().instances
-
-    def disabled_for(self) -> dict[str, str]:
-        """GPU -> the claim MIG mode was switched off for ("" where not known)."""
-        return self.load().mig_disabled
-
     def mig_enabling(self, gpu: str) -> None:
         """Recorded before MIG mode is switched on on `gpu` for a partition."""
-        self._update(lambda e: _added(e.mig_enabled, gpu))
+        self._update(lambda e: e.mig_enabled.add(gpu))
 
     def mig_enabled_restored(self, gpu: str) -> None:
         """MIG mode is off again on `gpu`, as it was before this driver switched it on."""
-        self._update(lambda e: _removed(e.mig_enabled, gpu))
+        self._update(lambda e: e.mig_enabled.discard(gpu))
 
     def mig_disabling(self, gpu: str, claim: str) -> None:
         """Recorded before MIG mode is switched off on `gpu` for `claim`'s whole GPU."""
-
-        def change(e: Entries) -> bool:
-            e.mig_disabled[gpu] = claim
-            return True
-
-        self._update(change)
+        self._update(lambda e: e.mig_disabled.update({gpu: claim}))
 
     def mig_disabled_restored(self, gpu: str) -> None:
         """MIG mode is on again on `gpu`, as it was before this driver switched it off."""
-        self._update(lambda e: e.mig_disabled.pop(gpu, None) is not None)
+        self._update(lambda e: e.mig_disabled.pop(gpu, None))
 
     def intending(self, slot: tuple[str, int, int], claim: str) -> None:
         """Recorded before the carve at `slot` for `claim` (replacing a stale intent)."""
         gpu, profile, placement = slot
-
-        def change(e: Entries) -> bool:
-            e.instances = [i for i in e.instances if not (i.pending and i.slot == slot)]
-            e.instances.append(OwnedInstance(gpu, None, profile, placement, claim))
-            return True
-
-        self._update(change)
+        self._instances(slot, add=OwnedInstance(gpu, None, profile, placement, claim))
 
     def intent_dropped(self, slot: tuple[str, int, int]) -> None:
         """Nothing was made at `slot` (or it is destroyed): the intent goes."""
-        self._keep(lambda i: not (i.pending and i.slot == slot))
+        self._instances(slot)
 
     def instance_created(self, inst: OwnedInstance) -> None:
         """The instance exists with its ID: replaces the intent at its slot."""
+        self._instances(inst.slot, made=(inst.gpu_uuid, inst.gpu_instance_id), add=inst)
 
-        def change(e: Entries) -> bool:
+    def instance_destroyed(self, gpu_uuid: str, gpu_instance_id: int) -> None:
+        self._instances(None, made=(gpu_uuid, gpu_instance_id))
+
+    def _instances(
+        self,
+        intent: tuple[str, int, int] | None,
+        *,
+        made: tuple[str, int | None] | None = None,
+        add: OwnedInstance | None = None,
+    ) -> None:
+        """Drops the intent at slot `intent` and the instance `made` (GPU UUID, GPU
+        instance ID), then adds `add`."""
+
+        def change(e: Entries) -> None:
             e.instances = [
                 i
                 for i in e.instances
-                if (i.gpu_uuid, i.gpu_instance_id) != (inst.gpu_uuid, inst.gpu_instance_id)
-                and not (i.pending and i.slot == inst.slot)
-            ] + [inst]
-            return True
-
-        self._update(change)
-
-    def instance_destroyed(self, gpu_uuid: str, gpu_instance_id: int) -> None:
-        self._keep(lambda i: (i.gpu_uuid, i.gpu_instance_id) != (gpu_uuid, gpu_instance_id))
-
-    def _keep(self, keep: Callable[[OwnedInstance], bool]) -> None:
-        def change(e: Entries) -> bool:
-            kept = [i for i in e.instances if keep(i)]
-            changed = len(kept) != len(e.instances)
-            e.instances = kept
-            return changed
+                if not (i.pending and i.slot == intent) and (i.gpu_uuid, i.gpu_instance_id) != made
+            ] + ([add] if add else [])
 
         self._update(change)
 
@@ -256,91 +244,44 @@ class Ledger:
     def mode_changing(self, gpu: str, before: int, claim: str) -> int:
         """Records, before the change, the mode `gpu` had; returns the recorded one (an
         earlier record wins: it is what the GPU had before this driver touched it)."""
-
-        def change(e: Entries) -> bool:
-            if gpu in e.compute_mode:
-                return False
-            e.compute_mode[gpu] = ModeChange(before, claim)
-            return True
-
-        return self._update(change).compute_mode[gpu].before
+        e = self._update(lambda e: e.compute_mode.setdefault(gpu, ModeChange(before, claim)))
+        return e.compute_mode[gpu].before
 
     def mode_restored(self, gpu: str) -> None:
-        self._update(lambda e: e.compute_mode.pop(gpu, None) is not None)
+        self._update(lambda e: e.compute_mode.pop(gpu, None))
 
     def slice_changing(self, gpu: str, claim: str) -> None:
-        def change(e: Entries) -> bool:
-            if e.time_slice.get(gpu) == claim:
-                return False
-            e.time_slice[gpu] = claim
-            return True
-
-        self._update(change)
+        self._update(lambda e: e.time_slice.update({gpu: claim}))
 
     def slice_restored(self, gpu: str) -> None:
-        self._update(lambda e: e.time_slice.pop(gpu, None) is not None)
+        self._update(lambda e: e.time_slice.pop(gpu, None))
 
     def shared_daemon(self, device: str, *, gpu: str, mode_before: int | None) -> SharedDaemon:
         """Records the device's shared daemon before it starts, keeping its members and
         the first mode recorded for its GPU."""
 
-        def change(e: Entries) -> bool:
+        def change(e: Entries) -> None:
             old = e.shared.get(device)
             before = old.mode_before if old is not None and old.gpu == gpu else mode_before
             members = dict(old.members) if old is not None else {}
             e.shared[device] = SharedDaemon(gpu, before, members)
-            return True
 
         return self._update(change).shared[device]
 
     def member(self, device: str, share: str, claim: str | None) -> SharedDaemon | None:
         """Adds (claim) or removes (None) a share of the device's daemon; what is left."""
 
-        def change(e: Entries) -> bool:
-            d = e.shared.get(device)
-            if d is None:
-                return False
-            members = dict(d.members)
-            if claim is None:
-                if members.pop(share, None) is None:
-                    return False
-            elif members.get(share) == claim:
-                return False
-            else:
-                members[share] = claim
-            e.shared[device] = SharedDaemon(d.gpu, d.mode_before, members)
-            return True
+        def change(e: Entries) -> None:
+            if (d := e.shared.get(device)) is not None:
+                members = {s: c for s, c in d.members.items() if s != share}
+                if claim is not None:
+                    members[share] = claim
+                e.shared[device] = dataclasses.replace(d, members=members)
 
         return self._update(change).shared.get(device)
 
     def shared_stopped(self, device: str) -> None:
-        self._update(lambda e: e.shared.pop(device, None) is not None)
-
-
-def _added(into: set[str], item: str) -> bool:
-    if item in into:
-        return False
-    into.add(item)
-    return True
-
-
-def _removed(source: set[str], item: str) -> bool:
-    if item not in source:
-        return False
-    source.discard(item)
-    return True
-
-
-def _decode(doc: Any) -> Entries:
-    if not isinstance(doc, dict):
-        raise ValueError("not an object")
-    version = doc.get("version")
-    if not isinstance(version, int) or version < 1:
-        raise ValueError(f"version {version!r}")
-    # A newer release's ledger is read for the keys this one knows: entries are only ever
-    # undone, so reading fewer never changes what the newer release still uses.
-    entries: Entries = from_json(Entries, doc, "ledger")
-    return entries
+        self._update(lambda e: e.shared.pop(device, None))
 
 
 def held_instances(ledger: Ledger, owned: set[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
@@ -352,13 +293,8 @@ def held_instances(ledger: Ledger, owned: set[tuple[str, int, int]]) -> set[tupl
 def record_gpus(rec: ClaimRecord) -> set[str]:
     """What a claim's hardware work touches: the GPU a partition is carved on, a whole
     GPU (MIG mode, compute mode, time slice), an existing MIG device (its daemon)."""
-    gpus: set[str] = set()
-    for d in rec.devices:
-        if d.carve is not None:
-            gpus.add(d.carve.gpu_uuid)
-        elif d.uuid:
-            gpus.add(d.uuid)
-    return gpus
+    carved = {d.carve.gpu_uuid for d in rec.devices if d.carve is not None}
+    return carved | {d.uuid for d in rec.devices if d.carve is None and d.uuid}
 
 
 class GpuLocks:
@@ -369,31 +305,26 @@ class GpuLocks:
 
     def _lock(self, gpu: str) -> FileLock:
         with self._made:
-            lock = self._locks.get(gpu)
-            if lock is None:
+            if gpu not in self._locks:
                 # A UUID is "GPU-" or "MIG-" and hex: safe as a file name.
-                lock = self._locks[gpu] = FileLock(self.directory / f"{gpu}.lock")
-            return lock
+                self._locks[gpu] = FileLock(self.directory / f"{gpu}.lock")
+            return self._locks[gpu]
 
-    @contextlib.contextmanager
-    def hold(self, gpus: Iterable[str]) -> Iterator[None]:
-        """Waits for every GPU's lock, in sorted order."""
-        with contextlib.ExitStack() as held:
+    def hold(self, gpus: Iterable[str], timeout: float | None = None) -> contextlib.ExitStack:
+        """Every GPU's lock, in sorted order, as a stack to close (or to enter as a
+        context); waits for each (or raises LockTimeout after `timeout`)."""
+        with contextlib.ExitStack() as held:  # released again if one cannot be had
             for gpu in sorted(set(gpus)):
-                held.enter_context(self._lock(gpu))
-            yield
+                lock = self._lock(gpu)
+                lock.acquire(timeout)
+                held.callback(lock.release)
+            return held.pop_all()
 
     def try_hold(self, gpus: Iterable[str]) -> contextlib.ExitStack | None:
         """Every GPU's lock without waiting (the caller may hold the node lock), as a
         stack to close; None if any is held, by a thread of this instance or by the other
         instance: its hardware work on that GPU is in progress."""
-        held = contextlib.ExitStack()
         try:
-            for gpu in sorted(set(gpus)):
-                lock = self._lock(gpu)
-                lock.acquire(timeout=0)
-                held.callback(lock.release)
+            return self.hold(gpus, timeout=0)
         except LockTimeout:
-            held.close()
             return None
-        return held

@@ -62,16 +62,13 @@ class NameBook:
     def learn(self, gpus: Iterable[Gpu]) -> None:
         """Records the names of the GPUs published now; a name already bound to another
         GPU is re-bound (it is what the slices say from now on) and logged."""
-        self._add({gpu_device_name(g): GpuIdentity.of(g) for g in gpus})
-
-    def _add(self, found: Mapping[str, GpuIdentity]) -> None:
+        found = {gpu_device_name(g): GpuIdentity.of(g) for g in gpus}
         with self._lock:
             changed = {n: i for n, i in found.items() if self._names.get(n) != i}
             if not changed:
                 return
             for name, ident in changed.items():
-                before = self._names.get(name)
-                if before is not None and before.uuid != ident.uuid:
+                if (before := self._names.get(name)) is not None and before.uuid != ident.uuid:
                     log.warning(
                         "device name now stands for another GPU",
                         device=name,

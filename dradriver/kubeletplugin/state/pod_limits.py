@@ -9,6 +9,7 @@ nothing) adds nothing and sets nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -24,27 +25,18 @@ class PodLimit:
 
 def limited(d: PreparedDevice) -> bool:
     s = d.share
-    return (
-        s is not None
-        and not d.admin_access
-        and d.kind == "gpu"
-        and bool(d.uuid)
-        and s.memory_limit is not None
-        and bool(s.pods)
-    )
+    if s is None or s.memory_limit is None or d.admin_access:
+        return False
+    return d.kind == "gpu" and bool(d.uuid) and bool(s.pods)
 
 
 def pod_totals(records: Iterable[ClaimRecord]) -> dict[tuple[str, str], int]:
     """(GPU UUID, pod UID) -> the memory of the shares in `records` held for that pod."""
-    out: dict[tuple[str, str], int] = {}
-    for rec in records:
-        for d in rec.devices:
-            if not limited(d):
-                continue
-            assert d.share is not None and d.share.memory_limit is not None and d.uuid
-            for pod in d.share.pods:
-                key = (d.uuid, pod)
-                out[key] = out.get(key, 0) + d.share.memory_limit
+    out: Counter[tuple[str, str]] = Counter()
+    for d in (d for rec in records for d in rec.devices if limited(d)):
+        assert d.share is not None and d.share.memory_limit is not None and d.uuid
+        for pod in d.share.pods:
+            out[(d.uuid, pod)] += d.share.memory_limit
     return out
 
 

@@ -4,18 +4,18 @@ its GPU's minor number. The planner (prepare/plan.py) makes them; they are froze
 each step of the executor (prepare/execute.py) returns a new one as its work leaves it
 (`with_device`), and the checkpoint keeps them (checkpoint/) without copying.
 
-Every record converts to and from JSON through the one converter at its end; keys a
+Every record converts to and from JSON through the one converter (files.py); keys a
 release does not know are carried through unchanged (docs/design.md, "The checkpoint's format").
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import types
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Final
+
+from dradriver.kubeletplugin.state.files import CheckpointCorrupt, from_json, to_json
 
 PREPARE_STARTED: Final = "PrepareStarted"
 PREPARE_COMPLETED: Final = "PrepareCompleted"
@@ -177,136 +177,6 @@ def owned_partitions(cp: Checkpoint) -> set[tuple[str, int, int]]:
         for d in rec.devices
         if d.carve is not None
     }
-
-
-# -- the one converter between records and JSON ----------------------------------------------
-# Driven by each dataclass's fields and type hints: a field's key is its name in camelCase
-# (or its metadata's "key"), a field left at its default is not written (but where its
-# metadata says "always"), pairs of strings are a JSON object, and a union of records is
-# told apart by each one's TAG ("strategy"). Reading checks every type and names the path
-# of what it found wrong; keys a record does not know are kept in its `unknown` field where
-# it has one, else skipped.
-
-
-class CheckpointCorrupt(ValueError):
-    """The bytes are not state this release can trust."""
-
-
-@functools.cache
-def _fields(cls: type) -> tuple[tuple[str, str, Any, bool], ...]:
-    """(name, key, default or MISSING, written even at its default) of each field of the
-    record class but `unknown`, worked out once per class: a save writes every claim's
-    record, and working it out field by field was most of the CPU a save spent."""
-    out = []
-    for f in dataclasses.fields(cls):
-        head, *rest = f.name.split("_")
-        key = f.metadata.get("key", head + "".join(w.title() for w in rest))
-        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-        out.append((f.name, key, default, bool(f.metadata.get("always"))))
-    return tuple(x for x in out if x[0] != "unknown")
-
-
-_SCALARS = (str, int, float, type(None))  # bool is an int
-
-
-def to_json(value: Any) -> Any:
-    """`value` as JSON: records as objects, tuples, lists and sets as arrays, pairs as
-    objects."""
-    if isinstance(value, _SCALARS):
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = dict(getattr(value, "unknown", None) or {})
-        if (tag := getattr(value, "TAG", None)) is not None:
-            out["strategy"] = tag
-        for name, key, default, always in _fields(type(value)):
-            v = getattr(value, name)
-            if always or v != default:
-                out[key] = v if isinstance(v, _SCALARS) else to_json(v)
-        return out
-    if isinstance(value, tuple) and value and all(_is_pair(p) for p in value):
-        return {k: v for k, v in value}
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    if isinstance(value, (list, tuple)):
-        return [to_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: to_json(v) for k, v in value.items()}
-    return value
-
-
-def _is_pair(p: Any) -> bool:
-    return isinstance(p, tuple) and len(p) == 2 and all(isinstance(s, str) for s in p)
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
-def from_json(tp: Any, value: Any, where: str) -> Any:
-    """`value` read as type `tp`; raises CheckpointCorrupt naming `where` and the path."""
-    origin, args = get_origin(tp), get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        return _union(args, value, where)
-    if dataclasses.is_dataclass(tp):
-        return _record(tp, value, where)
-    if origin is tuple:
-        if args[0] == tuple[str, str]:
-            pairs = _typed(value, dict, where)
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
-                raise CheckpointCorrupt(f"{where}: expected strings")
-            return tuple(sorted(pairs.items()))
-        items = _typed(value, list, where)
-        return tuple(from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(items))
-    if origin in (list, set):
-        items = _typed(value, list, where)
-        return origin(from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(items))
-    if origin is dict:
-        return {
-            k: from_json(args[1], v, f"{where}.{k}") for k, v in _typed(value, dict, where).items()
-        }
-    if tp is float:
-        return float(_typed(value, (int, float), where))
-    return _typed(value, tp, where)
-
-
-def _typed(value: Any, tp: type | tuple[type, ...], where: str) -> Any:
-    types_ = tp if isinstance(tp, tuple) else (tp,)
-    # bool is an int in Python but never a valid number here.
-    if not isinstance(value, types_) or (isinstance(value, bool) and bool not in types_):
-        names = " or ".join(t.__name__ for t in types_)
-        raise CheckpointCorrupt(f"{where}: expected {names}, got {value!r:.60}")
-    return value
-
-
-def _union(args: tuple[Any, ...], value: Any, where: str) -> Any:
-    if value is None and type(None) in args:
-        return None
-    options = [a for a in args if a is not type(None)]
-    if len(options) == 1:
-        return from_json(options[0], value, where)
-    tag = _typed(value, dict, where).get("strategy")
-    for option in options:
-        if getattr(option, "TAG", None) == tag:
-            return from_json(option, value, where)
-    raise CheckpointCorrupt(f"{where}.strategy: unknown {tag!r}")
-
-
-def _record(cls: Any, value: Any, where: str) -> Any:
-    obj = _typed(value, dict, where)
-    hints, known, kwargs = _hints(cls), {"strategy", "unknown"}, {}
-    for name, k, default, _ in _fields(cls):
-        known.add(k)
-        if k not in obj and default is dataclasses.MISSING:
-            raise CheckpointCorrupt(f"{where}: missing {k!r}")
-        if obj.get(k) is None and default is not dataclasses.MISSING:
-            continue  # absent or null: the default
-        kwargs[name] = from_json(hints[name], obj[k], f"{where}.{k}")
-    if "unknown" in {f.name for f in dataclasses.fields(cls)}:
-        kwargs["unknown"] = {k: v for k, v in obj.items() if k not in known}
-    return cls(**kwargs)
 
 
 @dataclass(frozen=True)

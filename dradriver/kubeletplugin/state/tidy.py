@@ -73,20 +73,13 @@ def plan_tidy(entries: list[tuple[str, bool]]) -> TidyPlan:
     kept: list[str] = []
     for rel, is_dir in sorted(entries):
         top, _, rest = rel.partition("/")
-        if not rest:
-            if is_dir and top in OWNED_DIRS:
-                dirs.append(rel)
-            elif not is_dir and OWNED_FILE.fullmatch(top):
-                files.append(rel)
-            else:
-                kept.append(rel)
-            continue
-        if top not in OWNED_DIRS:
+        if rest and top not in OWNED_DIRS:
             continue  # inside something kept: already reported
-        allowed = OWNED_DIRS[top]
-        if is_dir:
+        # At the top, the plugin's own files; inside its directories, what each may hold.
+        pattern = OWNED_DIRS[top] if rest else OWNED_FILE
+        if is_dir and top in OWNED_DIRS:
             dirs.append(rel)
-        elif allowed is not None and allowed.fullmatch(rest):
+        elif not is_dir and pattern is not None and pattern.fullmatch(rest or top):
             files.append(rel)
         else:
             kept.append(rel)

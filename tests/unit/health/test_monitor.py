@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dradriver.api import kubelet as kapi
 from dradriver.health.model import Health, Policy, Transition
 from dradriver.health.monitor import HealthMonitor, probe_gpu
 from dradriver.inventory.node_devices import MigMode
@@ -165,8 +166,8 @@ def test_node_health_taints_keeps_a_lost_gpu_and_recovers(
             "timeAdded": "2023-11-14T22:13:20Z",
         }
     ]
-    assert health.health_by_device()[real("gpu-1-mig-1g10gb-3", gpus)] == "Unhealthy"
-    assert health.health_by_device()[gpus[0]] == "Healthy"
+    assert health.health_reports()[real("gpu-1-mig-1g10gb-3", gpus)][0] == "Unhealthy"
+    assert health.health_reports()[gpus[0]] == ("Healthy", "")
 
     # A restart: the XID is not seen again and NVML cannot describe GPU 1, yet it stays
     # published and tainted.
@@ -202,11 +203,11 @@ def test_damaged_health_state_is_not_fatal(tmp_path: Path) -> None:
 
 def test_health_stream_sends_full_state_then_each_change() -> None:
     feed = HealthFeed(resend=0.2)
-    state = {"gpu-0": "Healthy", "gpu-1": "Healthy"}
+    state = {"gpu-0": ("Healthy", ""), "gpu-1": ("Healthy", "")}
     got: list[dict[str, str]] = []
 
     async def read() -> None:
-        async for msg in feed.stream():
+        async for msg in feed.stream(kapi.health_v1alpha1):
             got.append(
                 {d.device.device_name: type(d).DESCRIPTOR.fields_by_name["health"]
                  .enum_type.values_by_number[d.health].name for d in msg.devices}
@@ -221,7 +222,7 @@ def test_health_stream_sends_full_state_then_each_change() -> None:
     feed.attach("node-a", lambda: dict(state))
     wait_until(lambda: len(got) == 1, "the full state")
     assert got[0] == {"gpu-0": "HEALTHY", "gpu-1": "HEALTHY"}
-    state["gpu-1"] = str(Health.UNHEALTHY)
+    state["gpu-1"] = (str(Health.UNHEALTHY), "")
     feed.changed()
     wait_until(lambda: len(got) >= 2, "the change")
     assert got[1] == {"gpu-0": "HEALTHY", "gpu-1": "UNHEALTHY"}
@@ -237,7 +238,6 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
 
     import grpc
 
-    from dradriver.api import kubelet as kapi
     from dradriver.kubeletplugin.grpc_edge.late import LateDriver
     from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 
@@ -258,7 +258,7 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
             "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
-        state = {"gpu-0": "Healthy", "gpu-1": "Unhealthy"}
+        state = {"gpu-0": ("Healthy", ""), "gpu-1": ("Unhealthy", "")}
         servers.health.attach("node-a", lambda: dict(state))
         with grpc.insecure_channel(f"unix://{servers.dra_socket}") as ch:
             stub = kapi.health_v1alpha1_grpc.DRAResourceHealthStub(ch)
@@ -271,7 +271,7 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
             assert got == {"gpu-0": h.Value("HEALTHY"), "gpu-1": h.Value("UNHEALTHY")}
             assert {d.device.pool_name for d in first.devices} == {"node-a"}
             assert all(d.last_updated_time > 1_700_000_000 for d in first.devices)
-            state["gpu-1"] = "Healthy"
+            state["gpu-1"] = ("Healthy", "")
             servers.health.changed()
             second = next(stream)
             assert {d.health for d in second.devices} == {h.Value("HEALTHY")}

@@ -9,7 +9,6 @@ plugin finishes or undoes its work instead of forgetting it.
 
 from dradriver.kubeletplugin.state.checkpoint.boot import (
     BOOT_ID_PATH,
-    BootReconciliation,
     current_boot_id,
     reconcile_boot,
 )
@@ -19,13 +18,12 @@ from dradriver.kubeletplugin.state.checkpoint.codec import (
     payload_checksum,
 )
 from dradriver.kubeletplugin.state.checkpoint.store import CheckpointStore
+from dradriver.kubeletplugin.state.files import CheckpointCorrupt
 from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
     PREPARE_COMPLETED,
     PREPARE_STARTED,
-    STATES,
     Checkpoint,
-    CheckpointCorrupt,
     ClaimRecord,
     PreparedDevice,
 )
@@ -35,8 +33,6 @@ __all__ = [
     "CURRENT_VERSION",
     "PREPARE_COMPLETED",
     "PREPARE_STARTED",
-    "STATES",
-    "BootReconciliation",
     "Checkpoint",
     "CheckpointCorrupt",
     "CheckpointStore",

@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.errors import ClaimStateError
+from dradriver.kubeletplugin.state.files import CheckpointCorrupt, from_json
 from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
     STATES,
     Checkpoint,
-    CheckpointCorrupt,
     ClaimRecord,
     ClaimRef,
-    from_json,
 )
 
 # The oldest format whose readers can read what this release writes (see above).
@@ -93,11 +92,7 @@ def _payload(payload: dict[str, Any], version: int, *, newer: bool, notes: list[
             + ", ".join(sorted(unreadable))
         )
     return Checkpoint(
-        version=version,
-        boot_id=p.boot_id,
-        claims=claims,
-        unknown=p.unknown,
-        unreadable=unreadable,
+        version=version, boot_id=p.boot_id, claims=claims, unknown=p.unknown, unreadable=unreadable
     )
 
 

@@ -7,16 +7,18 @@ step through. Callers hold the node lock, but for peek().
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
 from dradriver.kubeletplugin.state.checkpoint.codec import encode_checkpoint, parse_checkpoint
 from dradriver.kubeletplugin.state.files import (
-    NodeLock,
+    CheckpointCorrupt,
     atomic_write,
     move_aside,
     remove_stale_temps,
@@ -26,7 +28,6 @@ from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
     PREPARE_COMPLETED,
     Checkpoint,
-    CheckpointCorrupt,
     ClaimRecord,
     owned_partitions,
 )
@@ -34,7 +35,11 @@ from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.checkpoint")
 
-Parsed = tuple[bytes, Checkpoint, list[str]]
+CORRUPT = (
+    "CHECKPOINT CORRUPT: starting with an empty state; what the claims recorded in it hold "
+    "(MIG devices, sharing setups, CDI specs) is kept, and undone when the kubelet "
+    "unprepares them (the ledger knows it)"
+)
 
 
 class NotARegularFile(OSError):
@@ -49,15 +54,11 @@ def read_file(path: Path) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotARegularFile(errno.EINVAL, f"{path} is not a regular file")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
+        raise NotARegularFile(errno.EINVAL, f"{path} is not a regular file")
+    with open(fd, "rb") as f:  # closes `fd`
+        return f.read()
 
 
 class CheckpointStore:
@@ -95,30 +96,22 @@ class CheckpointStore:
         try:
             data = read_file(self.path)
         except NotARegularFile as exc:
-            moved = move_aside(self.path)
-            log.error(
+            return self._quarantine(
+                str(exc),
                 "CHECKPOINT PATH IS NOT A REGULAR FILE: moved aside; starting empty (the "
                 "ledger still knows what must be undone for the claims it held)",
-                path=str(self.path),
-                reason=str(exc),
-                moved_to=moved,
             )
-            return self._recover(str(exc), moved=True)
         except OSError as exc:
-            return self._recover(f"unreadable: {exc}")
-        if data is None:
-            self._cached = None
-            return self._empty()
+            return self._quarantine(f"unreadable: {exc}")
         if self._cached is not None and self._cached[0] == data:
             return self._cached[1]
         self._cached = None
+        if data is None:
+            return self._empty()
         try:
             cp, notes = parse_checkpoint(data)
         except CheckpointCorrupt as exc:
-            return self._recover(str(exc))
-        return self._accept(data, cp, notes)
-
-    def _accept(self, data: bytes, cp: Checkpoint, notes: list[str]) -> Checkpoint:
+            return self._quarantine(str(exc))
         for note in notes:
             log.warning("checkpoint: " + note, path=str(self.path), version=cp.version)
         cp.running_boot_id = self.boot_id
@@ -126,24 +119,11 @@ class CheckpointStore:
             self._cached = (data, cp)
         return cp
 
-    def _recover(self, reason: str, moved: bool = False) -> Checkpoint:
-        """checkpoint.json cannot be trusted: an empty state, the file kept aside for a
-        human (`moved`: it already is)."""
+    def _quarantine(self, reason: str, what: str = CORRUPT) -> Checkpoint:
+        """checkpoint.json cannot be trusted: an empty state, the file moved aside for a
+        human."""
         self._cached = None
-        if moved:
-            return self._empty()
-        return self._quarantine(reason)
-
-    def _quarantine(self, reason: str) -> Checkpoint:
-        moved = move_aside(self.path)
-        log.error(
-            "CHECKPOINT CORRUPT: starting with an empty state; what the claims recorded in "
-            "it hold (MIG devices, sharing setups, CDI specs) is kept, and undone when the "
-            "kubelet unprepares them (the ledger knows it)",
-            path=str(self.path),
-            reason=reason,
-            moved_to=moved,
-        )
+        log.error(what, path=str(self.path), reason=reason, moved_to=move_aside(self.path))
         return self._empty()
 
     def peek(self) -> Checkpoint:
@@ -151,14 +131,11 @@ class CheckpointStore:
         node lock: read afresh, never repaired, moved aside or logged; a file that cannot
         be read answers the last view read (empty before there was one). The result is
         this call's own object: the caller may read it at leisure."""
-        try:
+        with contextlib.suppress(OSError, CheckpointCorrupt):  # load() deals with it, locked
             data = read_file(self.path)
             if data is not None:
                 self._peeked = parse_checkpoint(data)[0]
-        except (OSError, CheckpointCorrupt):
-            pass  # load() deals with it, under the node lock
-        last = self._peeked
-        return last if last is not None else Checkpoint(boot_id=self.boot_id)
+        return self._peeked or Checkpoint(boot_id=self.boot_id)
 
     def save(self, cp: Checkpoint) -> None:
         """Writes `cp` in the current format, durably. The stored boot ID becomes this
@@ -188,9 +165,9 @@ def checkpoint_owned(store: CheckpointStore) -> Callable[[], set[tuple[str, int,
 
 # -- the journal: where the executor records a claim's progress, each step that changes
 # the hardware durable in the checkpoint before the next one runs (prepare/execute.py).
-# InLock: the caller holds the node lock and the checkpoint; Committed: the hardware work
-# runs outside the node lock, under its GPUs' locks, and each step takes the node lock,
-# loads the checkpoint, puts the record in and saves.
+# Committed: the hardware work runs outside the node lock, under its GPUs' locks, and each
+# step takes the node lock, loads the checkpoint, puts the record in and saves; InLock:
+# the caller holds the node lock and the checkpoint.
 
 
 def held_whole(cp: Checkpoint, exclude: str = "") -> set[str]:
@@ -218,25 +195,6 @@ class Journal(Protocol):
         """(GPU, pod) -> the shares' memory other claims than `exclude` hold for the pod."""
 
 
-class InLock:
-    def __init__(self, cp: Checkpoint, store: CheckpointStore) -> None:
-        self.cp, self.store = cp, store
-
-    def record(self, rec: ClaimRecord) -> None:
-        self.cp.claims[rec.uid] = rec
-        self.store.save(self.cp)
-
-    def forget(self, rec: ClaimRecord) -> None:
-        self.cp.claims.pop(rec.uid, None)
-        self.store.save(self.cp)
-
-    def held_whole(self, exclude: str) -> set[str]:
-        return held_whole(self.cp, exclude)
-
-    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
-        return pod_totals(r for r in self.cp.claims.values() if r.uid != exclude)
-
-
 class Committed:
     """`load` is the checkpoint under the node lock (it raises when this release may not
     touch it). `guard` runs under the node lock before a completed record is saved: it
@@ -247,7 +205,7 @@ class Committed:
 
     def __init__(
         self,
-        lock: NodeLock,
+        lock: AbstractContextManager[object],
         *,
         load: Callable[[], Checkpoint],
         store: CheckpointStore,
@@ -281,5 +239,11 @@ class Committed:
 
     def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
         with self.lock:
-            cp = self.load()
-            return pod_totals(r for r in cp.claims.values() if r.uid != exclude)
+            return pod_totals(r for r in self.load().claims.values() if r.uid != exclude)
+
+
+class InLock(Committed):
+    """The journal of a caller that holds the node lock and `cp`: nothing more to take."""
+
+    def __init__(self, cp: Checkpoint, store: CheckpointStore) -> None:
+        super().__init__(contextlib.nullcontext(), load=lambda: cp, store=store)

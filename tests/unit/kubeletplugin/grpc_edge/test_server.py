@@ -392,7 +392,7 @@ def test_health_v1_and_v1alpha1_stream_the_same_reports_from_one_feed(served: Se
     """What a 1.37 kubelet watches (v1) and what 1.34 to 1.36 watch (v1alpha1), open at
     once: the same devices, each with its message and how long the report holds."""
     why = "xid-79 (NVIDIA XID 79: GPU has fallen off the bus), since 2023-11-14T22:13:20Z"
-    state: dict[str, Any] = {"gpu-0": "Healthy", "gpu-1": ("Unhealthy", why)}
+    state = {"gpu-0": ("Healthy", ""), "gpu-1": ("Unhealthy", why)}
     served.servers.health.attach("node-a", lambda: dict(state))
 
     def reports(msg: Any) -> list[tuple[str, str, int, int, str]]:

@@ -20,14 +20,13 @@ from dradriver.inventory.node_devices import MigMode
 from dradriver.kubeletplugin.hardware.pod_cgroup import find_pod_cgroup, is_pod_dir
 from dradriver.kubeletplugin.prepare.claim_status import _entry
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
+from dradriver.kubeletplugin.state.files import from_json, to_json
 from dradriver.kubeletplugin.state.pod_limits import PodLimit, pod_totals, wanted
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     ClaimRecord,
     PreparedDevice,
     Share,
-    from_json,
-    to_json,
 )
 from dradriver.nvml.memory_limits import get_memory_limit, set_memory_limit
 from dradriver.slices.consumable import parse_mode

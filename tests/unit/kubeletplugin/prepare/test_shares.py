@@ -12,17 +12,16 @@ import pytest
 from dradriver.errors import DeviceError, DriverError
 from dradriver.inventory.naming import uuid_digits
 from dradriver.inventory.node_devices import MigMode
+from dradriver.kubeletplugin.hardware.shares import share_edits
 from dradriver.kubeletplugin.prepare.claim_status import _entry
-from dradriver.kubeletplugin.prepare.execute import share_env
 from dradriver.kubeletplugin.prepare.plan import ClaimRef, plan
+from dradriver.kubeletplugin.state.files import from_json, to_json
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     Checkpoint,
     ClaimRecord,
     PreparedDevice,
     Share,
-    from_json,
-    to_json,
 )
 from dradriver.slices.consumable import parse_mode
 from tests.support.plan_claims import DRIVER, POOL, claim, h100_devices, named, result
@@ -65,11 +64,15 @@ def test_a_share_is_its_own_cdi_device_with_its_limits() -> None:
     assert d.share == Share(S1, (("compute", "30"), ("memory", "20Gi")), 20 * GI, 30, pods=("u",))
     gpu = f"gpu-{uuid_digits(h100_devices(MigMode.NONE)[named('gpu-0')].gpu.uuid)[:8]}"
     assert d.cdi_device_ids == [f"{DRIVER}/claim={gpu}-share-{S1}-{A.uid}"]
-    assert share_env(d) == [
-        f"DRADRIVER_SHARE_ID={S1}",
-        f"DRADRIVER_SHARE_MEMORY_LIMIT={20 * GI}",
-        "DRADRIVER_SHARE_COMPUTE_LIMIT=30",
-    ]
+    # Not joined to a daemon yet: what it was allocated, and no MPS client's edits.
+    assert share_edits(d) == (
+        [
+            f"DRADRIVER_SHARE_ID={S1}",
+            f"DRADRIVER_SHARE_MEMORY_LIMIT={20 * GI}",
+            "DRADRIVER_SHARE_COMPUTE_LIMIT=30",
+        ],
+        [],
+    )
     # The checkpoint keeps it whole.
     back = from_json(PreparedDevice, to_json(d), "d")
     assert back.share == d.share and back.key == (named("gpu-0"), S1)
