@@ -18,7 +18,7 @@ from dradriver.kubeletplugin.device_view.node_label import NodeLabel
 from dradriver.kubeletplugin.device_view.view import DeviceView
 from dradriver.kubeletplugin.endpoints.api_probe import SLICES, ApiProbe, slices_query
 from dradriver.kubeletplugin.endpoints.readiness import CheckpointCheck, Registration, slices_check
-from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
+from dradriver.kubeletplugin.grpc_edge.late import LatePreparer, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.options import PluginOptions
@@ -54,11 +54,11 @@ def run_plugin(
     stop: threading.Event,
     servers: PluginServers,
     *,
-    late: LateDriver,
+    late: LatePreparer,
     hooks: RegistrationHooks,
 ) -> int:
     """Everything after the sockets (startup.py): discovery, the checkpoint, publishing,
-    the operator endpoints; the sockets start answering once the driver is set."""
+    the operator endpoints; the sockets start answering once the preparer is set."""
     opts.state_dir.mkdir(parents=True, exist_ok=True)
     try:
         nvml = open_nvml(opts.devices, node=opts.node_name, state_dir=opts.state_dir, owner=True)
@@ -102,7 +102,7 @@ def run_plugin(
         line=server.line,
     )
     late.reason = lambda: view.last_error or "loading the checkpoint"
-    names = NameBook(opts.state_dir / "device-names.json")
+    name_book = NameBook(opts.state_dir / "device-names.json")
     node_label = NodeLabel(kube, opts.node_name)
     discovered: list[Callable[[], None]] = []  # what follows each discovery
 
@@ -110,7 +110,7 @@ def run_plugin(
         slices = view.refresh()
         for then in discovered:
             then()
-        names.learn({d.gpu.uuid: d.gpu for d in view.devices().values()}.values())
+        name_book.learn({d.gpu.uuid: d.gpu for d in view.devices().values()}.values())
         if opts.nvlink_domain_label and (view.clique is not None or node_label.labelled):
             node_label.sync(view.clique)
         return slices
@@ -209,15 +209,22 @@ def run_plugin(
     health.start(stop, lambda: view.devices().values())
     servers.health.attach(opts.node_name, health.health_reports)
 
-    driver = _preparer(
-        opts, kube, nvml, view=view, store=store, ledger=ledger, names=names, metrics=metrics
+    preparer = _preparer(
+        opts,
+        kube,
+        nvml,
+        view=view,
+        store=store,
+        ledger=ledger,
+        name_book=name_book,
+        metrics=metrics,
     )
-    executor, status = driver.executor, driver.status
+    executor, status = preparer.executor, preparer.status
     if executor.driver_spec is not None:
         executor.driver_spec.try_ensure()
         discovered.append(executor.driver_spec.try_ensure)  # a new driver: a new spec
-    checkpoint_check.refusal = lambda: driver.refusal
-    reconciled = driver.reconcile()
+    checkpoint_check.refusal = lambda: preparer.refusal
+    reconciled = preparer.reconcile()
     if executor.imex is not None:
         from dradriver.kubeletplugin.imex_binding import binder
 
@@ -231,7 +238,7 @@ def run_plugin(
             opts.driver_name,
             node=opts.node_name,
             steps=executor.imex,
-            lock=driver.lock,
+            lock=preparer.lock,
             prepared=prepared,
             stop=stop,
         )
@@ -256,8 +263,8 @@ def run_plugin(
     # holding the GIL: some 30 ms in which no call is answered. Frozen, it is never
     # walked; what calls allocate later is collected as before.
     gc.freeze()
-    late.set(driver)
-    log.info("ready for the kubelet's calls", claims=len(driver.store.load().claims))
+    late.set(preparer)
+    log.info("ready for the kubelet's calls", claims=len(preparer.store.load().claims))
     gauges = NodeGauges(metrics)
     while not stop.wait(1.0):
         registration.warn_once_waiting()
@@ -291,7 +298,7 @@ def _preparer(
     view: DeviceView,
     store: CheckpointStore,
     ledger: Ledger,
-    names: NameBook,
+    name_book: NameBook,
     metrics: Metrics,
 ) -> Preparer:
     """The prepare side: the hardware steps the options turn on, the executor, the
@@ -353,5 +360,5 @@ def _preparer(
         metrics=metrics,
         status=StatusWriter(kube, opts.driver_name) if opts.claim_status else None,
         consumable=opts.consumable,
-        names=names.snapshot,
+        name_book=name_book.snapshot,
     )

@@ -1,7 +1,7 @@
 """`dradriver kubelet-plugin` from the process's first instant: the kubelet's two sockets
 are up before anything heavy is imported (NVML, the API client, the config models), so
 the kubelet finds the plugin within a few tenths of a second; a call that arrives before
-the rest is ready waits for it (grpc_edge.late.LateDriver). Then main.py wires the rest.
+the rest is ready waits for it (grpc_edge.late.LatePreparer). Then main.py wires the rest.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from dradriver import logs
-from dradriver.kubeletplugin.grpc_edge.late import LateDriver, RegistrationHooks
+from dradriver.kubeletplugin.grpc_edge.late import LatePreparer, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 
 log = logs.get_logger("kubeletplugin")
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: stop.set())
-    late, hooks = LateDriver(), RegistrationHooks()
+    late, hooks = LatePreparer(), RegistrationHooks()
     servers = PluginServers(
         late,
         driver_name=args.driver_name,

@@ -75,6 +75,7 @@ def leftovers(
         claims=tuple(sorted(checkpoint.claims)),
         mig_changes=tuple(mig_changes),
         sharing_claims=tuple(sorted(ledger.sharing_claims())),
+        imex_claims=tuple(sorted(set(ledger.imex.values()))),
         other_instances=tuple(others),
     )
 

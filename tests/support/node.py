@@ -116,7 +116,7 @@ def fake_preparer(
         metrics=Metrics(),
         read_claim=read_claim,
         consumable=consumable,
-        names=names.snapshot,
+        name_book=names.snapshot,
     )
     return preparer, nvml
 

@@ -1,4 +1,4 @@
-"""The driver as the DRA socket sees it: the sockets are up before discovery, the
+"""The preparer as the DRA socket sees it: the sockets are up before discovery, the
 checkpoint and the API client are, and a call that comes meanwhile waits for them
 (within its deadline) instead of finding no socket."""
 
@@ -19,7 +19,7 @@ class Result(Protocol):
     def devices(self) -> Sequence[Any]: ...
 
 
-class Driver(Protocol):
+class Preparer(Protocol):
     """What the DRA socket serves: prepare.Preparer."""
 
     def prepare(self, refs: list[ClaimRef]) -> Mapping[str, Result]: ...
@@ -33,30 +33,30 @@ class _NotReady:
     devices: list[Any] = field(default_factory=list)
 
 
-class LateDriver:
-    """A Driver whose real one is set once startup has built it."""
+class LatePreparer:
+    """A Preparer whose real one is set once startup has built it."""
 
     def __init__(self, patience: float = 30.0) -> None:
         self.patience = patience
-        self._driver: Driver | None = None
+        self._preparer: Preparer | None = None
         self._ready = threading.Event()
         self.reason: Callable[[], str] = lambda: "starting"
 
-    def set(self, driver: Driver) -> None:
-        self._driver = driver
+    def set(self, preparer: Preparer) -> None:
+        self._preparer = preparer
         self._ready.set()
 
     def _not_ready(self, ref: ClaimRef) -> str:
         return f"claim {ref}: the plugin is still starting ({self.reason()}); the kubelet retries"
 
     def prepare(self, refs: list[ClaimRef]) -> Mapping[str, Result]:
-        if self._ready.wait(self.patience) and self._driver is not None:
-            return self._driver.prepare(refs)
+        if self._ready.wait(self.patience) and self._preparer is not None:
+            return self._preparer.prepare(refs)
         return {r.uid: _NotReady(self._not_ready(r)) for r in refs}
 
     def unprepare(self, refs: list[ClaimRef]) -> Mapping[str, str]:
-        if self._ready.wait(self.patience) and self._driver is not None:
-            return self._driver.unprepare(refs)
+        if self._ready.wait(self.patience) and self._preparer is not None:
+            return self._preparer.unprepare(refs)
         return {r.uid: self._not_ready(r) for r in refs}
 
 

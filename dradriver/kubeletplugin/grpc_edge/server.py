@@ -22,7 +22,7 @@ import grpc.aio
 
 from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
-from dradriver.kubeletplugin.grpc_edge.late import Driver
+from dradriver.kubeletplugin.grpc_edge.late import Preparer
 from dradriver.kubeletplugin.grpc_edge.servicers import RegistrationServicer, Work, serve_dra
 from dradriver.logs import get_logger
 
@@ -79,7 +79,7 @@ class _Served:
 class PluginServers:
     def __init__(
         self,
-        driver: Driver,
+        preparer: Preparer,
         *,
         driver_name: str,
         kubelet_dir: Path,
@@ -93,7 +93,7 @@ class PluginServers:
         suffix = f"-{instance}" if instance else ""
         self.reg_socket = self.registry_dir / f"{driver_name}{suffix}-reg.sock"
         self.dra_socket = self.plugin_dir / f"dra{suffix}.sock"
-        self._driver, self._on_registered = driver, on_registered
+        self._preparer, self._on_registered = preparer, on_registered
         # The device health stream (v1 and v1alpha1 DRAResourceHealth), on the DRA socket.
         self.health = HealthFeed()
         self._work = Work(workers, "dra-call")
@@ -132,7 +132,7 @@ class PluginServers:
         threading.Thread(target=self._keep_sockets, name="socket-watch", daemon=True).start()
 
     def _dra_services(self, server: grpc.aio.Server) -> None:
-        serve_dra(server, self._driver, self._work, feed=self.health)
+        serve_dra(server, self._preparer, self._work, feed=self.health)
 
     def _reg_services(self, server: grpc.aio.Server) -> None:
         kapi.registration_grpc.add_RegistrationServicer_to_server(self.registration, server)

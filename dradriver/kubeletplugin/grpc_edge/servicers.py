@@ -1,7 +1,7 @@
 """The kubelet's services (registration, DRA v1 and v1beta1, health v1 and v1alpha1) as
 grpcio asyncio servicers: each translates messages to and from the driver's plain
 values, and runs the driver's blocking work on a thread pool, never on the loop; a call
-cancelled while it waits for a slot never reaches the driver (docs/design.md, "The gRPC
+cancelled while it waits for a slot never reaches the preparer (docs/design.md, "The gRPC
 servers")."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import grpc.aio
 
 from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
-from dradriver.kubeletplugin.grpc_edge.late import Driver
+from dradriver.kubeletplugin.grpc_edge.late import Preparer
 from dradriver.kubeletplugin.state.records import ClaimRef
 from dradriver.logs import get_logger
 
@@ -33,7 +33,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class Work:
-    """The driver's thread pool, `size` calls at a time; shared by every servicer of a
+    """The preparer's thread pool, `size` calls at a time; shared by every servicer of a
     server."""
 
     def __init__(self, size: int, name: str) -> None:
@@ -61,14 +61,14 @@ def _refs(request: Any) -> list[ClaimRef]:
 class _DraCalls(kapi.dra_v1_grpc.DRAPluginServicer, kapi.dra_v1beta1_grpc.DRAPluginServicer):
     """DRAPlugin of either version: v1 and v1beta1 carry the same messages, from `msgs`."""
 
-    def __init__(self, msgs: Any, driver: Driver, work: Work) -> None:
-        self._msgs, self._driver, self._work = msgs, driver, work
+    def __init__(self, msgs: Any, preparer: Preparer, work: Work) -> None:
+        self._msgs, self._preparer, self._work = msgs, preparer, work
         # v1 only (1.35's field): v1beta1 has no way to say which share an entry is.
         self._shares = "share_id" in msgs.Device.DESCRIPTOR.fields_by_name
 
     def _prepare(self, request: Any) -> Any:
         resp = self._msgs.NodePrepareResourcesResponse()
-        for uid, result in self._driver.prepare(_refs(request)).items():
+        for uid, result in self._preparer.prepare(_refs(request)).items():
             entry = resp.claims[uid]
             if result.error:
                 entry.error = result.error
@@ -90,7 +90,7 @@ class _DraCalls(kapi.dra_v1_grpc.DRAPluginServicer, kapi.dra_v1beta1_grpc.DRAPlu
 
     def _unprepare(self, request: Any) -> Any:
         resp = self._msgs.NodeUnprepareResourcesResponse()
-        for uid, error in self._driver.unprepare(_refs(request)).items():
+        for uid, error in self._preparer.unprepare(_refs(request)).items():
             resp.claims[uid].error = error
         return resp
 
@@ -100,7 +100,7 @@ class _DraCalls(kapi.dra_v1_grpc.DRAPluginServicer, kapi.dra_v1beta1_grpc.DRAPlu
         try:
             return await self._work.run(context, lambda: fn(request))
         except Exception as exc:  # a cancelled call (CancelledError) is no Exception
-            # The driver answers each claim's failure in its entry; an exception is a bug
+            # The preparer answers each claim's failure in its entry; an exception is a bug
             # in the plugin, and the kubelet retries the call.
             claims = ",".join(f"{c.namespace}/{c.name}" for c in request.claims)
             error = f"{type(exc).__name__}: {exc}"
@@ -122,13 +122,13 @@ class RegistrationServicer(kapi.registration_grpc.RegistrationServicer):
     def __init__(
         self, driver_name: str, endpoint: str, on_status: Callable[[bool, str], None], *, work: Work
     ) -> None:
-        self._driver_name, self._endpoint = driver_name, endpoint
+        self._preparer_name, self._endpoint = driver_name, endpoint
         self._on_status, self._work = on_status, work
 
     def info(self) -> kapi.registration.PluginInfo:
         return kapi.registration.PluginInfo(
             type=kapi.DRA_PLUGIN_TYPE,
-            name=self._driver_name,
+            name=self._preparer_name,
             endpoint=self._endpoint,
             supported_versions=VERSIONS,
         )
@@ -167,11 +167,11 @@ class _Health(
             log.debug("device health stream ended", service=self._service)
 
 
-def serve_dra(server: grpc.aio.Server, driver: Driver, work: Work, *, feed: HealthFeed) -> None:
+def serve_dra(server: grpc.aio.Server, preparer: Preparer, work: Work, *, feed: HealthFeed) -> None:
     """Adds the DRA socket's services to `server`: DRA v1 and v1beta1 (their calls go to
-    `driver` through `work`), health v1 and v1alpha1 (from `feed`)."""
+    `preparer` through `work`), health v1 and v1alpha1 (from `feed`)."""
     for msgs, stubs in ((kapi.dra_v1, kapi.dra_v1_grpc), (kapi.dra_v1beta1, kapi.dra_v1beta1_grpc)):
-        stubs.add_DRAPluginServicer_to_server(_DraCalls(msgs, driver, work), server)
+        stubs.add_DRAPluginServicer_to_server(_DraCalls(msgs, preparer, work), server)
     for msgs, stubs in (
         (kapi.health_v1, kapi.health_v1_grpc),
         (kapi.health_v1alpha1, kapi.health_v1alpha1_grpc),

@@ -18,6 +18,7 @@ from dradriver.api import computedomain as cd
 from dradriver.errors import DaemonError, ImexError
 from dradriver.kubeletplugin.daemons import Daemons
 from dradriver.kubeletplugin.daemons.spec import CLAIM, DOMAIN, DaemonRef, DaemonSpec, imex_name
+from dradriver.kubeletplugin.state.ledger import Ledger
 from dradriver.kubeletplugin.state.records import ClaimRecord, ImexDaemon
 from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost
@@ -116,6 +117,11 @@ class ImexSteps:
     # The daemon's pod started and READY: the image is the plugin's own, already on the node.
     ready_timeout: float = 20.0
 
+    def __post_init__(self) -> None:
+        # Which claim each daemon was started for, should the checkpoint be lost (and,
+        # before prepare, the binder's only record of it).
+        self.ledger = Ledger.of(self.state_dir)
+
     def apply(self, rec: ClaimRecord, save: Callable[[ClaimRecord], None]) -> ClaimRecord:
         """The claim's IMEX daemons started; `save(rec)` makes each step durable. The
         record after."""
@@ -129,9 +135,9 @@ class ImexSteps:
 
     def prebind(self, uid: str, ref: str, im: ImexDaemon) -> None:
         """Before the pod is bound (binding conditions, kubeletplugin/imex_binding/): the same
-        checks and daemon as at prepare, which then adopts it. The files beside the
-        config are its only record (no checkpoint entry before prepare): the binder's
-        sweep stops a daemon whose claim is neither prepared nor allocated here."""
+        checks and daemon as at prepare, which then adopts it. The ledger is its only
+        record (no checkpoint entry before prepare): the binder's sweep stops a daemon
+        whose claim is neither prepared nor allocated here."""
         im = self.check(im, "the scheduler holds the pod until then")
         then = "the scheduler places the pod again"
         try:
@@ -185,17 +191,17 @@ class ImexSteps:
         config, nodes = cfg_dir / "config.cfg", cfg_dir / "nodes_config.cfg"
         # Written in this order: a directory without its config is one a crash interrupted.
         files = {
-            "claim": f"{uid}\n",  # whose daemon this is, should the checkpoint be lost
             "nodes_config.cfg": "".join(f"{p}\n" for p in im.peers),
             "config.cfg": config_text(im, nodes, self.port, cmd_port=self.cmd_port),
         }
         said = "IMEX daemon adopted"  # started before the pod was bound, for this claim
-        if not _same(cfg_dir, files):
+        if self.ledger.load().imex.get(im.domain_uid) != uid or not _same(cfg_dir, files):
             # The daemon reads its config once: one of an older start, with another
-            # peer list, goes before the new config is written.
+            # peer list (or for another claim), goes before the new config is written.
             self._stop(DaemonRef(imex_name(im.domain_uid, self.node)))
             im = dataclasses.replace(im, config_dir=str(cfg_dir), daemon=None)
             record(im)  # the intent: a crash from here leaves a directory to clean
+            self.ledger.imex_starting(im.domain_uid, uid)
             cfg_dir.mkdir(parents=True, exist_ok=True)
             for name, text in files.items():
                 (cfg_dir / name).write_text(text)
@@ -278,14 +284,14 @@ class ImexSteps:
             self._stop(pod)
             log.info("IMEX daemon stopped", claim=rec.ref, claim_uid=rec.uid, pod=pod.name)
             shutil.rmtree(im.config_dir, ignore_errors=True)
+            self.ledger.imex_stopped(im.domain_uid)
 
     def configs(self) -> dict[str, list[Path]]:
-        """claim uid -> the config directories of its daemons, for every one on disk, by
-        the claim file each holds."""
+        """claim uid -> the config directories of its daemons, for every one the ledger
+        holds."""
         out: dict[str, list[Path]] = {}
-        for claim in sorted((self.state_dir / "imex").glob("*/claim")):
-            with contextlib.suppress(OSError):
-                out.setdefault(claim.read_text().strip(), []).append(claim.parent)
+        for domain_uid, claim in sorted(self.ledger.load().imex.items()):
+            out.setdefault(claim, []).append(self.state_dir / "imex" / domain_uid)
         return out
 
     def forgotten(self, uid: str) -> list[Path]:
@@ -295,7 +301,7 @@ class ImexSteps:
 
     def undo_forgotten(self, uid: str) -> None:
         """Stops and removes the daemons of a claim the checkpoint does not know: its pods
-        by their claim label, its config directories by their claim file."""
+        by their claim label, its config directories by the ledger."""
         with _as_imex("IMEX daemons"):
             pods = [p for p, _ in self.daemons.find("imex", **{CLAIM: uid})]
         dirs = self.forgotten(uid)
@@ -309,3 +315,4 @@ class ImexSteps:
             )
         for cfg_dir in dirs:
             shutil.rmtree(cfg_dir, ignore_errors=True)
+            self.ledger.imex_stopped(cfg_dir.name)

@@ -66,9 +66,9 @@ class CdiDevice:
     name: str  # the DRA device name: gpu-9b3c2810, gpu-9b3c2810-mig-1g10gb-0
     uuid: str  # GPU-... or MIG-...
     # The /dev nodes of this device (/dev/nvidia<minor>, MIG /dev/nvidia-caps/...), as the
-    # node's GpuHost names them; none where no such nodes exist (fake GPUs). A bare path
-    # is a node the runtime copies from the host.
-    device_nodes: Sequence[DeviceNode | str] = ()
+    # node's GpuHost names them; none where no such nodes exist (fake GPUs). A node of a
+    # path alone is one the runtime copies from the host.
+    device_nodes: Sequence[DeviceNode] = ()
     # Further "KEY=VALUE" variables (sharing setup such as MPS pipe directories).
     env: Sequence[str] = ()
     # Host directories bind-mounted into the container, as (host path, container path,
@@ -85,24 +85,10 @@ class CdiDevice:
     gpu: bool = True
 
 
-def cdi_kind(driver: str) -> str:
-    return f"{driver}/{CLAIM_CLASS}"
-
-
-def cdi_device_name(device: str, claim_uid: str) -> str:
-    return f"{device}-{claim_uid}"
-
-
 def qualified_name(driver: str, device: str, claim_uid: str) -> str:
     """The CDI device ID the kubelet passes to the runtime:
     gpu.dradriver.io/claim=gpu-9b3c2810-<uid>."""
-    return f"{cdi_kind(driver)}={cdi_device_name(device, claim_uid)}"
-
-
-def device_env_name(device: str) -> str:
-    """DRADRIVER_DEVICE_GPU_9B3C2810 for gpu-9b3c2810: unique per device, as device names
-    are DNS labels."""
-    return "DRADRIVER_DEVICE_" + _ENV_NAME.sub("_", device.upper())
+    return f"{driver}/{CLAIM_CLASS}={device}-{claim_uid}"
 
 
 def claim_spec(
@@ -111,7 +97,7 @@ def claim_spec(
     devices: Sequence[CdiDevice],
     *,
     claim_name: str,
-    control_nodes: Sequence[DeviceNode | str] = (),
+    control_nodes: Sequence[DeviceNode] = (),
 ) -> dict[str, Any]:
     """The CDI spec for one claim. `claim_name` is "<namespace>/<name>"; `control_nodes`
     are the /dev nodes every GPU container needs (nvidiactl, uvm).
@@ -132,17 +118,19 @@ def claim_spec(
     entries: list[dict[str, Any]] = []
     for dev in devices:
         _check_device(dev, seen)
-        if not dev.gpu:
-            entries.append(_other(dev, claim_uid))
-            continue
-        uuids = groups.setdefault(dev.group, [])
-        uuids.append(dev.uuid)
-        visible = ",".join(uuids)
-        env = [f"NVIDIA_VISIBLE_DEVICES={visible}"]
-        if not dev.device_nodes:
-            env.append(f"CUDA_VISIBLE_DEVICES={visible}")
-        env += [f"{device_env_name(dev.device or dev.name)}={dev.uuid}", *dev.env]
-        edits: dict[str, Any] = {"env": env}
+        env: list[str] = []
+        if dev.gpu:
+            uuids = groups.setdefault(dev.group, [])
+            uuids.append(dev.uuid)
+            visible = ",".join(uuids)
+            env.append(f"NVIDIA_VISIBLE_DEVICES={visible}")
+            if not dev.device_nodes:
+                env.append(f"CUDA_VISIBLE_DEVICES={visible}")
+            # DRADRIVER_DEVICE_GPU_9B3C2810 for gpu-9b3c2810: unique per device, as
+            # device names are DNS labels.
+            named = "DRADRIVER_DEVICE_" + _ENV_NAME.sub("_", (dev.device or dev.name).upper())
+            env.append(f"{named}={dev.uuid}")
+        edits: dict[str, Any] = {"env": [*env, *dev.env]}
         if dev.mounts:
             edits["mounts"] = [
                 {"hostPath": h, "containerPath": c, "options": [mode, "bind"]}
@@ -150,20 +138,15 @@ def claim_spec(
             ]
         if dev.device_nodes:
             edits["deviceNodes"] = [_node(n) for n in dev.device_nodes]
-        entries.append({"name": cdi_device_name(dev.name, claim_uid), "containerEdits": edits})
+        entries.append({"name": f"{dev.name}-{claim_uid}", "containerEdits": edits})
     top: dict[str, Any] = {
         "env": [f"DRADRIVER_CLAIM={claim_name}", f"DRADRIVER_CLAIM_UID={claim_uid}"]
     }
     if control_nodes and any(d.gpu for d in devices):
         top["deviceNodes"] = [_node(n) for n in control_nodes]
-    spec: dict[str, Any] = {
-        "cdiVersion": CDI_VERSIONS[0],
-        "kind": cdi_kind(driver),
-        "devices": entries,
-        "containerEdits": top,
-    }
-    spec["cdiVersion"] = cdi_version_for(spec)
-    return spec
+    return _versioned(
+        {"kind": f"{driver}/{CLAIM_CLASS}", "devices": entries, "containerEdits": top}
+    )
 
 
 def driver_device_id(driver: str) -> str:
@@ -185,37 +168,22 @@ def driver_spec(driver: str, version: str, edits: Mapping[str, Any]) -> dict[str
     env = [e for e in top.pop("env", []) if not str(e).startswith("NVIDIA_VISIBLE_DEVICES=")]
     if env:
         top["env"] = env
-    spec: dict[str, Any] = {
-        "cdiVersion": CDI_VERSIONS[0],
-        "kind": f"{driver}/{DRIVER_CLASS}",
-        "devices": [
-            {
-                "name": DRIVER_DEVICE,
-                # A device needs edits of its own; this one says which driver it is.
-                "containerEdits": {"env": [f"DRADRIVER_DRIVER_VERSION={version}"]},
-            }
-        ],
-        "containerEdits": top,
-    }
-    spec["cdiVersion"] = cdi_version_for(spec)
-    return spec
+    # A device needs edits of its own; this one says which driver it is.
+    own = {"env": [f"DRADRIVER_DRIVER_VERSION={version}"]}
+    device = {"name": DRIVER_DEVICE, "containerEdits": own}
+    return _versioned(
+        {"kind": f"{driver}/{DRIVER_CLASS}", "devices": [device], "containerEdits": top}
+    )
 
 
-def _node(n: DeviceNode | str) -> dict[str, Any]:
-    node = DeviceNode(n) if isinstance(n, str) else n
-    out: dict[str, Any] = {"path": node.path}
-    if node.type is not None:
-        out.update(type=node.type, major=node.major, minor=node.minor)
-    if node.file_mode is not None:
-        out["fileMode"] = node.file_mode
-    return out
+def _versioned(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"cdiVersion": cdi_version_for(spec), **spec}
 
 
-def _other(dev: CdiDevice, claim_uid: str) -> dict[str, Any]:
-    edits: dict[str, Any] = {"env": list(dev.env)}
-    if dev.device_nodes:
-        edits["deviceNodes"] = [_node(n) for n in dev.device_nodes]
-    return {"name": cdi_device_name(dev.name, claim_uid), "containerEdits": edits}
+def _node(node: DeviceNode) -> dict[str, Any]:
+    # A node's type, major and minor are all set or none is.
+    out = {"path": node.path, "type": node.type, "major": node.major, "minor": node.minor}
+    return {k: v for k, v in {**out, "fileMode": node.file_mode}.items() if v is not None}
 
 
 def _check_device(dev: CdiDevice, seen: set[str]) -> None:
@@ -224,19 +192,16 @@ def _check_device(dev: CdiDevice, seen: set[str]) -> None:
     if dev.name in seen:
         raise ValueError(f"CDI: device {dev.name} listed twice")
     seen.add(dev.name)
-    if not dev.gpu:
-        return
     # A UUID goes into comma-separated lists and env values.
-    if not dev.uuid or any(c in dev.uuid for c in ", \t\n="):
+    if dev.gpu and (not dev.uuid or any(c in dev.uuid for c in ", \t\n=")):
         raise ValueError(f"CDI: device {dev.name} has no usable UUID ({dev.uuid!r})")
     for kv in dev.env:
         if kv.find("=") <= 0:
             raise ValueError(f"CDI: device {dev.name}: env entry {kv!r} is not KEY=VALUE")
     for n in dev.device_nodes:
-        path = n if isinstance(n, str) else n.path
-        if not path.startswith("/"):
+        if not n.path.startswith("/"):
             raise ValueError(
-                f"CDI: device {dev.name}: device node {path!r} is not an absolute path"
+                f"CDI: device {dev.name}: device node {n.path!r} is not an absolute path"
             )
 
 
@@ -244,25 +209,19 @@ def cdi_version_for(spec: Mapping[str, Any]) -> str:
     """The lowest cdiVersion that can express `spec`, by the CDI library's rules: runtimes
     reject a spec whose version is too low, and older runtimes one that is too high."""
     devices: list[Mapping[str, Any]] = list(spec.get("devices") or [])
-    edits: list[Mapping[str, Any]] = [d.get("containerEdits") or {} for d in devices]
-    edits.append(spec.get("containerEdits") or {})
-
-    def rdt_110(rdt: Mapping[str, Any] | None) -> bool:
-        return rdt is not None and (
-            rdt.get("schemata") is not None or bool(rdt.get("enableMonitoring"))
-        )
-
-    if any(e.get("netDevices") or rdt_110(e.get("intelRdt")) for e in edits):
+    edits = [d.get("containerEdits") or {} for d in devices] + [spec.get("containerEdits") or {}]
+    rdts = [e["intelRdt"] for e in edits if e.get("intelRdt") is not None]
+    rdt_110 = any(r.get("schemata") is not None or r.get("enableMonitoring") for r in rdts)
+    if rdt_110 or any(e.get("netDevices") for e in edits):
         return "1.1.0"
-    if any(e.get("intelRdt") is not None or e.get("additionalGids") for e in edits):
+    if rdts or any(e.get("additionalGids") for e in edits):
         return "0.7.0"
-    if spec.get("annotations") or any(d.get("annotations") for d in devices):
+    annotated = spec.get("annotations") or any(d.get("annotations") for d in devices)
+    if annotated or "." in str(spec.get("kind", "")).partition("/")[2]:
         return "0.6.0"
-    if "." in str(spec.get("kind", "")).partition("/")[2]:
-        return "0.6.0"
-    if any(str(d.get("name", ""))[:1] in "0123456789" and d.get("name") for d in devices):
-        return "0.5.0"
-    if any(n and n.get("hostPath") for e in edits for n in e.get("deviceNodes") or []):
+    digit_named = any(re.match("[0-9]", str(d.get("name") or "")) for d in devices)
+    host_path = any(n and n.get("hostPath") for e in edits for n in e.get("deviceNodes") or [])
+    if digit_named or host_path:
         return "0.5.0"
     if any(m and m.get("type") for e in edits for m in e.get("mounts") or []):
         return "0.4.0"
@@ -287,8 +246,10 @@ class CdiWriter:
         _check_driver(driver)
         self.cdi_dir = Path(cdi_dir)
         self.driver = driver
-        self._name_prefix = f"{driver}-{CLAIM_CLASS}-"
-        self._prefix = f"{self.cdi_dir}/{self._name_prefix}"
+        self._prefix = f"{self.cdi_dir}/{driver}-{CLAIM_CLASS}-"
+        self._spec_name = re.compile(
+            re.escape(f"{driver}-{CLAIM_CLASS}-") + rf"({_UID.pattern})\.json"
+        )
 
     def spec_path(self, claim_uid: str) -> Path:
         """<cdi_dir>/<driver>-claim-<uid>.json; ValueError for a UID that is not one."""
@@ -305,6 +266,17 @@ class CdiWriter:
         spec_path(claim_uid). Raises CdiWriteError (an OSError) on failure, with no temp
         file left behind."""
         path = self._file(claim_uid)
+        self._put(path, spec, f"the spec of claim {claim_uid} to {path}")
+
+    @property
+    def driver_spec_path(self) -> Path:
+        return self.cdi_dir / f"{self.driver}-{DRIVER_CLASS}.json"
+
+    def write_driver(self, spec: Mapping[str, Any]) -> None:
+        """Atomically writes the node's driver spec (driver_spec)."""
+        self._put(str(self.driver_spec_path), spec, f"the driver spec {self.driver_spec_path}")
+
+    def _put(self, path: str, spec: Mapping[str, Any], what: str) -> None:
         # One line: json's C encoder (indenting falls back to its pure-Python one, a tenth
         # of a millisecond of every prepare); `jq .` shows it to a human.
         data = (json.dumps(spec, separators=(",", ":")) + "\n").encode()
@@ -327,44 +299,17 @@ class CdiWriter:
                     f" ({self.cdi_dir} must be writable by the plugin: mount it read-write, "
                     "or point --cdi-dir (Helm cdiDir) at the runtime's CDI directory)"
                 )
-            raise CdiWriteError(
-                exc.errno,
-                f"CDI layer: cannot write the spec of claim {claim_uid} to {path}: {reason}",
-            ) from exc
-
-    @property
-    def driver_spec_path(self) -> Path:
-        return self.cdi_dir / f"{self.driver}-{DRIVER_CLASS}.json"
-
-    def write_driver(self, spec: Mapping[str, Any]) -> None:
-        """Atomically writes the node's driver spec (driver_spec)."""
-        data = (json.dumps(spec, separators=(",", ":")) + "\n").encode()
-        path = self.driver_spec_path
-        try:
-            self.cdi_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(str(path), data, mode=0o644, durable=False)
-        except OSError as exc:
-            raise CdiWriteError(
-                exc.errno, f"CDI layer: cannot write the driver spec {path}: {exc.strerror or exc}"
-            ) from exc
+            raise CdiWriteError(exc.errno, f"CDI layer: cannot write {what}: {reason}") from exc
 
     def remove_driver(self) -> bool:
-        try:
-            self.driver_spec_path.unlink()
-        except FileNotFoundError:
-            return False
-        return True
+        return _unlink(self.driver_spec_path)
 
     def exists(self, claim_uid: str) -> bool:
         return os.path.isfile(self._file(claim_uid))
 
     def remove(self, claim_uid: str) -> bool:
         """Removes the claim's spec; False if there was none (unprepare repeats)."""
-        try:
-            os.unlink(self._file(claim_uid))
-        except FileNotFoundError:
-            return False
-        return True
+        return _unlink(self._file(claim_uid))
 
     def list_claims(self) -> list[str]:
         """UIDs of the claims this driver has a spec file for, to find orphans at startup."""
@@ -372,11 +317,12 @@ class CdiWriter:
             names = os.listdir(self.cdi_dir)
         except FileNotFoundError:
             return []
-        uids = []
-        prefix = self._name_prefix
-        for name in names:
-            if name.startswith(prefix) and name.endswith(".json"):
-                uid = name[len(prefix) : -len(".json")]
-                if _UID.fullmatch(uid):
-                    uids.append(uid)
-        return sorted(uids)
+        return sorted(m[1] for name in names if (m := self._spec_name.fullmatch(name)))
+
+
+def _unlink(path: str | Path) -> bool:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dradriver.api.computedomain import CHANNEL_DEVICE
@@ -40,7 +40,6 @@ def check_ref(ref: ClaimRef) -> None:
 @dataclass(frozen=True)
 class PlannedDevice:
     request: str  # as in the result, possibly "request/subrequest"
-    pool: str
     device: str
     admin_access: bool
     # Opaque config parameters for our driver that apply to this device's request, in
@@ -57,21 +56,18 @@ class PlannedDevice:
         return self.request.split("/", 1)[0]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClaimDevices:
-    """Our devices in an allocated claim, and the pods it is reserved for."""
+    """Our devices in an allocated claim, and the pods (UIDs) it is reserved for."""
 
-    ref: ClaimRef
-    devices: list[PlannedDevice] = field(default_factory=list)
-    pods: list[str] = field(default_factory=list)
-    pod_uids: list[str] = field(default_factory=list)
+    devices: list[PlannedDevice]
+    pod_uids: tuple[str, ...]
 
 
 def _applies(cfg_requests: list[str] | None, request: str) -> bool:
     if not cfg_requests:
         return True  # no list: the config applies to every request of the claim
-    top = request.split("/", 1)[0]
-    return request in cfg_requests or top in cfg_requests
+    return request in cfg_requests or request.split("/", 1)[0] in cfg_requests
 
 
 def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, *, pool: str) -> ClaimDevices:
@@ -83,16 +79,16 @@ def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, *, pool: st
             f"has UID {meta.get('uid')}. The pod refers to an older claim; it is retried.",
             reason="claim_replaced",
         )
-    if meta.get("deletionTimestamp") and not (claim.get("status") or {}).get("reservedFor"):
-        raise ClaimStateError(f"claim {ref} is being deleted", reason="claim_deleted")
     status = claim.get("status") or {}
+    reserved = status.get("reservedFor") or []
+    if meta.get("deletionTimestamp") and not reserved:
+        raise ClaimStateError(f"claim {ref} is being deleted", reason="claim_deleted")
     alloc = status.get("allocation")
     if not alloc:
         raise ClaimStateError(
             f"claim {ref} is not allocated: the scheduler has not placed it yet",
             reason="not_allocated",
         )
-    reserved = status.get("reservedFor") or []
     if not reserved:
         raise ClaimStateError(
             f"claim {ref} is not reserved for any pod: nothing may use it yet",
@@ -105,11 +101,7 @@ def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, *, pool: st
     # The API server keeps class configs before claim configs; sort stably to be sure,
     # since precedence (later wins) depends on it.
     configs.sort(key=lambda c: 0 if c.get("source") == "FromClass" else 1)
-    out = ClaimDevices(
-        ref=ref,
-        pods=[r.get("name", "") for r in reserved],
-        pod_uids=[str(r["uid"]) for r in reserved if r.get("resource") == "pods" and r.get("uid")],
-    )
+    ours: list[PlannedDevice] = []
     for r in devices.get("results") or []:
         if r.get("driver") != driver:
             continue  # another driver's device in the same claim
@@ -120,13 +112,10 @@ def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, *, pool: st
                 reason="wrong_pool",
             )
         request = str(r.get("request", ""))
-        consumed = r.get("consumedCapacity") or {}
-        if not isinstance(consumed, dict):
-            consumed = {}
-        out.devices.append(
+        consumed = r.get("consumedCapacity") or {}  # a map of quantities (API validation)
+        ours.append(
             PlannedDevice(
                 request=request,
-                pool=pool,
                 device=str(r.get("device", "")),
                 admin_access=bool(r.get("adminAccess")),
                 configs=tuple(
@@ -138,9 +127,10 @@ def claim_devices(claim: dict[str, Any], ref: ClaimRef, driver: str, *, pool: st
                 consumed=tuple(sorted((str(k), str(v)) for k, v in consumed.items())),
             )
         )
-    if not out.devices:
+    if not ours:
         raise ClaimStateError(f"claim {ref} has no device of driver {driver}", reason="not_ours")
-    return out
+    uids = tuple(str(r["uid"]) for r in reserved if r.get("resource") == "pods" and r.get("uid"))
+    return ClaimDevices(ours, uids)
 
 
 _AGAIN = (
@@ -154,13 +144,13 @@ def check_identity(
     device: str,
     dev: NodeDevice | None,
     *,
-    book: Mapping[str, GpuIdentity],
+    name_book: Mapping[str, GpuIdentity],
     devices: Mapping[str, NodeDevice],
 ) -> None:
     """Raises DeviceError when `device` is not the GPU it was published for, or that GPU
     is gone; returns for a device this node publishes as what it was. `devices`, what
     the node publishes now, is read only to say what became of a name it no longer has."""
-    published = book.get(gpu_name_of(device))
+    published = name_book.get(gpu_name_of(device))
     if dev is not None:
         if published is not None and published.uuid != dev.gpu.uuid:
             raise DeviceError(
@@ -170,19 +160,15 @@ def check_identity(
                 reason="identity_mismatch",
             )
         return
-    if published is None and device == CHANNEL_DEVICE:
-        raise DeviceError(
-            f"claim {ref}: device {device} is an IMEX channel, which this node does not "
-            "publish (any more): its GPUs are not all in one fabric clique, its driver is "
-            "older than 570.158.01, or the plugin runs with --imex-channels off; "
-            f"{_AGAIN}",
-            reason="not_published",
-        )
     if published is None:
-        raise DeviceError(
-            f"claim {ref}: device {device} is not published by this node (any more); {_AGAIN}",
-            reason="not_published",
+        why = (
+            "is an IMEX channel, which this node does not publish (any more): its GPUs are "
+            "not all in one fabric clique, its driver is older than 570.158.01, or the "
+            "plugin runs with --imex-channels off"
+            if device == CHANNEL_DEVICE
+            else "is not published by this node (any more)"
         )
+        raise DeviceError(f"claim {ref}: device {device} {why}; {_AGAIN}", reason="not_published")
     now = next((d.gpu for d in devices.values() if d.gpu.uuid == published.uuid), None)
     if now is not None:
         raise DeviceError(

@@ -20,6 +20,8 @@ log = get_logger("kubeletplugin.status")
 # Long enough that a prepare followed by an unprepare (a pod that failed at once, a
 # benchmark) costs the API server nothing; short next to a container's start.
 COALESCE = 1.0
+RETRIES = 3
+API = "resource.k8s.io/v1"
 
 
 @dataclass
@@ -30,17 +32,13 @@ class _Pending:
 
 
 class StatusWriter:
-    def __init__(
-        self, kube: Kube, driver: str, retries: int = 3, *, coalesce: float = COALESCE
-    ) -> None:
+    def __init__(self, kube: Kube, driver: str, *, coalesce: float = COALESCE) -> None:
         self.kube = kube
         self.driver = driver
-        self.retries = retries
         self.coalesce = coalesce
         self._pending: dict[str, _Pending] = {}  # claim UID -> what to write, and when
         self._cond = threading.Condition()
         self._closed = False
-        self.writes = 0  # for tests: API writes made
         self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
         self._thread.start()
 
@@ -65,114 +63,88 @@ class StatusWriter:
         self._thread.join(timeout)
 
     def _next(self) -> _Pending | None:
+        """The write due first, once it is due; None once closed."""
         with self._cond:
             while not self._closed:
                 now = time.monotonic()
-                due = [p for p in self._pending.values() if p.due <= now]
-                if due:
-                    first = min(due, key=lambda p: p.due)
-                    del self._pending[first.ref.uid]
-                    return first
-                nearest = min((p.due for p in self._pending.values()), default=now + 3600)
-                self._cond.wait(min(max(nearest - now, 0.001), self.coalesce / 2))
+                first = min(self._pending.values(), key=lambda p: p.due, default=None)
+                if first is not None and first.due <= now:
+                    return self._pending.pop(first.ref.uid)
+                wait = self.coalesce if first is None else first.due - now
+                self._cond.wait(min(wait, self.coalesce / 2))
             return None
 
     def _run(self) -> None:
         while (item := self._next()) is not None:
-            for attempt in range(self.retries):
+            ref = item.ref
+            path = path_for(
+                API, "resourceclaims", ref.namespace, name=ref.name, subresource="status"
+            )
+            body = {
+                "apiVersion": API,
+                "kind": "ResourceClaim",
+                "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+                "status": {"devices": item.entries},
+            }
+            for attempt in range(RETRIES):
                 try:
-                    self._apply(item.ref, item.entries)
+                    self.kube.apply(path, body, field_manager=self.driver)
                     break
                 except NotFound:
                     break  # the claim is gone: nothing to report on
                 except KubeError as exc:
+                    fields = {"claim": str(ref), "claim_uid": ref.uid, "error": exc.message}
                     if exc.status == 403:
                         # The claim-status policy refuses writes to claims no longer
                         # allocated here (deallocated before this write): nothing to do.
-                        log.info(
-                            "claim status not written: refused",
-                            claim=str(item.ref),
-                            claim_uid=item.ref.uid,
-                            error=exc.message,
-                        )
+                        log.info("claim status not written: refused", **fields)
                         break
-                    if attempt == self.retries - 1:
-                        log.warning(
-                            "claim status not written",
-                            claim=str(item.ref),
-                            claim_uid=item.ref.uid,
-                            error=exc.message,
-                        )
+                    if attempt == RETRIES - 1:
+                        log.warning("claim status not written", **fields)
                     time.sleep(0.2 * 2**attempt)
-
-    def _apply(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
-            "status": {"devices": entries},
-        }
-        self.writes += 1
-        self.kube.apply(
-            path_for(
-                "resource.k8s.io/v1",
-                "resourceclaims",
-                ref.namespace,
-                name=ref.name,
-                subresource="status",
-            ),
-            body,
-            field_manager=self.driver,
-        )
 
 
 def _entry(driver: str, d: PreparedDevice, now: str) -> dict[str, Any]:
     """A status.devices entry; a share's is keyed by its shareID too (status.devices is
     a map on driver, pool, device and shareID)."""
-    entry: dict[str, Any] = {
-        "driver": driver,
-        "pool": d.pool,
-        "device": d.device,
-        "conditions": [
-            {
-                "type": "Ready",
-                "status": "True",
-                "reason": "Prepared",
-                "message": "device prepared by the kubelet plugin",
-                "lastTransitionTime": now,
-            }
-        ],
-        "data": {"uuid": d.uuid, "cdiDeviceIDs": d.cdi_device_ids},
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Prepared",
+        "message": "device prepared by the kubelet plugin",
+        "lastTransitionTime": now,
     }
+    data: dict[str, Any] = {"uuid": d.uuid, "cdiDeviceIDs": d.cdi_device_ids}
     if d.imex is not None:
         # Prepared means this node's IMEX daemon answered READY: what the ComputeDomain
         # controller counts the node ready by.
         domain = f"{d.imex.namespace}/{d.imex.domain}"
-        entry["conditions"][0].update(
-            reason="IMEXDaemonReady",
-            message=f"this node's IMEX daemon for ComputeDomain {domain} is ready",
-        )
-        entry["data"] = {
+        ready["reason"] = "IMEXDaemonReady"
+        ready["message"] = f"this node's IMEX daemon for ComputeDomain {domain} is ready"
+        data = {
             "cdiDeviceIDs": d.cdi_device_ids,
             "computeDomain": domain,
             "channel": d.imex.channel,
             "peers": list(d.imex.peers),
         }
-    if d.share is not None:
-        entry["shareID"] = d.share.share_id
-        limits = {}
-        if d.share.memory_limit is not None:
-            limits["memory"] = d.share.memory_limit
-        if d.share.compute_limit is not None:
-            limits["compute"] = d.share.compute_limit
-        if limits:
-            entry["data"]["limits"] = limits
+    entry: dict[str, Any] = {
+        "driver": driver,
+        "pool": d.pool,
+        "device": d.device,
+        "conditions": [ready],
+        "data": data,
+    }
+    if (share := d.share) is not None:
+        entry["shareID"] = share.share_id
+        asked = {"memory": share.memory_limit, "compute": share.compute_limit}
+        if limits := {k: v for k, v in asked.items() if v is not None}:
+            data["limits"] = limits
             # What holds the share to them (docs/user-guide.md, "How the limits are enforced").
             held = []
-            if d.share.pipe_dir:
-                held.append("mps-namespace" if d.share.server_side else "mps-client-env")
-            if d.share.pod_cgroups:
+            if share.pipe_dir:
+                held.append("mps-namespace" if share.server_side else "mps-client-env")
+            if share.pod_cgroups:
                 held.append("pod-cgroup")
             if held:
-                entry["data"]["enforcedBy"] = held
+                data["enforcedBy"] = held
     return entry

@@ -91,14 +91,14 @@ class Executor:
         everything it did is undone and the error (a DriverError) names the layer."""
         self.check(rec)
         latest = Latest(journal, rec)
-        plan = self.steps(rec, latest)
+        steps = self.steps(rec, latest)
         try:
-            rec = apply_all(plan, rec, latest.seen)
+            rec = apply_all(steps, rec, latest.seen)
             done = dataclasses.replace(rec, state=PREPARE_COMPLETED, updated_at=now())
             latest.record(done)
             return done
         except Exception as exc:
-            self.rollback(journal, latest.rec, plan)
+            self.rollback(journal, latest.rec, steps)
             raise layered(exc, rec.ref) from exc
 
     def steps(self, rec: ClaimRecord, journal: Journal) -> list[Step]:
@@ -184,12 +184,12 @@ class Executor:
         """The claim's CDI spec, from its record and the node's device nodes."""
         return claim_spec(rec, driver=self.driver, host=self.host)
 
-    def rollback(self, journal: Journal, rec: ClaimRecord, plan: list[Step] | None = None) -> None:
+    def rollback(self, journal: Journal, rec: ClaimRecord, steps: list[Step] | None = None) -> None:
         """Immediate rollback: everything created for this claim goes before the error
         returns. What cannot be undone stays recorded for the retry or startup, as
         unfinished (the failure may have come after the record was marked completed)."""
         rec = dataclasses.replace(rec, state=PREPARE_STARTED)
-        failed = undo_all(plan or self.steps(rec, journal), rec)
+        failed = undo_all(steps or self.steps(rec, journal), rec)
         try:
             if failed is not None:
                 journal.record(rec)

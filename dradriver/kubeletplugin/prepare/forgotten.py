@@ -35,17 +35,7 @@ def release_forgotten(ex: Executor, uid: str, ref: str) -> None:
     """Unprepare of a claim the checkpoint does not know: if it was lost (a corrupt
     checkpoint moved aside), the ledger and the CDI directory still know what was
     done for the claim; undo that now. Nothing recorded: nothing to do."""
-    # Nothing is known of it but its name: a record of no device stands for it.
-    namespace, _, name = ref.partition("/")
-    gone = ClaimRecord(uid, namespace, name, PREPARE_STARTED)
-    failed = undo_all(forgotten_steps(ex, uid, ref), gone)
-    if failed is not None:
-        raise failed
-
-
-def forgotten_steps(ex: Executor, uid: str, ref: str) -> list[Step]:
-    """What the ledger holds for claim `uid`, whose record is gone, as steps to undo."""
-    out: list[Step] = []
+    steps: list[Step] = []
     if (mig := ex.mig) is not None:
 
         def mig_undo(_: ClaimRecord) -> None:
@@ -56,19 +46,23 @@ def forgotten_steps(ex: Executor, uid: str, ref: str) -> list[Step]:
             if off:
                 mig.restore_disabled(off, set())
 
-        out.append(Step("MIG", "MIG devices and modes the ledger holds", mig_undo))
+        steps.append(Step("MIG", "MIG devices and modes the ledger holds", mig_undo))
     if (sharing := ex.sharing) is not None:
         undo = ignoring(functools.partial(sharing.undo_forgotten_claim, uid))
-        out.append(Step("sharing", "time-slicing and MPS the ledger holds", undo))
+        steps.append(Step("sharing", "time-slicing and MPS the ledger holds", undo))
     if (shares := ex.shares) is not None:
         undo = ignoring(functools.partial(shares.undo_forgotten, uid))
-        out.append(Step("shares", "shares the ledger holds", undo))
+        steps.append(Step("shares", "shares the ledger holds", undo))
     if (imex := ex.imex) is not None:
         undo = ignoring(functools.partial(imex.undo_forgotten, uid))
-        out.append(Step("IMEX", "IMEX daemons", undo))
+        steps.append(Step("IMEX", "IMEX daemons", undo))
     spec = ignoring(functools.partial(remove_forgotten_spec, ex, uid, ref))
-    out.append(Step("CDI", "removing the CDI spec", spec))
-    return out
+    steps.append(Step("CDI", "removing the CDI spec", spec))
+    # Nothing is known of it but its name: a record of no device stands for it.
+    namespace, _, name = ref.partition("/")
+    failed = undo_all(steps, ClaimRecord(uid, namespace, name, PREPARE_STARTED))
+    if failed is not None:
+        raise failed
 
 
 def remove_forgotten_spec(ex: Executor, uid: str, ref: str) -> None:

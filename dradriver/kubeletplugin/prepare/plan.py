@@ -7,17 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dradriver.errors import ConfigError, DeviceError
 from dradriver.inventory.naming import GpuIdentity
-from dradriver.inventory.node_devices import DeviceKind, NodeDevice
+from dradriver.inventory.node_devices import NodeDevice
 from dradriver.kubeletplugin.prepare.cdi import driver_device_id, qualified_name
-from dradriver.kubeletplugin.prepare.channels import (
-    channel_device,
-    check_one_domain,
-    is_channel,
-)
+from dradriver.kubeletplugin.prepare.channels import channel_device, check_one_domain, is_channel
 from dradriver.kubeletplugin.prepare.claim_devices import (
     PlannedDevice,
     check_identity,
@@ -40,42 +36,31 @@ from dradriver.kubeletplugin.state.records import (
 )
 from dradriver.slices.consumable import OFF, Consumable
 
-# The config models (pydantic) load with the first claim that carries a config: most
-# claims have none, and the plugin's memory is a budget.
-if TYPE_CHECKING:
-    from dradriver.api.config import DeviceConfig
 
+def sharing_for(ref: ClaimRef, pd: PlannedDevice, dev: NodeDevice) -> Sharing | None:
+    """The sharing setup a device needs by its config; none unless a config says so.
+    (The config models refuse what a device kind cannot have, quantities included.)"""
+    if not pd.configs:
+        return None
+    # The config models (pydantic) load with the first claim that carries a config: most
+    # claims have none, and the plugin's memory is a budget.
+    from dradriver.api.config import effective
 
-def sharing_for(dev: NodeDevice, cfg: DeviceConfig | None) -> Sharing | None:
-    """The sharing setup a device needs by its config; none unless a config says so."""
+    try:
+        cfg = effective(list(pd.configs), dev.kind.value, pd.request_name)
+    except ConfigError as exc:
+        raise ConfigError(f"claim {ref}: {exc}", reason="config") from exc
     if cfg is None or cfg.sharing is None:
         return None
     s = cfg.sharing
     if s.strategy == "TimeSlicing":
-        interval = s.timeSlicingConfig.interval if s.timeSlicingConfig else "Default"
-        if dev.kind is DeviceKind.MIG and interval != "Default":
-            # The config API refuses this for MigDeviceConfig already; kept as the guard.
-            raise ConfigError(
-                f"device {dev.name}: a time-slice interval applies to whole GPUs; MIG devices "
-                "are time-sliced by the driver without one (use interval Default, or MPS)"
-            )
-        return TimeSlicing(interval)
+        return TimeSlicing(s.timeSlicingConfig.interval if s.timeSlicingConfig else "Default")
     mps = s.mpsConfig
     if mps is None:
         return Mps(MpsLimits())
-    from dradriver.api.config import quantity_bytes
-
-    pinned = dict(mps.defaultPerDevicePinnedMemoryLimit or {})
-    for q in [mps.defaultPinnedDeviceMemoryLimit, *pinned.values()]:
-        if q is not None:
-            quantity_bytes(q)
-    return Mps(
-        MpsLimits(
-            mps.defaultActiveThreadPercentage,
-            mps.defaultPinnedDeviceMemoryLimit,
-            tuple(sorted(pinned.items())),
-        )
-    )
+    pinned = tuple(sorted((mps.defaultPerDevicePinnedMemoryLimit or {}).items()))
+    limit = mps.defaultPinnedDeviceMemoryLimit
+    return Mps(MpsLimits(mps.defaultActiveThreadPercentage, limit, pinned))
 
 
 def carve_intent(dev: NodeDevice) -> Carve | None:
@@ -138,68 +123,34 @@ def _same_hardware(od: PreparedDevice, local: Mapping[str, NodeDevice]) -> NodeD
     return None
 
 
-def admin_device(
-    ref: ClaimRef,
-    driver: str,
-    node: str,
-    *,
-    pd: PlannedDevice,
-    dev: NodeDevice,
-    cp: Checkpoint,
-    driver_files: bool = False,
-) -> PreparedDevice:
-    """A device given by adminAccess (KEP-5018: monitoring and diagnostics beside the
-    claim that holds it): nothing is carved, switched or shared for it. A MIG partition
-    exists only while a claim holds it carved; admin access reaches that MIG device."""
-    uuid, mig = (
-        dev.uuid,
-        (MigIds(dev.mig.gpu_instance_id, dev.mig.compute_instance_id) if dev.mig else None),
+def _mig_ids(dev: NodeDevice) -> MigIds | None:
+    return MigIds(dev.mig.gpu_instance_id, dev.mig.compute_instance_id) if dev.mig else None
+
+
+def admin_view(ref: ClaimRef, dev: NodeDevice, cp: Checkpoint) -> tuple[str | None, MigIds | None]:
+    """The UUID and MIG ids a device given by adminAccess (KEP-5018: monitoring and
+    diagnostics beside the claim that holds it) is reached by: nothing is carved,
+    switched or shared for it. A MIG partition exists only while a claim holds it
+    carved; admin access reaches that MIG device."""
+    if dev.partition is None:
+        return dev.uuid, _mig_ids(dev)
+    holder = next(
+        (
+            d
+            for r in cp.claims.values()
+            for d in r.devices
+            if d.device == dev.name and not d.admin_access and d.carve and d.carve.created
+        ),
+        None,
     )
-    if dev.partition is not None:
-        holder = next(
-            (
-                d
-                for r in cp.claims.values()
-                for d in r.devices
-                if d.device == dev.name and not d.admin_access and d.carve and d.carve.created
-            ),
-            None,
+    ids = holder.mig_ids() if holder is not None else None
+    if holder is None or ids is None:
+        raise DeviceError(
+            f"claim {ref}: adminAccess to {dev.name}: this MIG partition is not carved "
+            "(no claim holds it), so there is no MIG device to give",
+            reason="not_carved",
         )
-        if holder is None or holder.carve is None:
-            raise DeviceError(
-                f"claim {ref}: adminAccess to {dev.name}: this MIG partition is not carved "
-                "(no claim holds it), so there is no MIG device to give",
-                reason="not_carved",
-            )
-        uuid = holder.uuid
-        gi, ci = holder.carve.gpu_instance_id, holder.carve.compute_instance_id
-        assert gi is not None and ci is not None
-        mig = MigIds(gi, ci)
-    share = Share(pd.share_id, pd.consumed) if pd.share_id else None
-    out = PreparedDevice(
-        request_names=[pd.request_name],
-        pool=node,
-        device=dev.name,
-        cdi_device_ids=[],
-        uuid=uuid,
-        kind=dev.kind.value,
-        minor=dev.gpu.minor,
-        mig=mig,
-        admin_access=True,
-        share=share,
-    )
-    ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files=driver_files)
-    return replace(out, cdi_device_ids=ids)
-
-
-def _cdi_ids(driver: str, name: str, claim_uid: str, *, driver_files: bool) -> list[str]:
-    # The device's own ID first: the kubelet names a device by its first CDI ID in the
-    # pod's allocatedResourcesStatus (pkg/kubelet/cm/dra/manager.go, 1.34 to 1.37), where
-    # the API server refuses a duplicate within a claim, and 1.36+ keeps the first of
-    # each; the driver's ID, the same for every GPU, must not come first. The runtime
-    # applies the driver spec's edits once per container whatever the order.
-    own = qualified_name(driver, name, claim_uid)
-    return [own, driver_device_id(driver)] if driver_files else [own]
+    return holder.uuid, MigIds(*ids)
 
 
 def plan(
@@ -212,13 +163,13 @@ def plan(
     checkpoint: Checkpoint,
     now: float,
     consumable: Consumable = OFF,
-    identities: Mapping[str, GpuIdentity] | None = None,
+    name_book: Mapping[str, GpuIdentity] | None = None,
     channels: bool = False,
     driver_files: bool = False,
 ) -> ClaimRecord:
     """The record of everything prepare does for `claim`, in state PrepareStarted: the
     devices with their request names, GPU minors, MIG ids or carve intents, and sharing
-    setups, nothing applied yet. `identities`: the name book (which GPU each name was
+    setups, nothing applied yet. `name_book`: the name book (which GPU each name was
     published for); `channels`: the node publishes IMEX channels; `driver_files`: a GPU
     device also names the node's driver spec (--driver-files cdi). Raises a typed
     DriverError for a claim this node cannot prepare."""
@@ -231,7 +182,7 @@ def plan(
             )
             continue
         dev = devices.get(pd.device)
-        check_identity(ref, pd.device, dev, book=identities or {}, devices=devices)
+        check_identity(ref, pd.device, dev, name_book=name_book or {}, devices=devices)
         assert dev is not None  # check_identity raised otherwise
         key = (pd.device, pd.share_id)
         rec = records.get(key)
@@ -239,70 +190,62 @@ def plan(
             if pd.request_name not in rec.request_names:
                 rec.request_names.append(pd.request_name)
             continue
+        carve, sharing, share = None, None, None
         if pd.admin_access:
-            records[key] = admin_device(
-                ref, driver, node, pd=pd, dev=dev, cp=checkpoint, driver_files=driver_files
-            )
-            continue
-        try:
-            cfg = None
-            if pd.configs:
-                from dradriver.api.config import effective
-
-                cfg = effective(list(pd.configs), dev.kind.value, pd.request_name)
-            sharing = sharing_for(dev, cfg)
-        except ConfigError as exc:
-            raise ConfigError(f"claim {ref}: {exc}", reason="config") from exc
-        share = None
-        if pd.share_id and sharing is not None:
-            raise ConfigError(
-                f"claim {ref}: device {dev.name}, share {pd.share_id}: "
-                f"{'an MPS' if isinstance(sharing, Mps) else 'a time-slicing'} config applies "
-                "to a device held whole; a share "
-                "runs beside the device's other shares with the limits of its allocation. "
-                "Drop the sharing config (claim or DeviceClass) for this request",
-                reason="config",
-            )
-        if pd.share_id:
-            memory = dev.mig.memory_bytes if dev.mig is not None else dev.gpu.memory_bytes
-            where = f"claim {ref}: device {dev.name}, share {pd.share_id}"
-            share = share_of(pd.share_id, dict(pd.consumed), memory, mode=consumable, where=where)
-            # Whose cgroups get the share's memory as a limit (hardware/pod_memory.py).
-            share = replace(share, pods=tuple(cd.pod_uids))
+            uuid, mig = admin_view(ref, dev, checkpoint)
+            share = Share(pd.share_id, pd.consumed) if pd.share_id else None
+        else:
+            uuid, mig, carve = dev.uuid, _mig_ids(dev), carve_intent(dev)
+            sharing = sharing_for(ref, pd, dev)
+            if pd.share_id:
+                where = f"claim {ref}: device {dev.name}, share {pd.share_id}"
+                if sharing is not None:
+                    raise ConfigError(
+                        f"{where}: {'an MPS' if isinstance(sharing, Mps) else 'a time-slicing'}"
+                        " config applies to a device held whole; a share runs beside the "
+                        "device's other shares with the limits of its allocation. Drop the "
+                        "sharing config (claim or DeviceClass) for this request",
+                        reason="config",
+                    )
+                share = share_of(pd, dev, mode=consumable, where=where, pods=cd.pod_uids)
         out = PreparedDevice(
             request_names=[pd.request_name],
             pool=node,
             device=dev.name,
             cdi_device_ids=[],
-            uuid=dev.uuid,
+            uuid=uuid,
             kind=dev.kind.value,
             minor=dev.gpu.minor,
-            carve=carve_intent(dev),
-            mig=MigIds(dev.mig.gpu_instance_id, dev.mig.compute_instance_id)
-            if dev.mig is not None
-            else None,
+            carve=carve,
+            mig=mig,
             sharing=sharing,
+            admin_access=pd.admin_access,
             share=share,
         )
-        ids = _cdi_ids(driver, out.cdi_name, ref.uid, driver_files=driver_files)
+        # The device's own ID first: the kubelet names a device by its first CDI ID in the
+        # pod's allocatedResourcesStatus (pkg/kubelet/cm/dra/manager.go, 1.34 to 1.37), where
+        # the API server refuses a duplicate within a claim, and 1.36+ keeps the first of
+        # each; the driver's ID, the same for every GPU, must not come first. The runtime
+        # applies the driver spec's edits once per container whatever the order.
+        own = qualified_name(driver, out.cdi_name, ref.uid)
+        ids = [own, driver_device_id(driver)] if driver_files else [own]
         records[key] = replace(out, cdi_device_ids=ids)
-    exclusive = [
-        (devices[r.device], r.share is not None)
-        for r in records.values()
-        if not r.admin_access and r.imex is None
-    ]
+    held = [r for r in records.values() if not r.admin_access]
+    exclusive = [(devices[r.device], r.share is not None) for r in held if r.imex is None]
     check_exclusive(checkpoint, ref, exclusive, local=devices)
-    imex = [r for r in records.values() if r.imex is not None]
+    # A claim of no channel or share runs nothing of channels.py or shares.py (the walk a
+    # reader takes, tests/unit/test_walk.py).
+    imex = [r for r in held if r.imex is not None]
     if imex:
         check_one_domain(checkpoint, ref, imex)
-    shared = [(r, devices[r.device]) for r in records.values() if r.share and not r.admin_access]
+    shared = [(r, devices[r.device]) for r in held if r.share]
     if shared:
         check_room(checkpoint, ref, shared, mode=consumable)
     return ClaimRecord(
-        uid=ref.uid,
-        namespace=ref.namespace,
-        name=ref.name,
-        state=PREPARE_STARTED,
+        ref.uid,
+        ref.namespace,
+        ref.name,
+        PREPARE_STARTED,
         devices=list(records.values()),
         updated_at=now,
     )

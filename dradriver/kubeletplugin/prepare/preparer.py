@@ -151,7 +151,7 @@ class Preparer:
     # --consumable-capacity: how a share's limits follow from its allocation.
     consumable: Consumable = OFF
     # Which GPU each device name was published for (state/name_book.py); None: no check.
-    names: Callable[[], Mapping[str, GpuIdentity]] | None = None
+    name_book: Callable[[], Mapping[str, GpuIdentity]] | None = None
 
     def load(self) -> Checkpoint:
         """The checkpoint, unless a newer release wrote it in a form this release cannot
@@ -256,7 +256,7 @@ class Preparer:
             checkpoint=cp,
             now=time.time(),
             consumable=self.consumable,
-            identities=self.names() if self.names is not None else None,
+            name_book=self.name_book() if self.name_book is not None else None,
             channels=self.executor.imex is not None,
             driver_files=self.executor.driver_spec is not None,
         )

@@ -12,6 +12,7 @@ from fractions import Fraction
 from dradriver.api.quantity import QuantityError, parse
 from dradriver.errors import ClaimStateError, DeviceError
 from dradriver.inventory.node_devices import NodeDevice
+from dradriver.kubeletplugin.prepare.claim_devices import PlannedDevice
 from dradriver.kubeletplugin.state.records import Checkpoint, ClaimRef, PreparedDevice, Share
 from dradriver.slices.consumable import COMPUTE, COMPUTE_WHOLE, MIB, Consumable, ConsumableMode
 
@@ -34,15 +35,23 @@ def _amount(consumed: Mapping[str, str], name: str, where: str) -> Fraction:
     return value
 
 
+def device_memory(dev: NodeDevice) -> int:
+    return dev.mig.memory_bytes if dev.mig is not None else dev.gpu.memory_bytes
+
+
 def share_of(
-    share_id: str,
-    consumed: Mapping[str, str],
-    memory_bytes: int,
+    pd: PlannedDevice,
+    dev: NodeDevice,
     *,
     mode: Consumable,
     where: str,
+    pods: Sequence[str],
 ) -> Share:
-    """The share's record. `where` names the claim and device for an error."""
+    """The record of share `pd` of `dev`, for the claim reserved for `pods` (UIDs: whose
+    cgroups get its memory as a limit, hardware/pod_memory.py). `where` names the claim
+    and device for an error."""
+    consumed = dict(pd.consumed)
+    memory_bytes = device_memory(dev)
     memory = _amount(consumed, "memory", where)
     compute = _amount(consumed, COMPUTE, where)
     if memory > memory_bytes:
@@ -66,12 +75,7 @@ def share_of(
             memory_limit = int(memory_bytes * part) // MIB * MIB
         if compute_limit is None:
             compute_limit = max(1, int(COMPUTE_WHOLE * part))  # floor: never past 100
-    return Share(
-        share_id=share_id,
-        consumed=tuple(sorted(consumed.items())),
-        memory_limit=memory_limit,
-        compute_limit=compute_limit,
-    )
+    return Share(pd.share_id, pd.consumed, memory_limit, compute_limit, pods=tuple(pods))
 
 
 def check_room(
@@ -85,32 +89,25 @@ def check_room(
     has, even when an allocation says otherwise (the 1.34 scheduler can: it checks the
     capacity left on another device of the slice than the one it allocates,
     kubernetes/kubernetes#133705)."""
-    mine: dict[str, list[PreparedDevice]] = {}
-    for d, _ in shares:
-        mine.setdefault(d.device, []).append(d)
-    for d, dev in shares:
-        if mine[dev.name][0] is not d:
-            continue  # one check per device, with all of this claim's shares of it
-        assert d.share is not None
-        where = f"claim {ref}: device {dev.name}, share {d.share.share_id}"
-        memory = dev.mig.memory_bytes if dev.mig is not None else dev.gpu.memory_bytes
-        limits = {"memory": Fraction(memory), COMPUTE: Fraction(COMPUTE_WHOLE)}
+    others = [od for o in cp.claims.values() if o.uid != ref.uid for od in o.devices]
+    # One check per device, with all of this claim's shares of it.
+    for dev in {dev.name: dev for _, dev in shares}.values():
+        mine = [d.share for d, _ in shares if d.device == dev.name and d.share is not None]
+        where = f"claim {ref}: device {dev.name}, share {mine[0].share_id}"
+        held = mine + [
+            od.share
+            for od in others
+            if od.device == dev.name and od.share is not None and not od.admin_access
+        ]
+        limits = {"memory": Fraction(device_memory(dev)), COMPUTE: Fraction(COMPUTE_WHOLE)}
         if mode.mode is ConsumableMode.SHARES:
             limits["shares"] = Fraction(mode.shares)
-        held = dict.fromkeys(limits, Fraction(0))
-        holders = 0
-        others = [od for o in cp.claims.values() if o.uid != ref.uid for od in o.devices]
-        for od in [*mine[dev.name], *others]:
-            if od.device != dev.name or od.share is None or od.admin_access:
-                continue
-            holders += 1
-            for name in limits:
-                held[name] += _amount(dict(od.share.consumed), name, where)
         for name, limit in limits.items():
-            if held[name] > limit:
+            total = sum((_amount(dict(s.consumed), name, where) for s in held), Fraction(0))
+            if total > limit:
                 raise DeviceError(
-                    f"{where}: with the {holders - len(mine[dev.name])} shares already "
-                    f"prepared on it, the device would give out {held[name]} of its {limit} "
+                    f"{where}: with the {len(held) - len(mine)} shares already "
+                    f"prepared on it, the device would give out {total} of its {limit} "
                     f"{name}: the allocation oversubscribes it (the Kubernetes 1.34 "
                     "scheduler can, kubernetes/kubernetes#133705); not prepared. Delete the "
                     "claim so it is allocated again",

@@ -2,10 +2,11 @@
 even if the checkpoint is lost or moved aside as corrupt: MIG modes switched, MIG
 instances created (an intent before the carve, its ID right after), compute modes
 changed (the mode before, written once), intervals set, shares' daemons and their
-members. Each entry is written *before* the change and removed only once it is undone,
-so a kill at any instant leaves nothing nobody knows was changed; startup and the
-kubelet's unprepare of a forgotten claim undo what it holds. The keys and why each fact
-lives here rather than in the checkpoint: docs/design.md, "What the node writes".
+members, IMEX daemons and their claims. Each entry is written *before* the change and
+removed only once it is undone, so a kill at any instant leaves nothing nobody knows was
+changed; startup and the kubelet's unprepare of a forgotten claim undo what it holds. The
+keys and why each fact lives here rather than in the checkpoint: docs/design.md, "What
+the node writes".
 
 Every change is one read-modify-write under the ledger's lock (Ledger._update): prepares
 on different GPUs change it at once (threads, or the other instance during a rolling
@@ -95,11 +96,14 @@ class Entries:
     shared: dict[str, SharedDaemon] = field(
         default_factory=dict, metadata={**_ALWAYS, "key": "shareDaemons"}
     )
+    # ComputeDomain UID -> the claim its IMEX daemon (imex/<UID>/, its pod) was started for
+    imex: dict[str, str] = field(default_factory=dict, metadata={**_ALWAYS, "key": "imexDaemons"})
 
     def claims(self) -> set[str]:
-        """Every claim something is held for: a MIG instance or mode, or sharing."""
+        """Every claim something is held for: a MIG instance or mode, sharing, an IMEX
+        daemon."""
         mig = {i.claim for i in self.instances} | set(self.mig_disabled.values())
-        return (mig | self.sharing_claims()) - {""}
+        return (mig | self.sharing_claims() | set(self.imex.values())) - {""}
 
     def sharing_claims(self) -> set[str]:
         """The claims a compute mode, a time slice or a share is held for."""
@@ -282,6 +286,15 @@ class Ledger:
 
     def shared_stopped(self, device: str) -> None:
         self._update(lambda e: e.shared.pop(device, None))
+
+    # -- IMEX ------------------------------------------------------------------------------
+    def imex_starting(self, domain_uid: str, claim: str) -> None:
+        """Recorded before the daemon of ComputeDomain `domain_uid` is configured and
+        started for `claim` (one daemon per domain on a node)."""
+        self._update(lambda e: e.imex.update({domain_uid: claim}))
+
+    def imex_stopped(self, domain_uid: str) -> None:
+        self._update(lambda e: e.imex.pop(domain_uid, None))
 
 
 def held_instances(ledger: Ledger, owned: set[tuple[str, int, int]]) -> set[tuple[str, int, int]]:

@@ -76,15 +76,13 @@ class NameBook:
                         now=ident.uuid,
                     )
             self._names = {**self._names, **changed}
-            doc = {
-                "version": VERSION,
-                "names": {
-                    n: {"uuid": i.uuid, "pciBusId": i.pci_bus_id, "product": i.product}
-                    for n, i in sorted(self._names.items())
-                },
+            names = {
+                n: {"uuid": i.uuid, "pciBusId": i.pci_bus_id, "product": i.product}
+                for n, i in sorted(self._names.items())
             }
+            data = json.dumps({"version": VERSION, "names": names}, indent=1).encode() + b"\n"
             try:
-                atomic_write(self.path, json.dumps(doc, indent=1).encode() + b"\n")
+                atomic_write(self.path, data)
             except OSError as exc:
                 # Kept in memory: prepare still checks against it until the next start.
                 log.warning("cannot save the device name book", path=str(self.path), error=str(exc))

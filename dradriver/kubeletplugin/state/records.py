@@ -15,8 +15,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
-from dradriver.kubeletplugin.state.files import CheckpointCorrupt, from_json, to_json
-
 PREPARE_STARTED: Final = "PrepareStarted"
 PREPARE_COMPLETED: Final = "PrepareCompleted"
 STATES: Final = (PREPARE_STARTED, PREPARE_COMPLETED)
@@ -83,14 +81,9 @@ class PreparedDevice:
     unknown: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
-    def key(self) -> tuple[str, str]:
-        """What tells a claim's devices apart: the device, and its share."""
-        return self.device, self.share.share_id if self.share is not None else ""
-
-    @property
     def cdi_name(self) -> str:
         """The device's name in the claim's CDI spec: each share is a CDI device."""
-        return self.device if self.share is None else f"{self.device}-{self.share.cdi_name}"
+        return self.device if self.share is None else f"{self.device}-share-{self.share.share_id}"
 
     def mig_ids(self) -> tuple[int, int] | None:
         """(GPU instance, compute instance) of the MIG device, once it exists."""
@@ -119,31 +112,7 @@ class ClaimRecord:
 
     def with_device(self, i: int, d: PreparedDevice) -> ClaimRecord:
         """This record with its `i`th device replaced by `d`."""
-        devices = list(self.devices)
-        devices[i] = d
-        return dataclasses.replace(self, devices=devices)
-
-    @classmethod
-    def read(cls, key: str, value: Any, newer: bool, *, notes: list[str]) -> ClaimRecord:
-        """The record stored under `key`: its own UID, a state this release knows (one
-        from a newer release is taken as PrepareStarted: undone or redone)."""
-        where = f"claims[{key!r}]"
-        rec: ClaimRecord = from_json(cls, value, where)
-        if rec.uid != key:
-            raise CheckpointCorrupt(f"{where}: stored under another UID than its own ({rec.uid!r})")
-        if rec.state in STATES:
-            return rec
-        if not newer:
-            raise CheckpointCorrupt(f"{where}.state: unknown state {rec.state!r}")
-        notes.append(
-            f"claim {rec.uid}: unknown state {rec.state!r} from a newer release, "
-            f"treated as {PREPARE_STARTED}"
-        )
-        return dataclasses.replace(rec, state=PREPARE_STARTED)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = to_json(self)
-        return out
+        return dataclasses.replace(self, devices=[*self.devices[:i], d, *self.devices[i + 1 :]])
 
 
 @dataclass
@@ -213,10 +182,6 @@ class Share:
     pod_cgroups: tuple[str, ...] = ()
 
     @property
-    def cdi_name(self) -> str:
-        return f"share-{self.share_id}"
-
-    @property
     def namespace(self) -> str:
         """Its MPS v3 namespace: lowercase letters, digits and "_", at most 64."""
         return "s_" + "".join(c if c.isalnum() else "_" for c in self.share_id.lower())[:60]
@@ -238,11 +203,6 @@ class MpsLimits:
         default=(), metadata={"key": "perDevicePinnedMemoryLimit"}
     )
 
-    @property
-    def group(self) -> str:
-        """Devices of one claim with the same limits share one daemon."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
 
 @dataclass(frozen=True)
 class Mps:
@@ -260,7 +220,8 @@ class Mps:
 
     @property
     def group(self) -> str:
-        return self.limits.group
+        """Devices of one claim with the same limits share one daemon."""
+        return json.dumps(dataclasses.asdict(self.limits), sort_keys=True)
 
 
 Sharing = TimeSlicing | Mps

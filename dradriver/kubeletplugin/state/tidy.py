@@ -43,6 +43,7 @@ class Leftovers:
     claims: tuple[str, ...] = ()  # prepared claims in the checkpoint
     mig_changes: tuple[str, ...] = ()  # GPUs / instances the ledger holds
     sharing_claims: tuple[str, ...] = ()  # claims the ledger holds sharing changes for
+    imex_claims: tuple[str, ...] = ()  # claims the ledger holds an IMEX daemon for
     other_instances: tuple[str, ...] = ()  # other registration sockets of this driver
 
 
@@ -63,6 +64,8 @@ def keep_reason(left: Leftovers) -> str:
         return f"MIG changes not yet undone: {', '.join(left.mig_changes[:5])}"
     if left.sharing_claims:
         return f"sharing changes not yet undone for {', '.join(left.sharing_claims[:5])}"
+    if left.imex_claims:
+        return f"IMEX daemons not yet stopped for {', '.join(left.imex_claims[:5])}"
     return ""
 
 

@@ -238,12 +238,12 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
 
     import grpc
 
-    from dradriver.kubeletplugin.grpc_edge.late import LateDriver
+    from dradriver.kubeletplugin.grpc_edge.late import LatePreparer
     from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 
     root = Path(tempfile.mkdtemp(prefix="drh-"))  # a Unix socket path stays short
     servers = PluginServers(
-        LateDriver(patience=0.1),
+        LatePreparer(patience=0.1),
         driver_name=DRIVER,
         kubelet_dir=root,
         instance="t",

@@ -5,15 +5,17 @@ older release reads a newer file (docs/design.md, "The checkpoint's format").
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.errors import ClaimStateError
-from dradriver.kubeletplugin.state.files import CheckpointCorrupt, from_json
+from dradriver.kubeletplugin.state.files import CheckpointCorrupt, from_json, to_json
 from dradriver.kubeletplugin.state.records import (
     CURRENT_VERSION,
+    PREPARE_STARTED,
     STATES,
     Checkpoint,
     ClaimRecord,
@@ -43,7 +45,7 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
         if rec.state not in STATES:
             raise ValueError(f"checkpoint: claim {uid} has unknown state {rec.state!r}")
     claims = {uid: raw for uid, raw in cp.unreadable.items() if uid not in cp.claims}
-    claims.update({uid: rec.to_json() for uid, rec in cp.claims.items()})
+    claims.update({uid: to_json(rec) for uid, rec in cp.claims.items()})
     payload = {**cp.unknown, "bootId": cp.boot_id, "claims": claims}
     # The payload is encoded once, for its checksum and as the file's payload (the
     # envelope's keys in sorted order, as before).
@@ -80,11 +82,25 @@ def _payload(payload: dict[str, Any], version: int, *, newer: bool, notes: list[
     claims: dict[str, ClaimRecord] = {}
     unreadable: dict[str, Any] = {}
     for k, v in p.claims.items():
-        needs = v.get("minReader", 1) if isinstance(v, dict) else 1
-        if isinstance(needs, int) and not isinstance(needs, bool) and needs > CURRENT_VERSION:
+        needs = v.get("minReader") if isinstance(v, dict) else None
+        if type(needs) is int and needs > CURRENT_VERSION:
             unreadable[k] = v
             continue
-        claims[k] = ClaimRecord.read(k, v, newer, notes=notes)
+        # Its own UID, and a state this release knows (one from a newer release is
+        # taken as PrepareStarted: undone or redone).
+        where = f"claims[{k!r}]"
+        rec: ClaimRecord = from_json(ClaimRecord, v, where)
+        if rec.uid != k:
+            raise CheckpointCorrupt(f"{where}: stored under another UID than its own ({rec.uid!r})")
+        if rec.state not in STATES:
+            if not newer:
+                raise CheckpointCorrupt(f"{where}.state: unknown state {rec.state!r}")
+            notes.append(
+                f"claim {rec.uid}: unknown state {rec.state!r} from a newer release, "
+                f"treated as {PREPARE_STARTED}"
+            )
+            rec = dataclasses.replace(rec, state=PREPARE_STARTED)
+        claims[k] = rec
     if unreadable:
         notes.append(
             f"claims a newer release recorded in a form this release cannot read (their "

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from dradriver.api import kubelet as kapi
-from dradriver.kubeletplugin.grpc_edge.late import LateDriver
+from dradriver.kubeletplugin.grpc_edge.late import LatePreparer
 from dradriver.kubeletplugin.grpc_edge.server import MAX_MESSAGE, PluginServers
 from dradriver.kubeletplugin.state.records import ClaimRef
 
@@ -99,7 +99,7 @@ class Served:
 def served() -> Iterator[Served]:
     root = Path(tempfile.mkdtemp(prefix="drg-"))  # a Unix socket path stays short
     driver = FakeDriver()
-    late = LateDriver(patience=5)
+    late = LatePreparer(patience=5)
     late.set(driver)
     registered: list[tuple[bool, str]] = []
     servers = PluginServers(
@@ -359,7 +359,7 @@ def test_removed_sockets_are_recreated_and_calls_under_way_finish(served: Served
 
 def test_a_call_before_the_driver_is_set_waits_for_it() -> None:
     root = Path(tempfile.mkdtemp(prefix="drg-"))
-    late = LateDriver(patience=10)
+    late = LatePreparer(patience=10)
     servers = PluginServers(
         late, driver_name=DRIVER, kubelet_dir=root, instance="", on_registered=lambda o, e: None
     )
@@ -372,7 +372,7 @@ def test_a_call_before_the_driver_is_set_waits_for_it() -> None:
                 claims(V1, "early"), timeout=5
             )
         assert resp.claims["uid-early"].devices
-        quick = LateDriver(patience=0.05)
+        quick = LatePreparer(patience=0.05)
         quick.reason = lambda: "discovering"
         assert (
             "still starting (discovering)" in quick.prepare([ClaimRef("ns", "u", "c")])["u"].error

@@ -18,7 +18,7 @@ import pytest
 
 from dradriver.api import kubelet as kapi
 from dradriver.inventory.node_devices import MigMode
-from dradriver.kubeletplugin.grpc_edge.late import LateDriver
+from dradriver.kubeletplugin.grpc_edge.late import LatePreparer
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
 from dradriver.slices.consumable import parse_mode
 from tests.support.gpu_names import names_of
@@ -61,7 +61,7 @@ class Node:
             mps_protocol=3,
         )
         self.gpus = names_of(preparer.devices())  # whole-GPU names, by NVML index
-        late = LateDriver(patience=5)
+        late = LatePreparer(patience=5)
         late.set(preparer)
         self.root = Path(tempfile.mkdtemp(prefix="drs-"))  # a Unix socket path stays short
         self.servers = PluginServers(

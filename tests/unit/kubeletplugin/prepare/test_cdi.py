@@ -36,6 +36,8 @@ GPU0 = "GPU-11111111-1111-1111-1111-111111111111"
 GPU1 = "GPU-22222222-2222-2222-2222-222222222222"
 MIG = "MIG-33333333-3333-3333-3333-333333333333"
 CAPS = ("/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22")
+# A MIG device's nodes where the host's majors are unknown: paths alone.
+MIG_NODES = tuple(DeviceNode(p) for p in ("/dev/nvidia0", *CAPS))
 
 
 @pytest.fixture
@@ -108,7 +110,7 @@ def test_spec_without_device_nodes_is_env_only() -> None:
 def test_real_spec_names_device_nodes_by_path_only() -> None:
     devices = [
         CdiDevice("gpu-3", GPU0, nodes(3)),
-        CdiDevice("gpu-0-mig-1g10gb-0", MIG, ("/dev/nvidia0", *CAPS), env=["X=1"]),
+        CdiDevice("gpu-0-mig-1g10gb-0", MIG, MIG_NODES, env=["X=1"]),
     ]
     spec = spec_for(devices)
     assert spec["cdiVersion"] == "0.3.0"
@@ -158,7 +160,7 @@ def test_names() -> None:
         ({"devices": [CdiDevice("gpu-0", "")]}, "UUID"),
         ({"devices": [CdiDevice("gpu-0", "GPU-a,GPU-b")]}, "UUID"),
         ({"devices": [CdiDevice("gpu-0", GPU0, env=["=x"])]}, "KEY=VALUE"),
-        ({"devices": [CdiDevice("gpu-0", GPU0, device_nodes=["dev/x"])]}, "abs"),
+        ({"devices": [CdiDevice("gpu-0", GPU0, device_nodes=[DeviceNode("dev/x")])]}, "abs"),
     ],
 )
 def test_invalid_input_is_refused(kwargs: dict[str, Any], match: str) -> None:
@@ -238,7 +240,7 @@ def test_specs_of_many_claims_coexist(resolver: ReferenceResolver, cdi_dir: Path
 def test_real_spec_is_valid(resolver: ReferenceResolver, cdi_dir: Path) -> None:
     devices = [
         CdiDevice("gpu-3", GPU0, nodes(3)),
-        CdiDevice("gpu-0-mig-1g10gb-0", MIG, ("/dev/nvidia0", *CAPS)),
+        CdiDevice("gpu-0-mig-1g10gb-0", MIG, MIG_NODES),
     ]
     CdiWriter(cdi_dir, DRIVER).write(UID, spec_for(devices))
     assert resolver.validate([cdi_dir]) == []

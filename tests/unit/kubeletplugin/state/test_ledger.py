@@ -33,6 +33,7 @@ def every_entry(ledger: Ledger) -> None:
     ledger.slice_changing(GPU, "sliced")
     ledger.shared_daemon(OTHER, gpu=OTHER, mode_before=0)
     ledger.member(OTHER, "s-1", "shared")
+    ledger.imex_starting("cd-uid", "imex")
 
 
 def test_every_entry_is_kept_under_its_key_and_read_back(tmp_path: Path) -> None:
@@ -46,6 +47,7 @@ def test_every_entry_is_kept_under_its_key_and_read_back(tmp_path: Path) -> None
         "computeMode",
         "timeSlice",
         "shareDaemons",
+        "imexDaemons",
     }
     e = Ledger.of(tmp_path).load()  # another instance's view: all from the file
     assert e == Entries(
@@ -58,8 +60,9 @@ def test_every_entry_is_kept_under_its_key_and_read_back(tmp_path: Path) -> None
         compute_mode={OTHER: ModeChange(0, "mps")},
         time_slice={GPU: "sliced"},
         shared={OTHER: SharedDaemon(OTHER, 0, {"s-1": "shared"})},
+        imex={"cd-uid": "imex"},
     )
-    assert e.claims() == {"whole", "carved", "mps", "sliced", "shared"}
+    assert e.claims() == {"whole", "carved", "mps", "sliced", "shared", "imex"}
     assert e.sharing_claims() == {"mps", "sliced", "shared"}
     assert e.intended_for((GPU, 19, 0)) == "carved" and e.owner(GPU, 7) == "carved"
     assert held_instances(Ledger.of(tmp_path), {(GPU, 19, 2)}) == {(GPU, 19, 0)}
@@ -78,6 +81,7 @@ def test_undone_entries_go_and_a_carve_replaces_its_intent(tmp_path: Path) -> No
     ledger.slice_restored(GPU)
     assert ledger.member(OTHER, "s-1", None) == SharedDaemon(OTHER, 0, {})
     ledger.shared_stopped(OTHER)
+    ledger.imex_stopped("cd-uid")
     assert ledger.load() == Entries()
 
 

@@ -145,14 +145,14 @@ def test_a_name_that_stands_for_another_gpu_now_is_refused_naming_both() -> None
     ref = ClaimRef("team", "uid-1", "c")
     book = {"gpu-x": GpuIdentity.of(gpu_a)}
     with pytest.raises(DeviceError, match="another GPU than it was allocated") as err:
-        check_identity(ref, "gpu-x", dev, book=book, devices={dev.name: dev})
+        check_identity(ref, "gpu-x", dev, name_book=book, devices={dev.name: dev})
     assert "GPU GPU-aaaa (NVIDIA A100-SXM4-80GB, 0000:18:00.0)" in str(err.value)
     assert "GPU GPU-bbbb (NVIDIA A100-SXM4-80GB, 0000:2A:00.0)" in str(err.value)
     assert err.value.reason == "identity_mismatch"
     check_identity(
-        ref, "gpu-x", dataclasses.replace(dev, gpu=gpu_a), book=book, devices={}
+        ref, "gpu-x", dataclasses.replace(dev, gpu=gpu_a), name_book=book, devices={}
     )  # itself
     # A partition of that name's GPU is checked against the GPU it was published on.
     part = NodeDevice("gpu-x-mig-1g10gb-3", gpu_b, DeviceKind.MIG)
     with pytest.raises(DeviceError, match="another GPU"):
-        check_identity(ref, part.name, part, book=book, devices={part.name: part})
+        check_identity(ref, part.name, part, name_book=book, devices={part.name: part})

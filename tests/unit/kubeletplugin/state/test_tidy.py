@@ -80,6 +80,9 @@ def test_anything_left_to_undo_keeps_the_state() -> None:
         Leftovers(mig_changes=("MIG mode on GPU-1",))
     )
     assert "sharing changes" in keep_reason(Leftovers(sharing_claims=("uid-3",)))
+    assert "IMEX daemons not yet stopped for uid-4" in keep_reason(
+        Leftovers(imex_claims=("uid-4",))
+    )
     # A rolling update's other instance (or a second release) still uses the state.
     assert "another instance" in keep_reason(
         Leftovers(other_instances=("gpu.dradriver.io-abc-reg.sock",))
