@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from dradriver import logs
 from dradriver.k8s import Kube, KubeError, path_for
-from dradriver.k8s.watching import resource_version, resumable
+from dradriver.k8s.mirror import resource_version, resumable
 
 log = logs.get_logger("controller.cabundle")
 API = "admissionregistration.k8s.io/v1"

@@ -13,7 +13,7 @@ from urllib.parse import quote, urlencode
 from dradriver.api import depth
 from dradriver.k8s import config as kubeconfig
 from dradriver.k8s.auth import Credentials
-from dradriver.k8s.errors import Conflict, CredentialError, KubeError, NotFound, error_from_response
+from dradriver.k8s.errors import CredentialError, KubeError, NotFound, error_from_response
 from dradriver.logs import get_logger
 
 if TYPE_CHECKING:
@@ -21,12 +21,11 @@ if TYPE_CHECKING:
 
     from dradriver.k8s.transport import Timeout
 
-__all__ = ["Conflict", "Kube", "KubeError", "NotFound", "Obj", "path_for"]
+__all__ = ["Kube", "KubeError", "Obj", "path_for"]
 
 log = get_logger("k8s")
 
 Obj = dict[str, Any]
-USER_AGENT = "dradriver"
 # The longest Retry-After waited for inside a call; a server asking for more is asking
 # the caller to back off, which it does on its own clock.
 MAX_RETRY_AFTER = 10.0
@@ -70,8 +69,7 @@ class Kube:
 
         if not isinstance(config, kubeconfig.Loaded):
             config = kubeconfig.Loaded(getattr(config, "configuration", config))
-        self._loaded = config
-        self._timeout = default_timeout
+        self._loaded, self._timeout = config, default_timeout
         self.host = str(config.configuration.host).rstrip("/")
         self._creds = Credentials(config.configuration)
         self._transport = Transport(config.configuration, config.impersonate)
@@ -103,7 +101,7 @@ class Kube:
         stream: bool = False,
     ) -> urllib3.BaseHTTPResponse:
         path += _query(query)
-        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        headers = {"Accept": "application/json", "User-Agent": "dradriver"}
         data = None
         if body is not None:
             # Compact, with sorted keys, as Go encodes: the API server keeps opaque config
@@ -128,11 +126,10 @@ class Kube:
             resp = self._transport.send(method, path, headers, body=data, timeout=t, stream=stream)
             if 200 <= resp.status < 300:
                 return resp
-            error = error_from_response(resp.status, str(resp.reason or ""), resp.data)
             wait = _retry_after(resp) if resp.status == 429 else None
             left = deadline - time.monotonic()
             if wait is None or wait >= left:
-                raise error
+                raise error_from_response(resp.status, str(resp.reason or ""), resp.data)
             _sleep(wait)
             if not isinstance(t, tuple):
                 t = max(left - wait, 0.001)  # the whole call stays within its timeout

@@ -6,7 +6,9 @@ again from the Configuration's refresh hook when the plugin's token expires.
 
 What the library lacks, added here:
 - merged files' current-context is the first file's that names one, as kubectl has it;
-- the user's impersonation fields become headers (impersonation.py);
+- the user's impersonation fields (`as`, `as-uid`, `as-groups`, `as-user-extra`) become
+  the headers client-go sends for them: one per group and per extra value (the API server
+  reads repeated headers, never a comma-joined one), extra keys escaped as client-go does;
 - a missing or failing exec plugin is an error naming it (with its installHint when it
   is missing): the library only logs it and goes on without credentials;
 - a kubeconfig's tokenFile is read again at each refresh, as client-go does (the library
@@ -24,12 +26,19 @@ import functools
 import logging.handlers
 import os
 import shutil
+import string
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dradriver.k8s import impersonation
 from dradriver.k8s.errors import CredentialError, KubeconfigError, one_line
+
+Headers = tuple[tuple[str, str], ...]  # names may repeat
+
+# RFC 7230 token characters: what a header name may hold. client-go percent-encodes
+# everything else in an extra's key, and "%" itself so that decoding is unambiguous.
+_TOKEN = frozenset(string.ascii_letters + string.digits + "!#$&'*+-.^_`|~")
 
 
 @dataclass(frozen=True)
@@ -37,7 +46,7 @@ class Loaded:
     """A Configuration and what we add to it."""
 
     configuration: Any  # kubernetes.client.Configuration
-    impersonate: impersonation.Headers = ()
+    impersonate: Headers = ()
 
 
 def load(path: str | None) -> Loaded:
@@ -113,7 +122,7 @@ def _load(merger: Any, paths: str) -> Loaded:
         raise KubeconfigError(f"{at}: server {server!r} is not an http(s) URL")
     where = f"{at}, user {context.safe_get('user')!r}"
     body: dict[str, Any] = user.value if user is not None else {}
-    headers = impersonation.headers(body, where)
+    headers = impersonation(body, where)
 
     cfg = client.Configuration()
     if body.get("exec"):  # run where the library runs it: beside the cluster's file
@@ -128,6 +137,30 @@ def _load(merger: Any, paths: str) -> Loaded:
     if cluster.safe_get("proxy-url"):
         cfg.no_proxy = None
     return Loaded(cfg, impersonate=headers)
+
+
+def impersonation(user: Mapping[str, Any], where: str) -> Headers:
+    """The Impersonate-* headers for `user` (a kubeconfig user's body); `where` names the
+    kubeconfig and the user in errors."""
+    name, uid = user.get("as"), user.get("as-uid")
+    groups, extra = user.get("as-groups") or [], user.get("as-user-extra") or {}
+    if not name and (uid or groups or extra):
+        raise KubeconfigError(f"{where}: as-uid, as-groups or as-user-extra without `as` (a user)")
+    if not isinstance(groups, list) or not isinstance(extra, Mapping):
+        raise KubeconfigError(f"{where}: as-groups must be a list and as-user-extra a mapping")
+    out = [("Impersonate-User", str(name))] if name else []
+    out += [("Impersonate-Uid", str(uid))] if uid else []
+    out += [("Impersonate-Group", str(g)) for g in groups]
+    for key, values in extra.items():
+        for v in values if isinstance(values, list) else [values]:
+            out.append((f"Impersonate-Extra-{escape_key(str(key))}", str(v)))
+    return tuple(out)
+
+
+def escape_key(key: str) -> str:
+    """An extra's key as part of a header name ("scopes.example.com/x" ->
+    "scopes.example.com%2Fx"), byte by byte over its UTF-8."""
+    return "".join(chr(b) if chr(b) in _TOKEN else f"%{b:02X}" for b in key.encode())
 
 
 def _raise_exec_failures(loader: Any, exec_node: Any, cwd: str) -> None:

@@ -31,8 +31,7 @@ class Transport:
     def __init__(self, cfg: Any, repeated: Sequence[tuple[str, str]] = ()) -> None:
         """`repeated`: headers added to every request, whose names may come more than
         once (each is sent apart)."""
-        self._cfg = cfg
-        self._repeated = repeated
+        self._cfg, self._repeated = cfg, repeated
         self._base = str(cfg.host).rstrip("/")
         self._lock = threading.Lock()
         # (the PoolManager, where requests go, what their target starts with); None

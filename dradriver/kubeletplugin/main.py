@@ -18,8 +18,8 @@ from dradriver.kubeletplugin.device_view.node_label import NodeLabel
 from dradriver.kubeletplugin.device_view.view import DeviceView
 from dradriver.kubeletplugin.endpoints.api_probe import SLICES, ApiProbe, slices_query
 from dradriver.kubeletplugin.endpoints.readiness import CheckpointCheck, Registration, slices_check
-from dradriver.kubeletplugin.grpc_edge.late import LatePreparer, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
+from dradriver.kubeletplugin.grpc_edge.servicers import LatePreparer, RegistrationHooks
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.options import PluginOptions
 from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, current_boot_id
@@ -111,7 +111,7 @@ def run_plugin(
         for then in discovered:
             then()
         name_book.learn({d.gpu.uuid: d.gpu for d in view.devices().values()}.values())
-        if opts.nvlink_domain_label and (view.clique is not None or node_label.labelled):
+        if opts.nvlink_domain_label:  # no clique: takes off only a label it put on
             node_label.sync(view.clique)
         return slices
 
@@ -198,7 +198,7 @@ def run_plugin(
     loop.attempted.wait(FIRST_ROUND_PATIENCE)
     if ops is None:
         ops = start_ops()
-    from dradriver.kubeletplugin.endpoints.metrics import Metrics, NodeGauges
+    from dradriver.kubeletplugin.endpoints.metrics import Metrics
 
     metrics = Metrics()
     ops.metrics = metrics
@@ -265,12 +265,11 @@ def run_plugin(
     gc.freeze()
     late.set(preparer)
     log.info("ready for the kubelet's calls", claims=len(preparer.store.load().claims))
-    gauges = NodeGauges(metrics)
     while not stop.wait(1.0):
         registration.warn_once_waiting()
         devices = view.devices()
         states = health.states(devices.values())
-        gauges.refresh(watch=watch, skipped=view.skipped, devices=devices, health=states)
+        metrics.refresh(watch=watch, skipped=view.skipped, devices=devices, health=states)
     log.info("stopping: no new calls, finishing in-flight ones")
     servers.stop()
     if status is not None:
@@ -343,7 +342,7 @@ def _preparer(
         mig=mig,
         sharing=SharingSteps(*mps, shm_size=opts.mps_shm_size),
         shares=ShareSteps(
-            *mps, lambda: mps_protocol(view.driver_version), shm_size=opts.mps_shm_size
+            *mps, protocol=lambda: mps_protocol(view.driver_version), shm_size=opts.mps_shm_size
         ),
         pod_memory=pod_memory,
         imex=wiring.imex_steps(opts, kube, nvml.host, daemons=daemons, clique=lambda: view.clique),

@@ -1,7 +1,7 @@
 """`dradriver kubelet-plugin` from the process's first instant: the kubelet's two sockets
 are up before anything heavy is imported (NVML, the API client, the config models), so
 the kubelet finds the plugin within a few tenths of a second; a call that arrives before
-the rest is ready waits for it (grpc_edge.late.LatePreparer). Then main.py wires the rest.
+the rest is ready waits for it (grpc_edge.servicers.LatePreparer). Then main.py wires the rest.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 
 from dradriver import logs
-from dradriver.kubeletplugin.grpc_edge.late import LatePreparer, RegistrationHooks
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
+from dradriver.kubeletplugin.grpc_edge.servicers import LatePreparer, RegistrationHooks
 
 log = logs.get_logger("kubeletplugin")
 

@@ -65,18 +65,16 @@ def leftovers(
     with FileLock(state_dir / "plugin.lock", timeout=ASK_TIMEOUT):
         checkpoint = store.load()
     ledger = Ledger.of(state_dir).load()
-    mig_changes = (
-        [f"MIG mode on {g}" for g in sorted(ledger.mig_enabled)]
-        + [f"MIG mode off {g}" for g in sorted(ledger.mig_disabled)]
-        + [f"instance {i.gpu_instance_id} on {i.gpu_uuid}" for i in ledger.instances]
-    )
-    others = sorted(p.name for p in registry_dir.glob(f"{driver}*-reg.sock"))
     return Leftovers(
         claims=tuple(sorted(checkpoint.claims)),
-        mig_changes=tuple(mig_changes),
+        mig_changes=(
+            *(f"MIG mode on {g}" for g in sorted(ledger.mig_enabled)),
+            *(f"MIG mode off {g}" for g in sorted(ledger.mig_disabled)),
+            *(f"instance {i.gpu_instance_id} on {i.gpu_uuid}" for i in ledger.instances),
+        ),
         sharing_claims=tuple(sorted(ledger.sharing_claims())),
         imex_claims=tuple(sorted(set(ledger.imex.values()))),
-        other_instances=tuple(others),
+        other_instances=tuple(sorted(p.name for p in registry_dir.glob(f"{driver}*-reg.sock"))),
     )
 
 

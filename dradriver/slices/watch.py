@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dradriver.k8s import Kube, KubeError
-from dradriver.k8s.follow import follow
+from dradriver.k8s.mirror import follow
 from dradriver.logs import get_logger
 from dradriver.slices.publish import SLICES
 

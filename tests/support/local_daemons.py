@@ -72,9 +72,6 @@ class LocalDaemons:
             entry = table.get(ref.name)
             return bool(entry) and (not ref.uid or entry["uid"] == ref.uid) and _alive(entry)
 
-    def state(self, ref: DaemonRef) -> str:
-        return "running" if self.serving(ref) else "gone"
-
     def stop(self, ref: DaemonRef, *, timeout: float = 60.0) -> None:
         with self._table() as table:
             entry = table.get(ref.name)

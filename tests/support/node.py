@@ -99,7 +99,7 @@ def fake_preparer(
         else None,
         sharing=sharing,
         shares=ShareSteps(
-            nvml.module, nvml.host, daemons, tmp / "mps", ledger, lambda: mps_protocol
+            nvml.module, nvml.host, daemons, tmp / "mps", ledger, protocol=lambda: mps_protocol
         ),
     )
     if cgroup_root is not None:

@@ -22,9 +22,6 @@ class Daemons(Protocol):
     def serving(self, ref: DaemonRef) -> bool:
         """It is there (with `ref`'s UID, where known) and runs."""
 
-    def state(self, ref: DaemonRef) -> str:
-        """running, gone, or what keeps it from running."""
-
     def stop(self, ref: DaemonRef, *, timeout: float = 60.0) -> None:
         """Stops it and waits until it is gone (idempotent)."""
 

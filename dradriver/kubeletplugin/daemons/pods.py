@@ -40,21 +40,16 @@ class DaemonPods:
     def _path(self, name: str | None = None) -> str:
         return path_for("v1", "pods", self._site.namespace, name=name)
 
-    def get(self, name: str) -> Obj | None:
-        try:
-            return self.kube.get(self._path(name), timeout=10)
-        except NotFound:
-            return None
-        except KubeError as exc:
-            raise _api_error(f"reading daemon pod {self._site.namespace}/{name}", exc) from exc
-
     def _pod(self, ref: DaemonRef) -> Obj | None:
         """`ref`'s pod; None if it is gone, or another pod of its name (a UID of its own,
         where `ref`'s is known) is there instead."""
-        pod = self.get(ref.name)
-        if pod is None or (ref.uid and pod["metadata"].get("uid") != ref.uid):
+        try:
+            pod = self.kube.get(self._path(ref.name), timeout=10)
+        except NotFound:
             return None
-        return pod
+        except KubeError as exc:
+            raise _api_error(f"reading daemon pod {self._site.namespace}/{ref.name}", exc) from exc
+        return None if ref.uid and pod["metadata"].get("uid") != ref.uid else pod
 
     def start(self, spec: DaemonSpec) -> DaemonRef:
         """The daemon's pod, created, or the one of its name already there (a retry's, or
@@ -79,7 +74,7 @@ class DaemonPods:
                 log.info("daemon pod created", pod=spec.name, namespace=self._site.namespace)
                 return _ref(made)
             except Conflict:
-                found = self.get(spec.name)
+                found = self._pod(DaemonRef(spec.name))
                 if found is None:
                     continue  # gone in between: create again
                 if (found.get("metadata") or {}).get("deletionTimestamp"):
@@ -133,11 +128,6 @@ class DaemonPods:
         pod = self._pod(ref)
         return pod is not None and _state(pod)[0] == "running"  # not "terminating"
 
-    def state(self, ref: DaemonRef) -> str:
-        """What a reader is told of the daemon: running, gone, or what stops it."""
-        pod = self._pod(ref)
-        return "gone" if pod is None else _state(pod)[0]
-
     def stop(self, ref: DaemonRef, *, timeout: float = 60.0) -> None:
         """Deletes the pod (only this UID, where known) and waits until it is gone:
         what it used may then be removed. Idempotent."""
@@ -146,8 +136,7 @@ class DaemonPods:
         except (NotFound, Conflict):
             return  # gone; or another pod of that name (the UID precondition): not ours
         except KubeError as exc:
-            where = f"{self._site.namespace}/{ref.name}"
-            raise _api_error(f"deleting daemon pod {where}", exc) from exc
+            raise _api_error(f"deleting daemon pod {self._site.namespace}/{ref.name}", exc) from exc
         deadline = time.monotonic() + timeout
         while self._pod(ref) is not None:
             if time.monotonic() > deadline:
@@ -162,9 +151,8 @@ class DaemonPods:
     def find(self, role: Role, **serves: str) -> list[tuple[DaemonRef, dict[str, str]]]:
         """This node's daemon pods of `role` serving what `serves` names (labels), with
         their labels."""
-        selector = ",".join(
-            [f"{COMPONENT}={component(role)}"] + [f"{k}={v}" for k, v in serves.items()]
-        )
+        labels = {COMPONENT: component(role), **serves}
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
         try:
             pods = self.kube.list(
                 self._path(),

@@ -25,6 +25,7 @@ DEVICE = "dradriver.io/device"
 DEVICE_NAME = "dradriver.io/device-name"  # the DRA device, for explain (with the node)
 DOMAIN = "dradriver.io/computedomain-uid"
 LABELS = {"app.kubernetes.io/name": "dradriver", "app.kubernetes.io/managed-by": "kubelet-plugin"}
+Labels = tuple[tuple[str, str], ...]  # (label, value)
 
 
 def component(role: Role) -> str:
@@ -35,7 +36,7 @@ def component(role: Role) -> str:
 class DaemonSpec:
     name: str
     role: Role
-    serves: tuple[tuple[str, str], ...]  # labels: CLAIM, DEVICE, DOMAIN
+    serves: Labels  # CLAIM, DEVICE, DOMAIN
     command: DaemonCommand
     dirs: tuple[str, ...] = ()  # host directories it uses, at the same paths
     shm: str | None = None  # the host directory it gets as /dev/shm
@@ -95,17 +96,15 @@ def pod_manifest(spec: DaemonSpec, site: PodSite) -> dict[str, Any]:
             # A stand-in is told its /dev/shm by its host path (the hollow node runs it
             # as a host process, where /dev/shm is the host's): there too.
             mounts.append({"name": "shm", "mountPath": spec.shm})
-    security: dict[str, Any] = (
-        {"privileged": True}
-        if cmd.privileged
-        else {
+    security: dict[str, Any] = {"privileged": True}
+    if not cmd.privileged:
+        security = {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "readOnlyRootFilesystem": True,
             "runAsUser": 0,  # the host directories are root's
             "seccompProfile": {"type": "RuntimeDefault"},
         }
-    )
     container: dict[str, Any] = {
         "name": component(spec.role),
         "image": site.image,

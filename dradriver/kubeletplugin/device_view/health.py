@@ -149,13 +149,15 @@ class NodeHealth:
         self.book = HealthBook(options.policy, dict(saved.gpus))
         self._lock = threading.Lock()
         self._known: dict[str, Gpu] = dict(saved.last_known)  # UUID -> last description
+        # The GPUs the monitor watches, as (index, UUID): replaced whole, never changed in
+        # place, so the monitor reads it without the lock.
         self._watched: list[tuple[int, str]] = [(g.index, u) for u, g in self._known.items()]
         self._devices: Callable[[], Iterable[NodeDevice]] = list
         self.listeners: list[Callable[[], None]] = []
         self.monitor = HealthMonitor(
             nvml,
             self.book,
-            self.watched,
+            lambda: self._watched,
             on_change=self._changed,
             probe_period=options.probe_period,
             clock=clock,
@@ -175,10 +177,6 @@ class NodeHealth:
             ("health-probe", self.monitor.run_probes),
         ):
             threading.Thread(target=target, args=(stop,), name=name, daemon=True).start()
-
-    def watched(self) -> list[tuple[int, str]]:
-        with self._lock:
-            return list(self._watched)
 
     # -- what publishing asks ------------------------------------------------------------
     def inventory(self, inv: Inventory) -> Inventory:
@@ -209,8 +207,7 @@ class NodeHealth:
         return replace(inv, gpus=gpus) if kept else inv
 
     def states(self, devices: Iterable[NodeDevice]) -> dict[str, DeviceHealth]:
-        book = HealthBook(self.book.policy, self.monitor.snapshot())
-        return device_health(book, devices)
+        return device_health(HealthBook(self.book.policy, self.monitor.snapshot()), devices)
 
     def taint(
         self, slices: Sequence[SliceContent], devices: Iterable[NodeDevice]
@@ -222,12 +219,11 @@ class NodeHealth:
     def health_reports(self) -> dict[str, tuple[str, str]]:
         """For the kubelet's health streams: device name -> (health, why), why empty
         when healthy."""
-        devices = list(self._devices())
+        devices = {d.name: d for d in self._devices()}
         book = HealthBook(self.book.policy, self.monitor.snapshot())
-        gpu = {d.name: d.gpu.uuid for d in devices}
         return {
-            n: (str(h.health), health_message(h, book.get(gpu[n]).unknown))
-            for n, h in device_health(book, devices).items()
+            n: (str(h.health), health_message(h, book.get(devices[n].gpu.uuid).unknown))
+            for n, h in device_health(book, devices.values()).items()
         }
 
     # -- what a change does ----------------------------------------------------------------

@@ -23,14 +23,9 @@ class NodeLabel:
         self._wanted: str | None = None
         self._busy = False
 
-    @property
-    def labelled(self) -> bool:
-        """Whether this process has put the label on the Node."""
-        return self._written is not None
-
     def sync(self, clique: str | None) -> None:
         """Called after each discovery: labels the Node with `clique` (None: takes our
-        label off, if we set it)."""
+        label off if we set it, and does nothing otherwise)."""
         with self._lock:
             self._wanted = clique
             if clique == self._written or self._busy:

@@ -67,9 +67,9 @@ class ApiProbe:
         self.start()
         with self._cond:
             if self._result is None and self._since is not None:
+                # None left (the probe is past its timeout): wait_for returns at once.
                 left = self._since + self.timeout - time.monotonic()
-                if left > 0:
-                    self._cond.wait_for(lambda: self._result is not None, left)
+                self._cond.wait_for(lambda: self._result is not None, left)
             waited = time.monotonic() - self._since if self._since is not None else 0.0
             if self._result is None or waited > self.timeout:
                 host = self.kube.host

@@ -44,10 +44,8 @@ class OpsServer:
                     body = generate_latest(outer.metrics.registry)
                     reply(self, 200, body, ctype=CONTENT_TYPE_LATEST)
                 elif self.path in ("/healthz", "/readyz"):
-                    checks = (
-                        outer.live if self.path == "/healthz" else {**outer.live, **outer.ready}
-                    )
-                    results = {name: check() for name, check in checks.items()}
+                    extra = outer.ready if self.path == "/readyz" else {}
+                    results = {name: check() for name, check in {**outer.live, **extra}.items()}
                     ok = all(r[0] for r in results.values())
                     doc = {name: {"ok": r[0], "detail": r[1]} for name, r in results.items()}
                     body = json.dumps(doc, indent=1).encode() + b"\n"
@@ -60,12 +58,9 @@ class OpsServer:
 
         self.httpd = ThreadingHTTPServer((address, port), Handler)
         self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="endpoints", daemon=True
-        )
 
     def start(self) -> None:
-        self._thread.start()
+        threading.Thread(target=self.httpd.serve_forever, name="endpoints", daemon=True).start()
 
     def stop(self) -> None:
         self.httpd.shutdown()

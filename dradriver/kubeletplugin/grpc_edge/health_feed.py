@@ -23,10 +23,6 @@ TRUST_RESENDS = 3
 # byte count, which may split a UTF-8 character; cut here first, on a character.
 MESSAGE_MAX_BYTES = 1024
 
-# dradriver.health.model.Health's values (not imported: this module loads with the
-# sockets, before anything heavy) -> the proto's HealthStatus names.
-_STATUS = {"Healthy": "HEALTHY", "Unhealthy": "UNHEALTHY", "Unknown": "UNKNOWN"}
-
 # Each device's report: its health value and why ("" when there is no reason to give).
 Source = Callable[[], Mapping[str, tuple[str, str]]]
 
@@ -47,8 +43,9 @@ class HealthFeed:
         self.resend = resend
         self._lock = threading.Lock()
         self._stopped = False
-        self._pool = ""
-        self._source: Source | None = None
+        # The pool's name and its devices' reports, once attached; replaced whole, so read
+        # without the lock (which guards the waiters).
+        self._source: tuple[str, Source] | None = None
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
 
     @property
@@ -58,8 +55,7 @@ class HealthFeed:
             return len(self._waiters)
 
     def attach(self, pool: str, source: Source) -> None:
-        with self._lock:
-            self._pool, self._source = pool, source
+        self._source = (pool, source)
         self.changed()
 
     def changed(self) -> None:
@@ -72,23 +68,23 @@ class HealthFeed:
 
     def stop(self) -> None:
         """Ends every stream (the kubelet reconnects to whichever instance serves)."""
-        with self._lock:
-            self._stopped = True
+        self._stopped = True
         self.changed()
 
     def message(self, msgs: ModuleType) -> Any:
         """The full state as one NodeWatchResourcesResponse of `msgs`, the generated
         module of a health version (kapi.health_v1 or kapi.health_v1alpha1)."""
-        with self._lock:
-            pool, source = self._pool, self._source
+        pool, source = self._source or ("", lambda: {})
         now = int(time.time())
         # health_check_timeout_seconds: whole seconds, at least one (0 is the default).
         timeout = max(1, math.ceil(TRUST_RESENDS * self.resend))
         resp = msgs.NodeWatchResourcesResponse()
-        for name, (health, why) in sorted((source() if source else {}).items()):
+        for name, (health, why) in sorted(source().items()):
             resp.devices.add(
                 device=msgs.DeviceIdentifier(pool_name=pool, device_name=name),
-                health=msgs.HealthStatus.Value(_STATUS.get(str(health), "UNKNOWN")),
+                # dradriver.health.model.Health's values (not imported: this module loads
+                # with the sockets, before anything heavy), upper-cased, are the proto's.
+                health=msgs.HealthStatus.Value(health.upper()),
                 last_updated_time=now,
                 health_check_timeout_seconds=timeout,
                 message=clip(why),
@@ -103,19 +99,15 @@ class HealthFeed:
         with self._lock:
             self._waiters.add(me)
         try:
-            while True:
-                # Cleared before the state is read: a change after this (while the message
-                # is sent, too) wakes the wait below at once.
-                event.clear()
-                with self._lock:
-                    stopped, attached = self._stopped, self._source is not None
-                if stopped:
-                    return
+            while not self._stopped:
+                attached = self._source is not None
                 if attached:
                     yield self.message(msgs)
-                timeout = self.resend if attached else None
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout)
+                    await asyncio.wait_for(event.wait(), self.resend if attached else None)
+                # Cleared before the state is read again: a change after this (while the
+                # next message is sent, too) wakes the next wait at once.
+                event.clear()
         finally:
             with self._lock:
                 self._waiters.discard(me)

@@ -21,9 +21,8 @@ import grpc
 import grpc.aio
 
 from dradriver.api import kubelet as kapi
+from dradriver.kubeletplugin.grpc_edge import servicers
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
-from dradriver.kubeletplugin.grpc_edge.late import Preparer
-from dradriver.kubeletplugin.grpc_edge.servicers import RegistrationServicer, Work, serve_dra
 from dradriver.logs import get_logger
 
 log = get_logger("kubeletplugin.grpc")
@@ -76,10 +75,18 @@ class _Served:
     inode: int
 
 
+def _alive(served: _Served | None) -> bool:
+    """Whether `served`'s socket is still the one it bound (not removed, not replaced)."""
+    try:
+        return served is not None and os.stat(served.path).st_ino == served.inode
+    except FileNotFoundError:
+        return False
+
+
 class PluginServers:
     def __init__(
         self,
-        preparer: Preparer,
+        preparer: servicers.Preparer,
         *,
         driver_name: str,
         kubelet_dir: Path,
@@ -96,9 +103,9 @@ class PluginServers:
         self._preparer, self._on_registered = preparer, on_registered
         # The device health stream (v1 and v1alpha1 DRAResourceHealth), on the DRA socket.
         self.health = HealthFeed()
-        self._work = Work(workers, "dra-call")
-        self._reg_work = Work(2, "reg-call")
-        self.registration = RegistrationServicer(
+        self._work = servicers.Work(workers, "dra-call")
+        self._reg_work = servicers.Work(2, "reg-call")
+        self.registration = servicers.RegistrationServicer(
             driver_name, str(self.dra_socket), self._notified, work=self._reg_work
         )
         self._loop = asyncio.new_event_loop()
@@ -127,23 +134,20 @@ class PluginServers:
         """Serves both sockets, the registration socket last: once it exists the kubelet
         may connect at once, and the DRA socket it names must answer."""
         self._loop_thread.start()
-        self._dra = self._serve(self.dra_socket, self._dra_services)
-        self._reg = self._serve(self.reg_socket, self._reg_services)
+        self._dra = self._serve(self.dra_socket)
+        self._reg = self._serve(self.reg_socket)
         threading.Thread(target=self._keep_sockets, name="socket-watch", daemon=True).start()
 
-    def _dra_services(self, server: grpc.aio.Server) -> None:
-        serve_dra(server, self._preparer, self._work, feed=self.health)
-
-    def _reg_services(self, server: grpc.aio.Server) -> None:
-        kapi.registration_grpc.add_RegistrationServicer_to_server(self.registration, server)
-
-    def _serve(self, path: Path, services: Callable[[grpc.aio.Server], None]) -> _Served:
+    def _serve(self, path: Path) -> _Served:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = staging_path(path)
 
         async def start() -> grpc.aio.Server:
             server = grpc.aio.server(options=SERVER_OPTIONS)
-            services(server)
+            if path == self.dra_socket:
+                servicers.serve_dra(server, self._preparer, self._work, feed=self.health)
+            else:
+                kapi.registration_grpc.add_RegistrationServicer_to_server(self.registration, server)
             try:
                 server.add_insecure_port(f"unix:{staging}")
             except RuntimeError as exc:  # grpc says only "Failed to bind"; say where
@@ -160,41 +164,34 @@ class PluginServers:
             raise
         return _Served(server, path, inode)
 
-    def _stop_served(self, served: _Served, grace: float | None, wait: bool) -> None:
+    def _stop_served(self, served: _Served, grace: float | None) -> None:
         future = asyncio.run_coroutine_threadsafe(served.server.stop(grace), self._loop)
-        if wait:
-            with contextlib.suppress(Exception):
-                future.result((grace or 0) + 10)
-
-    @staticmethod
-    def _alive(served: _Served | None) -> bool:
-        try:
-            return served is not None and os.stat(served.path).st_ino == served.inode
-        except FileNotFoundError:
-            return False
+        with contextlib.suppress(Exception):
+            future.result((grace or 0) + 10)
 
     def _keep_sockets(self) -> None:
         while not self._stop.wait(0.5):
-            if not self._alive(self._dra) and not self._stop.is_set():
+            if not _alive(self._dra) and not self._stop.is_set():
                 # Someone cleaned the plugin directory: the kubelet's next call would find
                 # no socket. A new server at the same path; in-flight calls on the old
                 # one get a few seconds to finish.
                 log.warning("DRA socket gone; recreating it", socket=str(self.dra_socket))
                 old = self._dra
                 try:
-                    self._dra = self._serve(self.dra_socket, self._dra_services)
+                    self._dra = self._serve(self.dra_socket)
                 except (OSError, RuntimeError, TimeoutError) as exc:
                     log.error("recreating the DRA socket failed", error=str(exc))
                 if old is not None and old is not self._dra:
-                    self._stop_served(old, grace=5, wait=False)
-            if not self._alive(self._reg) and not self._stop.is_set():
+                    # Not waited for: the watch goes on meanwhile.
+                    asyncio.run_coroutine_threadsafe(old.server.stop(5), self._loop)
+            if not _alive(self._reg) and not self._stop.is_set():
                 log.warning("registration socket gone; recreating it", socket=str(self.reg_socket))
                 if self._reg is not None:
-                    self._stop_served(self._reg, grace=None, wait=True)
+                    self._stop_served(self._reg, grace=None)
                     self._reg = None
                 self._on_registered(False, "")  # not refused: to be registered anew
                 try:
-                    self._reg = self._serve(self.reg_socket, self._reg_services)
+                    self._reg = self._serve(self.reg_socket)
                 except (OSError, RuntimeError, TimeoutError) as exc:
                     log.error("recreating the registration socket failed", error=str(exc))
 
@@ -213,8 +210,8 @@ class PluginServers:
                 while (now := time.monotonic()) < end and now - self._work.last_call < DRAIN_QUIET:
                     time.sleep(0.02)
             if served is not None:
-                self._stop_served(served, g, wait=True)
-                if self._alive(served):
+                self._stop_served(served, g)
+                if _alive(served):
                     served.path.unlink(missing_ok=True)
         # The driver's directory under plugins/ goes with the last instance's socket, so
         # an uninstall leaves nothing in the kubelet's directories; another instance's

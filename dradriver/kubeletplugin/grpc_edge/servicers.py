@@ -2,22 +2,25 @@
 grpcio asyncio servicers: each translates messages to and from the driver's plain
 values, and runs the driver's blocking work on a thread pool, never on the loop; a call
 cancelled while it waits for a slot never reaches the preparer (docs/design.md, "The gRPC
-servers")."""
+servers"). And the preparer as the DRA socket sees it (LatePreparer): the sockets are up
+before discovery, the checkpoint and the API client are, and a call that comes meanwhile
+waits for them (within its deadline) instead of finding no socket."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
 
 from dradriver.api import kubelet as kapi
 from dradriver.kubeletplugin.grpc_edge.health_feed import HealthFeed
-from dradriver.kubeletplugin.grpc_edge.late import Preparer
 from dradriver.kubeletplugin.state.records import ClaimRef
 from dradriver.logs import get_logger
 
@@ -30,6 +33,21 @@ log = get_logger("kubeletplugin.grpc")
 VERSIONS = [kapi.DRA_V1, kapi.DRA_V1BETA1, kapi.DRA_HEALTH_V1, kapi.DRA_HEALTH_V1ALPHA1]
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class Result(Protocol):
+    error: str
+
+    @property
+    def devices(self) -> Sequence[Any]: ...
+
+
+class Preparer(Protocol):
+    """What the DRA socket serves: prepare.Preparer."""
+
+    def prepare(self, refs: list[ClaimRef]) -> Mapping[str, Result]: ...
+
+    def unprepare(self, refs: list[ClaimRef]) -> Mapping[str, str]: ...
 
 
 class Work:
@@ -125,16 +143,13 @@ class RegistrationServicer(kapi.registration_grpc.RegistrationServicer):
         self._preparer_name, self._endpoint = driver_name, endpoint
         self._on_status, self._work = on_status, work
 
-    def info(self) -> kapi.registration.PluginInfo:
+    async def GetInfo(self, request: Any, context: Context) -> kapi.registration.PluginInfo:
         return kapi.registration.PluginInfo(
             type=kapi.DRA_PLUGIN_TYPE,
             name=self._preparer_name,
             endpoint=self._endpoint,
             supported_versions=VERSIONS,
         )
-
-    async def GetInfo(self, request: Any, context: Context) -> kapi.registration.PluginInfo:
-        return self.info()
 
     async def NotifyRegistrationStatus(
         self, request: kapi.registration.RegistrationStatus, context: Context
@@ -177,3 +192,59 @@ def serve_dra(server: grpc.aio.Server, preparer: Preparer, work: Work, *, feed: 
         (kapi.health_v1alpha1, kapi.health_v1alpha1_grpc),
     ):
         stubs.add_DRAResourceHealthServicer_to_server(_Health(feed, msgs), server)
+
+
+@dataclass
+class _NotReady:
+    error: str
+    devices: list[Any] = field(default_factory=list)
+
+
+class LatePreparer:
+    """A Preparer whose real one is set once startup has built it."""
+
+    def __init__(self, patience: float = 30.0) -> None:
+        self.patience = patience
+        self._preparer: Preparer | None = None
+        self._ready = threading.Event()
+        self.reason: Callable[[], str] = lambda: "starting"
+
+    def set(self, preparer: Preparer) -> None:
+        self._preparer = preparer
+        self._ready.set()
+
+    def _not_ready(self, ref: ClaimRef) -> str:
+        return f"claim {ref}: the plugin is still starting ({self.reason()}); the kubelet retries"
+
+    def prepare(self, refs: list[ClaimRef]) -> Mapping[str, Result]:
+        if self._ready.wait(self.patience) and self._preparer is not None:
+            return self._preparer.prepare(refs)
+        return {r.uid: _NotReady(self._not_ready(r)) for r in refs}
+
+    def unprepare(self, refs: list[ClaimRef]) -> Mapping[str, str]:
+        if self._ready.wait(self.patience) and self._preparer is not None:
+            return self._preparer.unprepare(refs)
+        return {r.uid: self._not_ready(r) for r in refs}
+
+
+class RegistrationHooks:
+    """The kubelet's registration answers, kept until the plugin is wired to hear them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fn: Callable[[bool, str], None] | None = None
+        self._last: tuple[bool, str] | None = None
+
+    # Answers are handed on under the lock: one at a time and in the kubelet's order, the
+    # one kept before attach() included.
+    def notify(self, ok: bool, error: str) -> None:
+        with self._lock:
+            self._last = (ok, error)
+            if self._fn is not None:
+                self._fn(ok, error)
+
+    def attach(self, fn: Callable[[bool, str], None]) -> None:
+        with self._lock:
+            self._fn = fn
+            if self._last is not None:
+                fn(*self._last)

@@ -1,6 +1,9 @@
 """The MIG steps of prepare and unprepare: carve the allocated partition, destroy it
 after, and switch MIG mode on (and back off) where the product allows it; an instance is
-recorded before it can exist (docs/design.md, "MIG carved on demand").
+recorded before it can exist (docs/design.md, "MIG carved on demand"). And what a start
+does about MIG: the partitions of prepared claims carved again where a reboot cleared
+them, carves a crash interrupted settled from the ledger, and instances this driver did
+not make reported and left alone.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dradriver.crashpoints import crashpoint
 from dradriver.errors import MigError
 from dradriver.inventory.node_devices import MigSwitching
 from dradriver.kubeletplugin.state.ledger import Ledger, OwnedInstance
-from dradriver.kubeletplugin.state.records import Carve, PreparedDevice
+from dradriver.kubeletplugin.state.records import Carve, ClaimRecord, PreparedDevice
 from dradriver.logs import get_logger
 from dradriver.nvml.mig import Created, Instance, MigCarver
 
@@ -101,10 +104,8 @@ class MigPreparer:
         except MigError as exc:
             log.error(f"could not switch MIG mode back {word}", gpu=gpu, error=str(exc))
             return
-        if on:
-            self.ledger.mig_disabled_restored(gpu)
-        else:
-            self.ledger.mig_enabled_restored(gpu)
+        restored = self.ledger.mig_disabled_restored if on else self.ledger.mig_enabled_restored
+        restored(gpu)
         log.info(f"MIG mode restored to {word}", gpu=gpu)
 
     def carve(self, d: PreparedDevice, claim: str = "") -> PreparedDevice:
@@ -122,8 +123,7 @@ class MigPreparer:
         slot = slot_of(c)
         if (kept := self._adopt_own(d, c, claim)) is not None:
             return kept
-        there = self.at(slot)
-        if there is not None:
+        if (there := self.at(slot)) is not None:
             # Not ours (the ledger holds nothing there): its placement is taken, and an
             # intent recorded now would make it look like ours to the undo.
             raise MigError(
@@ -246,10 +246,12 @@ class MigPreparer:
         for i in [i for i in self.ledger.load().instances if i.claim == claim]:
             gpus.add(i.gpu_uuid)
             there = self.at(i.slot)
+            # A carve begun for it and never finished (no ID): what sits at its slot.
+            # Otherwise only the instance we made: same ID, profile and placement (a GPU
+            # instance ID is reused by whatever is carved at that placement later).
+            if there is not None and i.gpu_instance_id in (None, there.gpu_instance_id):
+                self.carver.destroy(i.gpu_uuid, there.gpu_instance_id, None)
             if i.gpu_instance_id is None:
-                # A carve begun for it and never finished: what sits at its slot.
-                if there is not None:
-                    self.carver.destroy(i.gpu_uuid, there.gpu_instance_id, None)
                 self.ledger.intent_dropped(i.slot)
                 log.warning(
                     "half-made MIG device of a claim the checkpoint had lost destroyed",
@@ -259,18 +261,14 @@ class MigPreparer:
                     placement=i.placement_start,
                     gpu_instance=there.gpu_instance_id if there is not None else "none",
                 )
-                continue
-            # Only the instance we made: same ID, profile and placement (a GPU instance
-            # ID is reused by whatever is carved at that placement later).
-            if there is not None and there.gpu_instance_id == i.gpu_instance_id:
-                self.carver.destroy(i.gpu_uuid, i.gpu_instance_id, None)
-            self.ledger.instance_destroyed(i.gpu_uuid, i.gpu_instance_id)
-            log.warning(
-                "MIG device of a claim the checkpoint had lost destroyed",
-                claim_uid=claim,
-                gpu=i.gpu_uuid,
-                gpu_instance=i.gpu_instance_id,
-            )
+            else:
+                self.ledger.instance_destroyed(i.gpu_uuid, i.gpu_instance_id)
+                log.warning(
+                    "MIG device of a claim the checkpoint had lost destroyed",
+                    claim_uid=claim,
+                    gpu=i.gpu_uuid,
+                    gpu_instance=i.gpu_instance_id,
+                )
         return gpus
 
     def at(self, slot: tuple[str, int, int]) -> Instance | None:
@@ -278,3 +276,94 @@ class MigPreparer:
         gpu, profile_id, placement = slot
         found = self.carver.instances(gpu, [profile_id])
         return next((i for i in found if i.placement_start == placement), None)
+
+    # -- startup ---------------------------------------------------------------------------
+    def reconcile(
+        self, completed: list[ClaimRecord], all_profiles: dict[str, list[int]]
+    ) -> list[ClaimRecord]:
+        """Startup, after interrupted prepares are undone: carve again the partitions of
+        completed claims that vanished (a reboot clears MIG), report foreign instances.
+        The completed records as they are now (a partition carved again has new ids)."""
+        owned: set[tuple[str, int | None]] = set()
+        out = []
+        for rec in completed:
+            for i, d in enumerate(rec.devices):
+                c = d.carve
+                if c is None:
+                    continue
+                here = self.at(slot_of(c))
+                if here is None or here.gpu_instance_id != c.gpu_instance_id:
+                    log.warning(
+                        "MIG device of a prepared claim is gone; carving it again",
+                        device=d.device,
+                        claim_uid=rec.uid,
+                        gpu=c.gpu_uuid,
+                    )
+                    d = self.carve(d, rec.uid)  # its new ids
+                    rec = rec.with_device(i, d)
+                assert d.carve is not None
+                owned.add((c.gpu_uuid, d.carve.gpu_instance_id))
+            out.append(rec)
+        self._settle_intents({r.uid for r in completed})
+        ours = {(i.gpu_uuid, i.gpu_instance_id): i.claim for i in self.ledger.load().instances}
+        for gpu, pids in all_profiles.items():
+            for f in self.carver.instances(gpu, pids):
+                if (gpu, f.gpu_instance_id) in owned:
+                    continue
+                claim = ours.get((f.gpu_uuid, f.gpu_instance_id))
+                if claim is None:
+                    log.warning(
+                        "MIG device not created by this driver; left alone",
+                        gpu=f.gpu_uuid,
+                        gpu_instance=f.gpu_instance_id,
+                        profile_id=f.profile_id,
+                        placement=f.placement_start,
+                    )
+                else:
+                    log.warning(
+                        "MIG device of a claim the checkpoint does not hold: kept (not offered) "
+                        "until the kubelet unprepares the claim",
+                        gpu=f.gpu_uuid,
+                        gpu_instance=f.gpu_instance_id,
+                        claim_uid=claim,
+                    )
+        return out
+
+    def _settle_intents(self, known: set[str]) -> None:
+        """Startup, after interrupted prepares are undone: every intent left in the ledger
+        belongs to a claim whose record is gone (a lost checkpoint). An instance at its
+        slot is that claim's (its pods may use it): recorded as its, kept and not offered
+        until the kubelet unprepares the claim, given back if it is prepared again. An
+        intent with nothing at its slot is dropped."""
+        for i in [i for i in self.ledger.load().instances if i.pending]:
+            try:
+                there = self.at(i.slot)
+            except MigError as exc:
+                log.error(
+                    "could not look for the MIG device of an unfinished carve; kept as intended",
+                    claim_uid=i.claim,
+                    gpu=i.gpu_uuid,
+                    error=str(exc),
+                )
+                continue
+            if there is None:
+                self.ledger.intent_dropped(i.slot)
+                log.info(
+                    "intent of a carve that made nothing dropped",
+                    claim_uid=i.claim,
+                    gpu=i.gpu_uuid,
+                    placement=i.placement_start,
+                )
+                continue
+            self.ledger.instance_created(
+                dataclasses.replace(i, gpu_instance_id=there.gpu_instance_id)
+            )
+            log.warning(
+                "MIG device whose carve a crash interrupted, of a claim the checkpoint does "
+                "not hold: recorded as that claim's, kept until the kubelet unprepares it",
+                claim_uid=i.claim,
+                gpu=i.gpu_uuid,
+                gpu_instance=there.gpu_instance_id,
+                placement=i.placement_start,
+                in_checkpoint=i.claim in known,
+            )

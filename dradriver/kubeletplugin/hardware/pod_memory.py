@@ -1,24 +1,26 @@
 """A share's memory as a kernel-enforced limit on its pods' cgroups (r615+ drivers, whole
 GPUs), beside the MPS namespace's limit: best effort, never in MPS's way (probe() says
-why, once, at startup). See docs/design.md, "Shares by memory and compute".
+why, once, at startup); each pod's cgroup found by its UID in the kubelet's tree. See
+docs/design.md, "Shares by memory and compute".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 from dradriver.errors import SharingError
-from dradriver.kubeletplugin.hardware.pod_cgroup import find_pod_cgroup
 from dradriver.kubeletplugin.state.pod_limits import limited, wanted
 from dradriver.kubeletplugin.state.records import ClaimRecord
 from dradriver.logs import get_logger
 from dradriver.nvml.memory_limits import get_memory_limit, set_memory_limit
 
 log = get_logger("kubeletplugin.pod_memory")
+MAX_DEPTH = 4  # root -> [kubelet.slice] -> kubepods -> qos -> pod
 
 
 @dataclass
@@ -96,12 +98,44 @@ class PodMemory:
             )
         out = rec
         for i, d in enumerate(rec.devices):
-            if not limited(d):
+            if d.share is None or not limited(d):
                 continue
-            assert d.share is not None
             gpu = str(d.uuid)
             cgroups = tuple(found[(gpu, p)] for p in d.share.pods if (gpu, p) in found)
             if cgroups != d.share.pod_cgroups:
                 share = dataclasses.replace(d.share, pod_cgroups=cgroups)
                 out = out.with_device(i, dataclasses.replace(d, share=share))
         return out if out is not rec else None
+
+
+def is_pod_dir(name: str, uid: str) -> bool:
+    """The cgroup of pod `uid`, under either of the kubelet's cgroup drivers (cgroupfs,
+    systemd)."""
+    return name == f"pod{uid}" or name.endswith(f"-pod{uid.replace('-', '_')}.slice")
+
+
+def may_hold_pods(name: str) -> bool:
+    """A directory of the kubelet's tree, which may hold pods below it."""
+    return "kubepods" in name or name in ("burstable", "besteffort") or name.startswith("kubelet")
+
+
+def find_pod_cgroup(root: Path, uid: str) -> Path | None:
+    """Where the kubelet keeps pod `uid`'s cgroup, under any --cgroup-root, walking only
+    the kubelet's tree (the layouts: docs/design.md, "Shares by memory and compute")."""
+    level = [root]
+    for _ in range(MAX_DEPTH):
+        below: list[Path] = []
+        for parent in level:
+            try:
+                entries = list(os.scandir(parent))
+            except OSError:
+                continue
+            for e in entries:
+                if not e.is_dir(follow_symlinks=False):
+                    continue
+                if is_pod_dir(e.name, uid):
+                    return Path(e.path)
+                if may_hold_pods(e.name):
+                    below.append(Path(e.path))
+        level = below
+    return None

@@ -10,30 +10,13 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 from dradriver.errors import DaemonError, SharingError
-from dradriver.kubeletplugin.daemons import Daemons
-from dradriver.kubeletplugin.daemons.spec import (
-    DEVICE,
-    DEVICE_NAME,
-    DaemonRef,
-    DaemonSpec,
-    shares_name,
-)
-from dradriver.kubeletplugin.hardware.sharing import (
-    MPS_SHM_SIZE,
-    Save,
-    client_mounts,
-    drop_daemon_dirs,
-    make_daemon_dirs,
-    raise_undo_errors,
-    wait_serving,
-)
-from dradriver.kubeletplugin.state.ledger import Ledger, SharedDaemon
+from dradriver.kubeletplugin.daemons.spec import DEVICE, DEVICE_NAME, DaemonRef, shares_name
+from dradriver.kubeletplugin.hardware.sharing import Edits, MpsSteps, Save, client_edits
 from dradriver.kubeletplugin.state.records import ClaimRecord, PreparedDevice, Share
 from dradriver.logs import get_logger
-from dradriver.nvml.host import GpuHost, exclusive_process, get_compute_mode, set_compute_mode
+from dradriver.nvml.host import exclusive_process, get_compute_mode, set_compute_mode
 
 log = get_logger("kubeletplugin.shares")
 SERVER = "shares"  # the one MPS v3 server of a device's daemon
@@ -52,20 +35,13 @@ def _share(d: PreparedDevice) -> Share:
 
 
 @dataclass
-class ShareSteps:
-    nvml: ModuleType
-    host: GpuHost
-    daemons: Daemons  # where the devices' MPS daemons run (their pods)
-    mps_root: Path
-    ledger: Ledger
-    protocol: Callable[[], int] = lambda: 2
-    shm_size: int = MPS_SHM_SIZE  # bytes: the device daemon's /dev/shm (a tmpfs)
+class ShareSteps(MpsSteps):
+    protocol: Callable[[], int] = lambda: 2  # the MPS protocol the driver speaks
 
-    def _dirs(self, device: str) -> tuple[Path, Path, Path]:
-        """The daemon's pipe, log and /dev/shm directories: named for the device, so
-        that an undo finds them from the ledger's device alone."""
-        base = self.mps_root / ("shared-" + "".join(c if c.isalnum() else "-" for c in device))
-        return base / "pipe", base / "log", base / "shm"
+    def _base(self, device: str) -> Path:
+        """The daemon's directory: named for the device, so that an undo finds it from
+        the ledger's device alone."""
+        return self.mps_root / ("shared-" + "".join(c if c.isalnum() else "-" for c in device))
 
     # -- prepare ---------------------------------------------------------------------------
     def join(self, rec: ClaimRecord, i: int, save: Save) -> ClaimRecord:
@@ -73,14 +49,15 @@ class ShareSteps:
         it if it is the first); the record with the share set up, saved."""
         d = rec.devices[i]
         share, device = _share(d), str(d.uuid)
-        pipe, logs, shm = self._dirs(device)
+        base = self._base(device)
+        pipe, logs, shm = base / "pipe", base / "log", base / "shm"
         if device not in self.ledger.load().shared:
             self.ledger.shared_daemon(device, gpu="", mode_before=None)
         # A member before the daemon starts and before its namespace is made: a crash
         # anywhere after leaves an entry whose undo (the last member out) stops it.
         self.ledger.member(device, share.share_id, rec.uid)
         if not self.daemons.serving(DaemonRef(shares_name(device))):
-            self._start(d, pipe, logs, shm=shm)
+            self._start(d, base)
         client, server_side = pipe, False
         if (pipe / SERVER / "control").exists():
             client, server_side = self._namespace(pipe, share), True
@@ -105,7 +82,7 @@ class ShareSteps:
         )
         return rec
 
-    def _start(self, d: PreparedDevice, pipe: Path, logs: Path, *, shm: Path) -> None:
+    def _start(self, d: PreparedDevice, base: Path) -> None:
         device = str(d.uuid)
         gpu = device if d.kind == "gpu" else ""  # a MIG device's GPU keeps its mode
         before = get_compute_mode(self.nvml, gpu) if gpu else None
@@ -113,27 +90,21 @@ class ShareSteps:
         self.ledger.shared_daemon(device, gpu=gpu, mode_before=before)
         if gpu:
             set_compute_mode(self.nvml, gpu, exclusive_process(self.nvml))
-        ref = DaemonRef(shares_name(device))
-        if pipe.parent.exists():
+        name = shares_name(device)
+        if base.exists():
             # A daemon that is not serving (it exited, or a reboot ended it): what it
             # left goes first, so a new one starts clean, its namespaces made again.
-            self.daemons.stop(ref)
-            drop_daemon_dirs(self.host, pipe.parent)
-        make_daemon_dirs(self.host, pipe.parent, shm_size=self.shm_size)
+            self.daemons.stop(DaemonRef(name))
+            self.drop_dirs(base)
+        self.make_dirs(base)
         protocol = self.protocol()
-        spec = DaemonSpec(
-            name=ref.name,
-            role="mps",
-            # A label value: at most 63 characters (GPU-..., MIG-... UUIDs fit).
-            serves=((DEVICE, device[:63]), (DEVICE_NAME, d.device)),
-            command=self.host.mps_daemon([device], pipe, logs, shm_dir=shm, protocol=protocol),
-            dirs=(str(pipe), str(logs)),
-            shm=str(shm),
-        )
-        ref = self.daemons.start(spec)
-        wait_serving(self.daemons, ref, pipe, what=f"MPS control daemon of {device}")
+        # A label value: at most 63 characters (GPU-..., MIG-... UUIDs fit).
+        serves = ((DEVICE, device[:63]), (DEVICE_NAME, d.device))
+        ref = self.start_daemon(base, [device], name=name, serves=serves, protocol=protocol)
+        self.wait_serving(ref, base, what=f"MPS control daemon of {device}")
         if protocol == 3:
-            self.host.mps_command(pipe, f"server create {SERVER} --allowed-devices={device}")
+            create = f"server create {SERVER} --allowed-devices={device}"
+            self.host.mps_command(base / "pipe", create)
         log.info(
             "MPS control daemon for a device's shares serving",
             device=device,
@@ -165,7 +136,7 @@ class ShareSteps:
                 self._leave(str(d.uuid), _share(d).share_id)
             except SharingError as exc:
                 errors.append(f"device {d.device}: {exc}")
-        raise_undo_errors(errors)
+        self.undo_failed(errors)
 
     def undo_forgotten(self, claim: str) -> None:
         """The shares the ledger holds for `claim`, whose record is gone, undone; raises
@@ -177,33 +148,29 @@ class ShareSteps:
                     self._leave(device, share_id)
                 except SharingError as exc:
                     errors.append(f"share {share_id} of {device}: {exc}")
-        raise_undo_errors(errors)
+        self.undo_failed(errors)
 
     def _leave(self, device: str, share_id: str) -> None:
-        """Removes the share from its device's daemon; the last one out stops it."""
-        known = self.ledger.load().shared.get(device)
-        if known is None:
-            return
-        left: SharedDaemon | None = known
-        if share_id in known.members:
-            pipe = self._dirs(device)[0]
+        """Removes the share from its device's daemon; the last one out stops it, puts
+        its GPU's compute mode back and drops its directories."""
+        left = self.ledger.load().shared.get(device)
+        if left is not None and share_id in left.members:
+            pipe = self._base(device) / "pipe"
             ns = Share(share_id).namespace
             if (pipe / SERVER / ns / "control").exists() and self.daemons.serving(
                 DaemonRef(shares_name(device))
             ):
                 self.host.mps_command(pipe, f"namespace delete {ns} --server={SERVER}")
             left = self.ledger.member(device, share_id, None)
-        if left is not None and not left.members:
-            self._stop(device, left)
-
-    def _stop(self, device: str, known: SharedDaemon) -> None:
+        if left is None or left.members:
+            return
         try:
             self.daemons.stop(DaemonRef(shares_name(device)))
         except DaemonError as exc:
             raise SharingError(f"MPS control daemon of {device}: {exc}", reason=exc.reason) from exc
-        if known.gpu and known.mode_before is not None:
-            set_compute_mode(self.nvml, known.gpu, known.mode_before)
-        drop_daemon_dirs(self.host, self._dirs(device)[0].parent)
+        if left.gpu and left.mode_before is not None:
+            set_compute_mode(self.nvml, left.gpu, left.mode_before)
+        self.drop_dirs(self._base(device))
         self.ledger.shared_stopped(device)
         log.info("MPS control daemon of a device's shares stopped", device=device)
 
@@ -225,7 +192,7 @@ class ShareSteps:
         return rec
 
 
-def share_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str, str]]]:
+def share_edits(d: PreparedDevice) -> Edits:
     """(env, mounts) a share's containers need (pure): the pipe directory of its
     namespace (only that one is mounted) or of the daemon, the daemon's log directory and
     /dev/shm, and where MPS v3 is missing the limits as the client's own variables; then
@@ -237,15 +204,11 @@ def share_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str, str]
     env: list[str] = []
     mounts: list[tuple[str, str, str]] = []
     if share.pipe_dir:
-        env += [
-            f"CUDA_MPS_PIPE_DIRECTORY={share.pipe_dir}",
-            f"CUDA_MPS_LOG_DIRECTORY={share.log_dir}",
-        ]
+        env, mounts = client_edits(share.pipe_dir, str(share.log_dir), share.shm_dir)
         if not share.server_side and share.compute_limit is not None:
             env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share.compute_limit}")
         if not share.server_side and share.memory_limit is not None:
             env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={d.uuid}={share.memory_limit // MIB}M")
-        mounts = client_mounts(share.pipe_dir, str(share.log_dir), share.shm_dir)
     env.append(f"DRADRIVER_SHARE_ID={share.share_id}")
     if share.memory_limit is not None:
         env.append(f"DRADRIVER_SHARE_MEMORY_LIMIT={share.memory_limit}")

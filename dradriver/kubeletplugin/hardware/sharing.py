@@ -16,7 +16,7 @@ from typing import Any
 
 from dradriver.errors import DaemonError, SharingError
 from dradriver.kubeletplugin.daemons import Daemons
-from dradriver.kubeletplugin.daemons.spec import CLAIM, DaemonRef, DaemonSpec, mps_name
+from dradriver.kubeletplugin.daemons.spec import CLAIM, DaemonRef, DaemonSpec, Labels, mps_name
 from dradriver.kubeletplugin.state.ledger import Ledger
 from dradriver.kubeletplugin.state.records import ClaimRecord, Mps, PreparedDevice, TimeSlicing
 from dradriver.logs import get_logger
@@ -24,6 +24,7 @@ from dradriver.nvml.host import GpuHost, exclusive_process, get_compute_mode, se
 
 log = get_logger("kubeletplugin.sharing")
 Save = Callable[[ClaimRecord], None]  # makes a record durable
+Edits = tuple[list[str], list[tuple[str, str, str]]]  # a container's env and mounts
 
 
 # The /dev/shm of an MPS daemon and its clients: CUDA's MPS client and server exchange
@@ -34,25 +35,6 @@ MPS_SHM_SIZE = 1 << 30
 # control pipes and, with MPS v3, a directory per namespace; the log its two logs).
 PIPE_SIZE = 4 << 20
 LOG_SIZE = 64 << 20
-
-
-def make_daemon_dirs(host: GpuHost, base: Path, *, shm_size: int) -> bool:
-    """An MPS daemon's pipe, log and /dev/shm directories under `base`, each a tmpfs with
-    an explicit mode (never the disk of the state directory: a container writing there
-    would fill the disk that holds the checkpoint); True when its /dev/shm is new (made
-    now: a reboot took the old one)."""
-    host.make_tmpfs(base / "pipe", size=PIPE_SIZE, mode=0o755)
-    host.make_tmpfs(base / "log", size=LOG_SIZE, mode=0o755)
-    # Mode 1777: every container user may write it, only its owner remove.
-    return host.make_tmpfs(base / "shm", size=shm_size, mode=0o1777)
-
-
-def drop_daemon_dirs(host: GpuHost, base: Path) -> None:
-    """What make_daemon_dirs made, unmounted first (removing the files of a mounted
-    tmpfs would leave the mount behind), then `base`."""
-    for name in ("shm", "log", "pipe"):
-        host.drop_tmpfs(base / name)
-    shutil.rmtree(base, ignore_errors=True)
 
 
 # How long a prepare waits for a daemon's pod to serve: the image is the plugin's own,
@@ -73,25 +55,10 @@ def mps_groups(rec: ClaimRecord) -> dict[str, list[int]]:
 def _with_mps(rec: ClaimRecord, members: list[int], **changes: Any) -> ClaimRecord:
     for i in members:
         d = rec.devices[i]
-        rec = rec.with_device(
-            i, dataclasses.replace(d, sharing=dataclasses.replace(_mps(d), **changes))
-        )
+        assert isinstance(d.sharing, Mps)
+        sharing = dataclasses.replace(d.sharing, **changes)
+        rec = rec.with_device(i, dataclasses.replace(d, sharing=sharing))
     return rec
-
-
-def wait_serving(daemons: Daemons, ref: DaemonRef, pipe: Path, *, what: str) -> None:
-    """Waits for the daemon `ref` to open its control pipe; SharingError naming `what`
-    (the kubelet retries) when it does not in time."""
-    try:
-        daemons.wait(ref, (pipe / "control").exists, timeout=DAEMON_START_TIMEOUT)
-    except DaemonError as exc:
-        raise SharingError(f"{what}: {exc}; the kubelet retries", reason=exc.reason) from exc
-
-
-def raise_undo_errors(errors: list[str]) -> None:
-    """What an undo could not do, as one SharingError (the kubelet retries)."""
-    if errors:
-        raise SharingError("; ".join(errors), reason="undo")
 
 
 def daemon_of(sh: Mps) -> DaemonRef:
@@ -101,14 +68,68 @@ def daemon_of(sh: Mps) -> DaemonRef:
 
 
 @dataclass
-class SharingSteps:
+class MpsSteps:
+    """What a claim's MPS daemons (SharingSteps) and a device's shares' daemon
+    (shares.ShareSteps) both stand on: each daemon a pod with its directories under
+    <mps_root>/<its own>/."""
+
     nvml: ModuleType  # compute mode goes through NVML
-    host: GpuHost  # time-slicing and the MPS daemon lie outside it
+    host: GpuHost  # time-slicing, the daemons' directories and command lie outside it
     daemons: Daemons  # where the MPS daemons run (their pods)
     mps_root: Path  # <state dir>/mps: one directory per daemon
     ledger: Ledger  # every compute mode and interval changed, before the change
     shm_size: int = MPS_SHM_SIZE  # bytes: the daemon's and its clients' /dev/shm (a tmpfs)
 
+    def make_dirs(self, base: Path) -> bool:
+        """A daemon's pipe, log and /dev/shm directories under `base`, each a tmpfs with
+        an explicit mode (never the disk of the state directory: a container writing there
+        would fill the disk that holds the checkpoint); True when its /dev/shm is new (made
+        now: a reboot took the old one)."""
+        self.host.make_tmpfs(base / "pipe", size=PIPE_SIZE, mode=0o755)
+        self.host.make_tmpfs(base / "log", size=LOG_SIZE, mode=0o755)
+        # Mode 1777: every container user may write it, only its owner remove.
+        return self.host.make_tmpfs(base / "shm", size=self.shm_size, mode=0o1777)
+
+    def drop_dirs(self, base: Path) -> None:
+        """What make_dirs made, unmounted first (removing the files of a mounted tmpfs
+        would leave the mount behind), then `base`."""
+        for name in ("shm", "log", "pipe"):
+            self.host.drop_tmpfs(base / name)
+        shutil.rmtree(base, ignore_errors=True)
+
+    def start_daemon(
+        self, base: Path, uuids: list[str], *, name: str, serves: Labels, protocol: int = 2
+    ) -> DaemonRef:
+        """The MPS control daemon of `uuids` with its directories under `base`: its pod
+        `name` made, or found (never a second daemon for them)."""
+        pipe, logs, shm = base / "pipe", base / "log", base / "shm"
+        spec = DaemonSpec(
+            name=name,
+            role="mps",
+            serves=serves,
+            command=self.host.mps_daemon(uuids, pipe, logs, shm_dir=shm, protocol=protocol),
+            dirs=(str(pipe), str(logs)),
+            shm=str(shm),
+        )
+        return self.daemons.start(spec)
+
+    @staticmethod
+    def undo_failed(errors: list[str]) -> None:
+        """What an undo could not do, as one SharingError (the kubelet retries)."""
+        if errors:
+            raise SharingError("; ".join(errors), reason="undo")
+
+    def wait_serving(self, ref: DaemonRef, base: Path, *, what: str) -> None:
+        """Waits for the daemon `ref` to open its control pipe; SharingError naming `what`
+        (the kubelet retries) when it does not in time."""
+        try:
+            self.daemons.wait(ref, (base / "pipe" / "control").exists, timeout=DAEMON_START_TIMEOUT)
+        except DaemonError as exc:
+            raise SharingError(f"{what}: {exc}; the kubelet retries", reason=exc.reason) from exc
+
+
+@dataclass
+class SharingSteps(MpsSteps):
     def apply(self, rec: ClaimRecord, save: Save) -> ClaimRecord:
         """Applies the claim's time-slicing and MPS setups; `save(rec)` persists the
         record after each change so a crash never loses track of one. The record after."""
@@ -133,7 +154,7 @@ class SharingSteps:
         index = sorted(mps_groups(rec)).index(group)
         base = self.mps_root / f"{rec.uid}-{index}"
         pipe, logs, shm = base / "pipe", base / "log", base / "shm"
-        fresh = make_daemon_dirs(self.host, base, shm_size=self.shm_size)  # the claim's own
+        fresh = self.make_dirs(base)  # the claim's own
         rec = _with_mps(rec, members, pipe_dir=str(pipe), log_dir=str(logs), shm_dir=str(shm))
         save(rec)
         devs = [rec.devices[i] for i in members]
@@ -143,24 +164,18 @@ class SharingSteps:
             # restart) keeps what the GPU had before us.
             self.ledger.mode_changing(gpu, get_compute_mode(self.nvml, gpu), rec.uid)
             set_compute_mode(self.nvml, gpu, exclusive_process(self.nvml))
-        spec = DaemonSpec(
-            name=mps_name(rec.uid, index),
-            role="mps",
-            serves=((CLAIM, rec.uid),),
-            command=self.host.mps_daemon([str(d.uuid) for d in devs], pipe, logs, shm_dir=shm),
-            dirs=(str(pipe), str(logs)),
-            shm=str(shm),
-        )
+        name = mps_name(rec.uid, index)
         if fresh:
             # A new /dev/shm (a reboot took the old tmpfs): a daemon still running on the
             # old one would share nothing with the clients started now.
-            self.daemons.stop(DaemonRef(spec.name))
+            self.daemons.stop(DaemonRef(name))
         # The pod is found by its name (one per group: never a second daemon for it), or
         # made; recorded before it is waited for, so a crash leaves it known.
-        ref = self.daemons.start(spec)
+        uuids = [str(d.uuid) for d in devs]
+        ref = self.start_daemon(base, uuids, name=name, serves=((CLAIM, rec.uid),))
         rec = _with_mps(rec, members, daemon=ref)
         save(rec)
-        wait_serving(self.daemons, ref, pipe, what="MPS control daemon")
+        self.wait_serving(ref, base, what="MPS control daemon")
         rec = _with_mps(rec, members, applied=True)
         save(rec)
         log.info(
@@ -196,10 +211,10 @@ class SharingSteps:
                 if change is not None:
                     set_compute_mode(self.nvml, str(d.uuid), change.before)
                     self.ledger.mode_restored(str(d.uuid))
-                drop_daemon_dirs(self.host, Path(sh.pipe_dir).parent)
+                self.drop_dirs(Path(sh.pipe_dir).parent)
             except (SharingError, DaemonError) as exc:
                 errors.append(f"device {d.device}: {exc}")
-        raise_undo_errors(errors)
+        self.undo_failed(errors)
 
     def report_forgotten(self, known_claims: set[str]) -> None:
         """Startup: says what the ledger holds for claims the checkpoint does not (it was
@@ -236,31 +251,30 @@ class SharingSteps:
                 self.daemons.stop(ref)
                 log.info("MPS daemon of a forgotten claim stopped", claim_uid=claim, pod=ref.name)
             for base in sorted(self.mps_root.glob(f"{claim}-*")):
-                drop_daemon_dirs(self.host, base)
+                self.drop_dirs(base)
         except DaemonError as exc:
             errors.append(f"MPS daemons: {exc}")
         for gpu, before in [(g, m.before) for g, m in e.compute_mode.items() if m.claim == claim]:
             try:
                 set_compute_mode(self.nvml, gpu, before)
+                self.ledger.mode_restored(gpu)
+                log.info("compute mode of a forgotten claim restored", claim_uid=claim, gpu=gpu)
             except SharingError as exc:
                 errors.append(f"GPU {gpu}: {exc}")
-                continue
-            self.ledger.mode_restored(gpu)
-            log.info("compute mode of a forgotten claim restored", claim_uid=claim, gpu=gpu)
         for gpu in [g for g, holder in e.time_slice.items() if holder == claim]:
             try:
                 self.host.set_timeslice(gpu, "Default")
+                self.ledger.slice_restored(gpu)
             except SharingError as exc:
                 errors.append(f"GPU {gpu}: {exc}")
-                continue
-            self.ledger.slice_restored(gpu)
-        raise_undo_errors(errors)
+        self.undo_failed(errors)
 
     def recheck(self, rec: ClaimRecord, save: Save) -> ClaimRecord:
         """Startup: a completed claim's MPS daemon must be running (a reboot ends it).
         The record after."""
         for group, members in mps_groups(rec).items():
-            sh = _mps(rec.devices[members[0]])
+            sh = rec.devices[members[0]].sharing
+            assert isinstance(sh, Mps)
             if sh.pipe_dir is None or not self.daemons.serving(daemon_of(sh)):
                 log.warning(
                     "MPS control daemon of a prepared claim is not serving; starting it again",
@@ -271,14 +285,13 @@ class SharingSteps:
         return rec
 
 
-def container_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """(env, mounts as (host path, container path)) a container needs for the device's
-    sharing setup (pure). MPS clients share the daemon's pipe and log directories, and
-    its /dev/shm, where server and clients exchange memory."""
+def container_edits(d: PreparedDevice) -> Edits:
+    """(env, mounts) a container needs for the device's sharing setup (pure): an MPS
+    client's, with the group's limits as its own variables."""
     sh = d.sharing
     if not isinstance(sh, Mps) or not sh.pipe_dir:
         return [], []
-    env = [f"CUDA_MPS_PIPE_DIRECTORY={sh.pipe_dir}", f"CUDA_MPS_LOG_DIRECTORY={sh.log_dir}"]
+    env, mounts = client_edits(sh.pipe_dir, str(sh.log_dir), sh.shm_dir)
     limits = sh.limits
     if limits.active_thread_percentage is not None:
         env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={limits.active_thread_percentage}")
@@ -286,26 +299,22 @@ def container_edits(d: PreparedDevice) -> tuple[list[str], list[tuple[str, str, 
     if limits.pinned_memory_limit is not None:
         pinned.setdefault(str(d.uuid), limits.pinned_memory_limit)
     if pinned:
-        env.append(
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="
-            + ",".join(f"{k}={_mps_quantity(v)}" for k, v in sorted(pinned.items()))
-        )
-    return env, client_mounts(str(sh.pipe_dir), str(sh.log_dir), sh.shm_dir)
+        each = ",".join(f"{k}={_mps_quantity(v)}" for k, v in sorted(pinned.items()))
+        env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={each}")
+    return env, mounts
 
 
-def client_mounts(pipe: str, logs: str, shm: str | None) -> list[tuple[str, str, str]]:
-    """What an MPS client's container mounts of its daemon's: the pipe directory (to talk
-    to it), the log directory read-only (the daemon, as root, writes there: a client that
-    could plant a link would have it write elsewhere), and /dev/shm (shared memory)."""
+def client_edits(pipe: str, logs: str, shm: str | None) -> Edits:
+    """(env, mounts as (host path, container path, options)) of an MPS client of the
+    daemon with these directories: it is told its pipe and log directories, and mounts
+    the pipe directory (to talk to it), the log directory read-only (the daemon, as root,
+    writes there: a client that could plant a link would have it write elsewhere), and
+    /dev/shm (where server and clients exchange memory)."""
+    env = [f"CUDA_MPS_PIPE_DIRECTORY={pipe}", f"CUDA_MPS_LOG_DIRECTORY={logs}"]
     mounts = [(pipe, pipe, "rw"), (logs, logs, "ro")]
     if shm:
         mounts.append((shm, "/dev/shm", "rw"))
-    return mounts
-
-
-def _mps(d: PreparedDevice) -> Mps:
-    assert isinstance(d.sharing, Mps)
-    return d.sharing
+    return env, mounts
 
 
 def _mps_quantity(q: str) -> str:

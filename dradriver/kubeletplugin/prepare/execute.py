@@ -25,16 +25,12 @@ from dradriver.kubeletplugin.hardware.imex import ImexSteps
 from dradriver.kubeletplugin.hardware.mig import MigPreparer
 from dradriver.kubeletplugin.hardware.pod_memory import PodMemory
 from dradriver.kubeletplugin.hardware.shares import ShareSteps, share_edits, share_indices
-from dradriver.kubeletplugin.hardware.sharing import SharingSteps, container_edits
+from dradriver.kubeletplugin.hardware.sharing import Save, SharingSteps, container_edits
 from dradriver.kubeletplugin.prepare import cdi
 from dradriver.kubeletplugin.prepare.channels import channel_cdi_device
 from dradriver.kubeletplugin.prepare.driver_spec import DriverSpec
 from dradriver.kubeletplugin.state.checkpoint.store import Journal
-from dradriver.kubeletplugin.state.records import (
-    PREPARE_COMPLETED,
-    PREPARE_STARTED,
-    ClaimRecord,
-)
+from dradriver.kubeletplugin.state.records import PREPARE_COMPLETED, PREPARE_STARTED, ClaimRecord
 from dradriver.logs import get_logger
 from dradriver.nvml.host import GpuHost
 
@@ -90,58 +86,54 @@ class Executor:
         hardware) and returns it completed, recording each step in `journal`. On failure
         everything it did is undone and the error (a DriverError) names the layer."""
         self.check(rec)
-        latest = Latest(journal, rec)
-        steps = self.steps(rec, latest)
+        latest = rec  # as it last stood (recorded, or returned by a step): what a rollback undoes
+
+        def seen(r: ClaimRecord) -> None:
+            nonlocal latest
+            latest = r
+
+        def record(r: ClaimRecord) -> None:
+            seen(r)
+            journal.record(r)
+
+        steps = self.steps(rec, journal, record)
         try:
-            rec = apply_all(steps, rec, latest.seen)
+            rec = apply_all(steps, rec, seen)
             done = dataclasses.replace(rec, state=PREPARE_COMPLETED, updated_at=now())
-            latest.record(done)
+            record(done)
             return done
         except Exception as exc:
-            self.rollback(journal, latest.rec, steps)
+            self.rollback(journal, latest, steps)
             raise layered(exc, rec.ref) from exc
 
-    def steps(self, rec: ClaimRecord, journal: Journal) -> list[Step]:
-        """The claim's hardware work in the order it is applied, each step
-        recording in `journal` what the next one needs durable first: only what the claim
-        uses (a whole GPU on a node without dynamic MIG: its CDI spec alone)."""
+    def steps(self, rec: ClaimRecord, journal: Journal, save: Save | None = None) -> list[Step]:
+        """The claim's hardware work in the order it is applied, each step recording (in
+        `journal`, or through `save`) what the next one needs durable first: only what
+        the claim uses (a whole GPU on a node without dynamic MIG: its CDI spec alone)."""
+        save = save or journal.record
         out: list[Step] = []
-        mig = self.mig
-        for i, d in enumerate(rec.devices):
-            if d.carve is not None and mig is not None:
-                out.append(
-                    Step(
-                        "MIG",
-                        f"MIG device {d.device}",
-                        undo=functools.partial(_uncarve, mig, i),
-                        apply=functools.partial(_carve, mig, i, journal=journal),
-                    )
-                )
-        if mig is not None:
+        if (mig := self.mig) is not None:
+            for i, d in enumerate(rec.devices):
+                if d.carve is not None:
+                    undo = functools.partial(_uncarve, mig, i)
+                    carve = functools.partial(_carve, mig, i, save=save)
+                    out.append(Step("MIG", f"MIG device {d.device}", undo, carve, "mig-recorded"))
+            # Undone by restore_mig_modes, once the claim is forgotten.
             whole = functools.partial(self._whole, mig)
-            out.append(Step("MIG", "whole GPUs out of MIG mode", nothing, whole))
-        sharing = self.sharing
-        if sharing is not None and any(d.sharing is not None for d in rec.devices):
-            apply = functools.partial(_sharing, sharing, journal=journal)
-            out.append(Step("sharing", "time-slicing and MPS setup", sharing.undo, apply))
-        shares = self.shares
-        if shares is not None and _has_shares(rec):
-            apply = functools.partial(self._shares, shares, journal=journal)
-            out.append(
-                Step("shares", "shares under their devices' MPS daemons", shares.undo, apply)
-            )
-        imex = self.imex
-        if imex is not None and any(d.imex is not None for d in rec.devices):
-            apply = functools.partial(_imex, imex, journal=journal)
-            out.append(Step("IMEX", "IMEX daemons", undo=imex.undo, apply=apply))
-        out.append(
-            Step(
-                "CDI",
-                "removing the CDI spec",
-                undo=lambda r: self.cdi_writer.remove(r.uid),
-                apply=self._write_spec,
-            )
-        )
+            out.append(Step("MIG", "whole GPUs out of MIG mode", lambda r: None, whole))
+        if (sharing := self.sharing) is not None and any(d.sharing for d in rec.devices):
+            apply = functools.partial(sharing.apply, save=save)
+            what = "time-slicing and MPS setup"
+            out.append(Step("sharing", what, sharing.undo, apply, "sharing-applied"))
+        if (shares := self.shares) is not None and _has_shares(rec):
+            apply = functools.partial(self._shares, shares, save=save, journal=journal)
+            what = "shares under their devices' MPS daemons"
+            out.append(Step("shares", what, shares.undo, apply))
+        if (imex := self.imex) is not None and any(d.imex for d in rec.devices):
+            apply = functools.partial(imex.apply, save=save)
+            out.append(Step("IMEX", "IMEX daemons", imex.undo, apply, "imex-started"))
+        what = "removing the CDI spec"
+        out.append(Step("CDI", what, self._remove_spec, self._write_spec, "cdi-written"))
         return out
 
     def _whole(self, mig: MigPreparer, rec: ClaimRecord) -> ClaimRecord:
@@ -152,37 +144,69 @@ class Executor:
                 mig.ensure_whole(str(d.uuid), profiles[str(d.uuid)], d.device, claim=rec.uid)
         return rec
 
-    def _shares(self, shares: ShareSteps, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord:
+    def _shares(
+        self, shares: ShareSteps, rec: ClaimRecord, *, save: Save, journal: Journal
+    ) -> ClaimRecord:
         for i in share_indices(rec):
-            rec = shares.join(rec, i, journal.record)
+            rec = shares.join(rec, i, save)
         crashpoint("sharing-applied")
         if self.pod_memory is not None:
-            limited = self.pod_memory.apply(rec, lambda: journal.pod_memory(rec.uid))
+            limited = self.pod_memory.apply(rec, functools.partial(journal.pod_memory, rec.uid))
             if limited is not None:
                 rec = limited
-                journal.record(rec)
+                save(rec)
         return rec
 
     def _write_spec(self, rec: ClaimRecord) -> ClaimRecord:
-        self.write_spec(rec)
-        crashpoint("cdi-written")
-        return rec
-
-    def write_spec(self, rec: ClaimRecord) -> None:
         """The claim's CDI spec, after the driver spec its devices name."""
         self.ensure_driver_spec(rec)
         self.cdi_writer.write(rec.uid, self.spec(rec))
+        return rec
+
+    def _remove_spec(self, rec: ClaimRecord) -> None:
+        self.cdi_writer.remove(rec.uid)
 
     def ensure_driver_spec(self, rec: ClaimRecord) -> None:
-        if self.driver_spec is None:
-            return
         named = cdi.driver_device_id(self.driver)
-        if any(named in d.cdi_device_ids for d in rec.devices):
+        if self.driver_spec is not None and any(named in d.cdi_device_ids for d in rec.devices):
             self.driver_spec.ensure()
 
     def spec(self, rec: ClaimRecord) -> dict[str, Any]:
         """The claim's CDI spec, from its record and the node's device nodes."""
-        return claim_spec(rec, driver=self.driver, host=self.host)
+        host = self.host
+        devices = []
+        for d in rec.devices:
+            env: list[str] = []
+            mounts: list[tuple[str, str, str]] = []
+            # What a device of a sharing setup or a share adds; a device held whole, nothing.
+            if d.sharing is not None:
+                env, mounts = container_edits(d)
+            if d.share is not None:
+                more_env, more_mounts = share_edits(d)
+                env += more_env
+                mounts += more_mounts
+            if d.imex is not None:
+                devices.append(channel_cdi_device(d, host.imex_channel_node(d.imex.channel)))
+                continue
+            nodes = host.device_nodes(d.minor, d.mig_ids())
+            devices.append(
+                cdi.CdiDevice(
+                    name=d.cdi_name,
+                    device=d.device,
+                    uuid=d.uuid or "",
+                    device_nodes=tuple(nodes),
+                    group=",".join(d.request_names),
+                    env=tuple(env),
+                    mounts=tuple(mounts),
+                )
+            )
+        return cdi.claim_spec(
+            self.driver,
+            rec.uid,
+            devices,
+            claim_name=rec.ref,
+            control_nodes=host.control_device_nodes(),
+        )
 
     def rollback(self, journal: Journal, rec: ClaimRecord, steps: list[Step] | None = None) -> None:
         """Immediate rollback: everything created for this claim goes before the error
@@ -228,57 +252,20 @@ class Executor:
             self.mig.restore_disabled(whole, journal.held_whole(rec.uid))
 
 
-class Latest:
-    """A journal that remembers the record as it last stood (recorded, or returned by a
-    step): what a rollback undoes from."""
-
-    def __init__(self, journal: Journal, rec: ClaimRecord) -> None:
-        self.journal, self.rec = journal, rec
-
-    def seen(self, rec: ClaimRecord) -> None:
-        self.rec = rec
-
-    def record(self, rec: ClaimRecord) -> None:
-        self.rec = rec
-        self.journal.record(rec)
-
-    def forget(self, rec: ClaimRecord) -> None:
-        self.journal.forget(rec)
-
-    def held_whole(self, exclude: str) -> set[str]:
-        return self.journal.held_whole(exclude)
-
-    def pod_memory(self, exclude: str) -> dict[tuple[str, str], int]:
-        return self.journal.pod_memory(exclude)
-
-
 def _has_shares(rec: ClaimRecord) -> bool:
     """A share (consumable capacity) among the claim's devices, under its device's MPS
     daemon (an adminAccess one runs under nothing)."""
     return any(d.share is not None and not d.admin_access for d in rec.devices)
 
 
-def _carve(mig: MigPreparer, i: int, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord:
+def _carve(mig: MigPreparer, i: int, rec: ClaimRecord, *, save: Save) -> ClaimRecord:
     rec = rec.with_device(i, mig.carve(rec.devices[i], rec.uid))
-    journal.record(rec)  # the created instance, before anything else
-    crashpoint("mig-recorded")
+    save(rec)  # the created instance, before anything else
     return rec
 
 
 def _uncarve(mig: MigPreparer, i: int, rec: ClaimRecord) -> None:
     mig.uncarve(rec.devices[i], rec.uid)
-
-
-def _sharing(sharing: SharingSteps, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord:
-    rec = sharing.apply(rec, journal.record)
-    crashpoint("sharing-applied")
-    return rec
-
-
-def _imex(imex: ImexSteps, rec: ClaimRecord, *, journal: Journal) -> ClaimRecord:
-    rec = imex.apply(rec, journal.record)
-    crashpoint("imex-started")
-    return rec
 
 
 # How a layer's failure is prefixed in the claim's error (the CDI and checkpoint
@@ -289,10 +276,6 @@ LAYERS = {"MIG": "MIG layer: ", "sharing": "sharing layer: ", "IMEX": "IMEX laye
 def unchanged(rec: ClaimRecord) -> ClaimRecord:
     """A step with nothing to apply."""
     return rec
-
-
-def nothing(rec: ClaimRecord) -> None:
-    """A step with nothing to undo."""
 
 
 def ignoring(undo: Callable[[], object]) -> Callable[[ClaimRecord], object]:
@@ -306,6 +289,7 @@ class Step:
     what: str  # for the log: "destroy MIG device gpu-0-mig-1g10gb-0"
     undo: Callable[[ClaimRecord], object]
     apply: Callable[[ClaimRecord], ClaimRecord] = unchanged
+    crash: str = ""  # the crash point right after its apply, where tests kill the process
 
 
 def layered(exc: Exception, claim: str) -> DriverError:
@@ -326,6 +310,8 @@ def apply_all(
     `progress` hears of; the first failure is raised as it came."""
     for step in steps:
         rec = step.apply(rec)
+        if step.crash:
+            crashpoint(step.crash)
         progress(rec)
     return rec
 
@@ -334,21 +320,19 @@ def undo_all(steps: Sequence[Step], rec: ClaimRecord) -> DriverError | None:
     """Every step's undo on `rec`, the last applied first (see the module's policy).
     Returns the first failure as the claim's error, or None when all is undone."""
     first: DriverError | None = None
-    claim, uid = rec.ref, rec.uid
     for step in reversed(steps):
         try:
             step.undo(rec)
         except (DriverError, OSError, ValueError) as exc:
-            err = _undo_failed(step, exc, claim)
             log.error(
                 "could not undo a step",
-                claim=claim,
-                claim_uid=uid,
+                claim=rec.ref,
+                claim_uid=rec.uid,
                 step=step.what,
                 layer=step.layer,
                 error=str(exc),
             )
-            first = first or err
+            first = first or _undo_failed(step, exc, rec.ref)
     return first
 
 
@@ -360,39 +344,3 @@ def _undo_failed(step: Step, exc: Exception, claim: str) -> DriverError:
     if step.layer == "CDI":
         return CdiError(f"CDI layer: {step.what} of claim {claim} failed: {exc}", reason="cdi")
     return layered(exc, claim)
-
-
-def claim_spec(rec: ClaimRecord, *, driver: str, host: GpuHost) -> dict[str, Any]:
-    devices = []
-    for d in rec.devices:
-        env: list[str] = []
-        mounts: list[tuple[str, str, str]] = []
-        # What a device of a sharing setup or a share adds; a device held whole, nothing.
-        if d.sharing is not None:
-            env, mounts = container_edits(d)
-        if d.share is not None:
-            more_env, more_mounts = share_edits(d)
-            env += more_env
-            mounts += more_mounts
-        if d.imex is not None:
-            devices.append(channel_cdi_device(d, host.imex_channel_node(d.imex.channel)))
-            continue
-        nodes = host.device_nodes(d.minor, d.mig_ids())
-        devices.append(
-            cdi.CdiDevice(
-                name=d.cdi_name,
-                device=d.device,
-                uuid=d.uuid or "",
-                device_nodes=tuple(nodes),
-                group=",".join(d.request_names),
-                env=tuple(env),
-                mounts=tuple(mounts),
-            )
-        )
-    return cdi.claim_spec(
-        driver,
-        rec.uid,
-        devices,
-        claim_name=rec.ref,
-        control_nodes=host.control_device_nodes(),
-    )

@@ -6,7 +6,6 @@ apply, record"."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import time
@@ -54,29 +53,25 @@ def each_claim(
     """`one(ref)` for each claim: its result, or its error."""
     seconds = metrics.prepare_seconds if op == "prepare" else metrics.unprepare_seconds
     out: dict[str, T | DriverError] = {}
-
-    def failed(ref: ClaimRef, err: DriverError, start: float, *, trace: bool) -> None:
-        out[ref.uid] = err
-        seconds.labels("error").observe(time.monotonic() - start)
-        metrics.errors.labels(op, err.reason).inc()
-        log.error(
-            f"{op} failed",
-            exc=trace,  # the traceback, logged while its exception is being handled
-            claim=str(ref),
-            claim_uid=ref.uid,
-            layer=err.layer,
-            reason=err.reason,
-            error=str(err),
-        )
-
     for ref in refs:
         start = time.monotonic()
         try:
             out[ref.uid] = one(ref)
-        except DriverError as exc:
-            failed(ref, exc, start, trace=False)
-        except Exception as exc:  # a bug or an input nobody foresaw: this claim only
-            failed(ref, internal_error(str(ref), exc), start, trace=True)
+        except Exception as exc:  # a DriverError, or a bug nobody foresaw: this claim only
+            err = exc if isinstance(exc, DriverError) else internal_error(str(ref), exc)
+            out[ref.uid] = err
+            seconds.labels("error").observe(time.monotonic() - start)
+            metrics.errors.labels(op, err.reason).inc()
+            log.error(
+                f"{op} failed",
+                # A bug's traceback, logged while its exception is being handled.
+                exc=not isinstance(exc, DriverError),
+                claim=str(ref),
+                claim_uid=ref.uid,
+                layer=err.layer,
+                reason=err.reason,
+                error=str(err),
+            )
         else:
             seconds.labels("ok").observe(time.monotonic() - start)
     return out
@@ -89,18 +84,17 @@ class UnpreparedMeanwhile:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: dict[int, float] = {}  # prepare token -> when it began (monotonic)
+        self._running: dict[object, float] = {}  # prepare token -> when it began (monotonic)
         self._at: dict[str, float] = {}  # claim UID -> its last unprepare
-        self._tokens = itertools.count()
 
-    def prepare_began(self) -> tuple[int, float]:
+    def prepare_began(self) -> tuple[object, float]:
         """A prepare starts: its token (for prepare_ended) and its start time."""
-        with self._lock:
-            token, began = next(self._tokens), time.monotonic()
+        with self._lock:  # registered as it begins: an unprepare is before it or seen
+            token, began = object(), time.monotonic()
             self._running[token] = began
             return token, began
 
-    def prepare_ended(self, token: int) -> None:
+    def prepare_ended(self, token: object) -> None:
         with self._lock:
             self._running.pop(token, None)
             # Only the prepares still running can ask about an unprepare.
@@ -144,10 +138,6 @@ class Preparer:
     read_claim: Callable[[ClaimRef], dict[str, Any]] | None = None
     # Why this plugin touches nothing (a checkpoint from a newer release); "" when it may.
     refusal: str = ""
-    # Unprepares that prepares still running began before.
-    meanwhile: UnpreparedMeanwhile = field(default_factory=UnpreparedMeanwhile)
-    # The GPUs' locks for hardware work; <checkpoint's directory>/locks by default.
-    gpu_locks: GpuLocks | None = None
     # --consumable-capacity: how a share's limits follow from its allocation.
     consumable: Consumable = OFF
     # Which GPU each device name was published for (state/name_book.py); None: no check.
@@ -173,7 +163,10 @@ class Preparer:
         }
 
     def __post_init__(self) -> None:
-        self.gpus = self.gpu_locks or GpuLocks(self.store.path.parent / "locks")
+        # Unprepares that prepares still running began before.
+        self.meanwhile = UnpreparedMeanwhile()
+        # The GPUs' locks for hardware work, beside the checkpoint.
+        self.gpus = GpuLocks(self.store.path.parent / "locks")
         # Claims whose hardware work a thread of this instance is doing right now.
         self.in_flight: set[str] = set()
 
@@ -210,10 +203,45 @@ class Preparer:
                 raise
             return done
         local = self.devices()  # one view of the node for this whole prepare
+        # Under the node lock: plan; apply a claim that changes no hardware; record the
+        # intent of any other (its hardware work follows, under its GPUs' locks).
         with self.lock:
-            done, rec = self._prepare_step(self.load(), ref, claim, local=local, began=began)
-        if rec is None:
-            return done
+            cp = self.load()
+            self._not_unprepared(ref, began)
+            check_readable(cp, ref, "preparing")
+            # The other instance may have been faster.
+            if (done := self._already_prepared(cp, ref)) is not None:
+                return done
+            if (earlier := cp.claims.get(ref.uid)) is not None:
+                release_earlier(self, cp, ref, earlier=earlier)
+            rec = plan(
+                claim,
+                ref,
+                driver=self.driver,
+                node=self.node,
+                devices=local,
+                checkpoint=cp,
+                now=time.time(),
+                consumable=self.consumable,
+                name_book=self.name_book() if self.name_book is not None else None,
+                channels=self.executor.imex is not None,
+                driver_files=self.executor.driver_spec is not None,
+            )
+            if not self.executor.changes_hardware(rec):
+                # Undone if it fails.
+                rec = self.executor.apply(InLock(cp, self.store), rec, time.time)
+            else:
+                self.executor.check(rec)
+                cp.claims[rec.uid] = rec  # the intent
+                try:
+                    self.store.save(cp)
+                except OSError as exc:
+                    raise CheckpointError(
+                        f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint"
+                    ) from exc
+                self.in_flight.add(rec.uid)  # before the node lock is let go
+                crashpoint("intent-recorded")
+            self._count(cp)
         if rec.state != PREPARE_COMPLETED:
             rec = self._prepare_on_gpus(ref, rec, began)
         log.info(
@@ -227,56 +255,6 @@ class Preparer:
         if self.status:
             self.status.prepared(ref, rec.devices)
         return rec.devices
-
-    def _prepare_step(
-        self,
-        cp: Checkpoint,
-        ref: ClaimRef,
-        claim: dict[str, Any],
-        *,
-        local: Mapping[str, NodeDevice],
-        began: float,
-    ) -> tuple[list[PreparedDevice], ClaimRecord | None]:
-        """Under the node lock: plan; apply a claim that changes no hardware; record the
-        intent of any other (its hardware work follows, under its GPUs' locks)."""
-        self._not_unprepared(ref, began)
-        check_readable(cp, ref, "preparing")
-        done = self._already_prepared(cp, ref)  # the other instance may have been faster
-        if done is not None:
-            return done, None
-        earlier = cp.claims.get(ref.uid)
-        if earlier is not None:
-            release_earlier(self, cp, ref, earlier=earlier)
-        rec = plan(
-            claim,
-            ref,
-            driver=self.driver,
-            node=self.node,
-            devices=local,
-            checkpoint=cp,
-            now=time.time(),
-            consumable=self.consumable,
-            name_book=self.name_book() if self.name_book is not None else None,
-            channels=self.executor.imex is not None,
-            driver_files=self.executor.driver_spec is not None,
-        )
-        if self.executor.changes_hardware(rec):
-            self.executor.check(rec)
-            self.in_flight.add(rec.uid)
-            cp.claims[rec.uid] = rec  # the intent
-            try:
-                self.store.save(cp)
-            except OSError as exc:
-                self.in_flight.discard(rec.uid)
-                raise CheckpointError(
-                    f"claim {ref}: checkpoint layer: {exc}", reason="checkpoint"
-                ) from exc
-            crashpoint("intent-recorded")
-            self._count(cp)
-            return rec.devices, rec
-        rec = self.executor.apply(InLock(cp, self.store), rec, time.time)  # undone if it fails
-        self._count(cp)
-        return rec.devices, rec
 
     def _not_unprepared(
         self, ref: ClaimRef, began: float, during: str = "waited for the API server"
@@ -295,18 +273,18 @@ class Preparer:
         """The hardware work of a claim whose intent is durable, under its GPUs' locks;
         the node lock only for each step's checkpoint update. An unprepare of the claim
         meanwhile (it waits for these locks) stops it from completing: rolled back."""
-        journal = Committed(
-            self.lock,
-            load=self.load,
-            store=self.store,
-            guard=lambda: self._not_unprepared(ref, began, "worked on its GPUs"),
-            changed=self._count,
-        )
+        journal = self._committed(lambda: self._not_unprepared(ref, began, "worked on its GPUs"))
         try:
             with self.gpus.hold(record_gpus(rec)):
                 return self.executor.apply(journal, rec, time.time)
         finally:
             self.in_flight.discard(rec.uid)
+
+    def _committed(self, guard: Callable[[], None] = lambda: None) -> Committed:
+        """The journal of hardware work under the GPUs' locks: the node lock for each save."""
+        return Committed(
+            self.lock, load=self.load, store=self.store, guard=guard, changed=self._count
+        )
 
     def _already_prepared(self, cp: Checkpoint, ref: ClaimRef) -> list[PreparedDevice] | None:
         rec = cp.claims.get(ref.uid)
@@ -346,13 +324,11 @@ class Preparer:
         its release must be done (hardware work); or None, nothing recorded."""
         check_readable(cp, ref, "unpreparing")
         self.meanwhile.unprepared(ref.uid)
-        rec = cp.claims.get(ref.uid)
-        if rec is None:
+        if (rec := cp.claims.get(ref.uid)) is None:
             # Unknown, or already unprepared (the kubelet may repeat): success, once
             # whatever the ledger and the CDI directory still hold for it is undone;
             # hardware under the GPUs' locks, like any other claim's.
-            gpus = forgotten.forgotten_gpus(self.executor, ref.uid)
-            if gpus is not None:
+            if (gpus := forgotten.forgotten_gpus(self.executor, ref.uid)) is not None:
                 return frozenset(gpus)
             # The ledger, just read, holds nothing for it: not read a second time.
             forgotten.remove_forgotten_spec(self.executor, ref.uid, str(ref))
@@ -382,10 +358,7 @@ class Preparer:
                     gpus = gpus | more
                     continue
                 if record_gpus(rec) <= gpus:
-                    journal = Committed(
-                        self.lock, load=self.load, store=self.store, changed=self._count
-                    )
-                    self.executor.release(journal, rec)
+                    self.executor.release(self._committed(), rec)
                     return rec
                 gpus = gpus | record_gpus(rec)  # a later attempt, on other GPUs
 

@@ -7,17 +7,13 @@ finish is released before the next (release_earlier)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from dradriver.errors import CdiError, ClaimStateError, MigError, SharingError
-from dradriver.inventory.node_devices import NodeDevice
-from dradriver.kubeletplugin.hardware import mig_startup
-from dradriver.kubeletplugin.prepare.execute import Executor, undo_all
-from dradriver.kubeletplugin.state.checkpoint import CheckpointStore, reconcile_boot
+from dradriver.kubeletplugin.prepare.execute import Executor, layered, undo_all
+from dradriver.kubeletplugin.state.checkpoint import reconcile_boot
 from dradriver.kubeletplugin.state.checkpoint.store import InLock, Journal, held_whole
 from dradriver.kubeletplugin.state.ledger import record_gpus
-from dradriver.kubeletplugin.state.pod_limits import pod_totals
 from dradriver.kubeletplugin.state.records import (
     PREPARE_COMPLETED,
     Checkpoint,
@@ -51,36 +47,32 @@ def at_start(p: Preparer) -> bool:
                 error=p.refusal,
             )
             return False
-        cp = reconcile(p.store, p.executor, p.devices)
+        cp = reconcile(p)
         p.metrics.prepared_claims.set(len(cp.claims))
         return owned_partitions(cp) != before
 
 
-def reconcile(
-    store: CheckpointStore, ex: Executor, devices: Callable[[], Mapping[str, NodeDevice]]
-) -> Checkpoint:
+def reconcile(p: Preparer) -> Checkpoint:
     """Call under the node lock, before serving. Returns the checkpoint it saved."""
+    store, ex = p.store, p.executor
     boot = reconcile_boot(store.load())
     cp = boot.checkpoint
+    journal = InLock(cp, store)  # each record made below: put in `cp`, saved
     for rec in boot.dropped + boot.interrupted:
         log.warning(
             "undoing an interrupted prepare", claim=rec.ref, claim_uid=rec.uid, state=rec.state
         )
-        if undo_all(ex.steps(rec, InLock(cp, store)), rec) is None:
+        if undo_all(ex.steps(rec, journal), rec) is None:
             cp.claims.pop(rec.uid, None)
         else:
             cp.claims[rec.uid] = rec  # kept, unfinished: the next prepare or start retries
-
-    def saved(rec: ClaimRecord) -> None:
-        cp.claims[rec.uid] = rec
-        store.save(cp)
 
     # The completed claims, by UID: each step below reads the record as cp.claims holds it
     # now (a step before may have saved a new one) and saves the one it makes.
     completed = [uid for uid, r in cp.claims.items() if r.state == PREPARE_COMPLETED]
     if ex.mig is not None:
         try:
-            carved = mig_startup.reconcile(ex.mig, [cp.claims[u] for u in completed], ex.profiles())
+            carved = ex.mig.reconcile([cp.claims[u] for u in completed], ex.profiles())
             cp.claims.update((r.uid, r) for r in carved)
         except MigError as exc:
             log.error("MIG reconciliation incomplete", error=str(exc))
@@ -91,23 +83,22 @@ def reconcile(
     for steps in [s for s in (ex.sharing, ex.shares) if s is not None]:
         for uid in completed:
             try:
-                steps.recheck(cp.claims[uid], saved)
+                steps.recheck(cp.claims[uid], journal.record)
             except SharingError as exc:
                 log.error("could not restart an MPS daemon", claim_uid=uid, error=str(exc))
     if ex.pod_memory is not None:
         # Set again (the same values): a limit set before a crash may not have been saved.
         for uid in completed:
-            limited = ex.pod_memory.apply(cp.claims[uid], functools.partial(_others, cp, uid))
-            if limited is not None:
-                saved(limited)
+            others = functools.partial(journal.pod_memory, uid)
+            if (limited := ex.pod_memory.apply(cp.claims[uid], others)) is not None:
+                journal.record(limited)
     if ex.imex is not None:
         # A reboot ended the IMEX daemons of the claims still prepared: started again.
         for uid in completed:
-            ex.imex.ensure(cp.claims[uid], saved)
-    local = devices()
+            ex.imex.ensure(cp.claims[uid], journal.record)
+    local = p.devices()
     for rec in [cp.claims[uid] for uid in completed]:
-        missing = [d.device for d in rec.devices if d.device not in local and d.imex is None]
-        if missing:
+        if missing := [d.device for d in rec.devices if d.device not in local and d.imex is None]:
             log.error(
                 "prepared claim refers to devices this node no longer has",
                 claim=rec.ref,
@@ -151,19 +142,16 @@ def restore(ex: Executor, rec: ClaimRecord, journal: Journal) -> ClaimRecord:
         # driver spec it names) would leave the container unable to start.
         ex.ensure_driver_spec(rec)
         if not ex.cdi_writer.exists(rec.uid):
-            ex.write_spec(rec)
+            ex.cdi_writer.write(rec.uid, ex.spec(rec))
             log.info("CDI spec rewritten", claim=rec.ref, claim_uid=rec.uid)
-    except ValueError as exc:
-        raise CdiError(f"claim {rec.ref}: {exc}", reason="cdi_spec") from exc
-    except CdiError as exc:
-        raise exc.retold(f"claim {rec.ref}: {exc}") from exc
+    except (ValueError, CdiError) as exc:
+        raise layered(exc, rec.ref) from exc
     if ex.imex is not None:
         rec = ex.imex.ensure(rec, journal.record)
     if ex.pod_memory is not None:
         # The pod's cgroup is new after the kubelet's restart or a reboot.
-        uid = rec.uid
-        limited = ex.pod_memory.apply(rec, lambda: journal.pod_memory(uid))
-        if limited is not None:
+        others = functools.partial(journal.pod_memory, rec.uid)
+        if (limited := ex.pod_memory.apply(rec, others)) is not None:
             try:
                 journal.record(limited)
             except OSError as exc:  # the limit is set; its record follows at a later save
@@ -191,7 +179,3 @@ def release_earlier(p: Preparer, cp: Checkpoint, ref: ClaimRef, *, earlier: Clai
             "not be released yet; the kubelet retries",
             reason="earlier_attempt",
         )
-
-
-def _others(cp: Checkpoint, uid: str) -> dict[tuple[str, str], int]:
-    return pod_totals(r for r in cp.claims.values() if r.uid != uid)

@@ -25,9 +25,8 @@ class PodLimit:
 
 def limited(d: PreparedDevice) -> bool:
     s = d.share
-    if s is None or s.memory_limit is None or d.admin_access:
-        return False
-    return d.kind == "gpu" and bool(d.uuid) and bool(s.pods)
+    held = s is not None and s.memory_limit is not None and bool(s.pods)
+    return held and d.kind == "gpu" and bool(d.uuid) and not d.admin_access
 
 
 def pod_totals(records: Iterable[ClaimRecord]) -> dict[tuple[str, str], int]:
@@ -43,8 +42,7 @@ def pod_totals(records: Iterable[ClaimRecord]) -> dict[tuple[str, str], int]:
 def wanted(rec: ClaimRecord, others: dict[tuple[str, str], int]) -> list[PodLimit]:
     """The limits preparing `rec` sets: for each of its GPUs and pods, its own shares'
     memory and what `others` (pod_totals of the other claims) hold there already."""
-    mine = pod_totals([rec])
     return [
         PodLimit(gpu, pod, memory + others.get((gpu, pod), 0))
-        for (gpu, pod), memory in sorted(mine.items())
+        for (gpu, pod), memory in sorted(pod_totals([rec]).items())
     ]

@@ -103,14 +103,12 @@ def apply_tidy(state_dir: Path, plan: TidyPlan) -> list[str]:
     someone else put there meanwhile stays, as does the state directory itself, which
     is the pod's mount point)."""
     failed = []
-    for rel in plan.files:
+    for rel in (*plan.files, *plan.dirs):  # the files first: each directory empty in turn
         try:
-            (state_dir / rel).unlink(missing_ok=True)
-        except OSError:
-            failed.append(rel)
-    for rel in plan.dirs:
-        try:
-            (state_dir / rel).rmdir()
+            if rel in plan.dirs:
+                (state_dir / rel).rmdir()
+            else:
+                (state_dir / rel).unlink()
         except FileNotFoundError:
             pass
         except OSError:

@@ -238,8 +238,8 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
 
     import grpc
 
-    from dradriver.kubeletplugin.grpc_edge.late import LatePreparer
     from dradriver.kubeletplugin.grpc_edge.server import PluginServers
+    from dradriver.kubeletplugin.grpc_edge.servicers import LatePreparer
 
     root = Path(tempfile.mkdtemp(prefix="drh-"))  # a Unix socket path stays short
     servers = PluginServers(
@@ -251,7 +251,9 @@ def test_the_dra_socket_serves_the_health_stream_and_registration_names_it() -> 
     )
     servers.start()
     try:
-        info = servers.registration.info()
+        with grpc.insecure_channel(f"unix://{servers.reg_socket}") as ch:
+            stub = kapi.registration_grpc.RegistrationStub(ch)
+            info = stub.GetInfo(kapi.registration.InfoRequest(), timeout=5)
         assert list(info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dradriver.k8s import Kube, KubeError
-from dradriver.k8s.watching import resource_version, resumable
+from dradriver.k8s.mirror import resource_version, resumable
 from tests.support.k8s.fakeapi import FakeAPI
 
 

@@ -20,8 +20,8 @@ import grpc
 import pytest
 
 from dradriver.api import kubelet as kapi
-from dradriver.kubeletplugin.grpc_edge.late import LatePreparer
 from dradriver.kubeletplugin.grpc_edge.server import MAX_MESSAGE, PluginServers
+from dradriver.kubeletplugin.grpc_edge.servicers import LatePreparer
 from dradriver.kubeletplugin.state.records import ClaimRef
 
 V1, V1BETA1 = kapi.dra_v1, kapi.dra_v1beta1

@@ -18,8 +18,8 @@ import pytest
 
 from dradriver.api import kubelet as kapi
 from dradriver.inventory.node_devices import MigMode
-from dradriver.kubeletplugin.grpc_edge.late import LatePreparer
 from dradriver.kubeletplugin.grpc_edge.server import PluginServers
+from dradriver.kubeletplugin.grpc_edge.servicers import LatePreparer
 from dradriver.slices.consumable import parse_mode
 from tests.support.gpu_names import names_of
 from tests.support.local_daemons import LocalDaemons

@@ -17,7 +17,7 @@ import pytest
 
 from dradriver.errors import SharingError
 from dradriver.inventory.node_devices import MigMode
-from dradriver.kubeletplugin.hardware.pod_cgroup import find_pod_cgroup, is_pod_dir
+from dradriver.kubeletplugin.hardware.pod_memory import find_pod_cgroup, is_pod_dir
 from dradriver.kubeletplugin.prepare.claim_status import _entry
 from dradriver.kubeletplugin.prepare.plan import ClaimRef
 from dradriver.kubeletplugin.state.files import from_json, to_json

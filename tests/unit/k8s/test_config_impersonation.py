@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dradriver.k8s import Kube, KubeconfigError, config
-from dradriver.k8s.impersonation import escape_key
+from dradriver.k8s.config import escape_key
 from tests.support.k8s.fakeapi import FakeAPI
 from tests.support.k8s.kubeconfig import WriteKubeconfig
 
