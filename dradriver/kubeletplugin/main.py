@@ -36,9 +36,8 @@ from dradriver.slices.watch import SliceWatch
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from dradriver.kubeletplugin.endpoints.metrics import Metrics
     from dradriver.kubeletplugin.endpoints.server import OpsServer
-    from dradriver.kubeletplugin.prepare.preparer import Preparer
+    from dradriver.kubeletplugin.prepare.execute import Executor
     from dradriver.nvml.library import Nvml
     from dradriver.slices.build import SliceContent
 
@@ -209,17 +208,24 @@ def run_plugin(
     health.start(stop, lambda: view.devices().values())
     servers.health.attach(opts.node_name, health.health_reports)
 
-    preparer = _preparer(
-        opts,
-        kube,
-        nvml,
-        view=view,
+    from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
+    from dradriver.kubeletplugin.prepare.preparer import Preparer
+
+    executor = _executor(opts, kube, nvml, view=view, ledger=ledger)
+    status = StatusWriter(kube, opts.driver_name) if opts.claim_status else None
+    preparer = Preparer(
+        driver=opts.driver_name,
+        node=opts.node_name,
+        kube=kube,
         store=store,
-        ledger=ledger,
-        name_book=name_book,
+        executor=executor,
+        lock=FileLock(opts.state_dir / "plugin.lock"),
+        devices=view.devices,
         metrics=metrics,
+        status=status,
+        consumable=opts.consumable,
+        name_book=name_book.snapshot,
     )
-    executor, status = preparer.executor, preparer.status
     if executor.driver_spec is not None:
         executor.driver_spec.try_ensure()
         discovered.append(executor.driver_spec.try_ensure)  # a new driver: a new spec
@@ -289,28 +295,17 @@ def run_plugin(
     return 0
 
 
-def _preparer(
-    opts: PluginOptions,
-    kube: Kube,
-    nvml: Nvml,
-    *,
-    view: DeviceView,
-    store: CheckpointStore,
-    ledger: Ledger,
-    name_book: NameBook,
-    metrics: Metrics,
-) -> Preparer:
-    """The prepare side: the hardware steps the options turn on, the executor, the
-    preparer over the checkpoint and the node lock."""
+def _executor(
+    opts: PluginOptions, kube: Kube, nvml: Nvml, *, view: DeviceView, ledger: Ledger
+) -> Executor:
+    """The prepare side's executor, over the hardware steps the options turn on."""
     from dradriver.inventory.versions import mps_protocol
     from dradriver.kubeletplugin.daemons.pods import DaemonPods
     from dradriver.kubeletplugin.daemons.spec import PodSite
     from dradriver.kubeletplugin.hardware.shares import ShareSteps
     from dradriver.kubeletplugin.hardware.sharing import SharingSteps
     from dradriver.kubeletplugin.prepare import cdi, wiring
-    from dradriver.kubeletplugin.prepare.claim_status import StatusWriter
     from dradriver.kubeletplugin.prepare.execute import Executor
-    from dradriver.kubeletplugin.prepare.preparer import Preparer
     from dradriver.nvml.mig import MigCarver
 
     mig = None
@@ -334,7 +329,7 @@ def _preparer(
     daemons = DaemonPods(kube, site)
     # Time-slicing and MPS, and shares: the same host, daemons, MPS root and ledger.
     mps = (nvml.module, nvml.host, daemons, opts.state_dir / "mps", ledger)
-    executor = Executor(
+    return Executor(
         driver=opts.driver_name,
         cdi_writer=writer,
         host=nvml.host,
@@ -347,17 +342,4 @@ def _preparer(
         pod_memory=pod_memory,
         imex=wiring.imex_steps(opts, kube, nvml.host, daemons=daemons, clique=lambda: view.clique),
         driver_spec=wiring.driver_spec(opts, writer, lambda: view.driver_release),
-    )
-    return Preparer(
-        driver=opts.driver_name,
-        node=opts.node_name,
-        kube=kube,
-        store=store,
-        executor=executor,
-        lock=FileLock(opts.state_dir / "plugin.lock"),
-        devices=view.devices,
-        metrics=metrics,
-        status=StatusWriter(kube, opts.driver_name) if opts.claim_status else None,
-        consumable=opts.consumable,
-        name_book=name_book.snapshot,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +19,6 @@ if TYPE_CHECKING:
     from dradriver.inventory.node_devices import MigMode, MigSwitching
     from dradriver.kubeletplugin.device_view.health import HealthOptions
     from dradriver.slices.consumable import Consumable
-
-
-MIN_SHM = 1 << 20
 
 
 class OptionsError(ValueError):
@@ -90,7 +88,7 @@ def parse(args: argparse.Namespace) -> PluginOptions:
         )
         what = "bad --mps-shm-size"
         mps_shm_size = quantity_bytes(args.mps_shm_size)
-        if mps_shm_size < MIN_SHM:
+        if mps_shm_size < 1 << 20:
             raise ValueError(f"{args.mps_shm_size} is under 1Mi")
     except ValueError as exc:  # ConsumableModeError and HealthConfigError among them
         raise OptionsError(what, str(exc)) from exc
@@ -133,6 +131,8 @@ def parse(args: argparse.Namespace) -> PluginOptions:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     def add(flag: str, default: str | None, help: str, **kw: Any) -> None:
         flags.add(p, flag, default, help=help, **kw)
+
+    on_off = partial(add, choices=["on", "off"])
 
     flags.add_node_flags(p)
     add(
@@ -196,13 +196,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "capacity each share's memory is also set as its pods' GPU-memory limit there "
         "(r615+ drivers, whole GPUs)",
     )
-    add(
+    on_off(
         "--imex-channels",
         "off",
         "publish an IMEX channel device where the node's GPUs are in one "
         "multi-node NVLink fabric clique, and prepare them for ComputeDomains with an "
         "IMEX daemon (nvidia-imex) per domain: on or off",
-        choices=["on", "off"],
     )
     add(
         "--imex-binding-conditions",
@@ -221,13 +220,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "IMEX_CMD_PORT of the IMEX daemons: their command service, for nvidia-imex-ctl",
         type=int,
     )
-    add(
+    on_off(
         "--nvlink-domain-label",
         "on",
         "label the Node gpu.dradriver.io/nvlink-domain=<clusterUuid>.<cliqueId> where its "
         "GPUs are in a multi-node NVLink fabric clique (a podAffinity topologyKey): on or off "
         "(off: the plugin never writes to its Node, and needs no patch on nodes)",
-        choices=["on", "off"],
     )
     add(
         "--mps-shm-size",
@@ -264,12 +262,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "seconds between device rediscoveries (also on SIGHUP)",
         type=float,
     )
-    add(
+    on_off(
         "--claim-status",
         "on",
         "write each prepared claim's status.devices (UUID, CDI IDs) once, in the background: "
         "on or off (off: no API write at all in the prepare and unprepare path)",
-        choices=["on", "off"],
     )
     add(
         "--health-skip-xids",

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +30,6 @@ WAITING = "imex_waiting"
 # What happens next, said at the end of a message at prepare (prebind says its own).
 KUBELET_RETRIES = "the kubelet retries"
 Obj = dict[str, Any]
-
-
-def config_text(d: ImexDaemon, nodes_file: Path, port: int, *, cmd_port: int) -> str:
-    """The daemon's config.cfg (IMEX guide, "IMEX Service Config Options")."""
-    return (
-        "# Written by the dradriver kubelet plugin for ComputeDomain "
-        f"{d.namespace}/{d.domain} ({d.domain_uid}), channel {d.channel}\n"
-        "DAEMONIZE=0\n"
-        f"BIND_INTERFACE_IP={d.address}\n"
-        f"SERVER_PORT={port}\n"
-        f"IMEX_NODE_CONFIG_FILE={nodes_file}\n"
-        "IMEX_CMD_ENABLED=1\n"
-        f"IMEX_CMD_PORT={cmd_port}\n"
-    )
 
 
 def peers_of(domain: Obj, node: str, uid: str) -> tuple[str, tuple[str, ...]] | str:
@@ -103,7 +88,7 @@ def _same(cfg_dir: Path, files: dict[str, str]) -> bool:
         return False
 
 
-@dataclass
+@dataclasses.dataclass
 class ImexSteps:
     host: GpuHost
     daemons: Daemons  # where the IMEX daemons run (their pods)
@@ -192,7 +177,17 @@ class ImexSteps:
         # Written in this order: a directory without its config is one a crash interrupted.
         files = {
             "nodes_config.cfg": "".join(f"{p}\n" for p in im.peers),
-            "config.cfg": config_text(im, nodes, self.port, cmd_port=self.cmd_port),
+            # The IMEX guide, "IMEX Service Config Options".
+            "config.cfg": (
+                "# Written by the dradriver kubelet plugin for ComputeDomain "
+                f"{im.namespace}/{im.domain} ({im.domain_uid}), channel {im.channel}\n"
+                "DAEMONIZE=0\n"
+                f"BIND_INTERFACE_IP={im.address}\n"
+                f"SERVER_PORT={self.port}\n"
+                f"IMEX_NODE_CONFIG_FILE={nodes}\n"
+                "IMEX_CMD_ENABLED=1\n"
+                f"IMEX_CMD_PORT={self.cmd_port}\n"
+            ),
         }
         said = "IMEX daemon adopted"  # started before the pod was bound, for this claim
         if self.ledger.load().imex.get(im.domain_uid) != uid or not _same(cfg_dir, files):
@@ -288,23 +283,18 @@ class ImexSteps:
 
     def configs(self) -> dict[str, list[Path]]:
         """claim uid -> the config directories of its daemons, for every one the ledger
-        holds."""
+        holds (also those of a claim whose record a lost checkpoint took with it)."""
         out: dict[str, list[Path]] = {}
         for domain_uid, claim in sorted(self.ledger.load().imex.items()):
             out.setdefault(claim, []).append(self.state_dir / "imex" / domain_uid)
         return out
-
-    def forgotten(self, uid: str) -> list[Path]:
-        """The config directories of claim `uid`'s daemons: what is left of a claim whose
-        record a lost checkpoint took with it."""
-        return self.configs().get(uid, [])
 
     def undo_forgotten(self, uid: str) -> None:
         """Stops and removes the daemons of a claim the checkpoint does not know: its pods
         by their claim label, its config directories by the ledger."""
         with _as_imex("IMEX daemons"):
             pods = [p for p, _ in self.daemons.find("imex", **{CLAIM: uid})]
-        dirs = self.forgotten(uid)
+        dirs = self.configs().get(uid, [])  # what a lost checkpoint left of the claim
         pods += [DaemonRef(imex_name(d.name, self.node)) for d in dirs]
         for pod in dict.fromkeys(pods):
             self._stop(pod)

@@ -99,15 +99,10 @@ class Binder:
         channels = [d for d in devices.devices if is_channel(d.device)]
         if len(channels) != 1:
             return False  # plan.waiting found exactly this one; a second is not ours
-        (pd,) = channels
+        (c,) = channels
         try:
             im = channel_device(
-                ref,
-                self.driver,
-                self.node,
-                request=pd.request,
-                device=pd.device,
-                configs=pd.configs,
+                ref, self.driver, self.node, request=c.request, device=c.device, configs=c.configs
             ).imex
             assert im is not None
             self.steps.prebind(ref.uid, str(ref), im)

@@ -17,9 +17,7 @@ Obj = dict[str, Any]
 
 def ref_of(claim: Obj) -> ClaimRef:
     meta = claim.get("metadata") or {}
-    return ClaimRef(
-        str(meta.get("namespace", "")), str(meta.get("uid", "")), str(meta.get("name", ""))
-    )
+    return ClaimRef(*(str(meta.get(k, "")) for k in ("namespace", "uid", "name")))
 
 
 def _channel_entry(entries: list[Obj] | None, driver: str, node: str) -> Obj | None:
@@ -34,12 +32,6 @@ def channel_result(claim: Obj, driver: str, node: str) -> Obj | None:
     """The allocation result that gives this node's channel device to the claim."""
     alloc = (claim.get("status") or {}).get("allocation") or {}
     return _channel_entry((alloc.get("devices") or {}).get("results"), driver, node)
-
-
-def conditions_of(claim: Obj, driver: str, node: str) -> dict[str, Obj]:
-    """type -> condition, of the claim's status.devices entry for the channel device."""
-    entry = _channel_entry((claim.get("status") or {}).get("devices"), driver, node) or {}
-    return {str(c.get("type")): c for c in entry.get("conditions") or []}
 
 
 @dataclass(frozen=True)
@@ -63,7 +55,9 @@ def waiting(claims: Iterable[Obj], driver: str, node: str, *, prepared: set[str]
         ref = ref_of(c)
         if ref.uid in prepared or (c.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        conds = conditions_of(c, driver, node)
+        # The conditions of the claim's status.devices entry for the channel, by type.
+        entry = _channel_entry((c.get("status") or {}).get("devices"), driver, node) or {}
+        conds = {str(x.get("type")): x for x in entry.get("conditions") or []}
         done = (cd.BINDING_CONDITION, cd.BINDING_FAILURE)  # the daemon ready, or binding failed
         if any(conds.get(k, {}).get("status") == "True" for k in done):
             continue

@@ -12,7 +12,6 @@ from typing import Any
 from dradriver.api.computedomain import CHANNEL_DEVICE, CHANNEL_TYPE
 from dradriver.errors import ConfigError, DeviceError
 from dradriver.kubeletplugin.prepare import cdi
-from dradriver.kubeletplugin.prepare.cdi import qualified_name
 from dradriver.kubeletplugin.state.records import Checkpoint, ClaimRef, ImexDaemon, PreparedDevice
 from dradriver.nvml.host import DeviceNode
 
@@ -49,7 +48,7 @@ def channel_device(
         pool=node,
         device=device,
         # A channel is one CDI device: no shares, so its CDI name is the device's.
-        cdi_device_ids=[qualified_name(driver, device, ref.uid)],
+        cdi_device_ids=[cdi.qualified_name(driver, device, ref.uid)],
         kind=CHANNEL_TYPE,
         imex=ImexDaemon(cfg.domainUID, cfg.domain, ref.namespace, cfg.channel),
     )

@@ -19,7 +19,7 @@ def forgotten_gpus(ex: Executor, uid: str) -> set[str] | None:
     gone): what its release_forgotten touches; None if nothing is held for it."""
     steps = (ex.mig, ex.sharing, ex.shares)
     ledger = next((s.ledger for s in steps if s is not None), None)
-    found = ex.imex is not None and ex.imex.forgotten(uid)  # an IMEX daemon, on no GPU
+    found = ex.imex is not None and uid in ex.imex.configs()  # an IMEX daemon, on no GPU
     if ledger is None:
         return set() if found else None
     e = ledger.load()

@@ -58,8 +58,7 @@ def atomic_write(
     # Named for this thread: no two writers alive share the name, so no random name
     # (mkstemp's cost a third of a CDI spec's write); one a dead process left is reused.
     parent, name = os.path.split(os.fspath(path))
-    parent = parent or "."
-    tmp = f"{parent}/.{name}.{os.getpid()}-{threading.get_ident()}.tmp"
+    tmp = os.path.join(parent, f".{name}.{os.getpid()}-{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         try:
@@ -150,14 +149,6 @@ class FileLock:
             self._thread_lock.release()
             raise
 
-    def _replaced(self, fd: int) -> bool:
-        """Someone removed or replaced the lock file: a lock on the old inode excludes
-        nobody who opens the new one."""
-        try:
-            return os.fstat(fd).st_ino != os.stat(self.path).st_ino
-        except FileNotFoundError:
-            return True
-
     def _lock_file(self, deadline: float, timeout: float | None) -> None:
         # Without a timeout the kernel waits; with one, polled (backing off to 50 ms).
         how = fcntl.LOCK_EX if timeout is None else fcntl.LOCK_EX | fcntl.LOCK_NB
@@ -179,8 +170,11 @@ class FileLock:
                 time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.05)
                 continue
-            if not self._replaced(fd):
-                break
+            # Held, unless someone removed or replaced the lock file meanwhile: a lock on
+            # the old inode excludes nobody who opens the new one.
+            with contextlib.suppress(FileNotFoundError):
+                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                    break
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             self._file = None
@@ -270,9 +264,7 @@ def _is_pair(p: Any) -> bool:
     return isinstance(p, tuple) and len(p) == 2 and all(isinstance(s, str) for s in p)
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+_hints = functools.cache(get_type_hints)
 
 
 def from_json(tp: Any, value: Any, where: str) -> Any:
@@ -284,15 +276,12 @@ def from_json(tp: Any, value: Any, where: str) -> Any:
         return _union(args, value, where)
     if dataclasses.is_dataclass(tp):
         return _record(tp, value, where)
-    if origin is tuple:
-        if args[0] == tuple[str, str]:
-            pairs = _typed(value, dict, where)
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
-                raise CheckpointCorrupt(f"{where}: expected strings")
-            return tuple(sorted(pairs.items()))
-        items = _typed(value, list, where)
-        return tuple(from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(items))
-    if origin in (list, set):
+    if origin is tuple and args[0] == tuple[str, str]:
+        pairs = _typed(value, dict, where)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs.items()):
+            raise CheckpointCorrupt(f"{where}: expected strings")
+        return tuple(sorted(pairs.items()))
+    if origin in (list, set, tuple):
         items = _typed(value, list, where)
         return origin(from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(items))
     if origin is dict:

@@ -139,8 +139,7 @@ class Ledger:
     # -- reading and writing ---------------------------------------------------------------
     def load(self) -> Entries:
         """What the ledger holds; empty (the file moved aside, reported) if unreadable."""
-        e = self._read()
-        if isinstance(e, Entries):
+        if isinstance(e := self._read(), Entries):
             return e
         with self._lock:  # moved aside by one reader, never over a writer's new file
             return self._read_or_aside()
@@ -167,8 +166,7 @@ class Ledger:
 
     def _read_or_aside(self) -> Entries:
         """Under the lock: the entries, or none, the unreadable file moved aside."""
-        e = self._read()
-        if isinstance(e, Entries):
+        if isinstance(e := self._read(), Entries):
             return e
         log.error(
             "LEDGER UNREADABLE: what the driver changed on this node is no longer known: "

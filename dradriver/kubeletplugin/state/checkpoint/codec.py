@@ -44,8 +44,7 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
             raise ValueError(f"checkpoint: claim stored under {uid!r} has uid {rec.uid!r}")
         if rec.state not in STATES:
             raise ValueError(f"checkpoint: claim {uid} has unknown state {rec.state!r}")
-    claims = {uid: raw for uid, raw in cp.unreadable.items() if uid not in cp.claims}
-    claims.update({uid: to_json(rec) for uid, rec in cp.claims.items()})
+    claims = {**cp.unreadable, **{uid: to_json(rec) for uid, rec in cp.claims.items()}}
     payload = {**cp.unknown, "bootId": cp.boot_id, "claims": claims}
     # The payload is encoded once, for its checksum and as the file's payload (the
     # envelope's keys in sorted order, as before).

@@ -79,8 +79,7 @@ class CheckpointStore:
         """The checkpoint as this process last read or wrote it, without I/O (None when
         it has none it trusts); it may be behind the file (the other instance): a hint,
         never an answer."""
-        cached = self._cached
-        return None if cached is None else cached[1]
+        return None if (cached := self._cached) is None else cached[1]
 
     def remove_stale_temps(self) -> None:
         """At startup: temp files a crash mid-write left."""
