@@ -17,18 +17,17 @@ log = get_logger("kubeletplugin.execute")
 def forgotten_gpus(ex: Executor, uid: str) -> set[str] | None:
     """The GPUs the ledger says this driver changed for claim `uid` (whose record is
     gone): what its release_forgotten touches; None if nothing is held for it."""
-    steps = (ex.mig, ex.sharing, ex.shares)
+    steps = (ex.mig, ex.sharing, ex.shares, ex.imex)
     ledger = next((s.ledger for s in steps if s is not None), None)
-    found = ex.imex is not None and uid in ex.imex.configs()  # an IMEX daemon, on no GPU
     if ledger is None:
-        return set() if found else None
-    e = ledger.load()
+        return None
+    e = ledger.load()  # one read: an IMEX daemon's claim is there too (on no GPU)
     gpus = {i.gpu_uuid for i in e.instances if i.claim == uid}
     gpus |= {g for g, c in e.mig_disabled.items() if c == uid}
     gpus |= {g for g, m in e.compute_mode.items() if m.claim == uid}
     gpus |= {g for g, c in e.time_slice.items() if c == uid}
     gpus |= {k for k, sd in e.shared.items() if uid in sd.members.values()}
-    return gpus if found or uid in e.claims() else None
+    return gpus if uid in e.claims() else None
 
 
 def release_forgotten(ex: Executor, uid: str, ref: str) -> None:
